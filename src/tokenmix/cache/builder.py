@@ -1,0 +1,256 @@
+"""Building a cache: read shards in order, tokenize in a process pool, commit rows in order.
+
+The driver reads shards in listed order and cuts them into chunks; worker processes tokenize
+chunks in parallel; the driver takes results back in submission order, writes them at the next
+free row, and commits (ledger, then ``offsets[0]``) every ``commit_interval_s``. So rows are in
+listed-shard order whatever the worker count, a killed build resumes from its ledger and
+rewrites exactly the bytes it would have written, and readers see only committed rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tokenmix.cache.progress import BuildProgress
+from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, ShardProgress
+from tokenmix.cache.stats import STATS_FILE, compute_stats
+from tokenmix.cache.store import TOKENS_ARRAY, JaggedArray, JsonDocuments
+from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec, encode_in_worker, init_worker
+from tokenmix.sources.shards import RawChunk, Shard, ShardReadError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How a cache is built; none of these change the cache's contents."""
+
+    num_workers: int | None = None
+    """Tokenizing processes; None means one per core. 0 tokenizes in the driver process."""
+    on_error: Literal["raise", "skip"] = "raise"
+    """``raise`` stops at the first bad record naming file, line and reason; ``skip`` counts it."""
+    chunk_bytes: int = 1 << 20
+    """Input bytes per unit of work sent to a worker."""
+    commit_interval_s: float = 1.0
+    """Seconds between commits; each commit makes the rows so far visible and resumable."""
+    log_skipped: int = 5
+    """How many skipped records are logged one by one (all are counted)."""
+
+
+class BadInputError(ValueError):
+    """A bad record or unreadable shard under ``on_error: raise``."""
+
+
+@dataclass
+class _ShardEnd:
+    index: int
+    error: ShardReadError | None
+
+
+class _Done:
+    """A completed stand-in for a future, so shard ends queue in order with chunks."""
+
+    def __init__(self, value: Any):
+        self._value = value
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> Any:
+        return self._value
+
+
+class CacheBuilder:
+    """Builds (or resumes, or extends) one cache from an ordered list of shards."""
+
+    def __init__(
+        self,
+        location: str,
+        shards: Sequence[Shard],
+        spec: EncoderSpec,
+        identity: dict[str, Any],
+        options: BuildOptions = BuildOptions(),
+        progress: BuildProgress | None = None,
+        info: dict[str, Any] | None = None,
+    ):
+        self.location = location
+        self.shards = list(shards)
+        self.spec = spec
+        self.identity = identity
+        self.options = options
+        self.progress = progress
+        self.info = info or {}
+        self._docs = JsonDocuments(location)
+        self._skips_logged = 0
+
+    def build(self) -> dict[str, Any]:
+        """Run the build to the end and return the cache statistics."""
+        started = time.monotonic()
+        ledger = self._open_ledger()
+        array = JaggedArray.open(self.location, TOKENS_ARRAY, self.spec.dtype, create=True)
+        array.publish(ledger.rows)
+        resumed_rows = ledger.rows
+        if not ledger.finished:
+            if self.progress is not None:
+                self.progress.start(self._remaining_bytes(ledger))
+            try:
+                self._run(ledger, array)
+            finally:
+                if self.progress is not None:
+                    self.progress.close()
+            ledger.finished = True
+            self._commit(ledger, array, [])
+        stats = compute_stats(ledger, array, time.monotonic() - started, resumed_rows)
+        self._docs.write(STATS_FILE, stats)
+        return stats
+
+    def _remaining_bytes(self, ledger: CacheLedger) -> int | None:
+        sizes = [shard.size_bytes() for shard, p in zip(self.shards, ledger.shards) if not p.finished]
+        return None if any(size is None for size in sizes) else sum(sizes)  # type: ignore[misc]
+
+    def _open_ledger(self) -> CacheLedger:
+        names = [s.name for s in self.shards]
+        existing = self._docs.read(LEDGER_FILE)
+        if existing is None:
+            ledger = CacheLedger(identity=self.identity, shards=[ShardProgress(n) for n in names], info=self.info)
+            self._docs.write(LEDGER_FILE, ledger.to_json())
+            return ledger
+        ledger = CacheLedger.from_json(existing)
+        ledger.check_identity(self.identity, self.location)
+        ledger.extend_shards(names, self.location)
+        if ledger.rows:
+            logger.info("%s: resuming at row %d (%d of %d shards finished)", self.location, ledger.rows,
+                        sum(s.finished for s in ledger.shards), len(ledger.shards))
+        return ledger
+
+    def _run(self, ledger: CacheLedger, array: JaggedArray) -> None:
+        pending_writes: list[Any] = []
+        last_commit = time.monotonic()
+        workers = self.options.num_workers if self.options.num_workers is not None else (os.cpu_count() or 1)
+        max_in_flight = 2 * max(workers, 1) + 2
+        with _EncoderPool(self.spec, workers) as submit:
+            in_flight: deque[tuple[int, Any]] = deque()
+
+            def drain(until: int) -> None:
+                nonlocal last_commit
+                while in_flight and (len(in_flight) > until or in_flight[0][1].done()):
+                    index, future = in_flight.popleft()
+                    result = future.result()
+                    if isinstance(result, _ShardEnd):
+                        self._apply_shard_end(ledger, array, result, pending_writes)
+                    else:
+                        self._apply_chunk(ledger, array, index, result, pending_writes)
+                    if time.monotonic() - last_commit >= self.options.commit_interval_s:
+                        self._commit(ledger, array, pending_writes)
+                        last_commit = time.monotonic()
+
+            for index, event in self._read_events(ledger):
+                in_flight.append((index, submit(event) if isinstance(event, RawChunk) else _Done(event)))
+                drain(max_in_flight)
+            drain(0)
+        self._commit(ledger, array, pending_writes)
+
+    def _read_events(self, ledger: CacheLedger) -> Iterator[tuple[int, RawChunk | _ShardEnd]]:
+        for index, (shard, progress) in enumerate(zip(self.shards, ledger.shards)):
+            if progress.finished:
+                continue
+            try:
+                for chunk in shard.read(progress.position, self.options.chunk_bytes):
+                    yield index, chunk
+            except ShardReadError as e:
+                yield index, _ShardEnd(index, e)
+                continue
+            yield index, _ShardEnd(index, None)
+
+    def _apply_chunk(self, ledger: CacheLedger, array: JaggedArray, index: int, chunk: EncodedChunk, writes: list) -> None:
+        shard = ledger.shards[index]
+        if chunk.skipped:
+            self._on_skipped(ledger, array, index, chunk, writes)
+        writes.extend(array.write_rows(ledger.rows, ledger.tokens, chunk.tokens, chunk.lengths))
+        ledger.rows += len(chunk.lengths)
+        ledger.tokens += len(chunk.tokens)
+        shard.position = chunk.start + chunk.positions
+        shard.records += chunk.records
+        shard.rows += len(chunk.lengths)
+        shard.tokens += len(chunk.tokens)
+        shard.chars += chunk.chars
+        shard.utf8_bytes += chunk.utf8_bytes
+        if self.progress is not None:
+            self.progress.update(len(chunk.lengths), len(chunk.tokens), chunk.consumed_bytes)
+
+    def _on_skipped(self, ledger: CacheLedger, array: JaggedArray, index: int, chunk: EncodedChunk, writes: list) -> None:
+        shard_name = self.shards[index].name
+        if self.options.on_error == "raise":
+            self._commit(ledger, array, writes)
+            position, reason, detail = chunk.skipped[0]
+            raise BadInputError(
+                f"{self.shards[index].position_label(position)}: {reason}: {detail}\n"
+                f"The cache keeps the {ledger.rows} rows before this chunk. Fix the input, or set "
+                "on_error: skip (CLI: --build.on_error skip) to count and skip bad records."
+            )
+        for position, reason, detail in chunk.skipped:
+            ledger.shards[index].skip(reason)
+            if self._skips_logged < self.options.log_skipped:
+                self._skips_logged += 1
+                logger.warning("skipping %s: %s: %s", self.shards[index].position_label(position), reason, detail)
+        if self._skips_logged == self.options.log_skipped:
+            self._skips_logged += 1
+            logger.warning("further skipped records in %s are counted in the statistics, not logged", shard_name)
+
+    def _apply_shard_end(self, ledger: CacheLedger, array: JaggedArray, end: _ShardEnd, writes: list) -> None:
+        shard = ledger.shards[end.index]
+        name = self.shards[end.index].name
+        problem = None
+        if end.error is not None:
+            problem = (end.error.reason, f"{name}: {end.error.reason} after {end.error.position} record positions: {end.error.detail}")
+        elif shard.records == 0:
+            problem = ("empty_shard", f"{name}: empty_shard: the shard holds no records")
+        if problem is not None:
+            reason, message = problem
+            if self.options.on_error == "raise":
+                self._commit(ledger, array, writes)
+                raise BadInputError(message + "\nFix or remove the shard, or set on_error: skip to count it and go on.")
+            logger.warning("skipping the rest of %s", message)
+            shard.skip(reason)
+            shard.error = message
+        shard.finished = True
+
+    def _commit(self, ledger: CacheLedger, array: JaggedArray, writes: list) -> None:
+        for write in writes:
+            write.result()
+        writes.clear()
+        self._docs.write(LEDGER_FILE, ledger.to_json())
+        array.publish(ledger.rows)
+
+
+class _EncoderPool:
+    """``submit(chunk)`` into worker processes, or into the driver when there are no workers."""
+
+    def __init__(self, spec: EncoderSpec, workers: int):
+        self.spec = spec
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Callable[[RawChunk], Any]:
+        if self.workers <= 0:
+            encoder = DocumentEncoder(self.spec)
+            return lambda chunk: _Done(encoder.encode(chunk))
+        self._pool = ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=init_worker,
+            initargs=(self.spec, os.getpid(), max(1, (os.cpu_count() or 1) // self.workers)),
+        )
+        return lambda chunk: self._pool.submit(encode_in_worker, chunk)  # type: ignore[union-attr]
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=exc[0] is None, cancel_futures=True)

@@ -1,0 +1,122 @@
+"""The ledger: what a cache was made from and how far its build has got.
+
+The ledger is the build's commit record. It holds the cache's identity (tokenizer fingerprint,
+format, options) and, for every listed input shard in order, how many record positions have been
+consumed and what became of them. It is rewritten atomically after the rows it counts are
+durable, and before they are published, so a resumed build continues exactly where the ledger
+says and a crash between the two steps only delays publication.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+LEDGER_FILE = "ledger.json"
+LEDGER_VERSION = 1
+
+
+class CacheMismatchError(ValueError):
+    """An existing cache was made with a different tokenizer, format or options."""
+
+
+class ShardListMismatchError(ValueError):
+    """The configured shard list is not an extension of the one the cache was built from."""
+
+
+def fingerprint_of(identity: dict[str, Any]) -> str:
+    """A short stable hash of a cache identity."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass
+class ShardProgress:
+    """The account of one input shard: positions consumed and what they became."""
+
+    name: str
+    position: int = 0
+    records: int = 0
+    rows: int = 0
+    tokens: int = 0
+    chars: int = 0
+    utf8_bytes: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+    finished: bool = False
+
+    def skip(self, reason: str, count: int = 1) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + count
+
+
+@dataclass
+class CacheLedger:
+    """The commit record of one cache (one source, one split)."""
+
+    identity: dict[str, Any]
+    shards: list[ShardProgress]
+    rows: int = 0
+    tokens: int = 0
+    finished: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    """What made the cache, for people (tokenizer path, source, split); not compared on open."""
+    version: int = LEDGER_VERSION
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint_of(self.identity)
+
+    def to_json(self) -> dict[str, Any]:
+        doc = dataclasses.asdict(self)
+        doc["fingerprint"] = self.fingerprint
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> CacheLedger:
+        return cls(
+            identity=doc["identity"],
+            shards=[ShardProgress(**s) for s in doc["shards"]],
+            rows=doc["rows"],
+            tokens=doc["tokens"],
+            finished=doc["finished"],
+            info=doc.get("info", {}),
+            version=doc["version"],
+        )
+
+    def copy(self) -> CacheLedger:
+        return CacheLedger.from_json(json.loads(json.dumps(self.to_json())))
+
+    def check_identity(self, identity: dict[str, Any], location: str) -> None:
+        """Refuse to reuse this cache for a different tokenizer, format or options."""
+        if identity == self.identity:
+            return
+        changed = sorted(k for k in set(identity) | set(self.identity) if identity.get(k) != self.identity.get(k))
+        lines = [f"  {k}: cache has {self.identity.get(k)!r}, config asks for {identity.get(k)!r}" for k in changed]
+        raise CacheMismatchError(
+            f"cache at {location} was built with fingerprint {self.fingerprint}, but the config gives "
+            f"{fingerprint_of(identity)}:\n" + "\n".join(lines) + "\nUse another cache_dir, or delete the cache to rebuild it."
+        )
+
+    def extend_shards(self, names: list[str], location: str) -> None:
+        """Accept a shard list equal to, or extending, the one this cache was built from."""
+        known = [s.name for s in self.shards]
+        if names[: len(known)] != known:
+            first = next((i for i, (a, b) in enumerate(zip(known, names)) if a != b), min(len(known), len(names)))
+            raise ShardListMismatchError(
+                f"cache at {location} was built from {len(known)} shards; the config lists {len(names)} and differs "
+                f"at shard {first} (cache: {known[first] if first < len(known) else 'none'!r}, config: "
+                f"{names[first] if first < len(names) else 'none'!r}). Shards can only be appended; "
+                "use another cache_dir to build from a different list."
+            )
+        if len(names) > len(known):
+            self.shards.extend(ShardProgress(n) for n in names[len(known) :])
+            self.finished = False
+
+    def skipped_totals(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for shard in self.shards:
+            for reason, n in shard.skipped.items():
+                totals[reason] = totals.get(reason, 0) + n
+        return dict(sorted(totals.items()))

@@ -1,0 +1,130 @@
+"""Reading a cache, finished or still building.
+
+``TokenCache`` sees exactly the committed rows (``offsets[0]``), can wait for more of them or for
+the end of the build, and reads many rows in one go by issuing every read before awaiting any.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
+from tokenmix.cache.stats import STATS_FILE
+from tokenmix.cache.store import TOKENS_ARRAY, JaggedArray, JsonDocuments
+
+_POLL_START_S = 0.05
+_POLL_MAX_S = 2.0
+
+
+class CacheNotFoundError(FileNotFoundError):
+    """No cache (no ledger) at the location."""
+
+
+class TokenCache:
+    """Random access to the committed documents of one cache."""
+
+    def __init__(self, location: str, expected_identity: dict[str, Any] | None = None):
+        self.location = location
+        self._docs = JsonDocuments(location)
+        ledger = self._read_ledger()
+        if expected_identity is not None:
+            ledger.check_identity(expected_identity, location)
+        self.identity = ledger.identity
+        self.fingerprint = ledger.fingerprint
+        self._array = JaggedArray.open(location, TOKENS_ARRAY, ledger.identity["dtype"])
+
+    def _read_ledger(self) -> CacheLedger:
+        doc = self._docs.read(LEDGER_FILE)
+        if doc is None:
+            raise CacheNotFoundError(f"no cache at {self.location} (no {LEDGER_FILE}); build it with `tokenmix build-cache`")
+        return CacheLedger.from_json(doc)
+
+    @property
+    def ledger(self) -> CacheLedger:
+        """The build's ledger as stored now."""
+        return self._read_ledger()
+
+    def stats(self) -> dict[str, Any] | None:
+        """The statistics document, once the build has finished."""
+        return self._docs.read(STATS_FILE)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._array.dtype
+
+    def num_rows(self) -> int:
+        """Documents committed so far (grows while the cache builds)."""
+        return self._array.committed_rows()
+
+    def num_tokens(self) -> int:
+        """Tokens in the committed documents."""
+        rows = self.num_rows()
+        return int(self._array.row_bounds(rows - 1, rows)[-1]) if rows else 0
+
+    def is_finished(self) -> bool:
+        """Whether the build has finished (all committed; nothing more will be added)."""
+        return self._read_ledger().finished
+
+    def wait_for_rows(self, n: int, timeout: float | None = None) -> int:
+        """Block until at least ``n`` rows are committed, or the build finished with fewer.
+
+        Returns the committed row count. Raises ``TimeoutError`` when ``timeout`` passes first.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = _POLL_START_S
+        while True:
+            rows = self.num_rows()
+            if rows >= n or self.is_finished():
+                return self.num_rows()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{self.location}: {rows} of the {n} rows asked for are committed after {timeout} s")
+            time.sleep(delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, _POLL_MAX_S)
+
+    def wait_until_finished(self, timeout: float | None = None) -> int:
+        """Block until the build has finished; returns the final row count."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = _POLL_START_S
+        while not self.is_finished():
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{self.location}: build not finished after {timeout} s ({self.num_rows()} rows so far)")
+            time.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX_S)
+        return self.num_rows()
+
+    def row_bounds(self, start: int, stop: int) -> np.ndarray:
+        """Token boundaries of rows ``start`` to ``stop - 1`` (``stop - start + 1`` values)."""
+        self._check_rows(start, stop)
+        return self._array.row_bounds(start, stop)
+
+    def read_tokens(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``start`` to ``stop - 1`` of the cache's token stream."""
+        return self._array.read_tokens(start, stop)
+
+    def __getitem__(self, row: int) -> np.ndarray:
+        return self.get_rows([row])[0]
+
+    def get_rows(self, rows: Sequence[int]) -> list[np.ndarray]:
+        """The tokens of each of ``rows``; all reads are issued together, then awaited."""
+        rows = [int(r) for r in rows]
+        if not rows:
+            return []
+        committed = self.num_rows()
+        bad = [r for r in rows if not 0 <= r < committed]
+        if bad:
+            raise IndexError(f"{self.location}: rows {bad[:5]} are outside the {committed} committed rows")
+        offsets = self._array.offsets
+        bound_reads = [(offsets[r].read() if r else None, offsets[r + 1].read()) for r in rows]
+        bounds = [(0 if s is None else int(s.result()), int(e.result())) for s, e in bound_reads]
+        data = self._array.data
+        reads = [data[s:e].read() for s, e in bounds]
+        return [np.asarray(r.result()) for r in reads]
+
+    def _check_rows(self, start: int, stop: int) -> None:
+        committed = self.num_rows()
+        if not 0 <= start <= stop <= committed:
+            raise IndexError(f"{self.location}: rows [{start}, {stop}) are outside the {committed} committed rows")

@@ -1,0 +1,70 @@
+"""Cache statistics (``stats.json``), in the spirit of Cerebras' ``data_params.json``.
+
+Counts come from the ledger, so they are exact across interrupted and resumed builds; document
+length percentiles come from the committed offsets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokenmix.cache.ledger import CacheLedger
+from tokenmix.cache.store import JaggedArray
+
+STATS_FILE = "stats.json"
+_PERCENTILES = (1, 10, 50, 90, 99)
+_OFFSETS_BLOCK = 1 << 22
+
+
+def document_lengths(array: JaggedArray, rows: int) -> np.ndarray:
+    """Token count of every committed row, read block by block."""
+    parts = []
+    for start in range(0, rows, _OFFSETS_BLOCK):
+        stop = min(rows, start + _OFFSETS_BLOCK)
+        parts.append(np.diff(array.row_bounds(start, stop)))
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+
+def compute_stats(ledger: CacheLedger, array: JaggedArray, build_seconds: float, resumed_rows: int) -> dict[str, Any]:
+    """The statistics document for a finished cache."""
+    lengths = document_lengths(array, ledger.rows)
+    skipped = ledger.skipped_totals()
+    shards = {
+        s.name: {
+            "records": s.records,
+            "documents": s.rows,
+            "tokens": s.tokens,
+            "skipped": dict(sorted(s.skipped.items())),
+            **({"error": s.error} if s.error else {}),
+        }
+        for s in ledger.shards
+    }
+    length_stats: dict[str, float] = {}
+    if len(lengths):
+        length_stats = {"min": int(lengths.min()), "mean": float(lengths.mean()), "max": int(lengths.max())}
+        for p, v in zip(_PERCENTILES, np.percentile(lengths, _PERCENTILES)):
+            length_stats[f"p{p}"] = float(v)
+    built_tokens = ledger.tokens - (int(array.row_bounds(resumed_rows - 1, resumed_rows)[-1]) if resumed_rows else 0)
+    return {
+        "fingerprint": ledger.fingerprint,
+        "tokenizer_fingerprint": ledger.identity.get("tokenizer_fingerprint"),
+        "documents": ledger.rows,
+        "tokens": ledger.tokens,
+        "records": sum(s.records for s in ledger.shards),
+        "skipped_records": sum(skipped.values()),
+        "skipped_by_reason": skipped,
+        "raw_chars": sum(s.chars for s in ledger.shards),
+        "raw_bytes": sum(s.utf8_bytes for s in ledger.shards),
+        "processed_shards": sum(1 for s in ledger.shards if s.error is None),
+        "discarded_shards": sum(1 for s in ledger.shards if s.error is not None),
+        "document_length_tokens": length_stats,
+        "shards": shards,
+        "build": {
+            "seconds": round(build_seconds, 3),
+            "resumed_at_row": resumed_rows,
+            "tokens_this_run": built_tokens,
+            "tokens_per_second": round(built_tokens / build_seconds, 1) if build_seconds > 0 else None,
+        },
+    }

@@ -1,0 +1,145 @@
+"""Storage primitives on tensorstore: a jagged array of token rows and small JSON documents.
+
+A cache location is a local path or a ``file://``, ``gs://``, ``s3://`` or ``memory://`` URL. The
+jagged array is two zarr3 arrays: ``data`` (all tokens, row after row) and ``offsets`` (int64),
+where ``offsets[0]`` is the number of committed rows and ``offsets[i + 1]`` the end of row ``i``.
+Publishing rows is therefore one write of ``offsets[0]``, made only after the rows' tokens and
+offsets are durable: a reader that trusts ``offsets[0]`` never sees a partly written row.
+
+Both arrays are declared with a fixed capacity far beyond any real source, so they never need
+resizing while readers hold them open; only written chunks exist on storage. A finished cache's
+logical sizes are ``offsets[0]`` rows and ``offsets[offsets[0]]`` tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+import tensorstore as ts
+
+TOKENS_ARRAY = "input_ids"
+CAPACITY = 1 << 48
+DATA_CHUNK = 1 << 18
+OFFSETS_CHUNK = 1 << 16
+
+_CONTEXT = ts.Context()
+"""One context for the process, so ``memory://`` caches are shared by every opener in it."""
+
+
+def kvstore_spec(location: str) -> dict[str, Any]:
+    """The tensorstore kvstore spec of a cache location (a directory, with a trailing slash)."""
+    if "://" not in location:
+        return {"driver": "file", "path": os.path.abspath(location).rstrip("/") + "/"}
+    parsed = urlparse(location)
+    path = (parsed.path.lstrip("/") if parsed.scheme in ("gs", "s3") else parsed.netloc + parsed.path).rstrip("/")
+    if parsed.scheme == "file":
+        return {"driver": "file", "path": "/" + path.lstrip("/") + "/"}
+    if parsed.scheme == "memory":
+        return {"driver": "memory", "path": path + "/"}
+    if parsed.scheme == "gs":
+        return {"driver": "gcs", "bucket": parsed.netloc, "path": path + "/"}
+    if parsed.scheme == "s3":
+        return {"driver": "s3", "bucket": parsed.netloc, "path": path + "/"}
+    raise ValueError(f"cache location {location!r}: scheme {parsed.scheme!r} is not supported; use a path, file://, gs://, s3:// or memory://")
+
+
+def join_location(location: str, *parts: str) -> str:
+    """``location/part/...`` for paths and URLs alike."""
+    return "/".join([location.rstrip("/"), *parts])
+
+
+def _subspec(location: str, sub: str) -> dict[str, Any]:
+    spec = kvstore_spec(location)
+    spec["path"] = spec["path"] + sub.strip("/") + "/"
+    return spec
+
+
+class JsonDocuments:
+    """Small JSON files beside the arrays (ledger, statistics); each write replaces a file atomically."""
+
+    def __init__(self, location: str):
+        self.location = location
+        self._kv = ts.KvStore.open(kvstore_spec(location), context=_CONTEXT).result()
+
+    def read(self, key: str) -> dict[str, Any] | None:
+        result = self._kv.read(key).result()
+        if result.state != "value":
+            return None
+        return json.loads(bytes(result.value))
+
+    def write(self, key: str, doc: dict[str, Any]) -> None:
+        self._kv.write(key, json.dumps(doc, indent=1, sort_keys=True).encode("utf-8") + b"\n").result()
+
+
+def _array_spec(location: str, sub: str, dtype: str, chunk: int, level: int | None) -> dict[str, Any]:
+    codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    if level is not None:
+        codecs.append({"name": "zstd", "configuration": {"level": level}})
+    return {
+        "driver": "zarr3",
+        "kvstore": _subspec(location, sub),
+        "metadata": {
+            "shape": [CAPACITY],
+            "data_type": dtype,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk]}},
+            "codecs": codecs,
+            "fill_value": 0,
+        },
+    }
+
+
+class JaggedArray:
+    """Rows of tokens stored as ``data`` + ``offsets`` zarr3 arrays under ``location/name``."""
+
+    def __init__(self, data: ts.TensorStore, offsets: ts.TensorStore):
+        self.data = data
+        self.offsets = offsets
+
+    @classmethod
+    def open(cls, location: str, name: str, dtype: str, create: bool = False) -> JaggedArray:
+        """Open (or, with ``create``, create if absent) the jagged array ``name`` at ``location``."""
+        mode = {"create": True, "open": True} if create else {"open": True}
+        data = ts.open(_array_spec(location, f"{name}/data", dtype, DATA_CHUNK, 1), context=_CONTEXT, **mode)
+        offsets = ts.open(_array_spec(location, f"{name}/offsets", "int64", OFFSETS_CHUNK, 1), context=_CONTEXT, **mode)
+        return cls(data.result(), offsets.result())
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.data.dtype.numpy_dtype)
+
+    def committed_rows(self) -> int:
+        """The number of published rows (``offsets[0]``), read fresh from storage."""
+        return int(self.offsets[0].read().result())
+
+    def write_rows(self, first_row: int, first_token: int, tokens: np.ndarray, lengths: np.ndarray) -> list[ts.Future]:
+        """Start writing rows ``first_row...`` whose tokens begin at ``first_token``; not yet published."""
+        ends = first_token + np.cumsum(lengths, dtype=np.int64)
+        futures = []
+        if len(tokens):
+            futures.append(self.data[first_token : first_token + len(tokens)].write(tokens))
+        if len(lengths):
+            futures.append(self.offsets[first_row + 1 : first_row + 1 + len(lengths)].write(ends))
+        return futures
+
+    def publish(self, rows: int) -> None:
+        """Make the first ``rows`` rows visible to readers. Their writes must already be complete."""
+        self.offsets[0].write(np.int64(rows)).result()
+
+    def row_ends(self, start: int, stop: int) -> np.ndarray:
+        """``offsets[start + 1 : stop + 1]``: the end position of rows ``start`` to ``stop - 1``."""
+        if stop <= start:
+            return np.empty(0, np.int64)
+        return self.offsets[start + 1 : stop + 1].read().result()
+
+    def row_bounds(self, start: int, stop: int) -> np.ndarray:
+        """Token boundaries of rows ``start`` to ``stop - 1``: ``stop - start + 1`` positions."""
+        ends = self.row_ends(start, stop)
+        first = np.zeros(1, np.int64) if start == 0 else self.row_ends(start - 1, start)
+        return np.concatenate([first, ends])
+
+    def read_tokens(self, start: int, stop: int) -> np.ndarray:
+        return self.data[start:stop].read().result()

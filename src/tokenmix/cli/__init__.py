@@ -1,0 +1,1 @@
+"""The ``tokenmix`` command line: a thin layer over the library."""

@@ -1,0 +1,65 @@
+"""``tokenmix inspect CACHE_DIR``: a cache's ledger and statistics, and a few decoded documents."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from rich.console import Console
+from rich.table import Table
+
+from tokenmix.cache.reader import CacheNotFoundError, TokenCache
+from tokenmix.formats.tokenizer import TokenizerLoadError, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tokenmix inspect", description=__doc__)
+    parser.add_argument("cache_dir", help="a cache directory or URL (one source and split)")
+    parser.add_argument("--samples", type=int, default=3, help="documents to decode")
+    parser.add_argument("--chars", type=int, default=300, help="characters shown per document")
+    parser.add_argument("--tokenizer", help="tokenizer to decode with (default: the one recorded in the ledger)")
+    parser.add_argument("--json", action="store_true", help="print ledger and statistics as JSON only")
+    args = parser.parse_args(argv)
+    try:
+        cache = TokenCache(args.cache_dir)
+    except CacheNotFoundError as e:
+        logger.error("%s", e)
+        return 1
+    ledger = cache.ledger
+    stats = cache.stats()
+    if args.json:
+        print(json.dumps({"ledger": ledger.to_json(), "stats": stats}, indent=1))
+        return 0
+    console = Console()
+    rows = cache.num_rows()
+    console.print(f"[bold]{args.cache_dir}[/bold]  fingerprint {ledger.fingerprint}  "
+                  f"{'finished' if ledger.finished else 'BUILDING'}  {rows:,} documents  {cache.num_tokens():,} tokens")
+    console.print(f"made by: {json.dumps(ledger.info)}")
+    console.print(f"identity: {json.dumps(ledger.identity)}")
+    shards = Table(title="shards")
+    for col in ("shard", "position", "records", "documents", "tokens", "skipped", "state"):
+        shards.add_column(col)
+    for s in ledger.shards:
+        state = "error" if s.error else ("done" if s.finished else ("partial" if s.position else "pending"))
+        shards.add_row(s.name, f"{s.position:,}", f"{s.records:,}", f"{s.rows:,}", f"{s.tokens:,}",
+                       ", ".join(f"{k}={v}" for k, v in s.skipped.items()) or "-", state)
+    console.print(shards)
+    if stats:
+        summary = {k: v for k, v in stats.items() if k != "shards"}
+        console.print("statistics:", json.dumps(summary, indent=1))
+    tokenizer_name = args.tokenizer or ledger.info.get("tokenizer")
+    decode = None
+    if tokenizer_name:
+        try:
+            decode = load_tokenizer(tokenizer_name).decode
+        except TokenizerLoadError as e:
+            logger.warning("showing token ids, not text: %s", e)
+    for row in range(min(args.samples, rows)):
+        ids = cache[row]
+        body = decode(ids.tolist()) if decode else str(ids[:64].tolist())
+        console.rule(f"document {row} ({len(ids)} tokens)")
+        console.print(body[: args.chars] + ("..." if len(body) > args.chars else ""), markup=False, highlight=False)
+    return 0

@@ -1,0 +1,39 @@
+"""``tokenmix <command> ...``: dispatch to the subcommands."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+COMMANDS = {
+    "build-cache": ("tokenmix.cli.build_cache", "Build (or resume, or extend) the caches of a data config."),
+    "inspect": ("tokenmix.cli.inspect_cache", "Show a cache's ledger and statistics and decode sample documents."),
+    "demo": ("tokenmix.cli.demo", "Build the bundled demo mixture's caches and print their statistics."),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: tokenmix <command> [options]", "", "commands:"]
+    lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "`tokenmix <command> --help` shows a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"tokenmix: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    import importlib
+
+    module = importlib.import_module(COMMANDS[command][0])
+    return int(module.run(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Splitting very long documents before tokenizing, only where the result is provably unchanged.
+
+A tokenizer handles one long string as a single unit of work (one thread, offsets for the whole
+string, and for some models super-linear time); splitting it into pieces and concatenating the
+pieces' token ids gives the same ids when every cut falls on a pre-tokenization boundary. For
+byte-level BPE with the GPT-2 split regex (no normalizer, no prefix space), a single ASCII space
+between two ASCII letters or digits is always such a boundary: no regex alternative can consume a
+word character followed by a space, and matching restarts at the space. For other tokenizers no
+split is made.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+logger = logging.getLogger(__name__)
+
+_CUT = re.compile(r"(?<=[A-Za-z0-9]) (?=[A-Za-z0-9])")
+
+
+def exact_split_supported(backend_json: str) -> bool:
+    """Whether ``split_text`` preserves token ids exactly for this serialized tokenizer."""
+    spec = json.loads(backend_json)
+    pre = spec.get("pre_tokenizer") or {}
+    if spec.get("normalizer") is not None:
+        return False
+    if pre.get("type") != "ByteLevel" or not pre.get("use_regex", True) or pre.get("add_prefix_space", False):
+        return False
+    for token in spec.get("added_tokens", []):
+        if token.get("lstrip") or token.get("rstrip") or " " in token.get("content", ""):
+            return False
+    return True
+
+
+def split_text(text: str, max_chars: int) -> list[str]:
+    """Cut ``text`` into pieces of about ``max_chars`` at spaces between ASCII word characters.
+
+    A piece grows past ``max_chars`` only when no cut point exists in its window.
+    """
+    if len(text) <= max_chars:
+        return [text]
+    pieces = []
+    start = 0
+    while len(text) - start > max_chars:
+        cut = _last_cut(text, start + max_chars // 2, start + max_chars)
+        if cut is None:
+            match = _CUT.search(text, start + max_chars)
+            if match is None:
+                break
+            cut = match.start()
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
+def _last_cut(text: str, lo: int, hi: int) -> int | None:
+    last = None
+    for match in _CUT.finditer(text, lo, hi):
+        last = match.start()
+    return last

@@ -1,0 +1,49 @@
+"""A Hugging Face ``datasets`` split read as one shard, resumable at an example index."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from tokenmix.sources.shards import DEFAULT_CHUNK_BYTES, RawChunk, ShardReadError, approx_size, ChunkBuffer
+
+
+def available_splits(dataset_id: str, name: str | None) -> list[str]:
+    """The split names a Hugging Face dataset (hub id or local directory) defines."""
+    import datasets
+
+    return list(datasets.get_dataset_split_names(dataset_id, name))
+
+
+class HfDatasetShard:
+    """One split of a Hugging Face dataset (hub id or local dataset directory), in example order."""
+
+    def __init__(self, dataset_id: str, name: str | None, split: str, stream: bool = True):
+        self.dataset_id = dataset_id
+        self.config_name = name
+        self.split = split
+        self.stream = stream
+        self.name = f"hf://{dataset_id}" + (f"/{name}" if name else "") + f"/{split}"
+
+    def size_bytes(self) -> int | None:
+        return None
+
+    def position_label(self, position: int) -> str:
+        return f"{self.name} example {position}"
+
+    def read(self, start: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[RawChunk]:
+        import datasets
+
+        try:
+            ds = datasets.load_dataset(self.dataset_id, self.config_name, split=self.split, streaming=self.stream)
+        except FileNotFoundError as e:
+            raise ShardReadError(self.name, start, "missing_file", str(e)) from e
+        except Exception as e:  # datasets raises many unrelated types for an unusable dataset
+            raise ShardReadError(self.name, start, "unreadable_file", f"{type(e).__name__}: {e}") from e
+        if start:
+            ds = ds.skip(start) if self.stream else ds.select(range(start, len(ds)))
+        buf = ChunkBuffer(start, chunk_bytes)
+        for example in ds:
+            if buf.add(dict(example), approx_size(example)):
+                yield buf.take(0)
+        if buf.records:
+            yield buf.take(0)

@@ -1,0 +1,256 @@
+"""Shards: one input file (or one Hugging Face split), opened at a record position, read in chunks.
+
+A shard is read as a stream of ``RawChunk``s. Records stay raw here (a JSON line as bytes, a
+parsed dict, or a whole text file as PlainText): decoding and validation happen in the tokenizing
+workers, so the reading thread does only I/O and decompression. A record's *position* is its
+index in the shard (for JSON lines: the line index, blank lines included), which is how a build
+resumes: ``read(start=n)`` skips to position n without handing earlier records on.
+
+Shard-level failures (missing or unreadable file, truncated or corrupt compressed data) raise
+``ShardReadError`` after every record read before the failure has been yielded.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import fsspec
+import ijson
+import zstandard
+
+from tokenmix.sources.compression import (
+    TruncatedInputError,
+    compression_of,
+    decompressing_reader,
+    strip_compression_suffix,
+)
+
+logger = logging.getLogger(__name__)
+
+
+
+class PlainText(bytes):
+    """The bytes of a whole plain-text file: one document, decoded by the worker."""
+
+
+RawRecord = bytes | dict[str, Any] | Any
+"""``bytes``: one JSON line; ``PlainText``: a whole text document; else a parsed JSON value."""
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+DEFAULT_CHUNK_RECORDS = 8192
+
+
+@dataclass
+class RawChunk:
+    """Consecutive records of one shard, starting at position ``start``."""
+
+    start: int
+    records: list[RawRecord]
+    consumed_bytes: int = 0
+    """Bytes of the stored (possibly compressed) file consumed since the previous chunk."""
+
+
+class ShardReadError(Exception):
+    """A shard could not be read (further). ``position`` is where reading stopped."""
+
+    def __init__(self, shard: str, position: int, reason: str, detail: str):
+        self.shard = shard
+        self.position = position
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{shard}: {reason} after {position} records: {detail}")
+
+
+class Shard(Protocol):
+    """One unit of input, read in order from a record position."""
+
+    name: str
+
+    def size_bytes(self) -> int | None:
+        """Stored size, for progress and ETA; ``None`` when unknown."""
+        ...
+
+    def position_label(self, position: int) -> str:
+        """A record position as a person finds it in the input (line or record number)."""
+        ...
+
+    def read(self, start: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[RawChunk]:
+        """Yield chunks of records from position ``start`` to the end."""
+        ...
+
+
+@dataclass
+class ChunkBuffer:
+    start: int
+    chunk_bytes: int
+    records: list[RawRecord] = field(default_factory=list)
+    nbytes: int = 0
+
+    def add(self, record: RawRecord, nbytes: int) -> bool:
+        self.records.append(record)
+        self.nbytes += nbytes
+        return self.nbytes >= self.chunk_bytes or len(self.records) >= DEFAULT_CHUNK_RECORDS
+
+    def take(self, consumed_bytes: int) -> RawChunk:
+        chunk = RawChunk(self.start, self.records, consumed_bytes)
+        self.start += len(self.records)
+        self.records = []
+        self.nbytes = 0
+        return chunk
+
+
+_TRUNCATION_ERRORS = (TruncatedInputError, EOFError, zstandard.ZstdError)
+
+
+class FileShard:
+    """A file shard: JSON lines, JSON (array or lines), Parquet or plain text, maybe compressed."""
+
+    def __init__(self, url: str):
+        self.name = url
+        self.compression = compression_of(url)
+        base = strip_compression_suffix(url).lower()
+        if base.endswith((".jsonl", ".ndjson")):
+            self.kind = "jsonl"
+        elif base.endswith(".json"):
+            self.kind = "json"
+        elif base.endswith(".parquet"):
+            self.kind = "parquet"
+        elif base.endswith(".txt"):
+            self.kind = "txt"
+        else:
+            raise ValueError(
+                f"{url}: unknown shard format; name files .jsonl, .json, .parquet or .txt "
+                "(optionally .gz or .zst compressed)"
+            )
+        if self.kind == "parquet" and self.compression:
+            raise ValueError(f"{url}: Parquet compresses internally; do not wrap it in {self.compression}")
+
+    def size_bytes(self) -> int | None:
+        try:
+            fs, path = fsspec.core.url_to_fs(self.name)
+            return int(fs.size(path))
+        except (OSError, ValueError):
+            return None
+
+    def position_label(self, position: int) -> str:
+        """Where a record position is, as a person looks for it: a line, or a record index."""
+        if self.kind == "jsonl" or (self.kind == "json" and not self._json_is_array()):
+            return f"{self.name}, line {position + 1}"
+        return f"{self.name}, record {position}"
+
+    @functools.cache
+    def _json_is_array(self) -> bool:
+        try:
+            with fsspec.open(self.name, "rb") as raw:
+                return _starts_with_bracket(decompressing_reader(raw, self.compression))
+        except (OSError, ValueError, EOFError, zstandard.ZstdError):
+            return False
+
+    def read(self, start: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[RawChunk]:
+        reader = {"jsonl": self._read_lines, "json": self._read_json, "parquet": self._read_parquet, "txt": self._read_txt}
+        position = start
+        try:
+            with fsspec.open(self.name, "rb") as raw:
+                for chunk in reader[self.kind](raw, start, chunk_bytes):
+                    position = chunk.start + len(chunk.records)
+                    yield chunk
+        except FileNotFoundError as e:
+            raise ShardReadError(self.name, position, "missing_file", str(e)) from e
+        except _TRUNCATION_ERRORS as e:
+            raise ShardReadError(self.name, position, "truncated_file", f"{type(e).__name__}: {e}") from e
+        except ijson.JSONError as e:
+            raise ShardReadError(self.name, position, "malformed_json", f"JSON array is malformed: {e}") from e
+        except (OSError, ValueError) as e:
+            raise ShardReadError(self.name, position, "unreadable_file", f"{type(e).__name__}: {e}") from e
+
+    def _tracked(self, raw):
+        last = 0
+
+        def consumed() -> int:
+            nonlocal last
+            try:
+                pos = raw.tell()
+            except (OSError, ValueError):
+                return 0
+            delta, last = pos - last, pos
+            return delta
+
+        return consumed
+
+    def _read_lines(self, raw, start: int, chunk_bytes: int, stream=None) -> Iterator[RawChunk]:
+        stream = stream if stream is not None else decompressing_reader(raw, self.compression)
+        consumed = self._tracked(raw)
+        buf = ChunkBuffer(start, chunk_bytes)
+        for position, line in enumerate(stream):
+            if position < start:
+                continue
+            if buf.add(line, len(line)):
+                yield buf.take(consumed())
+        if buf.records:
+            yield buf.take(consumed())
+
+    def _read_json(self, raw, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
+        stream = decompressing_reader(raw, self.compression)
+        if not _starts_with_bracket(stream):
+            yield from self._read_lines(raw, start, chunk_bytes, stream)
+            return
+        consumed = self._tracked(raw)
+        buf = ChunkBuffer(start, chunk_bytes)
+        for position, item in enumerate(ijson.items(stream, "item", use_float=True)):
+            if position < start:
+                continue
+            if buf.add(item, approx_size(item)):
+                yield buf.take(consumed())
+        if buf.records:
+            yield buf.take(consumed())
+
+    def _read_parquet(self, raw, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(raw)
+        meta = pf.metadata
+        position = 0
+        unreported_bytes = 0
+        buf = ChunkBuffer(start, chunk_bytes)
+        for group in range(meta.num_row_groups):
+            group_meta = meta.row_group(group)
+            group_rows = group_meta.num_rows
+            unreported_bytes += sum(group_meta.column(c).total_compressed_size for c in range(group_meta.num_columns))
+            if position + group_rows <= start:
+                position += group_rows
+                continue
+            table = pf.read_row_group(group)
+            rows = table.slice(max(0, start - position)).to_pylist()
+            position += group_rows
+            for row in rows:
+                if buf.add(row, approx_size(row)):
+                    yield buf.take(unreported_bytes)
+                    unreported_bytes = 0
+        if buf.records:
+            yield buf.take(unreported_bytes)
+
+    def _read_txt(self, raw, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
+        data = decompressing_reader(raw, self.compression).read()
+        if start > 0:
+            return
+        yield RawChunk(0, [PlainText(data)], len(data))
+
+
+def _starts_with_bracket(stream) -> bool:
+    """Whether a JSON file holds an array (else: JSON lines), without consuming the stream."""
+    head = stream.peek(256)
+    return head.lstrip()[:1] == b"["
+
+
+def approx_size(item: Any) -> int:
+    if isinstance(item, dict):
+        return sum(approx_size(v) for v in item.values())
+    if isinstance(item, str | bytes):
+        return len(item)
+    if isinstance(item, list):
+        return 8 * len(item) if item and isinstance(item[0], int) else sum(approx_size(v) for v in item)
+    return 8

@@ -1,0 +1,89 @@
+"""Shared fixtures: the real bundled tokenizer, real corpus files, helpers to write shards and build caches."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+
+from tokenmix.cache.builder import BuildOptions, CacheBuilder
+from tokenmix.config import TokenizationConfig
+from tokenmix.formats.text import LmDatasetFormatBase, TextLmDatasetFormat
+from tokenmix.sources.shards import FileShard
+
+REPO = Path(__file__).resolve().parents[1]
+TOKENIZER = str(REPO / "data" / "tokenizer")
+DEMO_CORPUS = REPO / "data" / "demo"
+SHARED_CORPUS = REPO.parent / "shared" / "corpus"
+
+
+def read_jsonl_zst(path: Path) -> list[dict[str, Any]]:
+    raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True).read()
+    return [json.loads(line) for line in raw.splitlines() if line.strip()]
+
+
+def write_lines(path: Path, lines: list[bytes]) -> str:
+    """Write raw lines (bytes, newline added) to path, compressed by its suffix."""
+    data = b"".join(line + b"\n" for line in lines)
+    if path.suffix == ".gz":
+        data = gzip.compress(data)
+    elif path.suffix == ".zst":
+        data = zstandard.ZstdCompressor().compress(data)
+    path.write_bytes(data)
+    return str(path)
+
+
+def write_jsonl(path: Path, records: list[Any]) -> str:
+    return write_lines(path, [json.dumps(r).encode() for r in records])
+
+
+def encoder_for(fmt: LmDatasetFormatBase | None = None, tokenizer: str = TOKENIZER, **kw: Any):
+    return TokenizationConfig(tokenizer=tokenizer, **kw).encoder_spec(fmt or TextLmDatasetFormat(), "test")
+
+
+def build(location: str, urls: list[str], fmt: LmDatasetFormatBase | None = None, tokenizer: str = TOKENIZER,
+          tokenization: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
+    options.setdefault("num_workers", 0)
+    spec, identity = encoder_for(fmt, tokenizer, **(tokenization or {}))
+    builder = CacheBuilder(location, [FileShard(u) for u in urls], spec, identity, BuildOptions(**options))
+    return builder.build()
+
+
+def cache_bytes(location: str) -> dict[str, bytes]:
+    """Every file of a local cache; stats.json without its timing section."""
+    out = {}
+    for root, _, files in os.walk(location):
+        for name in files:
+            path = os.path.join(root, name)
+            data = Path(path).read_bytes()
+            if name == "stats.json":
+                doc = json.loads(data)
+                doc.pop("build")
+                data = json.dumps(doc, sort_keys=True).encode()
+            out[os.path.relpath(path, location)] = data
+    return out
+
+
+@pytest.fixture(scope="session")
+def demo_docs() -> dict[str, list[dict[str, Any]]]:
+    """The bundled demo corpus' training records, per source, in shard order."""
+    out = {}
+    for source in ("linux_doc", "python_doc", "webster"):
+        out[source] = [r for i in range(2) for r in read_jsonl_zst(DEMO_CORPUS / source / f"train-0{i}-of-02.jsonl.zst")]
+    return out
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer():
+    from tokenmix.formats.tokenizer import load_tokenizer
+
+    return load_tokenizer(TOKENIZER)
+
+
+def demo_urls(source: str) -> list[str]:
+    return [str(DEMO_CORPUS / source / f"train-0{i}-of-02.jsonl.zst") for i in range(2)]
