@@ -16,6 +16,9 @@ from tokenmix.config import TokenizationConfig
 from tokenmix.formats.text import LmDatasetFormatBase, TextLmDatasetFormat
 from tokenmix.sources.shards import FileShard
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = str(REPO / "data" / "tokenizer")
 DEMO_CORPUS = REPO / "data" / "demo"

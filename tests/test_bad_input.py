@@ -47,7 +47,7 @@ def test_bad_record_is_skipped_and_counted(tmp_path, reason, caplog):
 
 def _truncated(tmp_path, suffix):
     rng = random.Random(1)
-    lines = [json.dumps({"text": "%032x %032x" % (rng.getrandbits(128), rng.getrandbits(128))}).encode() for _ in range(20_000)]
+    lines = [json.dumps({"text": f"{rng.getrandbits(128):032x} {rng.getrandbits(128):032x}"}).encode() for _ in range(20_000)]
     path = tmp_path / f"trunc.jsonl{suffix}"
     write_lines(path, lines)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])

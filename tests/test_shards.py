@@ -1,6 +1,5 @@
 """Shard readers: every format, resuming at a position, streaming, and shard-level failures."""
 
-import gzip
 import json
 import random
 import tracemalloc
@@ -99,7 +98,7 @@ def test_unknown_suffix_is_refused_with_the_fix():
 def test_truncated_zstd_and_gzip_are_errors_not_short_reads(tmp_path):
     rng = random.Random(0)
     # incompressible text, so the file spans many compressed blocks and a prefix of it decodes
-    lines = [json.dumps({"text": "%032x" % rng.getrandbits(128)}).encode() for _ in range(50_000)]
+    lines = [json.dumps({"text": f"{rng.getrandbits(128):032x}"}).encode() for _ in range(50_000)]
     for suffix in (".jsonl.zst", ".jsonl.gz"):
         path = tmp_path / f"t{suffix}"
         write_lines(path, lines)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenmix.cache.builder import BuildOptions, CacheBuilder
+from tokenmix.cache.pool import EncoderPool
 from tokenmix.cache.progress import TqdmProgress
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import join_location
@@ -170,12 +171,14 @@ def cache_targets(config: DataConfig, sources: list[str] | None = None) -> list[
 def build_caches(config: DataConfig, sources: list[str] | None = None, progress: bool = True) -> dict[tuple[str, str], dict[str, Any]]:
     """Build (or resume, or extend) every cache of the config; returns statistics per (source, split)."""
     results = {}
-    for target in cache_targets(config, sources):
-        logger.info("building %s/%s at %s from %d shards", target.source, target.split, target.location, len(target.shards))
-        bar = TqdmProgress(f"{target.source}/{target.split}") if progress else None
-        info = {"tokenizer": config.tokenizer, "source": target.source, "split": target.split}
-        builder = CacheBuilder(target.location, target.shards, target.spec, target.identity, config.build, bar, info)
-        results[(target.source, target.split)] = builder.build()
+    targets = cache_targets(config, sources)
+    with EncoderPool([t.spec for t in targets], config.build.num_workers) as pool:
+        for target in targets:
+            logger.info("building %s/%s at %s from %d shards", target.source, target.split, target.location, len(target.shards))
+            bar = TqdmProgress(f"{target.source}/{target.split}") if progress else None
+            info = {"tokenizer": config.tokenizer, "source": target.source, "split": target.split}
+            builder = CacheBuilder(target.location, target.shards, target.spec, target.identity, config.build, bar, info, pool)
+            results[(target.source, target.split)] = builder.build()
     return results
 
 

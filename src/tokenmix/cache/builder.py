@@ -10,20 +10,18 @@ rewrites exactly the bytes it would have written, and readers see only committed
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tokenmix.cache.progress import BuildProgress
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, ShardProgress
+from tokenmix.cache.pool import Completed, EncoderPool
+from tokenmix.cache.progress import BuildProgress
 from tokenmix.cache.stats import STATS_FILE, compute_stats
 from tokenmix.cache.store import TOKENS_ARRAY, JaggedArray, JsonDocuments
-from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec, encode_in_worker, init_worker
+from tokenmix.formats.encoder import EncodedChunk, EncoderSpec
 from tokenmix.sources.shards import RawChunk, Shard, ShardReadError
 
 logger = logging.getLogger(__name__)
@@ -55,19 +53,6 @@ class _ShardEnd:
     error: ShardReadError | None
 
 
-class _Done:
-    """A completed stand-in for a future, so shard ends queue in order with chunks."""
-
-    def __init__(self, value: Any):
-        self._value = value
-
-    def done(self) -> bool:
-        return True
-
-    def result(self) -> Any:
-        return self._value
-
-
 class CacheBuilder:
     """Builds (or resumes, or extends) one cache from an ordered list of shards."""
 
@@ -80,6 +65,7 @@ class CacheBuilder:
         options: BuildOptions = BuildOptions(),
         progress: BuildProgress | None = None,
         info: dict[str, Any] | None = None,
+        pool: EncoderPool | None = None,
     ):
         self.location = location
         self.shards = list(shards)
@@ -88,6 +74,7 @@ class CacheBuilder:
         self.options = options
         self.progress = progress
         self.info = info or {}
+        self.pool = pool
         self._docs = JsonDocuments(location)
         self._skips_logged = 0
 
@@ -96,6 +83,7 @@ class CacheBuilder:
         started = time.monotonic()
         ledger = self._open_ledger()
         array = JaggedArray.open(self.location, TOKENS_ARRAY, self.spec.dtype, create=True)
+        self._docs.write(LEDGER_FILE, ledger.to_json())
         array.publish(ledger.rows)
         resumed_rows = ledger.rows
         if not ledger.finished:
@@ -120,9 +108,7 @@ class CacheBuilder:
         names = [s.name for s in self.shards]
         existing = self._docs.read(LEDGER_FILE)
         if existing is None:
-            ledger = CacheLedger(identity=self.identity, shards=[ShardProgress(n) for n in names], info=self.info)
-            self._docs.write(LEDGER_FILE, ledger.to_json())
-            return ledger
+            return CacheLedger(identity=self.identity, shards=[ShardProgress(n) for n in names], info=self.info)
         ledger = CacheLedger.from_json(existing)
         ledger.check_identity(self.identity, self.location)
         ledger.extend_shards(names, self.location)
@@ -132,30 +118,35 @@ class CacheBuilder:
         return ledger
 
     def _run(self, ledger: CacheLedger, array: JaggedArray) -> None:
+        if self.pool is None:
+            with EncoderPool([self.spec], self.options.num_workers) as pool:
+                self._run_with(pool, ledger, array)
+        else:
+            self._run_with(self.pool, ledger, array)
+
+    def _run_with(self, pool: EncoderPool, ledger: CacheLedger, array: JaggedArray) -> None:
         pending_writes: list[Any] = []
         last_commit = time.monotonic()
-        workers = self.options.num_workers if self.options.num_workers is not None else (os.cpu_count() or 1)
-        max_in_flight = 2 * max(workers, 1) + 2
-        with _EncoderPool(self.spec, workers) as submit:
-            in_flight: deque[tuple[int, Any]] = deque()
+        max_in_flight = 2 * max(pool.num_workers, 1) + 2
+        in_flight: deque[tuple[int, Any]] = deque()
 
-            def drain(until: int) -> None:
-                nonlocal last_commit
-                while in_flight and (len(in_flight) > until or in_flight[0][1].done()):
-                    index, future = in_flight.popleft()
-                    result = future.result()
-                    if isinstance(result, _ShardEnd):
-                        self._apply_shard_end(ledger, array, result, pending_writes)
-                    else:
-                        self._apply_chunk(ledger, array, index, result, pending_writes)
-                    if time.monotonic() - last_commit >= self.options.commit_interval_s:
-                        self._commit(ledger, array, pending_writes)
-                        last_commit = time.monotonic()
+        def drain(until: int) -> None:
+            nonlocal last_commit
+            while in_flight and (len(in_flight) > until or in_flight[0][1].done()):
+                index, future = in_flight.popleft()
+                result = future.result()
+                if isinstance(result, _ShardEnd):
+                    self._apply_shard_end(ledger, array, result, pending_writes)
+                else:
+                    self._apply_chunk(ledger, array, index, result, pending_writes)
+                if time.monotonic() - last_commit >= self.options.commit_interval_s:
+                    self._commit(ledger, array, pending_writes)
+                    last_commit = time.monotonic()
 
-            for index, event in self._read_events(ledger):
-                in_flight.append((index, submit(event) if isinstance(event, RawChunk) else _Done(event)))
-                drain(max_in_flight)
-            drain(0)
+        for index, event in self._read_events(ledger):
+            in_flight.append((index, pool.submit(self.spec, event) if isinstance(event, RawChunk) else Completed(event)))
+            drain(max_in_flight)
+        drain(0)
         self._commit(ledger, array, pending_writes)
 
     def _read_events(self, ledger: CacheLedger) -> Iterator[tuple[int, RawChunk | _ShardEnd]]:
@@ -229,28 +220,3 @@ class CacheBuilder:
         writes.clear()
         self._docs.write(LEDGER_FILE, ledger.to_json())
         array.publish(ledger.rows)
-
-
-class _EncoderPool:
-    """``submit(chunk)`` into worker processes, or into the driver when there are no workers."""
-
-    def __init__(self, spec: EncoderSpec, workers: int):
-        self.spec = spec
-        self.workers = workers
-        self._pool: ProcessPoolExecutor | None = None
-
-    def __enter__(self) -> Callable[[RawChunk], Any]:
-        if self.workers <= 0:
-            encoder = DocumentEncoder(self.spec)
-            return lambda chunk: _Done(encoder.encode(chunk))
-        self._pool = ProcessPoolExecutor(
-            max_workers=self.workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=init_worker,
-            initargs=(self.spec, os.getpid(), max(1, (os.cpu_count() or 1) // self.workers)),
-        )
-        return lambda chunk: self._pool.submit(encode_in_worker, chunk)  # type: ignore[union-attr]
-
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=exc[0] is None, cancel_futures=True)

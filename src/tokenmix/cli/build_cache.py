@@ -15,11 +15,16 @@ from typing import Any
 
 import draccus
 import yaml
-from rich.console import Console
 from rich.table import Table
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tokenmix.config import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig, build_caches
+from tokenmix.cli.console import make_console
+from tokenmix.config import (
+    DataConfig,
+    LMDatasetConfig,
+    LMMixtureDatasetConfig,
+    build_caches,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -79,5 +84,5 @@ def run(argv: list[str]) -> int:
     except (ConfigError, ValueError, FileNotFoundError) as e:
         logger.error("%s", e)
         return 1
-    Console().print(summary_table(results))
+    make_console().print(summary_table(results))
     return 0

@@ -6,10 +6,10 @@ import argparse
 import logging
 import os
 
-from rich.console import Console
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tokenmix.cli.build_cache import load_data_config, summary_table
+from tokenmix.cli.console import make_console
 from tokenmix.config import build_caches
 
 logger = logging.getLogger(__name__)
@@ -27,12 +27,13 @@ def run(argv: list[str]) -> int:
     config = load_data_config(args.config_path, overrides)
     with logging_redirect_tqdm():
         results = build_caches(config)
-    console = Console()
+    console = make_console()
     console.print(summary_table(results))
     total_tokens = sum(st["tokens"] for (_, split), st in results.items() if split == "train")
     for (source, split), st in results.items():
         if split == "train":
             console.print(f"{source:<12} {st['tokens'] / total_tokens:6.1%} of training tokens, "
                           f"{st['raw_bytes'] / max(st['tokens'], 1):.2f} bytes of text per token")
-    console.print(f"caches are in {config.cache_dir}; look inside with `tokenmix inspect {config.cache_location(next(iter(config.configs)), 'train')}`")
+    example = config.cache_location(next(iter(config.configs)), "train")
+    console.print(f"caches are in {config.cache_dir}; look inside with `tokenmix inspect {example}`")
     return 0

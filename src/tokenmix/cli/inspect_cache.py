@@ -6,10 +6,10 @@ import argparse
 import json
 import logging
 
-from rich.console import Console
 from rich.table import Table
 
 from tokenmix.cache.reader import CacheNotFoundError, TokenCache
+from tokenmix.cli.console import make_console
 from tokenmix.formats.tokenizer import TokenizerLoadError, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def run(argv: list[str]) -> int:
     if args.json:
         print(json.dumps({"ledger": ledger.to_json(), "stats": stats}, indent=1))
         return 0
-    console = Console()
+    console = make_console()
     rows = cache.num_rows()
     console.print(f"[bold]{args.cache_dir}[/bold]  fingerprint {ledger.fingerprint}  "
                   f"{'finished' if ledger.finished else 'BUILDING'}  {rows:,} documents  {cache.num_tokens():,} tokens")

@@ -187,17 +187,17 @@ def _parse_json_line(line: bytes) -> Any:
         raise BadRecordError("malformed_json", str(e)) from None
 
 
-_worker_encoder: DocumentEncoder | None = None
+_worker_specs: list[EncoderSpec] = []
+_worker_encoders: dict[int, DocumentEncoder] = {}
 
 
-def init_worker(spec: EncoderSpec, parent_pid: int, threads: int) -> None:
-    """Process-pool initializer: build this worker's encoder once, and exit if the driver dies.
+def init_worker(specs: list[EncoderSpec], parent_pid: int, threads: int) -> None:
+    """Process-pool initializer: remember the specs, and exit if the driver dies.
 
     ``threads`` caps the tokenizer's own thread pool so that workers do not oversubscribe cores.
     """
-    global _worker_encoder
     os.environ["RAYON_NUM_THREADS"] = str(threads)
-    _worker_encoder = DocumentEncoder(spec)
+    _worker_specs[:] = specs
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
 
 
@@ -207,7 +207,9 @@ def _exit_with_parent(parent_pid: int) -> None:
     os._exit(1)
 
 
-def encode_in_worker(chunk: RawChunk) -> EncodedChunk:
-    """Process-pool task: encode a chunk with the encoder ``init_worker`` built."""
-    assert _worker_encoder is not None, "init_worker was not run in this process"
-    return _worker_encoder.encode(chunk)
+def encode_in_worker(spec_index: int, chunk: RawChunk) -> EncodedChunk:
+    """Process-pool task: encode a chunk with this worker's encoder for spec ``spec_index``."""
+    encoder = _worker_encoders.get(spec_index)
+    if encoder is None:
+        encoder = _worker_encoders[spec_index] = DocumentEncoder(_worker_specs[spec_index])
+    return encoder.encode(chunk)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tokenmix.sources.shards import DEFAULT_CHUNK_BYTES, RawChunk, ShardReadError, approx_size, ChunkBuffer
+from tokenmix.sources.shards import (
+    DEFAULT_CHUNK_BYTES,
+    ChunkBuffer,
+    RawChunk,
+    ShardReadError,
+    approx_size,
+)
 
 
 def available_splits(dataset_id: str, name: str | None) -> list[str]:

@@ -12,7 +12,6 @@ Shard-level failures (missing or unreadable file, truncated or corrupt compresse
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -126,6 +125,7 @@ class FileShard:
                 f"{url}: unknown shard format; name files .jsonl, .json, .parquet or .txt "
                 "(optionally .gz or .zst compressed)"
             )
+        self._is_array: bool | None = None
         if self.kind == "parquet" and self.compression:
             raise ValueError(f"{url}: Parquet compresses internally; do not wrap it in {self.compression}")
 
@@ -142,13 +142,14 @@ class FileShard:
             return f"{self.name}, line {position + 1}"
         return f"{self.name}, record {position}"
 
-    @functools.cache
     def _json_is_array(self) -> bool:
-        try:
-            with fsspec.open(self.name, "rb") as raw:
-                return _starts_with_bracket(decompressing_reader(raw, self.compression))
-        except (OSError, ValueError, EOFError, zstandard.ZstdError):
-            return False
+        if self._is_array is None:
+            try:
+                with fsspec.open(self.name, "rb") as raw:
+                    self._is_array = _starts_with_bracket(decompressing_reader(raw, self.compression))
+            except (OSError, ValueError, EOFError, zstandard.ZstdError):
+                return False
+        return self._is_array
 
     def read(self, start: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[RawChunk]:
         reader = {"jsonl": self._read_lines, "json": self._read_json, "parquet": self._read_parquet, "txt": self._read_txt}

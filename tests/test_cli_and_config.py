@@ -1,0 +1,94 @@
+"""The CLI (build-cache with overrides, inspect) and Levanter-compatible config parsing."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import DEMO_CORPUS, REPO, TOKENIZER
+
+from tokenmix.cli.build_cache import ConfigError, load_data_config
+from tokenmix.cli.main import main
+from tokenmix.config import LMDatasetConfig, LMDatasetSourceConfig, LMMixtureDatasetConfig, cache_targets
+from tokenmix.formats.text import TextLmDatasetFormat
+
+
+def _cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "tokenmix.cli.main", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_build_cache_cli_with_overrides_then_inspect(tmp_path):
+    result = _cli("build-cache", "--config_path", "config/demo.yaml", "--cache_dir", str(tmp_path), "--source", "webster",
+                  "--build.num_workers", "1", "--build.on_error", "skip")
+    assert result.returncode == 0, result.stderr
+    assert "webster" in result.stdout and "validation" in result.stdout
+    assert not (tmp_path / "linux_doc").exists()
+    stats = json.loads((tmp_path / "webster" / "train" / "stats.json").read_text())
+    assert stats["documents"] == 270
+    shown = _cli("inspect", str(tmp_path / "webster" / "train"), "--samples", "2")
+    assert shown.returncode == 0, shown.stderr
+    assert "fingerprint" in shown.stdout and "document 1" in shown.stdout and "finished" in shown.stdout
+    as_json = json.loads(_cli("inspect", str(tmp_path / "webster" / "train"), "--json").stdout)
+    assert as_json["stats"]["documents"] == 270 and as_json["ledger"]["finished"]
+
+
+def test_cli_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": \n')
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "cache"),
+                                      "configs": {"s": {"train_urls": [str(bad)]}}}))
+    result = _cli("build-cache", "--config_path", str(config))
+    assert result.returncode == 1
+    assert f"{bad}, line 2: malformed_json" in result.stderr
+    assert _cli("build-cache", "--config_path", str(tmp_path / "missing.yaml")).returncode == 1
+    assert _cli("inspect", str(tmp_path / "nothing")).returncode == 1
+    assert main(["no-such-command"]) == 2
+
+
+def test_levanter_mixture_yaml_parses_with_formats(tmp_path):
+    doc = {
+        "configs": {
+            "owt": {"train_urls": ["gs://bucket/owt/train.{1..3}-of-3.jsonl.gz"], "validation_urls": ["gs://bucket/owt/val.jsonl.gz"]},
+            "code": {"train_urls": ["s3://b/code-{00..01}.parquet"], "format": {"type": "text", "text_key": "content"},
+                     "tags": ["code"], "cache_dir": "gs://elsewhere/code"},
+            "wiki": {"id": "dlwh/wikitext_103_detokenized", "stream": False},
+        },
+        "tokenizer": "gpt2",
+        "cache_dir": "gs://levanter-data/tokenized/mix",
+        "enforce_eos": True,
+    }
+    path = tmp_path / "mix.yaml"
+    path.write_text(yaml.safe_dump({"data": doc, "model": {"type": "gpt2"}, "trainer": {"num_train_steps": 10}}))
+    config = load_data_config(str(path))
+    assert isinstance(config, LMMixtureDatasetConfig)
+    assert config.configs["code"].format == TextLmDatasetFormat(text_key="content")
+    assert config.configs["owt"].format == TextLmDatasetFormat()
+    assert [s.name for s in config.configs["owt"].shards("train")] == [f"gs://bucket/owt/train.{i}-of-3.jsonl.gz" for i in (1, 2, 3)]
+    assert config.cache_location("owt", "train") == "gs://levanter-data/tokenized/mix/owt/train"
+    assert config.cache_location("code", "validation") == "gs://elsewhere/code/validation"
+    assert config.configs["wiki"].id == "dlwh/wikitext_103_detokenized" and not config.configs["wiki"].stream
+
+
+def test_single_dataset_yaml_and_overrides(tmp_path):
+    config = load_data_config(str(REPO / "config" / "levanter_style_single.yaml"), ["--cache_dir", str(tmp_path), "--enforce_eos", "false"])
+    assert isinstance(config, LMDatasetConfig)
+    assert not config.enforce_eos
+    targets = {(t.split, t.location) for t in cache_targets(config)}
+    assert targets == {("train", f"{tmp_path}/train"), ("validation", f"{tmp_path}/validation")}
+
+
+def test_bad_configs_name_the_problem(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("configs:\n  a:\n    train_urls: [x.jsonl]\n    no_such_field: 1\n")
+    with pytest.raises(ConfigError, match="no_such_field"):
+        load_data_config(str(path))
+    path.write_text(yaml.safe_dump({"configs": {"a": {"train_urls": [str(DEMO_CORPUS / "webster" / "validation.jsonl.zst")]}}}))
+    with pytest.raises(ValueError, match="tokenizer"):
+        cache_targets(load_data_config(str(path)))
+    path.write_text(yaml.safe_dump({"tokenizer": str(tmp_path / "nope"), "configs": {"a": {"train_urls": ["x.jsonl"]}}}))
+    with pytest.raises(ValueError, match="could not be loaded"):
+        cache_targets(load_data_config(str(path)))
+    with pytest.raises(ValueError, match="either `id`"):
+        LMDatasetSourceConfig(id="x", train_urls=["y"])

@@ -1,0 +1,40 @@
+"""The Hugging Face form of a source, on a local dataset directory (no hub access in tests)."""
+
+import json
+
+import pytest
+from conftest import DEMO_CORPUS, TOKENIZER, read_jsonl_zst
+
+from tokenmix.config import LMDatasetSourceConfig, LMMixtureDatasetConfig, build_caches, open_cache
+from tokenmix.sources.hf import HfDatasetShard
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf_dataset")
+    for split, name in (("train", "train-00-of-02"), ("validation", "validation")):
+        records = read_jsonl_zst(DEMO_CORPUS / "webster" / f"{name}.jsonl.zst")
+        (root / f"{split}.jsonl").write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in records))
+    return root
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_hf_split_reads_in_order_and_resumes(hf_dir, stream):
+    records = [json.loads(line) for line in (hf_dir / "train.jsonl").read_text().splitlines()]
+    shard = HfDatasetShard(str(hf_dir), None, "train", stream=stream)
+    got = [r for chunk in shard.read(0, chunk_bytes=10_000) for r in chunk.records]
+    assert [r["text"] for r in got] == [r["text"] for r in records]
+    resumed = list(shard.read(100, chunk_bytes=10_000))
+    assert resumed[0].start == 100
+    assert [r["text"] for c in resumed for r in c.records] == [r["text"] for r in records[100:]]
+
+
+def test_hf_source_builds_both_splits(hf_dir, tmp_path, hf_tokenizer):
+    config = LMMixtureDatasetConfig(
+        tokenizer=TOKENIZER, cache_dir=str(tmp_path), configs={"web": LMDatasetSourceConfig(id=str(hf_dir))}
+    )
+    results = build_caches(config, progress=False)
+    assert set(results) == {("web", "train"), ("web", "validation")}
+    first = json.loads((hf_dir / "validation.jsonl").read_text().splitlines()[0])["text"]
+    cache = open_cache(config, "web", "validation")
+    assert cache[0].tolist() == hf_tokenizer(first, add_special_tokens=False)["input_ids"] + [0]
