@@ -171,9 +171,8 @@ def cache_targets(config: DataConfig, sources: list[str] | None = None) -> list[
 def build_caches(config: DataConfig, sources: list[str] | None = None, progress: bool = True) -> dict[tuple[str, str], dict[str, Any]]:
     """Build (or resume, or extend) every cache of the config; returns statistics per (source, split)."""
     results = {}
-    targets = cache_targets(config, sources)
-    with EncoderPool([t.spec for t in targets], config.build.num_workers) as pool:
-        for target in targets:
+    with EncoderPool(config.build.num_workers) as pool:
+        for target in cache_targets(config, sources):
             logger.info("building %s/%s at %s from %d shards", target.source, target.split, target.location, len(target.shards))
             bar = TqdmProgress(f"{target.source}/{target.split}") if progress else None
             info = {"tokenizer": config.tokenizer, "source": target.source, "split": target.split}

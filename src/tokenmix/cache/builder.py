@@ -13,6 +13,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -118,11 +119,18 @@ class CacheBuilder:
         return ledger
 
     def _run(self, ledger: CacheLedger, array: JaggedArray) -> None:
-        if self.pool is None:
-            with EncoderPool([self.spec], self.options.num_workers) as pool:
-                self._run_with(pool, ledger, array)
-        else:
-            self._run_with(self.pool, ledger, array)
+        try:
+            if self.pool is None:
+                with EncoderPool(self.options.num_workers) as pool:
+                    self._run_with(pool, ledger, array)
+            else:
+                self._run_with(self.pool, ledger, array)
+        except BrokenProcessPool as e:
+            raise RuntimeError(
+                "a tokenizing worker process died (out of memory, killed, or it could not start: a script that builds "
+                "caches must guard its top level with `if __name__ == '__main__':`, or set build.num_workers: 0); "
+                f"the {ledger.rows} committed rows are kept and a re-run resumes"
+            ) from e
 
     def _run_with(self, pool: EncoderPool, ledger: CacheLedger, array: JaggedArray) -> None:
         pending_writes: list[Any] = []

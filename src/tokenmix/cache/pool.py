@@ -1,24 +1,23 @@
 """Tokenizing worker processes, shared by every cache built in one run.
 
-Starting a worker costs about a second (a fresh interpreter, imports, the tokenizer), so a build
-of many sources uses one pool: each worker holds an encoder per distinct ``EncoderSpec``, built
-on first use.
+Starting a worker costs about a second (a fresh interpreter, imports), so the pool starts its
+workers as soon as it is made, while the driver is still loading the tokenizer, and one pool
+serves every cache of a run. Encoder specs are registered afterwards: each is written once to
+the pool's scratch directory and read by a worker the first time it meets that spec, instead of
+shipping the tokenizer definition (megabytes) with every task.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Sequence
+import pickle
+import shutil
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from tokenmix.formats.encoder import (
-    DocumentEncoder,
-    EncoderSpec,
-    encode_in_worker,
-    init_worker,
-)
+from tokenmix.formats.encoder import DocumentEncoder, EncoderSpec, encode_in_worker, init_worker, warm_up
 from tokenmix.sources.shards import RawChunk
 
 
@@ -41,40 +40,52 @@ class EncoderPool:
     ``num_workers=None`` uses one worker per core; ``0`` encodes in the calling process.
     """
 
-    def __init__(self, specs: Sequence[EncoderSpec], num_workers: int | None = None):
-        self.specs = list(dict.fromkeys(specs))
-        self._index = {spec: i for i, spec in enumerate(self.specs)}
+    def __init__(self, num_workers: int | None = None):
         self.num_workers = (os.cpu_count() or 1) if num_workers is None else num_workers
+        self._index: dict[EncoderSpec, int] = {}
         self._local: dict[int, DocumentEncoder] = {}
         self._pool: ProcessPoolExecutor | None = None
+        self._spec_dir: str | None = None
         if self.num_workers > 0:
+            self._spec_dir = tempfile.mkdtemp(prefix="tokenmix-specs-")
             threads = max(1, (os.cpu_count() or 1) // self.num_workers)
             self._pool = ProcessPoolExecutor(
                 max_workers=self.num_workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=init_worker,
-                initargs=(self.specs, os.getpid(), threads),
+                initargs=(os.getpid(), threads),
             )
+            for _ in range(self.num_workers):
+                self._pool.submit(warm_up)
+
+    def _spec_index(self, spec: EncoderSpec) -> int:
+        index = self._index.get(spec)
+        if index is None:
+            index = self._index[spec] = len(self._index)
+            if self._spec_dir is not None:
+                with open(os.path.join(self._spec_dir, f"{index}.pkl"), "wb") as f:
+                    pickle.dump(spec, f)
+            else:
+                self._local[index] = DocumentEncoder(spec)
+        return index
 
     def submit(self, spec: EncoderSpec, chunk: RawChunk) -> Any:
         """Start encoding ``chunk``; returns a future (or a completed stand-in) of ``EncodedChunk``."""
-        index = self._index[spec]
+        index = self._spec_index(spec)
         if self._pool is None:
-            if index not in self._local:
-                self._local[index] = DocumentEncoder(spec)
             return Completed(self._local[index].encode(chunk))
-        return self._pool.submit(encode_in_worker, index, chunk)
+        return self._pool.submit(encode_in_worker, self._spec_dir, index, chunk)
 
     def close(self, cancel: bool = False) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=not cancel, cancel_futures=cancel)
             self._pool = None
+        if self._spec_dir is not None:
+            shutil.rmtree(self._spec_dir, ignore_errors=True)
+            self._spec_dir = None
 
     def __enter__(self) -> EncoderPool:
         return self
 
     def __exit__(self, exc_type: object, *_: object) -> None:
         self.close(cancel=exc_type is not None)
-
-
-

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import threading
 import time
 from dataclasses import dataclass, field
@@ -187,18 +188,20 @@ def _parse_json_line(line: bytes) -> Any:
         raise BadRecordError("malformed_json", str(e)) from None
 
 
-_worker_specs: list[EncoderSpec] = []
 _worker_encoders: dict[int, DocumentEncoder] = {}
 
 
-def init_worker(specs: list[EncoderSpec], parent_pid: int, threads: int) -> None:
-    """Process-pool initializer: remember the specs, and exit if the driver dies.
+def init_worker(parent_pid: int, threads: int) -> None:
+    """Process-pool initializer: cap the tokenizer's threads, and exit if the driver dies.
 
     ``threads`` caps the tokenizer's own thread pool so that workers do not oversubscribe cores.
     """
     os.environ["RAYON_NUM_THREADS"] = str(threads)
-    _worker_specs[:] = specs
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+
+
+def warm_up() -> None:
+    """A no-op task that makes the pool start its processes (and their imports) right away."""
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -207,9 +210,10 @@ def _exit_with_parent(parent_pid: int) -> None:
     os._exit(1)
 
 
-def encode_in_worker(spec_index: int, chunk: RawChunk) -> EncodedChunk:
+def encode_in_worker(spec_dir: str, spec_index: int, chunk: RawChunk) -> EncodedChunk:
     """Process-pool task: encode a chunk with this worker's encoder for spec ``spec_index``."""
     encoder = _worker_encoders.get(spec_index)
     if encoder is None:
-        encoder = _worker_encoders[spec_index] = DocumentEncoder(_worker_specs[spec_index])
+        with open(os.path.join(spec_dir, f"{spec_index}.pkl"), "rb") as f:
+            encoder = _worker_encoders[spec_index] = DocumentEncoder(pickle.load(f))
     return encoder.encode(chunk)
