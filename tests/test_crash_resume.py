@@ -2,6 +2,7 @@
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,11 +15,23 @@ from conftest import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes
 from tokenmix.cache.reader import CacheNotFoundError, TokenCache
 
 
+COPIES = 4
+
+
 def _config(tmp_path, cache_dir):
-    sources = {
-        s: {"train_urls": [str(DEMO_CORPUS / s / f"train-0{i}-of-02.jsonl.zst") for i in range(2)]}
-        for s in ("linux_doc", "python_doc", "webster")
-    }
+    """The demo corpus, each shard listed as 4 copies, so a build lasts long enough to be killed often."""
+    corpus = tmp_path / "corpus"
+    sources = {}
+    for s in ("linux_doc", "python_doc", "webster"):
+        (corpus / s).mkdir(parents=True, exist_ok=True)
+        urls = []
+        for copy in range(COPIES):
+            for i in range(2):
+                target = corpus / s / f"copy{copy}-train-0{i}.jsonl.zst"
+                if not target.exists():
+                    shutil.copyfile(DEMO_CORPUS / s / f"train-0{i}-of-02.jsonl.zst", target)
+                urls.append(str(target))
+        sources[s] = {"train_urls": urls}
     path = tmp_path / f"{os.path.basename(cache_dir)}.yaml"
     path.write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": str(cache_dir), "configs": sources}))
     return str(path)
@@ -52,8 +65,8 @@ def test_sigkill_at_random_points_then_resume_gives_an_identical_cache(tmp_path)
     rng = random.Random(int(os.environ.get("TOKENMIX_CRASH_SEED", "2026")))
     kills = 0
     progress_seen = set()
-    for _ in range(8):
-        if _run_and_kill(config, rng.uniform(0.1, 0.6) * duration):
+    for _ in range(12):
+        if _run_and_kill(config, rng.uniform(0.15, 0.4) * duration):
             break
         kills += 1
         for source, ref in reference.items():
@@ -68,7 +81,7 @@ def test_sigkill_at_random_points_then_resume_gives_an_identical_cache(tmp_path)
             sample = sorted({0, rows // 2, rows - 1}) if rows else []
             assert [r.tolist() for r in cache.get_rows(sample)] == [r.tolist() for r in ref.get_rows(sample)]
     print("kills", kills, sorted(progress_seen))
-    assert kills >= 2, "the build finished before it could be killed; make it slower"
+    assert kills >= 3, "the build finished before it could be killed; make it slower"
     assert len(progress_seen) >= 2, "every kill landed at the same point"
     subprocess.run(_command(config), cwd=REPO, check=True, capture_output=True)
     for source in reference:
