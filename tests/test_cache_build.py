@@ -221,3 +221,16 @@ def test_statistics_describe_the_cache(tmp_path, demo_docs):
     assert stats["build"]["seconds"] > 0 and stats["build"]["tokens_per_second"] > 0
     on_disk = json.loads((tmp_path / "c" / "stats.json").read_text())
     assert on_disk["tokens"] == stats["tokens"]
+
+
+def test_cache_locations_map_to_tensorstore_kvstores(tmp_path):
+    from tokenmix.cache.store import join_location, kvstore_spec
+
+    assert kvstore_spec(str(tmp_path / "c")) == {"driver": "file", "path": f"{tmp_path}/c/"}
+    assert kvstore_spec(f"file://{tmp_path}/c/") == {"driver": "file", "path": f"{tmp_path}/c/"}
+    assert kvstore_spec("gs://bucket/caches/web/train") == {"driver": "gcs", "bucket": "bucket", "path": "caches/web/train/"}
+    assert kvstore_spec("s3://bucket/caches/web") == {"driver": "s3", "bucket": "bucket", "path": "caches/web/"}
+    assert kvstore_spec("memory://scratch/x") == {"driver": "memory", "path": "scratch/x/"}
+    assert join_location("gs://b/c/", "web", "train") == "gs://b/c/web/train"
+    with pytest.raises(ValueError, match="not supported"):
+        kvstore_spec("ftp://host/c")
