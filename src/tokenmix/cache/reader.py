@@ -7,11 +7,12 @@ the end of the build, and reads many rows in one go by issuing every read before
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
 from tokenmix.cache.stats import STATS_FILE
 from tokenmix.cache.store import TOKENS_ARRAY, JaggedArray, JsonDocuments
@@ -27,8 +28,9 @@ class CacheNotFoundError(FileNotFoundError):
 class TokenCache:
     """Random access to the committed documents of one cache."""
 
-    def __init__(self, location: str, expected_identity: dict[str, Any] | None = None):
+    def __init__(self, location: str, expected_identity: dict[str, Any] | None = None, chunk_cache: ChunkCache = SHARED):
         self.location = location
+        self._chunk_cache = chunk_cache
         self._docs = JsonDocuments(location)
         ledger = self._read_ledger()
         if expected_identity is not None:
@@ -36,6 +38,7 @@ class TokenCache:
         self.identity = ledger.identity
         self.fingerprint = ledger.fingerprint
         self._array = JaggedArray.open(location, TOKENS_ARRAY, ledger.identity["dtype"])
+        self._chunk = int(self._array.data.chunk_layout.read_chunk.shape[0])
 
     def _read_ledger(self) -> CacheLedger:
         doc = self._docs.read(LEDGER_FILE)
@@ -101,9 +104,56 @@ class TokenCache:
         self._check_rows(start, stop)
         return self._array.row_bounds(start, stop)
 
+    def row_ends(self, start: int, stop: int) -> np.ndarray:
+        """Where rows ``start`` to ``stop - 1`` end in the token stream (one read)."""
+        self._check_rows(start, stop)
+        return self._array.row_ends(start, stop)
+
     def read_tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``start`` to ``stop - 1`` of the cache's token stream."""
         return self._array.read_tokens(start, stop)
+
+    def read_spans(self, spans: Sequence[tuple[int, int]], committed_tokens: int) -> Callable[[], list[np.ndarray]]:
+        """Start reading token ranges ``[start, stop)`` of the token stream, all below ``committed_tokens``.
+
+        Whole chunks are read (every missing one at once) and kept decompressed in the chunk cache, so
+        many small reads of nearby tokens cost one decompression. Returns a function that waits for
+        the reads and returns the ranges' tokens in order.
+        """
+        size = self._chunk
+        missing: dict[int, Any] = {}
+        have: dict[int, np.ndarray] = {}
+        for start, stop in spans:
+            if not 0 <= start <= stop <= committed_tokens:
+                raise IndexError(f"{self.location}: tokens [{start}, {stop}) are outside the {committed_tokens} committed tokens")
+            for c in range(start // size, (stop - 1) // size + 1 if stop > start else start // size):
+                if c in have or c in missing:
+                    continue
+                need = min(stop, (c + 1) * size) - c * size
+                chunk = self._chunk_cache.get((self.location, c), need)
+                if chunk is not None:
+                    have[c] = chunk
+                else:
+                    end = min((c + 1) * size, committed_tokens)
+                    missing[c] = self._array.data[c * size : end].read()
+
+        def finish() -> list[np.ndarray]:
+            for c, future in missing.items():
+                have[c] = np.asarray(future.result())
+                self._chunk_cache.put((self.location, c), have[c])
+            out = []
+            for start, stop in spans:
+                first, last = start // size, (stop - 1) // size
+                if stop <= start:
+                    out.append(np.empty(0, self.dtype))
+                elif first == last:
+                    out.append(have[first][start - first * size : stop - first * size])
+                else:
+                    parts = [have[c][max(start, c * size) - c * size : min(stop, (c + 1) * size) - c * size] for c in range(first, last + 1)]
+                    out.append(np.concatenate(parts))
+            return out
+
+        return finish
 
     def __getitem__(self, row: int) -> np.ndarray:
         return self.get_rows([row])[0]

@@ -1,0 +1,1 @@
+"""Random-access datasets over caches: token sequences, shuffles, epochs and mixtures."""

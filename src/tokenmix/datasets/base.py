@@ -1,0 +1,132 @@
+"""The random-access dataset protocol every tokenmix dataset follows.
+
+A dataset has a length that may still grow (while its cache builds) and reads batches of examples by
+index. ``read(indices)`` issues every read of the batch at once (tensorstore futures) and returns a
+``Pending`` batch; ``get_batch`` is the synchronous convenience on top, so no event loop is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_POLL_START_S = 0.05
+_POLL_MAX_S = 2.0
+
+
+class Pending(Generic[T]):
+    """A batch whose reads are in flight; ``result()`` waits for them and assembles the batch."""
+
+    def __init__(self, finish: Callable[[], T]):
+        self._finish = finish
+
+    def result(self) -> T:
+        return self._finish()
+
+
+@dataclass
+class TokenBatch:
+    """A batch of fixed-length examples (numpy arrays; the loader turns them into jax arrays).
+
+    ``loss_mask[b, i]`` is true when position ``i`` is trained to predict token ``i + 1``: both are in
+    the example and in the same document. ``segment_ids`` number the documents inside each example
+    from 0, so attention can be masked per document. ``source_ids`` name the source of each example.
+    """
+
+    tokens: np.ndarray
+    loss_mask: np.ndarray
+    segment_ids: np.ndarray
+    source_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @staticmethod
+    def concatenate(parts: Sequence[TokenBatch]) -> TokenBatch:
+        return TokenBatch(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("tokens", "loss_mask", "segment_ids", "source_ids")))
+
+    def take(self, order: np.ndarray) -> TokenBatch:
+        """The examples in ``order``."""
+        return TokenBatch(self.tokens[order], self.loss_mask[order], self.segment_ids[order], self.source_ids[order])
+
+
+class Dataset(ABC):
+    """Random access to examples by index; the length may grow while the underlying cache builds."""
+
+    @abstractmethod
+    def is_finite(self) -> bool:
+        """Whether the dataset has an end (a restarting mixture does not)."""
+
+    @abstractmethod
+    def current_len(self) -> int:
+        """Examples readable now."""
+
+    @abstractmethod
+    def final_len(self) -> int | None:
+        """The final length once known (the cache finished); None before that or when infinite."""
+
+    @abstractmethod
+    def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
+        """Issue the reads of examples ``indices`` together; ``.result()`` returns the batch in that order."""
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray) -> TokenBatch:
+        """The examples ``indices``, read together."""
+        return self.read(indices).result()
+
+    def __getitem__(self, index: int) -> TokenBatch:
+        return self.get_batch([index])
+
+    def __len__(self) -> int:
+        n = self.final_len()
+        if n is None:
+            raise TypeError(f"{self!r} has no final length yet (still building, or infinite); use current_len()")
+        return n
+
+    def wait_for_len(self, n: int, timeout: float | None = None, why: str = "") -> int:
+        """Block until at least ``n`` examples are readable or the length is final; returns the length."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay, logged = _POLL_START_S, False
+        while True:
+            have = self.current_len()
+            final = self.final_len()
+            if have >= n or final is not None or not self.is_finite():
+                return have
+            if not logged:
+                logger.info("%r: waiting for %d examples (%d ready)%s", self, n, have, f": {why}" if why else "")
+                logged = True
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{self!r}: only {have} of {n} examples ready after {timeout} s")
+            time.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX_S)
+
+    def wait_until_final(self, timeout: float | None = None, why: str = "") -> int:
+        """Block until the length is final; returns it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay, logged = _POLL_START_S, False
+        while (final := self.final_len()) is None:
+            if not logged:
+                logger.info("%r: waiting for the cache to finish%s", self, f": {why}" if why else "")
+                logged = True
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{self!r}: not finished after {timeout} s ({self.current_len()} examples so far)")
+            time.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX_S)
+        return final
+
+
+def as_indices(indices: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Indices as a 1-d int64 array, refusing negative ones."""
+    arr = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if arr.size and arr.min() < 0:
+        raise IndexError(f"negative example index {int(arr.min())}")
+    return arr

@@ -1,0 +1,90 @@
+"""A dataset read through epochs, each in a fresh seeded order (Levanter repeats one order; we do not)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
+from tokenmix.datasets.order import Shuffle, SourceOrder, check_shuffle
+
+UNBOUNDED = 2**62
+"""The length reported by datasets that never end."""
+
+
+class EpochedDataset(Dataset):
+    """Draw k of ``base`` is example ``order(k)``: epoch ``k // len(base)``, permuted per epoch.
+
+    With ``epochs=None`` it never ends. A full shuffle waits for the base's final length; unshuffled and
+    era-shuffled reads of the first epoch proceed on the prefix a still-building cache has committed.
+    """
+
+    def __init__(self, base: Dataset, key: int, shuffle: Shuffle = True, epochs: int | None = None):
+        check_shuffle(shuffle, repr(base))
+        if epochs is not None and epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {epochs}")
+        self.base = base
+        self.key = key
+        self.shuffle = shuffle
+        self.epochs = epochs
+        self._final_order: SourceOrder | None = None
+
+    def __repr__(self) -> str:
+        return f"EpochedDataset({self.base!r}, shuffle={self.shuffle}, epochs={self.epochs})"
+
+    @property
+    def tokens_per_example(self) -> int:
+        return self.base.tokens_per_example  # type: ignore[attr-defined]
+
+    def is_finite(self) -> bool:
+        return self.epochs is not None
+
+    def final_len(self) -> int | None:
+        n = self.base.final_len()
+        if n is None or self.epochs is None:
+            return None
+        return n * self.epochs
+
+    def current_len(self) -> int:
+        n = self.base.final_len()
+        if n is not None:
+            return UNBOUNDED if self.epochs is None else n * self.epochs
+        if self.shuffle is True:
+            return 0
+        have = self.base.current_len()
+        return have if self.shuffle is False else have // self.shuffle * self.shuffle
+
+    def length(self, why: str = "") -> int:
+        """Examples per epoch, waiting for the base to finish if it has not."""
+        n = self.base.final_len()
+        return n if n is not None else self.base.wait_until_final(why=why)
+
+    def order_for(self, draws: np.ndarray) -> SourceOrder:
+        """The order that resolves ``draws``, waiting for data where needed."""
+        if self._final_order is not None:
+            return self._final_order
+        n = self.base.final_len()
+        if n is None and self.shuffle is True:
+            n = self.length("a full shuffle needs the source's length")
+        if n is None:
+            provisional = SourceOrder(None, self.key, self.shuffle)
+            need = provisional.needed_length(draws)
+            if self.base.wait_for_len(need, why=f"examples up to {need} are asked for") >= need and self.base.final_len() is None:
+                return provisional
+            n = self.length()
+        if n == 0:
+            raise IndexError(f"{self.base!r} is empty: it has no example to draw")
+        self._final_order = SourceOrder(n, self.key, self.shuffle)
+        return self._final_order
+
+    def epoch_of(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The epoch each draw belongs to (needs the final length)."""
+        return as_indices(indices) // self.length("epochs need the source's length")
+
+    def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
+        idx = as_indices(indices)
+        final = self.final_len()
+        if final is not None and idx.size and int(idx.max()) >= final:
+            raise IndexError(f"{self!r}: draw {int(idx.max())} is beyond its {final} examples")
+        return self.base.read(self.order_for(idx)(idx) if idx.size else idx)

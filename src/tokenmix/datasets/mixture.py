@@ -1,0 +1,249 @@
+"""MixtureDataset: exact, lazy, deterministic mixing of sources by weight, with weight schedules.
+
+Index i falls in a stage of the weight schedule and, inside it, in a block of ``block_size`` examples.
+Each block holds exactly the per-source counts ``BlockAllocator`` gives (within 1 of the exact share
+after any whole number of blocks, no positive weight rounded away) in a seeded order, so mapping an
+index to (source, draw number) needs one block's counts, not a per-example array. A source's draws
+continue across stages, so a change of weights neither skips nor repeats examples. Each source is
+read through its own ``EpochedDataset``, keyed by the seed and the source's name: reordering the
+sources changes nothing and renaming one leaves the others' orders alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
+
+import numpy as np
+
+from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
+from tokenmix.datasets.epochs import UNBOUNDED, EpochedDataset
+from tokenmix.datasets.mixture_layout import BlockAllocator
+from tokenmix.datasets.order import Shuffle
+from tokenmix.datasets.permutation import FeistelPermutation, derive_key
+
+logger = logging.getLogger(__name__)
+
+StopStrategy = Literal["restart", "first_exhausted", "all_exhausted"]
+STOP_STRATEGIES = ("restart", "first_exhausted", "all_exhausted")
+
+Weights = Mapping[str, float]
+WeightSchedule = Weights | Sequence[tuple[int, Weights]]
+"""A dict of weights, or ``[(start_index, weights), ...]`` stages starting at index 0."""
+
+
+@dataclass(frozen=True)
+class SourceUsage:
+    """What a mixture has drawn from one source up to some index."""
+
+    examples: int
+    tokens: int
+    epoch: int
+    """The epoch the source's next example comes from."""
+    epochs_completed: float
+
+
+def normalize_schedule(weights: WeightSchedule, names: Sequence[str]) -> list[tuple[int, dict[str, float]]]:
+    """Check a weight schedule against the source names and return it as a list of stages."""
+    stages = [(0, dict(weights))] if isinstance(weights, Mapping) else [(int(s), dict(w)) for s, w in weights]
+    if not stages:
+        raise ValueError("train_weights: at least one stage is needed")
+    if stages[0][0] != 0:
+        raise ValueError(f"train_weights: the first stage must start at 0, not {stages[0][0]}")
+    for (a, _), (b, _) in zip(stages, stages[1:]):
+        if b <= a:
+            raise ValueError(f"train_weights: stage starts must increase, got {a} then {b}")
+    for start, stage in stages:
+        unknown = sorted(set(stage) - set(names))
+        if unknown:
+            raise ValueError(f"train_weights (stage at {start}): unknown source(s) {unknown}; the sources are {sorted(names)}")
+        bad = {k: v for k, v in stage.items() if not v >= 0}
+        if bad:
+            raise ValueError(f"train_weights (stage at {start}): weights must be >= 0, got {bad}")
+        if sum(stage.values()) <= 0:
+            raise ValueError(f"train_weights (stage at {start}): at least one weight must be positive")
+    return stages
+
+
+class MixtureDataset(Dataset):
+    """Examples drawn from named sources in exact proportions, per block of ``block_size``."""
+
+    def __init__(
+        self,
+        datasets: Mapping[str, Dataset],
+        weights: WeightSchedule,
+        *,
+        block_size: int = 2048,
+        seed: int = 0,
+        shuffle: Shuffle = True,
+        stop_strategy: StopStrategy = "restart",
+    ):
+        if not datasets:
+            raise ValueError("a mixture needs at least one source")
+        if stop_strategy not in STOP_STRATEGIES:
+            raise ValueError(f"stop_strategy must be one of {STOP_STRATEGIES}, got {stop_strategy!r}")
+        self.names = list(datasets)
+        """Source names; a source's id (``TokenBatch.source_ids``) is its position here."""
+        self.block_size = block_size
+        self.seed = seed
+        self.stop_strategy = stop_strategy
+        stages = normalize_schedule(weights, self.names)
+        self.stages = stages
+        self._canon = sorted(self.names)
+        self._ids = np.array([self.names.index(n) for n in self._canon], np.int32)
+        self._starts = np.array([s for s, _ in stages], np.int64)
+        self._allocators = [BlockAllocator([w.get(n, 0.0) for n in self._canon], block_size) for _, w in stages]
+        self._active = [c for c, n in enumerate(self._canon) if any(w.get(n, 0.0) > 0 for _, w in stages)]
+        self._sources = {
+            c: EpochedDataset(datasets[self._canon[c]], derive_key(seed, "source", self._canon[c]), shuffle) for c in self._active
+        }
+        self._bases = [np.zeros(len(self._canon), np.int64)]
+        for j in range(1, len(stages)):
+            self._bases.append(self._consumed_in_stage(j - 1, int(self._starts[j] - self._starts[j - 1])))
+        self._length: int | None = None
+
+    def __repr__(self) -> str:
+        return f"MixtureDataset({self.names}, stop_strategy={self.stop_strategy!r})"
+
+    @lru_cache(maxsize=256)  # noqa: B019 - the cache lives as long as the dataset, which is intended
+    def _block(self, stage: int, block: int) -> tuple[np.ndarray, np.ndarray, FeistelPermutation]:
+        """Counts before the block, cumulative counts inside it, and its seeded order."""
+        alloc = self._allocators[stage]
+        before = alloc.counts_after(block)
+        cum = np.cumsum(alloc.counts_after(block + 1) - before)
+        return before, cum, FeistelPermutation(self.block_size, derive_key(self.seed, "layout", stage, block))
+
+    def _consumed_in_stage(self, stage: int, local: int) -> np.ndarray:
+        block, rest = divmod(local, self.block_size)
+        counts = self._bases[stage] + self._allocators[stage].counts_after(block)
+        if rest:
+            _, cum, perm = self._block(stage, block)
+            slots = perm(np.arange(rest))
+            counts = counts + np.bincount(np.searchsorted(cum, slots, side="right"), minlength=len(self._canon))
+        return counts
+
+    def consumed(self, num_examples: int) -> dict[str, int]:
+        """How many examples of each source the first ``num_examples`` indices draw."""
+        return dict(zip(self._canon, self._consumed(num_examples).tolist()))
+
+    def _consumed(self, n: int) -> np.ndarray:
+        stage = int(np.searchsorted(self._starts, n, side="right")) - 1
+        return self._consumed_in_stage(stage, n - int(self._starts[stage]))
+
+    def locate(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each index: the source id, and which draw from that source it is (0-based)."""
+        canon, draws = self._locate(as_indices(indices))
+        return self._ids[canon], draws
+
+    def _locate(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        stage = np.searchsorted(self._starts, idx, side="right") - 1
+        block, pos = np.divmod(idx - self._starts[stage], self.block_size)
+        canon = np.empty(len(idx), np.int64)
+        draws = np.empty(len(idx), np.int64)
+        keys = np.stack([stage, block], axis=1)
+        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        for g, (s, b) in enumerate(uniq.tolist()):
+            members = inverse == g
+            before, cum, perm = self._block(s, b)
+            slots = perm(pos[members])
+            src = np.searchsorted(cum, slots, side="right")
+            canon[members] = src
+            first_slot = np.concatenate([[0], cum[:-1]])
+            draws[members] = self._bases[s][src] + before[src] + slots - first_slot[src]
+        return canon, draws
+
+    def is_finite(self) -> bool:
+        return self.stop_strategy != "restart"
+
+    def final_len(self) -> int | None:
+        if self.stop_strategy == "restart":
+            return None
+        if self._length is None:
+            self._length = self._stop_length()
+        return self._length
+
+    def current_len(self) -> int:
+        return UNBOUNDED if self.stop_strategy == "restart" else self.final_len()
+
+    def _source_lengths(self) -> dict[int, int]:
+        why = f"stop_strategy {self.stop_strategy!r} needs every source's length"
+        return {c: ds.length(why) for c, ds in self._sources.items()}
+
+    def _stop_length(self) -> int:
+        lengths = self._source_lengths()
+        cs = np.array(list(lengths))
+        sizes = np.array([lengths[c] for c in cs])
+        if self.stop_strategy == "first_exhausted":
+            def done(n: int) -> bool:  # some source would need a draw past its end
+                return bool(np.any(self._consumed(n)[cs] > sizes))
+        else:
+            last = self.stages[-1][1]
+            at_last = self._bases[-1]
+            for c, size in zip(cs, sizes):
+                if last.get(self._canon[c], 0.0) == 0 and at_last[c] < size:
+                    raise ValueError(
+                        f"stop_strategy 'all_exhausted': source {self._canon[c]!r} has weight 0 in the last stage and only "
+                        f"{int(at_last[c])} of its {int(size)} examples are drawn before it, so the mixture would never end"
+                    )
+
+            def done(n: int) -> bool:  # every source has been drawn through once
+                return bool(np.all(self._consumed(n)[cs] >= sizes))
+
+        hi = max(1, int(self._starts[-1]) + self.block_size)
+        while not done(hi):
+            hi *= 2
+        lo = 0  # invariant: not done(lo), done(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if done(mid) else (mid, hi)
+        return lo if self.stop_strategy == "first_exhausted" else hi
+
+    def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
+        idx = as_indices(indices)
+        final = self.final_len()
+        if final is not None and idx.size and int(idx.max()) >= final:
+            raise IndexError(f"{self!r}: index {int(idx.max())} is beyond its {final} examples ({self.stop_strategy})")
+        canon, draws = self._locate(idx)
+        groups = [(c, np.flatnonzero(canon == c)) for c in np.unique(canon).tolist()]
+        pending = [(c, members, self._sources[c].read(draws[members])) for c, members in groups]
+
+        def assemble() -> TokenBatch:
+            parts = []
+            for c, _, p in pending:
+                part = p.result()
+                part.source_ids[:] = self._ids[c]
+                parts.append(part)
+            if not parts:
+                return TokenBatch(np.zeros((0, 0), np.int32), np.zeros((0, 0), bool), np.zeros((0, 0), np.int32), np.zeros(0, np.int32))
+            order = np.empty(len(idx), np.int64)
+            order[np.concatenate([m for _, m, _ in pending])] = np.arange(len(idx))
+            return TokenBatch.concatenate(parts).take(order)
+
+        return Pending(assemble)
+
+    def epoch_of(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The epoch of its source each index's example comes from."""
+        canon, draws = self._locate(as_indices(indices))
+        out = np.zeros(len(draws), np.int64)
+        for c in np.unique(canon).tolist():
+            members = canon == c
+            out[members] = self._sources[c].epoch_of(draws[members])
+        return out
+
+    def usage(self, num_examples: int) -> dict[str, SourceUsage]:
+        """Per source: examples and tokens drawn by the first ``num_examples`` indices, and its epoch."""
+        counts = self._consumed(num_examples)
+        out = {}
+        for c, name in enumerate(self._canon):
+            drawn = int(counts[c])
+            if c not in self._sources:
+                out[name] = SourceUsage(0, 0, 0, 0.0)
+                continue
+            ds = self._sources[c]
+            n = ds.length("usage needs the source's length")
+            out[name] = SourceUsage(drawn, drawn * ds.tokens_per_example, drawn // n, drawn / n)
+        return {name: out[name] for name in self.names}

@@ -1,0 +1,133 @@
+"""Exact per-block source counts for a weighted mixture: pure integer arithmetic, no I/O.
+
+The index space is cut into blocks of ``block_size`` examples. ``counts_after(k)`` gives, for every
+source, how many of the first ``k`` blocks' examples it owns. Three properties hold for every ``k``:
+
+* the counts sum to ``k * block_size`` (blocks are full);
+* each count is the floor or the ceiling of ``k * block_size * weight`` (within 1 of exact; a positive
+  weight, however small, is never rounded away);
+* counts never decrease from one block to the next (each block holds a non-negative number of
+  examples of each source).
+
+Sources with ``block_size * weight >= 1`` ("large") advance at least one example per block, so any
+rounding of their targets is monotone and they are rounded in closed form (largest remainder). The
+"tiny" sources, which get less than one example per block on average, share a group quota rounded in
+closed form; the group's slots are handed out earliest-deadline-first, where a tiny source's j-th
+example may not come before the block its target passes j - 1 and must come by the block its target
+reaches j. EDF meets every such deadline (a Hall-condition argument, see docs/design/datasets.md), so
+the tiny sources stay within 1 too. Walking the slots costs one step per tiny-source example, not per
+block, and is checkpointed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+
+import numpy as np
+
+_CHECKPOINT_EVERY = 4096
+
+
+def exact_weights(weights: Sequence[float | int | Fraction]) -> list[Fraction]:
+    """Weights normalised to sum to 1, exactly (as fractions of the values given)."""
+    values = [Fraction(w) for w in weights]
+    if any(v < 0 for v in values):
+        raise ValueError(f"mixture weights must be >= 0, got {list(map(float, values))}")
+    total = sum(values)
+    if total <= 0:
+        raise ValueError("mixture weights must have a positive sum")
+    return [v / total for v in values]
+
+
+class BlockAllocator:
+    """Cumulative per-source example counts at block boundaries for one set of weights."""
+
+    def __init__(self, weights: Sequence[float | int | Fraction], block_size: int):
+        if block_size < 1:
+            raise ValueError(f"mixture_block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.weights = exact_weights(weights)
+        self.num_sources = len(self.weights)
+        rates = [w * block_size for w in self.weights]
+        # every rate as an integer numerator over one common denominator: exact and fast
+        self._den = math.lcm(*(r.denominator for r in rates))
+        self._num = [r.numerator * (self._den // r.denominator) for r in rates]
+        self._large = [i for i, p in enumerate(self._num) if p >= self._den]
+        self._tiny = [i for i, p in enumerate(self._num) if 0 < p < self._den]
+        self._tiny_num = sum(self._num[i] for i in self._tiny)
+        self._tiny_state: list[tuple[int, list[int]]] = [(0, [0] * len(self._tiny))]
+
+    def target(self, k: int) -> list[Fraction]:
+        """The exact (fractional) number of examples each source is owed after ``k`` blocks."""
+        return [Fraction(k * p, self._den) for p in self._num]
+
+    def tiny_slots(self, k: int) -> int:
+        """Examples the tiny sources own together after ``k`` blocks."""
+        if not self._large:
+            return k * self.block_size
+        return (2 * k * self._tiny_num + self._den) // (2 * self._den)
+
+    def counts_after(self, k: int) -> np.ndarray:
+        """Examples of each source in the first ``k`` blocks (int64, one per source)."""
+        if k < 0:
+            raise ValueError(f"block {k} < 0")
+        counts = np.zeros(self.num_sources, np.int64)
+        tiny_total = self.tiny_slots(k)
+        if self._tiny:
+            counts[self._tiny] = self._tiny_counts(tiny_total)
+        if self._large:
+            den = self._den
+            floors, rems = zip(*(divmod(k * self._num[i], den) for i in self._large))
+            floors = list(floors)
+            extra = k * self.block_size - tiny_total - sum(floors)
+            for j in sorted(range(len(rems)), key=lambda j: (-rems[j], j))[:extra]:
+                floors[j] += 1
+            counts[self._large] = floors
+        return counts
+
+    def block_counts(self, k: int) -> np.ndarray:
+        """Examples of each source inside block ``k`` (0-based)."""
+        return self.counts_after(k + 1) - self.counts_after(k)
+
+    def _tiny_counts(self, slots: int) -> list[int]:
+        states = self._tiny_state
+        pos = bisect_right([s for s, _ in states], slots) - 1
+        done, counts = states[pos][0], list(states[pos][1])
+        if done == slots:
+            return counts
+        den = self._den
+        nums = [self._num[i] for i in self._tiny]
+        # job j of tiny source t: held from the first block with k*rate > j-1 (release) and
+        # owed by the first block with k*rate >= j (deadline)
+        waiting = [((counts[t] * den) // p + 1, t) for t, p in enumerate(nums)]
+        heapq.heapify(waiting)
+        ready: list[tuple[int, int]] = []
+        for slot in range(done + 1, slots + 1):
+            block = self._slot_block(slot)
+            while waiting and waiting[0][0] <= block:
+                _, t = heapq.heappop(waiting)
+                heapq.heappush(ready, (-((-(counts[t] + 1) * den) // nums[t]), t))
+            deadline, t = heapq.heappop(ready)
+            if deadline < block:
+                raise AssertionError(f"mixture layout: tiny source {t} missed its deadline {deadline} at block {block}")
+            counts[t] += 1
+            heapq.heappush(waiting, ((counts[t] * den) // nums[t] + 1, t))
+            if slot % _CHECKPOINT_EVERY == 0 and slot > states[-1][0]:
+                states.append((slot, list(counts)))
+        return counts
+
+    def _slot_block(self, slot: int) -> int:
+        """The first block after which the tiny group owns at least ``slot`` examples."""
+        if not self._large:
+            return -(-slot // self.block_size)
+        # floor(k*rate + 1/2) >= slot  <=>  k >= (2*slot - 1) / (2*rate)
+        return max(0, -((-(2 * slot - 1) * self._den) // (2 * self._tiny_num)))
+
+
+def allocator_for(weights: Mapping[str, float], names: Sequence[str], block_size: int) -> BlockAllocator:
+    """A ``BlockAllocator`` over ``names`` (weights missing from the mapping are 0)."""
+    return BlockAllocator([weights.get(n, 0.0) for n in names], block_size)

@@ -1,0 +1,80 @@
+"""The order a source's examples are read in, across epochs: pure index math, no I/O.
+
+The k-th example drawn from a source of ``length`` examples belongs to epoch ``k // length``; inside an
+epoch it is either read in place, through a full permutation, or through permutations of consecutive
+eras of ``era_length`` examples (useful while a cache is still growing). Each epoch (and each era) has
+its own key, so every epoch is read in a fresh order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenmix.datasets.permutation import FeistelPermutation, derive_key
+
+Shuffle = bool | int
+"""False: in order; True: a full permutation per epoch; an int: permute within eras of that many examples."""
+
+
+def check_shuffle(shuffle: Shuffle, where: str) -> None:
+    """Reject a shuffle setting that is neither a bool nor a positive era length."""
+    if not isinstance(shuffle, bool) and (not isinstance(shuffle, int) or shuffle < 1):
+        raise ValueError(f"{where}: `shuffle` must be true, false or a positive era length, got {shuffle!r}")
+
+
+@dataclass(frozen=True)
+class SourceOrder:
+    """Maps the k-th draw from a source to (epoch, example index)."""
+
+    length: int | None
+    """Examples per epoch; None while unknown (only epoch 0 of an unshuffled or era-shuffled source)."""
+    key: int
+    shuffle: Shuffle = True
+
+    def __post_init__(self) -> None:
+        check_shuffle(self.shuffle, "source order")
+        if self.length is None and self.shuffle is True:
+            raise ValueError("a full shuffle needs the source's final length")
+        if self.length is not None and self.length < 1:
+            raise ValueError(f"a source needs at least one example, got length {self.length}")
+
+    def epoch(self, k: np.ndarray) -> np.ndarray:
+        """The epoch each draw ``k`` falls in."""
+        k = np.asarray(k, np.int64)
+        return np.zeros_like(k) if self.length is None else k // self.length
+
+    def needed_length(self, k: np.ndarray) -> int:
+        """How many examples must exist before draws ``k`` can be resolved without the final length."""
+        k = np.asarray(k, np.int64)
+        if k.size == 0:
+            return 0
+        top = int(k.max()) + 1
+        if isinstance(self.shuffle, bool):
+            return top
+        return -(-top // self.shuffle) * self.shuffle
+
+    def __call__(self, k: np.ndarray) -> np.ndarray:
+        """The example index of each draw ``k``."""
+        k = np.asarray(k, np.int64)
+        if self.length is None:
+            epoch, within = np.zeros_like(k), k
+        else:
+            epoch, within = np.divmod(k, self.length)
+        if self.shuffle is False:
+            return within.copy()
+        era_len = self.length if self.shuffle is True else self.shuffle
+        era, offset = np.divmod(within, era_len)
+        out = np.empty_like(k)
+        groups = np.stack([epoch.ravel(), era.ravel()], axis=1)
+        uniq, inverse = np.unique(groups, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        flat_offset, flat_out = offset.ravel(), out.reshape(-1)
+        for g, (e, r) in enumerate(uniq):
+            members = inverse == g
+            start = int(r) * era_len
+            size = era_len if self.length is None else min(era_len, self.length - start)
+            perm = FeistelPermutation(size, derive_key(self.key, "epoch", int(e), "era", int(r)))
+            flat_out[members] = start + perm(flat_offset[members])
+        return out
