@@ -14,7 +14,6 @@ from conftest import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes
 
 from tokenmix.cache.reader import CacheNotFoundError, TokenCache
 
-
 COPIES = 4
 
 

@@ -109,21 +109,36 @@ class MixtureDataset(Dataset):
         return f"MixtureDataset({self.names}, stop_strategy={self.stop_strategy!r})"
 
     @lru_cache(maxsize=256)  # noqa: B019 - the cache lives as long as the dataset, which is intended
-    def _block(self, stage: int, block: int) -> tuple[np.ndarray, np.ndarray, FeistelPermutation]:
-        """Counts before the block, cumulative counts inside it, and its seeded order."""
+    def _block(self, stage: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Counts before the block; for each position in it, its source and that source's draw rank.
+
+        The block's positions are dealt to sources in a seeded order; ranks follow position order, so a
+        source's draws rise with the index.
+        """
         alloc = self._allocators[stage]
         before = alloc.counts_after(block)
         cum = np.cumsum(alloc.counts_after(block + 1) - before)
-        return before, cum, FeistelPermutation(self.block_size, derive_key(self.seed, "layout", stage, block))
+        slots = FeistelPermutation(self.block_size, derive_key(self.seed, "layout", stage, block))(np.arange(self.block_size))
+        source = np.searchsorted(cum, slots, side="right")
+        by_source = np.argsort(source, kind="stable")
+        rank = np.empty(self.block_size, np.int64)
+        rank[by_source] = np.arange(self.block_size) - np.concatenate([[0], cum[:-1]])[source[by_source]]
+        return before, source, rank
 
     def _consumed_in_stage(self, stage: int, local: int) -> np.ndarray:
         block, rest = divmod(local, self.block_size)
         counts = self._bases[stage] + self._allocators[stage].counts_after(block)
         if rest:
-            _, cum, perm = self._block(stage, block)
-            slots = perm(np.arange(rest))
-            counts = counts + np.bincount(np.searchsorted(cum, slots, side="right"), minlength=len(self._canon))
+            _, source, _ = self._block(stage, block)
+            counts = counts + np.bincount(source[:rest], minlength=len(self._canon))
         return counts
+
+    def source(self, name: str) -> EpochedDataset:
+        """The epoch-shuffled view a source is drawn through (only sources with a positive weight)."""
+        c = self._canon.index(name)
+        if c not in self._sources:
+            raise KeyError(f"source {name!r} has weight 0 in every stage and is never drawn")
+        return self._sources[c]
 
     def consumed(self, num_examples: int) -> dict[str, int]:
         """How many examples of each source the first ``num_examples`` indices draw."""
@@ -148,12 +163,10 @@ class MixtureDataset(Dataset):
         inverse = inverse.reshape(-1)
         for g, (s, b) in enumerate(uniq.tolist()):
             members = inverse == g
-            before, cum, perm = self._block(s, b)
-            slots = perm(pos[members])
-            src = np.searchsorted(cum, slots, side="right")
+            before, source, rank = self._block(s, b)
+            src = source[pos[members]]
             canon[members] = src
-            first_slot = np.concatenate([[0], cum[:-1]])
-            draws[members] = self._bases[s][src] + before[src] + slots - first_slot[src]
+            draws[members] = self._bases[s][src] + before[src] + rank[pos[members]]
         return canon, draws
 
     def is_finite(self) -> bool:
