@@ -52,12 +52,16 @@ class TokenBatch:
         return len(self.tokens)
 
     @staticmethod
-    def concatenate(parts: Sequence[TokenBatch]) -> TokenBatch:
-        return TokenBatch(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("tokens", "loss_mask", "segment_ids", "source_ids")))
+    def empty(n: int, length: int) -> TokenBatch:
+        """A batch of ``n`` examples of ``length`` tokens to fill with ``put``."""
+        return TokenBatch(np.empty((n, length), np.int32), np.empty((n, length), bool), np.empty((n, length), np.int32), np.empty(n, np.int32))
 
-    def take(self, order: np.ndarray) -> TokenBatch:
-        """The examples in ``order``."""
-        return TokenBatch(self.tokens[order], self.loss_mask[order], self.segment_ids[order], self.source_ids[order])
+    def put(self, rows: np.ndarray, part: TokenBatch) -> None:
+        """Write ``part``'s examples into ``rows`` of this batch."""
+        self.tokens[rows] = part.tokens
+        self.loss_mask[rows] = part.loss_mask
+        self.segment_ids[rows] = part.segment_ids
+        self.source_ids[rows] = part.source_ids
 
 
 class Dataset(ABC):

@@ -225,16 +225,14 @@ class MixtureDataset(Dataset):
         pending = [(c, members, self._sources[c].read(draws[members])) for c, members in groups]
 
         def assemble() -> TokenBatch:
-            parts = []
-            for c, _, p in pending:
+            out: TokenBatch | None = None
+            for c, members, p in pending:
                 part = p.result()
-                part.source_ids[:] = self._ids[c]
-                parts.append(part)
-            if not parts:
-                return TokenBatch(np.zeros((0, 0), np.int32), np.zeros((0, 0), bool), np.zeros((0, 0), np.int32), np.zeros(0, np.int32))
-            order = np.empty(len(idx), np.int64)
-            order[np.concatenate([m for _, m, _ in pending])] = np.arange(len(idx))
-            return TokenBatch.concatenate(parts).take(order)
+                if out is None:
+                    out = TokenBatch.empty(len(idx), part.tokens.shape[1])
+                out.put(members, part)
+                out.source_ids[members] = self._ids[c]
+            return out if out is not None else TokenBatch.empty(0, 0)
 
         return Pending(assemble)
 

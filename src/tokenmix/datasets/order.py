@@ -9,6 +9,7 @@ its own key, so every epoch is read in a fresh order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -66,6 +67,9 @@ class SourceOrder:
             return within.copy()
         era_len = self.length if self.shuffle is True else self.shuffle
         era, offset = np.divmod(within, era_len)
+        if self.shuffle is True and (epoch.size == 0 or epoch.min() == epoch.max()):
+            e = int(epoch.flat[0]) if epoch.size else 0
+            return _permutation(self.length, self.key, e, 0)(within)
         out = np.empty_like(k)
         groups = np.stack([epoch.ravel(), era.ravel()], axis=1)
         uniq, inverse = np.unique(groups, axis=0, return_inverse=True)
@@ -75,6 +79,10 @@ class SourceOrder:
             members = inverse == g
             start = int(r) * era_len
             size = era_len if self.length is None else min(era_len, self.length - start)
-            perm = FeistelPermutation(size, derive_key(self.key, "epoch", int(e), "era", int(r)))
-            flat_out[members] = start + perm(flat_offset[members])
+            flat_out[members] = start + _permutation(size, self.key, int(e), int(r))(flat_offset[members])
         return out
+
+
+@lru_cache(maxsize=1024)
+def _permutation(size: int, key: int, epoch: int, era: int) -> FeistelPermutation:
+    return FeistelPermutation(size, derive_key(key, "epoch", epoch, "era", era))

@@ -1,8 +1,9 @@
 """Keyed pseudo-random permutations of [0, n) as pure functions (no per-element arrays).
 
-A balanced Feistel network permutes [0, 4^h) for the smallest h with 4^h >= n; cycle-walking (re-apply
-until the value lands below n) restricts it to a bijection on [0, n) for any n up to 2^63. Since 4^h < 4n,
-fewer than 4 rounds of walking are needed on average. Everything is vectorized over numpy uint64.
+An unbalanced Feistel network permutes [0, 2^b) for the smallest b with 2^b >= n (the two halves are
+b // 2 and b - b // 2 bits and swap sizes each round); cycle-walking (re-apply until the value lands
+below n) restricts it to a bijection on [0, n) for any n up to 2^63. Since 2^b < 2n, fewer than 2
+passes are needed on average. Everything is vectorized over numpy uint64.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import struct
 
 import numpy as np
 
-_ROUNDS = 6
+_ROUNDS = 4
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 MAX_LENGTH = 2**63
 
@@ -27,13 +28,17 @@ def derive_key(*parts: int | str) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_S = np.uint64(31)
+
+
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: a bijective avalanche on uint64."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    """A multiply-xorshift avalanche on uint64 (the Feistel round function need not be invertible)."""
+    x = x * _M1
+    x ^= x >> _S
+    x *= _M2
+    return x ^ (x >> _S)
 
 
 class FeistelPermutation:
@@ -44,26 +49,26 @@ class FeistelPermutation:
             raise ValueError(f"permutation length must be in [1, 2^63], got {n}")
         self.n = n
         bits = max(2, (n - 1).bit_length())
-        self._half = (bits + 1) // 2
-        self._half_mask = np.uint64((1 << self._half) - 1)
-        self._round_keys = [np.uint64(derive_key(key, r) & 0xFFFFFFFFFFFFFFFF) for r in range(_ROUNDS)]
-
-    def _round(self, x: np.ndarray, r: int) -> np.ndarray:
-        return _mix(x ^ self._round_keys[r]) & self._half_mask
+        # the halves' sizes before each round: (left, right), swapping after every round
+        sizes = [(bits // 2, bits - bits // 2)]
+        for _ in range(_ROUNDS - 1):
+            sizes.append(sizes[-1][::-1])
+        self._sizes = [(np.uint64(a), np.uint64(b), np.uint64((1 << a) - 1), np.uint64((1 << b) - 1)) for a, b in sizes]
+        """Per round: left bits, right bits, left mask, right mask."""
+        self._round_keys = [np.uint64(derive_key(key, r)) for r in range(_ROUNDS)]
 
     def _forward_once(self, x: np.ndarray) -> np.ndarray:
-        h = np.uint64(self._half)
-        left, right = x >> h, x & self._half_mask
-        for r in range(_ROUNDS):
-            left, right = right, left ^ self._round(right, r)
-        return (left << h) | right
+        for (left_bits, right_bits, left_mask, right_mask), k in zip(self._sizes, self._round_keys):
+            left, right = x >> right_bits, x & right_mask
+            # (left, right) -> (right, left ^ F(right)): the new right half has the old left's size
+            x = (right << left_bits) | (left ^ (_mix(right ^ k) & left_mask))
+        return x
 
     def _inverse_once(self, x: np.ndarray) -> np.ndarray:
-        h = np.uint64(self._half)
-        left, right = x >> h, x & self._half_mask
-        for r in reversed(range(_ROUNDS)):
-            left, right = right ^ self._round(left, r), left
-        return (left << h) | right
+        for (left_bits, right_bits, left_mask, _), k in zip(reversed(self._sizes), reversed(self._round_keys)):
+            right, mixed = x >> left_bits, x & left_mask
+            x = ((mixed ^ (_mix(right ^ k) & left_mask)) << right_bits) | right
+        return x
 
     def _walk(self, x: np.ndarray, step) -> np.ndarray:
         with np.errstate(over="ignore"):
