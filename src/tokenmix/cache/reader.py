@@ -6,7 +6,6 @@ the end of the build, and reads many rows in one go by issuing every read before
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,9 +15,7 @@ from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
 from tokenmix.cache.stats import STATS_FILE
 from tokenmix.cache.store import TOKENS_ARRAY, JaggedArray, JsonDocuments
-
-_POLL_START_S = 0.05
-_POLL_MAX_S = 2.0
+from tokenmix.waiting import poll_until
 
 
 class CacheNotFoundError(FileNotFoundError):
@@ -77,26 +74,20 @@ class TokenCache:
 
         Returns the committed row count. Raises ``TimeoutError`` when ``timeout`` passes first.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = _POLL_START_S
-        while True:
-            rows = self.num_rows()
-            if rows >= n or self.is_finished():
-                return self.num_rows()
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"{self.location}: {rows} of the {n} rows asked for are committed after {timeout} s")
-            time.sleep(delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, _POLL_MAX_S)
+        poll_until(
+            lambda: self.num_rows() >= n or self.is_finished(),
+            timeout,
+            lambda: f"{self.location}: {self.num_rows()} of the {n} rows asked for are committed after {timeout} s",
+        )
+        return self.num_rows()
 
     def wait_until_finished(self, timeout: float | None = None) -> int:
         """Block until the build has finished; returns the final row count."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = _POLL_START_S
-        while not self.is_finished():
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"{self.location}: build not finished after {timeout} s ({self.num_rows()} rows so far)")
-            time.sleep(delay)
-            delay = min(delay * 2, _POLL_MAX_S)
+        poll_until(
+            self.is_finished,
+            timeout,
+            lambda: f"{self.location}: build not finished after {timeout} s ({self.num_rows()} rows so far)",
+        )
         return self.num_rows()
 
     def row_bounds(self, start: int, stop: int) -> np.ndarray:

@@ -8,7 +8,6 @@ index. ``read(indices)`` issues every read of the batch at once (tensorstore fut
 from __future__ import annotations
 
 import logging
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,13 +15,11 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from tokenmix.waiting import poll_until
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-_POLL_START_S = 0.05
-_POLL_MAX_S = 2.0
-
 
 class Pending(Generic[T]):
     """A batch whose reads are in flight; ``result()`` waits for them and assembles the batch."""
@@ -67,6 +64,9 @@ class TokenBatch:
 class Dataset(ABC):
     """Random access to examples by index; the length may grow while the underlying cache builds."""
 
+    tokens_per_example: int
+    """Tokens in each example (the sequence length), for token accounting."""
+
     @abstractmethod
     def is_finite(self) -> bool:
         """Whether the dataset has an end (a restarting mixture does not)."""
@@ -98,34 +98,23 @@ class Dataset(ABC):
 
     def wait_for_len(self, n: int, timeout: float | None = None, why: str = "") -> int:
         """Block until at least ``n`` examples are readable or the length is final; returns the length."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay, logged = _POLL_START_S, False
-        while True:
-            have = self.current_len()
-            final = self.final_len()
-            if have >= n or final is not None or not self.is_finite():
-                return have
-            if not logged:
-                logger.info("%r: waiting for %d examples (%d ready)%s", self, n, have, f": {why}" if why else "")
-                logged = True
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"{self!r}: only {have} of {n} examples ready after {timeout} s")
-            time.sleep(delay)
-            delay = min(delay * 2, _POLL_MAX_S)
+        poll_until(
+            lambda: self.current_len() >= n or self.final_len() is not None or not self.is_finite(),
+            timeout,
+            lambda: f"{self!r}: only {self.current_len()} of {n} examples ready after {timeout} s",
+            lambda: logger.info("%r: waiting for %d examples (%d ready)%s", self, n, self.current_len(), f": {why}" if why else ""),
+        )
+        return self.current_len()
 
     def wait_until_final(self, timeout: float | None = None, why: str = "") -> int:
         """Block until the length is final; returns it."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay, logged = _POLL_START_S, False
-        while (final := self.final_len()) is None:
-            if not logged:
-                logger.info("%r: waiting for the cache to finish%s", self, f": {why}" if why else "")
-                logged = True
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"{self!r}: not finished after {timeout} s ({self.current_len()} examples so far)")
-            time.sleep(delay)
-            delay = min(delay * 2, _POLL_MAX_S)
-        return final
+        poll_until(
+            lambda: self.final_len() is not None,
+            timeout,
+            lambda: f"{self!r}: not finished after {timeout} s ({self.current_len()} examples so far)",
+            lambda: logger.info("%r: waiting for the cache to finish%s", self, f": {why}" if why else ""),
+        )
+        return self.final_len()
 
 
 def as_indices(indices: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -35,7 +35,7 @@ class EpochedDataset(Dataset):
 
     @property
     def tokens_per_example(self) -> int:
-        return self.base.tokens_per_example  # type: ignore[attr-defined]
+        return self.base.tokens_per_example
 
     def is_finite(self) -> bool:
         return self.epochs is not None
