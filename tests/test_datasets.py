@@ -167,3 +167,21 @@ def test_a_dataset_grows_while_its_cache_builds(tmp_path, demo_docs):
     assert growing.wait_for_len(growing.final_len()) == growing.final_len()
     full = TokenSeqDataset(TokenCache(location2), 512)
     assert np.array_equal(growing.get_batch([0, before - 1]).tokens, full.get_batch([0, before - 1]).tokens)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_every_window_reads_back_across_chunk_and_run_boundaries(mixture_config, source):
+    """All examples in one shuffled batch: windows that straddle stored chunks (2^18 tokens) and, for a
+    document subset, runs of kept documents, come back as the stream's tokens."""
+    location = mixture_config.cache_location(source, "train")
+    stream, bounds = stream_and_bounds(location)
+    cache = TokenCache(location)
+    assert len(stream) > cache.chunk_tokens
+    rng = np.random.default_rng(0)
+    docs = np.flatnonzero(rng.random(len(bounds) - 1) < 0.7)
+    for subset in (None, docs):
+        ds = TokenSeqDataset(cache, 1000, documents=subset)
+        kept = stream if subset is None else np.concatenate([stream[bounds[d] : bounds[d + 1]] for d in docs])
+        picks = rng.permutation(len(ds))
+        got = ds.get_batch(picks)
+        assert np.array_equal(got.tokens, kept[: len(ds) * 1000].reshape(-1, 1000)[picks])

@@ -14,6 +14,7 @@ from tokenmix.datasets.mixture import MixtureDataset
 from tokenmix.datasets.mixture_layout import BlockAllocator
 from tokenmix.datasets.order import SourceOrder
 from tokenmix.datasets.permutation import FeistelPermutation
+from tokenmix.datasets.segments import document_segments
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -240,3 +241,16 @@ def test_a_thousand_huge_sources_start_in_milliseconds_and_constant_memory():
     assert elapsed < 1.0  # the benchmark reports the real figure; this only guards against per-example work
     ids, draws = mix.locate(np.arange(10**12, 10**12 + 4096))
     assert len(np.unique(ids)) > 500 and draws.max() < 10**10
+
+
+@SETTINGS
+@given(data=st.data(), length=st.integers(2, 40), total=st.integers(1, 400))
+def test_document_segments_match_a_per_token_count(data, length, total):
+    doc_starts = np.unique(np.array([0] + data.draw(st.lists(st.integers(0, total - 1), max_size=60)), np.int64))
+    starts = np.array(data.draw(st.lists(st.integers(0, max(0, total - length)), max_size=10)), np.int64)
+    segment_ids, loss_mask = document_segments(starts, length, doc_starts)
+    assert segment_ids.shape == loss_mask.shape == (len(starts), length)
+    for row, start in enumerate(starts):
+        doc = np.searchsorted(doc_starts, np.arange(start, start + length), side="right")
+        assert np.array_equal(segment_ids[row], doc - doc[0])
+        assert np.array_equal(loss_mask[row], np.append(doc[1:] == doc[:-1], False))

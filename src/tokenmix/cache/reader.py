@@ -6,7 +6,7 @@ the end of the build, and reads many rows in one go by issuing every read before
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -104,45 +104,35 @@ class TokenCache:
         """Tokens ``start`` to ``stop - 1`` of the cache's token stream."""
         return self._array.read_tokens(start, stop)
 
-    def read_spans(self, spans: Sequence[tuple[int, int]], committed_tokens: int) -> Callable[[], list[np.ndarray]]:
-        """Start reading token ranges ``[start, stop)`` of the token stream, all below ``committed_tokens``.
+    @property
+    def chunk_tokens(self) -> int:
+        """Tokens per stored chunk: the unit of a read and of the chunk cache."""
+        return self._chunk
 
-        Whole chunks are read (every missing one at once) and kept decompressed in the chunk cache, so
-        many small reads of nearby tokens cost one decompression. Returns a function that waits for
-        the reads and returns the ranges' tokens in order.
+    def read_chunks(self, chunks: Iterable[int], committed_tokens: int) -> Callable[[], dict[int, np.ndarray]]:
+        """Start reading whole chunks of the token stream (their committed part, below ``committed_tokens``).
+
+        Chunks already in the chunk cache are not read again; every missing one is read at once and
+        kept decompressed. Returns a function that waits for the reads and maps chunk number to tokens.
         """
         size = self._chunk
         missing: dict[int, Any] = {}
         have: dict[int, np.ndarray] = {}
-        for start, stop in spans:
-            if not 0 <= start <= stop <= committed_tokens:
-                raise IndexError(f"{self.location}: tokens [{start}, {stop}) are outside the {committed_tokens} committed tokens")
-            for c in range(start // size, (stop - 1) // size + 1 if stop > start else start // size):
-                if c in have or c in missing:
-                    continue
-                need = min(stop, (c + 1) * size) - c * size
-                chunk = self._chunk_cache.get((self.location, c), need)
-                if chunk is not None:
-                    have[c] = chunk
-                else:
-                    end = min((c + 1) * size, committed_tokens)
-                    missing[c] = self._array.data[c * size : end].read()
+        for c in chunks:
+            end = min((c + 1) * size, committed_tokens)
+            if not 0 <= c * size < end:
+                raise IndexError(f"{self.location}: chunk {c} is outside the {committed_tokens} committed tokens")
+            chunk = self._chunk_cache.get((self.location, c), end - c * size)
+            if chunk is not None:
+                have[c] = chunk
+            else:
+                missing[c] = self._array.data[c * size : end].read()
 
-        def finish() -> list[np.ndarray]:
+        def finish() -> dict[int, np.ndarray]:
             for c, future in missing.items():
                 have[c] = np.asarray(future.result())
                 self._chunk_cache.put((self.location, c), have[c])
-            out = []
-            for start, stop in spans:
-                first, last = start // size, (stop - 1) // size
-                if stop <= start:
-                    out.append(np.empty(0, self.dtype))
-                elif first == last:
-                    out.append(have[first][start - first * size : stop - first * size])
-                else:
-                    parts = [have[c][max(start, c * size) - c * size : min(stop, (c + 1) * size) - c * size] for c in range(first, last + 1)]
-                    out.append(np.concatenate(parts))
-            return out
+            return have
 
         return finish
 

@@ -83,6 +83,14 @@ class Dataset(ABC):
     def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
         """Issue the reads of examples ``indices`` together; ``.result()`` returns the batch in that order."""
 
+    def read_into(self, indices: Sequence[int] | np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
+        """Issue the reads of examples ``indices``; the returned function waits and writes them to ``rows`` of ``out``.
+
+        Lets a mixture assemble one batch from many sources without a copy per source.
+        """
+        pending = self.read(indices)
+        return lambda: out.put(rows, pending.result())
+
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> TokenBatch:
         """The examples ``indices``, read together."""
         return self.read(indices).result()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -82,9 +82,20 @@ class EpochedDataset(Dataset):
         """The epoch each draw belongs to (needs the final length)."""
         return as_indices(indices) // self.length("epochs need the source's length")
 
-    def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
-        idx = as_indices(indices)
+    def examples(self, draws: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The base's example index for each draw."""
+        idx = as_indices(draws)
         final = self.final_len()
         if final is not None and idx.size and int(idx.max()) >= final:
             raise IndexError(f"{self!r}: draw {int(idx.max())} is beyond its {final} examples")
-        return self.base.read(self.order_for(idx)(idx) if idx.size else idx)
+        return self.order_for(idx)(idx) if idx.size else idx
+
+    def has_final_order(self) -> bool:
+        """Whether draws resolve without waiting or asking the cache (its final order is known)."""
+        return self._final_order is not None
+
+    def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
+        return self.base.read(self.examples(indices))
+
+    def read_into(self, indices: Sequence[int] | np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
+        return self.base.read_into(self.examples(indices), out, rows)

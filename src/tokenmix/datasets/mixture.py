@@ -12,7 +12,7 @@ sources changes nothing and renaming one leaves the others' orders alone.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
@@ -86,6 +86,10 @@ class MixtureDataset(Dataset):
         if stop_strategy not in STOP_STRATEGIES:
             raise ValueError(f"stop_strategy must be one of {STOP_STRATEGIES}, got {stop_strategy!r}")
         self.names = list(datasets)
+        lengths = {name: ds.tokens_per_example for name, ds in datasets.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"the sources of a mixture need one example length (seq_len), got {lengths}")
+        self.tokens_per_example = next(iter(lengths.values()))
         """Source names; a source's id (``TokenBatch.source_ids``) is its position here."""
         self.block_size = block_size
         self.seed = seed
@@ -154,20 +158,55 @@ class MixtureDataset(Dataset):
         return self._ids[canon], draws
 
     def _locate(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        stage = np.searchsorted(self._starts, idx, side="right") - 1
-        block, pos = np.divmod(idx - self._starts[stage], self.block_size)
         canon = np.empty(len(idx), np.int64)
         draws = np.empty(len(idx), np.int64)
-        keys = np.stack([stage, block], axis=1)
-        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        for g, (s, b) in enumerate(uniq.tolist()):
-            members = inverse == g
+        for s, b, members, pos in self._by_block(idx):
             before, source, rank = self._block(s, b)
-            src = source[pos[members]]
+            src = source[pos]
             canon[members] = src
-            draws[members] = self._bases[s][src] + before[src] + rank[pos[members]]
+            draws[members] = self._bases[s][src] + before[src] + rank[pos]
         return canon, draws
+
+    def _by_block(self, idx: np.ndarray) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+        """The indices grouped by (stage, block): each group's members and positions in the block."""
+        stage = np.searchsorted(self._starts, idx, side="right") - 1
+        block, pos = np.divmod(idx - self._starts[stage], self.block_size)
+        for s in np.unique(stage).tolist():
+            in_stage = stage == s
+            for b in np.unique(block[in_stage]).tolist():
+                members = np.flatnonzero(in_stage & (block == b))
+                yield s, b, members, pos[members]
+
+    @lru_cache(maxsize=64)  # noqa: B019 - the cache lives as long as the dataset, which is intended
+    def _block_examples(self, stage: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """For each position of a block: its source and that source's example index (sources' orders final).
+
+        Resolving a whole block at once costs about what resolving one batch of it does, and the
+        batches that follow in the same block then cost a lookup.
+        """
+        before, source, rank = self._block(stage, block)
+        draws = self._bases[stage][source] + before[source] + rank
+        examples = np.empty(self.block_size, np.int64)
+        for c in np.unique(source).tolist():
+            members = source == c
+            examples[members] = self._sources[c].examples(draws[members])
+        return source, examples
+
+    def _examples(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each index: the canonical source number, and the example index within that source."""
+        canon = np.empty(len(idx), np.int64)
+        examples = np.empty(len(idx), np.int64)
+        if all(src.has_final_order() for src in self._sources.values()):
+            for s, b, members, pos in self._by_block(idx):
+                source, block_examples = self._block_examples(s, b)
+                canon[members] = source[pos]
+                examples[members] = block_examples[pos]
+            return canon, examples
+        canon, draws = self._locate(idx)
+        for c in np.unique(canon).tolist():
+            members = canon == c
+            examples[members] = self._sources[c].examples(draws[members])
+        return canon, examples
 
     def is_finite(self) -> bool:
         return self.stop_strategy != "restart"
@@ -220,19 +259,18 @@ class MixtureDataset(Dataset):
         final = self.final_len()
         if final is not None and idx.size and int(idx.max()) >= final:
             raise IndexError(f"{self!r}: index {int(idx.max())} is beyond its {final} examples ({self.stop_strategy})")
-        canon, draws = self._locate(idx)
-        groups = [(c, np.flatnonzero(canon == c)) for c in np.unique(canon).tolist()]
-        pending = [(c, members, self._sources[c].read(draws[members])) for c, members in groups]
+        canon, examples = self._examples(idx)
+        out = TokenBatch.empty(len(idx), self.tokens_per_example)
+        finishers = []
+        for c in np.unique(canon).tolist():
+            rows = np.flatnonzero(canon == c)
+            finishers.append(self._sources[c].base.read_into(examples[rows], out, rows))
 
         def assemble() -> TokenBatch:
-            out: TokenBatch | None = None
-            for c, members, p in pending:
-                part = p.result()
-                if out is None:
-                    out = TokenBatch.empty(len(idx), part.tokens.shape[1])
-                out.put(members, part)
-                out.source_ids[members] = self._ids[c]
-            return out if out is not None else TokenBatch.empty(0, 0)
+            for finish in finishers:
+                finish()
+            out.source_ids[:] = self._ids[canon]
+            return out
 
         return Pending(assemble)
 

@@ -8,12 +8,13 @@ whole cache (and grows while it builds) or a fixed subset of its documents (held
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from tokenmix.cache.reader import TokenCache
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
+from tokenmix.datasets.segments import document_segments, expand_counts
 
 
 class TokenSeqDataset(Dataset):
@@ -90,52 +91,63 @@ class TokenSeqDataset(Dataset):
 
     def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
         idx = as_indices(indices)
-        n, length = len(idx), self.seq_len
-        if n and int(idx.max()) >= self.current_len():
-            raise IndexError(f"{self!r}: example {int(idx.max())} is beyond the {self.current_len()} examples available")
-        starts = idx * length
-        spans, owners = self._spans(starts, starts + length)
-        finish = self.cache.read_spans(spans, int(self._bounds[-1]))
-        segment_ids, loss_mask = self._segments(starts)
+        out = TokenBatch.empty(len(idx), self.seq_len)
+        finish = self.read_into(idx, out, np.arange(len(idx)))
 
         def assemble() -> TokenBatch:
-            tokens = np.empty((n, length), np.int32)
-            flat = tokens.reshape(-1)
-            for (w, offset), piece in zip(owners, finish()):
-                flat[w * length + offset : w * length + offset + len(piece)] = piece
-            return TokenBatch(tokens, loss_mask, segment_ids, np.full(n, self.source_id, np.int32))
+            finish()
+            return out
 
         return Pending(assemble)
 
-    def _spans(self, starts: np.ndarray, stops: np.ndarray) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """Cache token ranges for stream ranges, and (example, offset in example) for each."""
-        spans, owners = [], []
-        run_stream, run_tokens = self._run_stream, self._run_tokens
-        first_runs = np.searchsorted(run_stream, starts, side="right") - 1
-        for w, (a, b, r) in enumerate(zip(starts.tolist(), stops.tolist(), first_runs.tolist())):
-            pos = a
-            while pos < b:
-                run_end = int(run_stream[r + 1]) if r + 1 < len(run_stream) else b
-                stop = min(b, run_end)
-                begin = int(run_tokens[r]) + pos - int(run_stream[r])
-                spans.append((begin, begin + stop - pos))
-                owners.append((w, pos - a))
-                pos, r = stop, r + 1
-        return spans, owners
+    def read_into(self, indices: Sequence[int] | np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
+        idx = as_indices(indices)
+        length = self.seq_len
+        if len(idx) and int(idx.max()) >= self.current_len():
+            raise IndexError(f"{self!r}: example {int(idx.max())} is beyond the {self.current_len()} examples available")
+        starts = idx * length
+        owner, offset, begin, size = self._pieces(starts, starts + length)
+        chunk_tokens = self.cache.chunk_tokens
+        chunk = begin // chunk_tokens
+        chunks = self.cache.read_chunks(np.unique(chunk).tolist(), int(self._bounds[-1]))
+        segment_ids, loss_mask = document_segments(starts, length, self._doc_starts_now())
+        out.segment_ids[rows] = segment_ids
+        out.loss_mask[rows] = loss_mask
+        out.source_ids[rows] = self.source_id
+        where = (np.asarray(rows, np.int64)[owner] * length + offset).tolist()
+        within = (begin - chunk * chunk_tokens).tolist()
 
-    def _segments(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Segment ids (documents numbered from 0 in each example) and the loss mask."""
-        n, length = len(starts), self.seq_len
-        doc_starts = self._doc_starts_now()
-        lo = np.searchsorted(doc_starts, starts, side="right")
-        hi = np.searchsorted(doc_starts, starts + length, side="left")
-        counts = hi - lo
-        marks = np.zeros((n, length), np.int32)
-        if counts.sum():
-            example = np.repeat(np.arange(n), counts)
-            within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-            marks[example, doc_starts[lo[example] + within] - starts[example]] = 1
-        segment_ids = np.cumsum(marks, axis=1, dtype=np.int32)
-        loss_mask = np.zeros((n, length), bool)
-        loss_mask[:, :-1] = segment_ids[:, 1:] == segment_ids[:, :-1]
-        return segment_ids, loss_mask
+        def finish() -> None:
+            have = chunks()
+            flat = out.tokens.reshape(-1)
+            for w, c, a, m in zip(where, chunk.tolist(), within, size.tolist()):
+                flat[w : w + m] = have[c][a : a + m]
+
+        return finish
+
+    def _pieces(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Split stream ranges into pieces contiguous in the cache and inside one stored chunk.
+
+        Returns, per piece: the range it belongs to, its offset in that range, its first token in the
+        cache, and its length.
+        """
+        size = self.cache.chunk_tokens
+        if not self._subset and np.array_equal(starts // size, (stops - 1) // size):  # the usual case: one piece each
+            return np.arange(len(starts)), np.zeros(len(starts), np.int64), starts, stops - starts
+        run_stream, run_tokens = self._run_stream, self._run_tokens
+        run_ends = np.append(run_stream[1:], np.iinfo(np.int64).max)
+        first = np.searchsorted(run_stream, starts, side="right") - 1
+        last = np.searchsorted(run_stream, stops, side="left") - 1
+        owner, k = expand_counts(last - first + 1)
+        run = first[owner] + k
+        lo = np.maximum(starts[owner], run_stream[run])
+        hi = np.minimum(stops[owner], run_ends[run])
+        begin = run_tokens[run] + lo - run_stream[run]
+        offset = lo - starts[owner]
+        # then at chunk boundaries of the cache
+        end = begin + hi - lo
+        sub, k = expand_counts((end - 1) // size - begin // size + 1)
+        piece_begin = np.maximum(begin[sub], (begin[sub] // size + k) * size)
+        piece_end = np.minimum(end[sub], (begin[sub] // size + k + 1) * size)
+        return owner[sub], offset[sub] + piece_begin - begin[sub], piece_begin, piece_end - piece_begin
+
