@@ -25,6 +25,7 @@ from tokenmix.cli.build_cache import load_data_config
 from tokenmix.config import build_caches
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch
 from tokenmix.datasets.mixture import MixtureDataset
+from tokenmix.datasets.mixture_layout import BlockAllocator
 
 
 class Synthetic(Dataset):
@@ -67,6 +68,26 @@ def bench_startup(sources: int = 1000) -> None:
         first_block = time.perf_counter() - start
         print(f"start-up, {sources} sources x {size:.0e} examples: construct median {statistics.median(times) * 1e3:.1f} ms, "
               f"traced peak {peak / 2**20:.2f} MiB; locating one block at index 1e12: {first_block * 1e3:.1f} ms")
+
+
+def bench_tiny_weights() -> None:
+    """First access to a far block when some weights give less than one example per block."""
+    raw = np.random.default_rng(0).random(1000) ** 4
+    cases = {
+        "two 1e-5 sources + one large, block 5,000,000": ([1e-5, 1e-5, 0.99998], 5_000_000),
+        "1,000 random-float weights, block 10,000": (raw.tolist(), 10_000),
+        "the same 1,000 weights rounded to 3 significant digits, block 10,000": ([float(f"{w:.3g}") for w in raw], 10_000),
+    }
+    for label, (weights, block) in cases.items():
+        alloc = BlockAllocator(weights, 2048)
+        start = time.perf_counter()
+        alloc.counts_after(block)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        alloc.counts_after(block + 1)
+        tiny = sum(1 for w in alloc.weights if 0 < w * 2048 < 1)
+        print(f"tiny weights, {label} ({tiny} tiny): layout period {alloc.period:.3g} blocks, first access {first * 1e3:.1f} ms, "
+              f"next block {(time.perf_counter() - start) * 1e3:.2f} ms")
 
 
 def bench_throughput(config_path: str, batches: int, seq_len: int, batch: int) -> None:
@@ -122,6 +143,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
     bench_startup()
+    bench_tiny_weights()
     bench_throughput(args.config_path, args.batches, args.seq_len, args.batch)
 
 

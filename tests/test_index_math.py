@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -103,6 +104,28 @@ def test_many_tiny_weights_are_never_rounded_away(n_tiny, n_big, blocks):
     for i in range(n_tiny):  # 1e-5 of 2048 is 0.02 examples per block: one every 50 blocks
         assert total[i] >= blocks * 2048 * alloc.weights[i] - 1 + 1e-9
         assert total[i] >= 1 if blocks * 2048 * alloc.weights[i] >= 1 else True
+
+
+@SETTINGS
+@given(nums=st.lists(st.integers(0, 12), min_size=1, max_size=6).filter(lambda ns: sum(ns) > 0), den=st.integers(1, 40),
+       block_size=st.sampled_from([1, 2, 3, 5, 8]))
+def test_the_layout_repeats_with_its_period_and_stays_exact_across_periods(nums, den, block_size):
+    weights = [Fraction(n, den) for n in nums]
+    alloc = check_allocator(weights, block_size, 0)
+    assert alloc.period <= 40 * 12 * 6
+    check_allocator(weights, block_size, 3 * alloc.period + 2)
+    period_counts = alloc.counts_after(alloc.period)
+    assert [Fraction(int(c)) for c in period_counts] == alloc.target(alloc.period)
+
+
+def test_tiny_decimal_weights_resolve_far_blocks_exactly():
+    """Two 1e-5 sources at B=2048: the period is 3125 blocks, so block 5,000,000 needs no long walk."""
+    alloc = BlockAllocator([1e-5, 1e-5, 0.99998], 2048)
+    assert alloc.period == 3125
+    for k in (5_000_000, 5_000_001, 10**12 + 7):
+        before, after = alloc.counts_after(k), alloc.counts_after(k + 1)
+        assert after.sum() - before.sum() == 2048 and np.all(after >= before)
+        assert all(abs(int(c) - t) < 1 for c, t in zip(after, alloc.target(k + 1)))
 
 
 def test_levanter_truncation_case_keeps_the_small_source():

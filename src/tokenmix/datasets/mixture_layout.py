@@ -17,6 +17,11 @@ example may not come before the block its target passes j - 1 and must come by t
 reaches j. EDF meets every such deadline (a Hall-condition argument, see docs/design/datasets.md), so
 the tiny sources stay within 1 too. Walking the slots costs one step per tiny-source example, not per
 block, and is checkpointed.
+
+At every multiple of ``period`` blocks all targets are whole numbers, so every count equals its target
+exactly and the walk starts afresh: the layout is periodic, and ``counts_after(k)`` only ever walks
+inside one period. Weights written as short decimals (``1e-5``, ``0.3``) have short periods; arbitrary
+fractions can have periods too long to help.
 """
 
 from __future__ import annotations
@@ -33,8 +38,13 @@ _CHECKPOINT_EVERY = 4096
 
 
 def exact_weights(weights: Sequence[float | int | Fraction]) -> list[Fraction]:
-    """Weights normalised to sum to 1, exactly (as fractions of the values given)."""
-    values = [Fraction(w) for w in weights]
+    """Weights normalised to sum to 1, exactly.
+
+    A float is taken as the shortest decimal that prints as it (``1e-5`` is 1/100000, not the nearest
+    binary fraction): that is the number the user wrote, and decimal weights give the layout a short
+    period (see ``BlockAllocator.period``).
+    """
+    values = [Fraction(repr(w)) if isinstance(w, float) else Fraction(w) for w in weights]
     if any(v < 0 for v in values):
         raise ValueError(f"mixture weights must be >= 0, got {list(map(float, values))}")
     total = sum(values)
@@ -59,6 +69,9 @@ class BlockAllocator:
         self._large = [i for i, p in enumerate(self._num) if p >= self._den]
         self._tiny = [i for i, p in enumerate(self._num) if 0 < p < self._den]
         self._tiny_num = sum(self._num[i] for i in self._tiny)
+        self.period = self._den // math.gcd(self._den, *self._num)
+        """Blocks after which every target is a whole number: the layout repeats with this period."""
+        self._period_counts = [self.period * p // self._den for p in self._num]
         self._tiny_state: list[tuple[int, list[int]]] = [(0, [0] * len(self._tiny))]
 
     def target(self, k: int) -> list[Fraction]:
@@ -75,6 +88,9 @@ class BlockAllocator:
         """Examples of each source in the first ``k`` blocks (int64, one per source)."""
         if k < 0:
             raise ValueError(f"block {k} < 0")
+        periods, k = divmod(k, self.period)
+        if periods:
+            return np.array([periods * c for c in self._period_counts], np.int64) + self.counts_after(k)
         counts = np.zeros(self.num_sources, np.int64)
         tiny_total = self.tiny_slots(k)
         if self._tiny:
