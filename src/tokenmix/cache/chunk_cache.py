@@ -26,14 +26,16 @@ class ChunkCache:
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, int], need: int) -> np.ndarray | None:
-        """The cached chunk if it holds at least ``need`` tokens."""
+    def get(self, location: str, wanted: dict[int, int]) -> dict[int, np.ndarray]:
+        """The cached chunks of ``location`` among ``wanted`` (chunk -> tokens it must hold), in one lookup."""
+        found = {}
         with self._lock:
-            chunk = self._chunks.get(key)
-            if chunk is None or len(chunk) < need:
-                return None
-            self._chunks.move_to_end(key)
-            return chunk
+            for c, need in wanted.items():
+                chunk = self._chunks.get((location, c))
+                if chunk is not None and len(chunk) >= need:
+                    self._chunks.move_to_end((location, c))
+                    found[c] = chunk
+        return found
 
     def put(self, key: tuple[str, int], chunk: np.ndarray) -> None:
         with self._lock:

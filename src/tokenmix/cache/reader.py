@@ -116,17 +116,12 @@ class TokenCache:
         kept decompressed. Returns a function that waits for the reads and maps chunk number to tokens.
         """
         size = self._chunk
-        missing: dict[int, Any] = {}
-        have: dict[int, np.ndarray] = {}
-        for c in chunks:
-            end = min((c + 1) * size, committed_tokens)
-            if not 0 <= c * size < end:
-                raise IndexError(f"{self.location}: chunk {c} is outside the {committed_tokens} committed tokens")
-            chunk = self._chunk_cache.get((self.location, c), end - c * size)
-            if chunk is not None:
-                have[c] = chunk
-            else:
-                missing[c] = self._array.data[c * size : end].read()
+        wanted = {c: min((c + 1) * size, committed_tokens) - c * size for c in chunks}
+        bad = [c for c, need in wanted.items() if need <= 0 or c < 0]
+        if bad:
+            raise IndexError(f"{self.location}: chunk {bad[0]} is outside the {committed_tokens} committed tokens")
+        have = self._chunk_cache.get(self.location, wanted)
+        missing: dict[int, Any] = {c: self._array.data[c * size : c * size + need].read() for c, need in wanted.items() if c not in have}
 
         def finish() -> dict[int, np.ndarray]:
             for c, future in missing.items():

@@ -14,7 +14,7 @@ import numpy as np
 
 from tokenmix.cache.reader import TokenCache
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
-from tokenmix.datasets.segments import document_segments, expand_counts
+from tokenmix.datasets.segments import document_segments
 
 
 class TokenSeqDataset(Dataset):
@@ -151,3 +151,9 @@ class TokenSeqDataset(Dataset):
         piece_end = np.minimum(end[sub], (begin[sub] // size + k + 1) * size)
         return owner[sub], offset[sub] + piece_begin - begin[sub], piece_begin, piece_end - piece_begin
 
+
+
+def expand_counts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For ``counts[i]`` items in each group ``i``: every item's group, and its number within the group."""
+    group = np.repeat(np.arange(len(counts)), counts)
+    return group, np.arange(len(group)) - (np.cumsum(counts) - counts)[group]
