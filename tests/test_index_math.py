@@ -205,6 +205,28 @@ def test_same_seed_same_examples_and_different_seed_different():
     assert not np.array_equal(one.tokens, other.tokens)
 
 
+@SETTINGS
+@given(seed=st.integers(0, 50), block=st.sampled_from([8, 64, 100]), start=st.integers(0, 5000), size=st.integers(1, 300))
+def test_whole_block_resolution_matches_resolving_each_index(seed, block, start, size):
+    """Reads resolve whole blocks once every source's order is final: the examples must be the ones
+    the per-index path (locate, then each source's order) gives."""
+    mix = mixture({"a": 37, "b": 5, "c": 200}, [(0, {"a": 0.5, "b": 0.2, "c": 0.3}), (700, {"a": 1e-3, "c": 1.0})], block_size=block, seed=seed)
+    idx = np.arange(start, start + size)
+    cold = mix.get_batch(idx)  # the sources' orders are not known yet: per-index path
+    for name in mix.names:
+        mix.source(name).examples([0])
+    assert all(mix.source(name).has_final_order() for name in mix.names)
+    warm = mix.get_batch(idx)  # whole blocks
+    ids, draws = mix.locate(idx)
+    expected = np.empty(size, np.int64)
+    for sid, name in enumerate(mix.names):
+        mine = ids == sid
+        if mine.any():
+            expected[mine] = mix.source(name).examples(draws[mine])
+    for batch in (cold, warm):
+        assert np.array_equal(batch.source_ids, ids) and np.array_equal(batch.tokens[:, 0], expected)
+
+
 def per_source_reads(mix, name, n):
     batch = mix.get_batch(np.arange(n))
     return batch.tokens[batch.source_ids == mix.names.index(name), 0]
