@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -72,6 +73,26 @@ def cache_bytes(location: str) -> dict[str, bytes]:
     return out
 
 
+class GatedShard:
+    """A real file shard that holds back its records until released (to catch a build mid-way)."""
+
+    def __init__(self, shard, gate):
+        self._shard = shard
+        self._gate = gate
+        self.name = shard.name
+
+    def size_bytes(self):
+        return self._shard.size_bytes()
+
+    def position_label(self, position):
+        return self._shard.position_label(position)
+
+    def read(self, start=0, chunk_bytes=1 << 20):
+        if self._gate is not None:
+            self._gate.wait()
+        yield from self._shard.read(start, chunk_bytes)
+
+
 @pytest.fixture(scope="session")
 def demo_docs() -> dict[str, list[dict[str, Any]]]:
     """The bundled demo corpus' training records, per source, in shard order."""
@@ -86,6 +107,13 @@ def hf_tokenizer():
     from tokenmix.formats.tokenizer import load_tokenizer
 
     return load_tokenizer(TOKENIZER)
+
+
+def with_format(config: Any, source: str, fmt: LmDatasetFormatBase | None = None, **changes: Any) -> Any:
+    """A copy of a mixture config whose source has another format (or its format with ``changes``)."""
+    old = config.configs[source]
+    new = dataclasses.replace(old, format=fmt or dataclasses.replace(old.format, **changes))
+    return dataclasses.replace(config, configs={**config.configs, source: new})
 
 
 def demo_urls(source: str) -> list[str]:

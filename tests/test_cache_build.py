@@ -5,7 +5,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import TOKENIZER, build, cache_bytes, demo_urls, encoder_for, write_jsonl
+from conftest import TOKENIZER, GatedShard, build, cache_bytes, demo_urls, encoder_for, write_jsonl
 
 from tokenmix.cache.builder import BuildOptions, CacheBuilder
 from tokenmix.cache.ledger import CacheMismatchError, ShardListMismatchError
@@ -64,7 +64,7 @@ def test_reading_while_building_sees_a_growing_committed_prefix(tmp_path, demo_d
     spec, identity = encoder_for()
     urls = demo_urls("webster") + demo_urls("linux_doc")
     release = threading.Event()
-    gated = [_GatedShard(FileShard(u), release if i == 2 else None) for i, u in enumerate(urls)]
+    gated = [GatedShard(FileShard(u), release if i == 2 else None) for i, u in enumerate(urls)]
     builder = CacheBuilder(location, gated, spec, identity, BuildOptions(num_workers=0, chunk_bytes=32 << 10, commit_interval_s=0.0))
     thread = threading.Thread(target=builder.build)
     thread.start()
@@ -91,26 +91,6 @@ def test_reading_while_building_sees_a_growing_committed_prefix(tmp_path, demo_d
     total = cache.wait_until_finished(timeout=60)
     assert total == first_two + len(demo_docs["linux_doc"])
     assert cache.stats()["documents"] == total
-
-
-class _GatedShard:
-    """A real file shard that holds back its records until released (to catch a build mid-way)."""
-
-    def __init__(self, shard, gate):
-        self._shard = shard
-        self._gate = gate
-        self.name = shard.name
-
-    def size_bytes(self):
-        return self._shard.size_bytes()
-
-    def position_label(self, position):
-        return self._shard.position_label(position)
-
-    def read(self, start=0, chunk_bytes=1 << 20):
-        if self._gate is not None:
-            self._gate.wait()
-        yield from self._shard.read(start, chunk_bytes)
 
 
 def test_a_finished_cache_rebuild_is_a_no_op(tmp_path):

@@ -19,14 +19,17 @@ from tokenmix.cache.pool import EncoderPool
 from tokenmix.cache.progress import TqdmProgress
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import join_location
+from tokenmix.datasets.base import Dataset
 from tokenmix.datasets.holdout import held_out_documents, kept_documents
 from tokenmix.datasets.mixture import STOP_STRATEGIES, MixtureDataset, normalize_schedule
 from tokenmix.datasets.order import check_shuffle
+from tokenmix.datasets.packed import PackedDataset
+from tokenmix.datasets.packing import LongDocuments, check_packing
 from tokenmix.datasets.permutation import derive_key
 from tokenmix.datasets.token_seq import TokenSeqDataset
-from tokenmix.formats.encoder import PRETOKENIZED_KEY, EncoderSpec, token_dtype
+from tokenmix.formats.encoder import PRETOKENIZED_KEY, EncoderSpec, format_context, token_dtype
 from tokenmix.formats.text import LmDatasetFormatBase, TextLmDatasetFormat
-from tokenmix.formats.tokenizer import describe_tokenizer
+from tokenmix.formats.tokenizer import describe_tokenizer, load_tokenizer
 from tokenmix.sources.hf import HfDatasetShard, available_splits
 from tokenmix.sources.shards import FileShard, Shard
 from tokenmix.sources.urls import expand_urls
@@ -34,6 +37,25 @@ from tokenmix.sources.urls import expand_urls
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation")
+
+
+@dataclass(frozen=True)
+class PackingConfig:
+    """Packing a source's whole documents into ``seq_len`` examples, instead of cutting its token stream."""
+
+    max_segments_per_example: int | None = 64
+    """At most this many documents (segments) in one example (Levanter's default: 64); null for no cap."""
+    long_documents: LongDocuments = "truncate"
+    """A document longer than ``seq_len``: ``truncate`` (keep its start), ``truncate_start`` (keep its end) or ``split``."""
+    shuffle: bool | int = False
+    """Document order before packing: false = cache order, true = shuffled (waits for the cache to finish),
+    an int = shuffled within eras of that many documents (works on a growing cache)."""
+    seed: int = 0
+    """Key of the shuffled document order."""
+
+    def __post_init__(self) -> None:
+        check_packing(self.max_segments_per_example, self.long_documents)
+        check_shuffle(self.shuffle, "packing")
 
 
 @dataclass(frozen=True)
@@ -52,10 +74,22 @@ class LMDatasetSourceConfig:
     """Where this source's caches go, instead of ``<mixture cache_dir>/<source name>``."""
     tags: list[str] | None = None
     format: LmDatasetFormatBase = field(default_factory=TextLmDatasetFormat)
+    packing: PackingConfig | None = None
+    """Pack whole documents into examples. Unset: supervised and chat sources pack (Levanter's ``format.pack``,
+    true by default; false packs one document per example), text and fim sources cut their token stream."""
 
     def __post_init__(self) -> None:
         if self.id is not None and (self.train_urls or self.validation_urls):
             raise ValueError(f"source {self.id!r}: give either `id` (Hugging Face) or `train_urls`/`validation_urls`, not both")
+
+    def packing_options(self) -> PackingConfig | None:
+        """How this source's examples are packed, or None when they are windows of its token stream."""
+        if self.packing is not None:
+            return self.packing
+        pack = getattr(self.format, "pack", None)
+        if pack is None:
+            return None
+        return PackingConfig() if pack else PackingConfig(max_segments_per_example=1)
 
     def shards(self, split: str) -> list[Shard]:
         """The shards of a split, in order (empty when the source has no such split)."""
@@ -89,8 +123,9 @@ class TokenizationConfig:
         if not self.tokenizer:
             raise ValueError(f"{where}: `tokenizer` is not set; give a hub name or a local tokenizer directory")
         info = describe_tokenizer(self.tokenizer)
-        use_bos = info.adds_bos if self.enforce_bos is None else self.enforce_bos
-        use_eos = self.enforce_eos or info.adds_eos
+        special = fmt.adds_special_tokens  # a chat template places its own
+        use_bos = special and (info.adds_bos if self.enforce_bos is None else self.enforce_bos)
+        use_eos = special and (self.enforce_eos or info.adds_eos)
         for wanted, token_id, what in ((use_bos, info.bos_id, "BOS"), (use_eos, info.eos_id, "EOS")):
             if wanted and token_id is None:
                 raise ValueError(f"{where}: tokenizer {self.tokenizer!r} has no {what} token; set enforce_{what.lower()}: false")
@@ -101,7 +136,13 @@ class TokenizationConfig:
             bos_id=info.bos_id if use_bos else None,
             eos_id=info.eos_id if use_eos else None,
             dtype=token_dtype(info.vocab_size),
+            special_tokens=info.special_tokens,
+            chat_template=info.chat_template,
         )
+        try:
+            fmt.bind(format_context(spec, load_tokenizer(self.tokenizer).backend_tokenizer.token_to_id))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
         identity = {
             "tokenizer_fingerprint": info.fingerprint,
             "vocab_size": info.vocab_size,
@@ -111,7 +152,16 @@ class TokenizationConfig:
             "dtype": spec.dtype,
             "pretokenized_key": PRETOKENIZED_KEY,
         }
+        if fmt.masks_loss:
+            identity["loss_spans"] = True
         return spec, identity
+
+    def pad_id(self) -> int:
+        """The id packed examples are padded with: the tokenizer's pad token, else its EOS, else 0 (padding is never trained on)."""
+        if not self.tokenizer:
+            raise ValueError("`tokenizer` is not set; give a hub name or a local tokenizer directory")
+        info = describe_tokenizer(self.tokenizer)
+        return next((i for i in (info.pad_id, info.eos_id) if i is not None), 0)
 
 
 @dataclass(frozen=True)
@@ -175,12 +225,22 @@ class LMMixtureDatasetConfig(TokenizationConfig):
         stages = normalize_schedule(weights, list(self.configs))
         return [(step * (self.batch_size or 1), w) for step, w in stages]
 
-    def _train_dataset(self, name: str, seq_len: int, source_id: int) -> TokenSeqDataset:
+    def _examples(self, name: str, cache: TokenCache, seq_len: int, source_id: int, documents: np.ndarray | None = None) -> Dataset:
+        """A source's examples: packed documents, or windows of its token stream (see ``packing_options``)."""
+        packing = self.configs[name].packing_options()
+        if packing is None:
+            return TokenSeqDataset(cache, seq_len, source_id, documents=documents)
+        return PackedDataset(
+            cache, seq_len, source_id, pad_id=self.pad_id(), max_segments_per_example=packing.max_segments_per_example,
+            long_documents=packing.long_documents, shuffle=packing.shuffle, key=packing.seed, documents=documents,
+        )
+
+    def _train_dataset(self, name: str, seq_len: int, source_id: int) -> Dataset:
         cache = open_cache(self, name, "train")
         held = self._held_out(name, cache, seq_len)
         if held is None:
-            return TokenSeqDataset(cache, seq_len, source_id)
-        return TokenSeqDataset(cache, seq_len, source_id, documents=kept_documents(cache.num_rows(), held))
+            return self._examples(name, cache, seq_len, source_id)
+        return self._examples(name, cache, seq_len, source_id, kept_documents(cache.num_rows(), held))
 
     def _held_out(self, name: str, cache: TokenCache, seq_len: int) -> np.ndarray | None:
         """Rows held out of a training cache for validation, or None when the source holds none out."""
@@ -211,17 +271,17 @@ class LMMixtureDatasetConfig(TokenizationConfig):
             stop_strategy=self.stop_strategy,  # type: ignore[arg-type]
         )
 
-    def validation_sets(self, seq_len: int) -> dict[str, TokenSeqDataset]:
+    def validation_sets(self, seq_len: int) -> dict[str, Dataset]:
         """Per source, its validation examples: its validation split, or the documents held out of training."""
         out = {}
         for i, (name, source) in enumerate(self.configs.items()):
             if "validation" in source.splits():
-                out[name] = TokenSeqDataset(open_cache(self, name, "validation"), seq_len, i)
+                out[name] = self._examples(name, open_cache(self, name, "validation"), seq_len, i)
                 continue
             cache = open_cache(self, name, "train")
             held = self._held_out(name, cache, seq_len)
             if held is not None:
-                out[name] = TokenSeqDataset(cache, seq_len, i, documents=held)
+                out[name] = self._examples(name, cache, seq_len, i, held)
         return out
 
 

@@ -21,8 +21,9 @@ from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, ShardProgress
 from tokenmix.cache.pool import Completed, EncoderPool
 from tokenmix.cache.progress import BuildProgress
 from tokenmix.cache.stats import STATS_FILE, compute_stats
-from tokenmix.cache.store import TOKENS_ARRAY, JaggedArray, JsonDocuments
+from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments
 from tokenmix.formats.encoder import EncodedChunk, EncoderSpec
+from tokenmix.formats.text import FILTER_REASONS
 from tokenmix.sources.shards import RawChunk, Shard, ShardReadError
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ class BuildOptions:
     num_workers: int | None = None
     """Tokenizing processes; None means one per core. 0 tokenizes in the driver process."""
     on_error: Literal["raise", "skip"] = "raise"
-    """``raise`` stops at the first bad record naming file, line and reason; ``skip`` counts it."""
+    """``raise`` stops at the first bad record naming file, line and reason; ``skip`` counts it. Records a format
+    filters out on purpose (``too_long``, ``too_short``) are counted under either policy."""
     chunk_bytes: int = 1 << 20
     """Input bytes per unit of work sent to a worker."""
     commit_interval_s: float = 1.0
@@ -78,14 +80,20 @@ class CacheBuilder:
         self.pool = pool
         self._docs = JsonDocuments(location)
         self._skips_logged = 0
+        self._spans: JaggedArray | None = None
+        self._span_values = 0
+        """Where the next document's loss spans go in the spans array."""
 
     def build(self) -> dict[str, Any]:
         """Run the build to the end and return the cache statistics."""
         started = time.monotonic()
         ledger = self._open_ledger()
         array = JaggedArray.open(self.location, TOKENS_ARRAY, self.spec.dtype, create=True)
+        if self.spec.format.masks_loss:
+            self._spans = JaggedArray.open(self.location, LOSS_SPANS_ARRAY, "int64", create=True)
+            self._span_values = int(self._spans.row_ends(ledger.rows - 1, ledger.rows)[0]) if ledger.rows else 0
         self._docs.write(LEDGER_FILE, ledger.to_json())
-        array.publish(ledger.rows)
+        self._publish(ledger, array)
         resumed_rows = ledger.rows
         if not ledger.finished:
             if self.progress is not None:
@@ -174,6 +182,9 @@ class CacheBuilder:
         if chunk.skipped:
             self._on_skipped(ledger, array, index, chunk, writes)
         writes.extend(array.write_rows(ledger.rows, ledger.tokens, chunk.tokens, chunk.lengths))
+        if self._spans is not None:
+            writes.extend(self._spans.write_rows(ledger.rows, self._span_values, chunk.spans, chunk.span_counts))
+            self._span_values += len(chunk.spans)
         ledger.rows += len(chunk.lengths)
         ledger.tokens += len(chunk.tokens)
         shard.position = chunk.start + chunk.positions
@@ -182,14 +193,16 @@ class CacheBuilder:
         shard.tokens += len(chunk.tokens)
         shard.chars += chunk.chars
         shard.utf8_bytes += chunk.utf8_bytes
+        shard.loss_tokens += chunk.loss_tokens
         if self.progress is not None:
             self.progress.update(len(chunk.lengths), len(chunk.tokens), chunk.consumed_bytes)
 
     def _on_skipped(self, ledger: CacheLedger, array: JaggedArray, index: int, chunk: EncodedChunk, writes: list) -> None:
         shard_name = self.shards[index].name
-        if self.options.on_error == "raise":
+        errors = [s for s in chunk.skipped if s[1] not in FILTER_REASONS]
+        if errors and self.options.on_error == "raise":
             self._commit(ledger, array, writes)
-            position, reason, detail = chunk.skipped[0]
+            position, reason, detail = errors[0]
             raise BadInputError(
                 f"{self.shards[index].position_label(position)}: {reason}: {detail}\n"
                 f"The cache keeps the {ledger.rows} rows before this chunk. Fix the input, or set "
@@ -227,4 +240,10 @@ class CacheBuilder:
             write.result()
         writes.clear()
         self._docs.write(LEDGER_FILE, ledger.to_json())
+        self._publish(ledger, array)
+
+    def _publish(self, ledger: CacheLedger, array: JaggedArray) -> None:
+        """Publish the ledger's rows: loss spans first, so a reader never sees a row without its spans."""
+        if self._spans is not None:
+            self._spans.publish(ledger.rows)
         array.publish(ledger.rows)

@@ -43,6 +43,8 @@ class ShardProgress:
     tokens: int = 0
     chars: int = 0
     utf8_bytes: int = 0
+    loss_tokens: int = 0
+    """Positions trained on (formats that mask the loss): target tokens that do not start their document."""
     skipped: dict[str, int] = field(default_factory=dict)
     error: str | None = None
     finished: bool = False

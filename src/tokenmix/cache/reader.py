@@ -14,7 +14,7 @@ import numpy as np
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
 from tokenmix.cache.stats import STATS_FILE
-from tokenmix.cache.store import TOKENS_ARRAY, JaggedArray, JsonDocuments
+from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments
 from tokenmix.waiting import poll_until
 
 
@@ -36,6 +36,7 @@ class TokenCache:
         self.fingerprint = ledger.fingerprint
         self._array = JaggedArray.open(location, TOKENS_ARRAY, ledger.identity["dtype"])
         self._chunk = int(self._array.data.chunk_layout.read_chunk.shape[0])
+        self._spans = JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64") if self.has_loss_spans else None
 
     def _read_ledger(self) -> CacheLedger:
         doc = self._docs.read(LEDGER_FILE)
@@ -47,6 +48,25 @@ class TokenCache:
     def ledger(self) -> CacheLedger:
         """The build's ledger as stored now."""
         return self._read_ledger()
+
+    @property
+    def has_loss_spans(self) -> bool:
+        """Whether the cache's format trains on some tokens only, so loss spans are stored with the tokens."""
+        return bool(self.identity.get("loss_spans"))
+
+    def loss_spans(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The loss spans of rows ``start`` to ``stop - 1``: each span's row, and its ``[begin, end)`` in that row.
+
+        Spans are the token ranges trained on, sorted and disjoint within a row. A cache without loss spans
+        (every token trained on) raises ``ValueError``.
+        """
+        if self._spans is None:
+            raise ValueError(f"{self.location}: this cache has no loss spans (its format trains on every token)")
+        self._check_rows(start, stop)
+        bounds = self._spans.row_bounds(start, stop)
+        values = self._spans.read_tokens(int(bounds[0]), int(bounds[-1])) if bounds[-1] > bounds[0] else np.empty(0, np.int64)
+        rows = np.repeat(np.arange(start, stop, dtype=np.int64), np.diff(bounds) // 2)
+        return rows, values[0::2], values[1::2]
 
     def stats(self) -> dict[str, Any] | None:
         """The statistics document, once the build has finished."""

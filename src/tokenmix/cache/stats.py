@@ -1,7 +1,10 @@
 """Cache statistics (``stats.json``), in the spirit of Cerebras' ``data_params.json``.
 
 Counts come from the ledger, so they are exact across interrupted and resumed builds; document
-length percentiles come from the committed offsets.
+length percentiles come from the committed offsets. ``loss_valid_tokens`` counts the positions trained
+on inside documents (a position predicts the next token of its own document, and that token is a
+loss target of the format), ``masked_tokens`` the rest; so for a format without loss masks every
+document contributes its length minus one.
 """
 
 from __future__ import annotations
@@ -46,12 +49,15 @@ def compute_stats(ledger: CacheLedger, array: JaggedArray, build_seconds: float,
         length_stats = {"min": int(lengths.min()), "mean": float(lengths.mean()), "max": int(lengths.max())}
         for p, v in zip(_PERCENTILES, np.percentile(lengths, _PERCENTILES)):
             length_stats[f"p{p}"] = float(v)
+    loss_valid = sum(s.loss_tokens for s in ledger.shards) if ledger.identity.get("loss_spans") else ledger.tokens - ledger.rows
     built_tokens = ledger.tokens - (int(array.row_bounds(resumed_rows - 1, resumed_rows)[-1]) if resumed_rows else 0)
     return {
         "fingerprint": ledger.fingerprint,
         "tokenizer_fingerprint": ledger.identity.get("tokenizer_fingerprint"),
         "documents": ledger.rows,
         "tokens": ledger.tokens,
+        "loss_valid_tokens": loss_valid,
+        "masked_tokens": ledger.tokens - loss_valid,
         "records": sum(s.records for s in ledger.shards),
         "skipped_records": sum(skipped.values()),
         "skipped_by_reason": skipped,

@@ -22,6 +22,9 @@ import numpy as np
 import tensorstore as ts
 
 TOKENS_ARRAY = "input_ids"
+LOSS_SPANS_ARRAY = "loss_spans"
+"""Per document, the ``[start, end)`` token ranges trained on (relative to the document), as flat int64
+pairs; present only in caches of formats that mask the loss (identity key ``loss_spans``)."""
 CAPACITY = 1 << 48
 DATA_CHUNK = 1 << 18
 OFFSETS_CHUNK = 1 << 16

@@ -1,1 +1,1 @@
-"""Random-access datasets over caches: token sequences, shuffles, epochs and mixtures."""
+"""Random-access datasets over caches: token sequences, packed documents, shuffles, epochs and mixtures."""

@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from tokenmix.datasets.segments import segment_positions
 from tokenmix.waiting import poll_until
 
 logger = logging.getLogger(__name__)
@@ -36,8 +37,10 @@ class TokenBatch:
     """A batch of fixed-length examples (numpy arrays; the loader turns them into jax arrays).
 
     ``loss_mask[b, i]`` is true when position ``i`` is trained to predict token ``i + 1``: both are in
-    the example and in the same document. ``segment_ids`` number the documents inside each example
-    from 0, so attention can be masked per document. ``source_ids`` name the source of each example.
+    the example and in the same document, and (for formats that mask the loss: supervised, chat) token
+    ``i + 1`` is one the format trains on. ``segment_ids`` number the documents inside each example
+    from 0, so attention can be masked per document; padding after packed documents has segment id -1
+    (Levanter's convention) and no loss. ``source_ids`` name the source of each example.
     """
 
     tokens: np.ndarray
@@ -47,6 +50,10 @@ class TokenBatch:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def positions(self) -> np.ndarray:
+        """Each token's position within its segment, from 0 (position ids that restart per packed document)."""
+        return segment_positions(self.segment_ids)
 
     @staticmethod
     def empty(n: int, length: int) -> TokenBatch:

@@ -34,3 +34,60 @@ def document_segments(starts: np.ndarray, length: int, doc_starts: np.ndarray) -
         segment_ids.ravel()[cuts] = 1
         np.cumsum(segment_ids, axis=1, out=segment_ids)
     return segment_ids, loss_mask
+
+
+def expand_counts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For ``counts[i]`` items in each group ``i``: every item's group, and its number within the group."""
+    counts = np.asarray(counts, np.int64)
+    group = np.repeat(np.arange(len(counts)), counts)
+    return group, np.arange(len(group)) - (np.cumsum(counts) - counts)[group]
+
+
+def in_spans(starts: np.ndarray, lengths: np.ndarray, span_starts: np.ndarray, span_ends: np.ndarray) -> np.ndarray:
+    """Whether each position of the ranges ``[starts[r], starts[r] + lengths[r])`` lies in a span, flat (range after range).
+
+    Spans ``[span_starts[j], span_ends[j])`` are sorted and disjoint (they may touch). Built from the
+    spans that meet each range, found by binary search: one +1/-1 mark per span and a cumulative sum,
+    not a per-position search.
+    """
+    starts = np.asarray(starts, np.int64)
+    lengths = np.asarray(lengths, np.int64)
+    total = int(lengths.sum())
+    if total == 0 or len(span_starts) == 0:
+        return np.zeros(total, bool)
+    base = np.cumsum(lengths) - lengths
+    first = np.searchsorted(span_ends, starts, side="right")
+    stop = np.searchsorted(span_starts, starts + lengths, side="left")
+    group, k = expand_counts(np.maximum(stop - first, 0))
+    span = first[group] + k
+    lo = np.maximum(span_starts[span], starts[group]) - starts[group] + base[group]
+    hi = np.minimum(span_ends[span], starts[group] + lengths[group]) - starts[group] + base[group]
+    marks = np.bincount(lo, minlength=total + 1) - np.bincount(hi, minlength=total + 1)
+    return np.cumsum(marks[:total]) > 0
+
+
+def span_coverage(begins: np.ndarray, ends: np.ndarray, span_starts: np.ndarray, span_ends: np.ndarray) -> np.ndarray:
+    """How many positions of each range ``[begins[r], ends[r])`` lie in the sorted, disjoint spans."""
+    if len(span_starts) == 0:
+        return np.zeros(len(begins), np.int64)
+    sizes = span_ends - span_starts
+    done = np.concatenate([[0], np.cumsum(sizes)])
+
+    def covered_below(x: np.ndarray) -> np.ndarray:
+        j = np.searchsorted(span_starts, x, side="right")
+        last = np.maximum(j - 1, 0)
+        return np.where(j > 0, done[last] + np.clip(x - span_starts[last], 0, sizes[last]), 0)
+
+    return covered_below(np.asarray(ends, np.int64)) - covered_below(np.asarray(begins, np.int64))
+
+
+def segment_positions(segment_ids: np.ndarray) -> np.ndarray:
+    """Each token's position within its segment (a run of equal ids along the last axis), from 0."""
+    ids = np.asarray(segment_ids)
+    flat = ids.reshape(-1, ids.shape[-1])
+    n, length = flat.shape
+    starts = np.ones((n, length), bool)
+    starts[:, 1:] = flat[:, 1:] != flat[:, :-1]
+    index = np.broadcast_to(np.arange(length), (n, length))
+    run_start = np.maximum.accumulate(np.where(starts, index, 0), axis=1)
+    return (index - run_start).astype(np.int32).reshape(ids.shape)

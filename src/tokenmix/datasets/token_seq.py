@@ -4,6 +4,8 @@ Example i is tokens ``[i * seq_len, (i + 1) * seq_len)`` of the stream; a traili
 dropped. Changing ``seq_len`` needs no re-tokenizing. Document boundaries come from the cache's
 offsets (not from EOS tokens), so segment ids are exact whatever the format. The stream is either the
 whole cache (and grows while it builds) or a fixed subset of its documents (held-out validation).
+Where the cache stores loss spans (supervised, chat), position i is trained on only when token i + 1
+is one the format trains on, as well as being in the same document.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import numpy as np
 
 from tokenmix.cache.reader import TokenCache
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
-from tokenmix.datasets.segments import document_segments
+from tokenmix.datasets.documents import CacheDocuments
+from tokenmix.datasets.segments import document_segments, expand_counts
 
 
 class TokenSeqDataset(Dataset):
@@ -27,12 +30,10 @@ class TokenSeqDataset(Dataset):
         self.cache = cache
         self.seq_len = seq_len
         self.source_id = source_id
-        self._bounds = np.zeros(1, np.int64)
-        self._finished = False
+        self._docs = CacheDocuments(cache)
         self._subset = documents is not None
-        self._refresh()
         if self._subset:
-            if not self._finished:
+            if not self._docs.finished:
                 raise ValueError(f"{cache.location}: a document subset needs a finished cache")
             self._use_subset(np.asarray(documents, np.int64))
         else:
@@ -46,15 +47,9 @@ class TokenSeqDataset(Dataset):
     def tokens_per_example(self) -> int:
         return self.seq_len
 
-    def _refresh(self) -> None:
-        if self._finished:
-            return
-        finished = self.cache.is_finished()
-        rows = self.cache.num_rows()
-        known = len(self._bounds) - 1
-        if rows > known:
-            self._bounds = np.concatenate([self._bounds, self.cache.row_ends(known, rows)])
-        self._finished = finished and rows == len(self._bounds) - 1
+    @property
+    def _bounds(self) -> np.ndarray:
+        return self._docs.bounds
 
     def _use_subset(self, docs: np.ndarray) -> None:
         rows = len(self._bounds) - 1
@@ -78,12 +73,12 @@ class TokenSeqDataset(Dataset):
         return True
 
     def current_len(self) -> int:
-        self._refresh()
+        self._docs.refresh()
         return self._stream_len() // self.seq_len
 
     def final_len(self) -> int | None:
-        self._refresh()
-        return self._stream_len() // self.seq_len if self._finished else None
+        self._docs.refresh()
+        return self._stream_len() // self.seq_len if self._docs.finished else None
 
     def num_documents(self) -> int:
         """Documents in the stream (so far)."""
@@ -107,22 +102,19 @@ class TokenSeqDataset(Dataset):
             raise IndexError(f"{self!r}: example {int(idx.max())} is beyond the {self.current_len()} examples available")
         starts = idx * length
         owner, offset, begin, size = self._pieces(starts, starts + length)
-        chunk_tokens = self.cache.chunk_tokens
-        chunk = begin // chunk_tokens
-        chunks = self.cache.read_chunks(np.unique(chunk).tolist(), int(self._bounds[-1]))
+        rows = np.asarray(rows, np.int64)
+        dest = rows[owner] * length + offset
+        finish = copy_ranges(self.cache, begin, size, dest, out, int(self._bounds[-1]))
         segment_ids, loss_mask = document_segments(starts, length, self._doc_starts_now())
+        targets = self._docs.targets(begin + 1, size)
+        if targets is not None:  # position i learns token i + 1 only where the format trains on it
+            group, within = expand_counts(size)
+            trained = np.zeros(len(idx) * length, bool)
+            trained[owner[group] * length + offset[group] + within] = targets
+            loss_mask &= trained.reshape(len(idx), length)
         out.segment_ids[rows] = segment_ids
         out.loss_mask[rows] = loss_mask
         out.source_ids[rows] = self.source_id
-        where = (np.asarray(rows, np.int64)[owner] * length + offset).tolist()
-        within = (begin - chunk * chunk_tokens).tolist()
-
-        def finish() -> None:
-            have = chunks()
-            flat = out.tokens.reshape(-1)
-            for w, c, a, m in zip(where, chunk.tolist(), within, size.tolist()):
-                flat[w : w + m] = have[c][a : a + m]
-
         return finish
 
     def _pieces(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -144,16 +136,41 @@ class TokenSeqDataset(Dataset):
         hi = np.minimum(stops[owner], run_ends[run])
         begin = run_tokens[run] + lo - run_stream[run]
         offset = lo - starts[owner]
-        # then at chunk boundaries of the cache
-        end = begin + hi - lo
-        sub, k = expand_counts((end - 1) // size - begin // size + 1)
-        piece_begin = np.maximum(begin[sub], (begin[sub] // size + k) * size)
-        piece_end = np.minimum(end[sub], (begin[sub] // size + k + 1) * size)
-        return owner[sub], offset[sub] + piece_begin - begin[sub], piece_begin, piece_end - piece_begin
+        sub, piece_begin, piece_size = split_at_chunks(begin, hi - lo, size)
+        return owner[sub], offset[sub] + piece_begin - begin[sub], piece_begin, piece_size
 
 
+def split_at_chunks(begin: np.ndarray, size: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut cache token ranges ``[begin, begin + size)`` where stored chunks of ``chunk`` tokens end.
 
-def expand_counts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For ``counts[i]`` items in each group ``i``: every item's group, and its number within the group."""
-    group = np.repeat(np.arange(len(counts)), counts)
-    return group, np.arange(len(group)) - (np.cumsum(counts) - counts)[group]
+    Returns, per piece: the range it comes from, its first token, and its length.
+    """
+    end = begin + size
+    sub, k = expand_counts((end - 1) // chunk - begin // chunk + 1)
+    piece_begin = np.maximum(begin[sub], (begin[sub] // chunk + k) * chunk)
+    piece_end = np.minimum(end[sub], (begin[sub] // chunk + k + 1) * chunk)
+    return sub, piece_begin, piece_end - piece_begin
+
+
+def copy_ranges(cache: TokenCache, begin: np.ndarray, size: np.ndarray, dest: np.ndarray, out: TokenBatch, committed: int) -> Callable[[], None]:
+    """Start reading cache token ranges, each inside one stored chunk; the returned function waits and copies
+    range ``r`` to ``out.tokens`` (flat) at ``dest[r]``.
+
+    Whole chunks are read (all missing ones at once) through the process-wide chunk cache, and each range
+    is copied straight from its chunk into the batch: no intermediate arrays.
+    """
+    chunk_tokens = cache.chunk_tokens
+    chunk = begin // chunk_tokens
+    chunks = cache.read_chunks(np.unique(chunk).tolist(), committed)
+    where = dest.tolist()
+    within = (begin - chunk * chunk_tokens).tolist()
+    sizes = size.tolist()
+    chunk_ids = chunk.tolist()
+
+    def finish() -> None:
+        have = chunks()
+        flat = out.tokens.reshape(-1)
+        for w, c, a, m in zip(where, chunk_ids, within, sizes):
+            flat[w : w + m] = have[c][a : a + m]
+
+    return finish

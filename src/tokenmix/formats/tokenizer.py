@@ -38,6 +38,9 @@ class TokenizerInfo:
     """Whether the tokenizer's own post-processor puts a BOS at the start of a sequence."""
     adds_eos: bool
     """Whether the tokenizer's own post-processor puts an EOS at the end of a sequence."""
+    special_tokens: tuple[tuple[str, str], ...] = ()
+    """Named special tokens (``bos_token``, ``eos_token``, ...) as a chat template sees them."""
+    chat_template: str | None = None
 
 
 @functools.lru_cache(maxsize=8)
@@ -84,4 +87,6 @@ def describe_tokenizer(name_or_path: str) -> TokenizerInfo:
         pad_id=tok.pad_token_id,
         adds_bos=adds_bos,
         adds_eos=adds_eos,
+        special_tokens=tuple(sorted((k, str(v)) for k, v in tok.special_tokens_map.items() if isinstance(v, str))),
+        chat_template=identity["chat_template"] if isinstance(identity["chat_template"], str) else None,
     )

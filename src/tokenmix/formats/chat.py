@@ -1,0 +1,143 @@
+"""``chat``: conversations rendered with a chat template, trained only on the assistant's turns.
+
+Levanter's ``ChatLmDatasetFormat`` semantics: the ``messages`` field (a list of ``{role, content}``
+objects, OpenAI style) is rendered with the chat template given in the config or, failing that, the
+tokenizer's own, exactly as Hugging Face's ``apply_chat_template`` renders it. The template marks what
+the model must learn to produce with ``{% generation %} ... {% endgeneration %}``; the tokens overlapping
+those characters are the loss targets (all assistant turns of a multi-turn conversation), everything
+else (system and user turns, role headers) is masked. The template places its own BOS/EOS, so
+``enforce_bos``/``enforce_eos`` do not apply.
+
+A template that cannot mark assistant turns is refused when the config is resolved (before any
+record); a conversation in which it marks nothing (no assistant turn) is a bad record,
+``no_assistant_span``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from tokenmix.formats.text import (
+    BadRecordError,
+    FormatContext,
+    LmDatasetFormatBase,
+    RecordRenderer,
+    Rendered,
+    record_field,
+    text_size,
+)
+
+logger = logging.getLogger(__name__)
+
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+_PROBE = [{"role": "user", "content": "Hello?"}, {"role": "assistant", "content": "Hi."}]
+_DOCS = "https://levanter.readthedocs.io/en/latest/reference/Data-Formats.html#chat-templates"
+
+
+@LmDatasetFormatBase.register_subclass("chat")
+@dataclass(frozen=True)
+class ChatLmDatasetFormat(LmDatasetFormatBase):
+    """A conversation per record; loss only on what the template marks as generated (the assistant turns)."""
+
+    messages_field: str = "messages"
+    """Field holding the list of messages."""
+    chat_template: str | None = None
+    """Jinja chat template; None uses the tokenizer's."""
+    mask_user_turns: bool = True
+    """Train only on the assistant turns; false trains on every token (and needs no generation marks)."""
+    pack: bool = True
+    """Levanter's switch: pack several conversations into each sequence (false: one per sequence)."""
+
+    adds_special_tokens = False
+    dataset_options = ("pack",)
+
+    @property
+    def masks_loss(self) -> bool:
+        return self.mask_user_turns
+
+    def bind(self, context: FormatContext) -> RecordRenderer:
+        template = self.chat_template or context.chat_template
+        if not template:
+            raise ValueError(
+                "format chat: the tokenizer has no chat template; give one as format.chat_template "
+                f"(with {{% generation %}} ... {{% endgeneration %}} around what the assistant says, see {_DOCS})"
+            )
+        if self.mask_user_turns and not _GENERATION_TAG.search(template):
+            raise ValueError(
+                "format chat: the chat template cannot mark assistant turns: it has no {% generation %} block, so the "
+                "user turns could not be masked. Wrap what the assistant says in {% generation %} ... {% endgeneration %} "
+                f"(see {_DOCS}), or set format.mask_user_turns: false to train on every token"
+            )
+        render_template = _renderer()
+        special = dict(context.special_tokens)
+
+        def render(messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
+            rendered, spans = render_template(
+                conversations=[messages], chat_template=template, return_assistant_tokens_mask=self.mask_user_turns, **special
+            )
+            return rendered[0], [tuple(s) for s in spans[0]] if self.mask_user_turns else []
+
+        self._check_template(render)
+
+        def render_record(record: dict[str, Any]) -> Rendered:
+            messages = self._messages(record)
+            try:
+                text, spans = render(messages)
+            except Exception as e:  # noqa: BLE001 - any failure inside a user's template is this record's problem
+                raise BadRecordError("template_error", f"the chat template failed on this conversation: {type(e).__name__}: {e}") from None
+            size = text_size(*(m["content"] for m in messages))
+            if not self.mask_user_turns:
+                return Rendered([text], None, None, *size)
+            spans = [(a, b) for a, b in spans if b > a]
+            if not spans:
+                raise BadRecordError("no_assistant_span", "the chat template marked no assistant text in this conversation (no assistant turn?)")
+            return Rendered([text], None, spans, *size)
+
+        return render_record
+
+    def _check_template(self, render: Any) -> None:
+        """Render a one-exchange conversation: a template that fails to compile, or marks nothing in it, is refused."""
+        from jinja2 import TemplateSyntaxError
+
+        try:
+            _, spans = render(_PROBE)
+        except TemplateSyntaxError as e:
+            raise ValueError(f"format chat: the chat template does not compile: line {e.lineno}: {e.message}") from None
+        except Exception as e:  # noqa: BLE001 - a template may insist on its own conventions (a system turn first...)
+            logger.info("format chat: could not check the template on a plain user/assistant exchange (%s); checking per record", e)
+            return
+        if self.mask_user_turns and not any(b > a for a, b in spans):
+            raise ValueError(
+                "format chat: the chat template's {% generation %} block marks nothing in a plain user/assistant exchange, "
+                f"so assistant turns could not be trained on. Put it around the assistant's content (see {_DOCS})"
+            )
+
+    def _messages(self, record: dict[str, Any]) -> list[dict[str, Any]]:
+        messages = record_field(record, self.messages_field, "messages_field")
+        if not isinstance(messages, list):
+            raise BadRecordError("wrong_type", f"{self.messages_field!r} is {type(messages).__name__}, not a list of messages")
+        if not messages:
+            raise BadRecordError("empty_document", f"{self.messages_field!r} is an empty list")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise BadRecordError("wrong_type", f"{self.messages_field}[{i}] is {type(message).__name__}, not an object")
+            for key in ("role", "content"):
+                if key not in message:
+                    raise BadRecordError("missing_field", f"{self.messages_field}[{i}] has no {key!r}")
+                if not isinstance(message[key], str):
+                    raise BadRecordError("wrong_type", f"{self.messages_field}[{i}].{key} is {type(message[key]).__name__}, not a string")
+        return messages
+
+
+def _renderer() -> Any:
+    """Hugging Face's own chat-template renderer (the one ``apply_chat_template`` uses), imported when needed."""
+    try:
+        from transformers.utils.chat_template_utils import render_jinja_template
+    except ImportError as e:
+        raise ValueError(
+            f"format chat needs jinja2 (>= 3.1.6) and a transformers release with render_jinja_template (>= 4.52): {e}"
+        ) from None
+    return render_jinja_template
