@@ -8,9 +8,11 @@ import pytest
 import yaml
 from conftest import DEMO_CORPUS, REPO, TOKENIZER
 
+from tokenmix.cache.reader import TokenCache
 from tokenmix.cli.build_cache import ConfigError, load_data_config
 from tokenmix.cli.main import main
 from tokenmix.config import LMDatasetConfig, LMDatasetSourceConfig, LMMixtureDatasetConfig, cache_targets
+from tokenmix.datasets.packed import PackedDataset
 from tokenmix.formats.text import TextLmDatasetFormat
 
 
@@ -31,6 +33,15 @@ def test_build_cache_cli_with_overrides_then_inspect(tmp_path):
     assert "fingerprint" in shown.stdout and "document 1" in shown.stdout and "finished" in shown.stdout
     as_json = json.loads(_cli("inspect", str(tmp_path / "webster" / "train"), "--json").stdout)
     assert as_json["stats"]["documents"] == 270 and as_json["ledger"]["finished"]
+    assert as_json["packing_plans"] == {} and "packing plans" not in shown.stdout
+
+    packed = PackedDataset(TokenCache(str(tmp_path / "webster" / "train")), 512, pad_id=1, max_segments_per_example=8)
+    shown = _cli("inspect", str(tmp_path / "webster" / "train"), "--samples", "0")
+    assert shown.returncode == 0, shown.stderr
+    assert "packing plans" in shown.stdout and packed.plan_id in shown.stdout and "complete" in shown.stdout
+    plan = json.loads(_cli("inspect", str(tmp_path / "webster" / "train"), "--json").stdout)["packing_plans"][packed.plan_id]
+    assert plan["examples"] == len(packed) and plan["options"]["max_segments_per_example"] == 8
+    assert plan["stats"]["tokens"] / (plan["examples"] * 512) == pytest.approx(packed.stats()["packing_efficiency"])
 
 
 def test_cli_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path):

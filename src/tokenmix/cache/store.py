@@ -77,6 +77,10 @@ class JsonDocuments:
     def write(self, key: str, doc: dict[str, Any]) -> None:
         self._kv.write(key, json.dumps(doc, indent=1, sort_keys=True).encode("utf-8") + b"\n").result()
 
+    def keys(self) -> list[str]:
+        """Every key stored under this location, sorted (files in subdirectories too, as ``dir/name``)."""
+        return sorted(k.decode("utf-8") for k in self._kv.list().result())
+
 
 def _array_spec(location: str, sub: str, dtype: str, chunk: int, level: int | None) -> dict[str, Any]:
     codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]

@@ -1,4 +1,4 @@
-"""``tokenmix inspect CACHE_DIR``: a cache's ledger and statistics, and a few decoded documents."""
+"""``tokenmix inspect CACHE_DIR``: a cache's ledger and statistics, its packing plans, and a few decoded documents."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from rich.table import Table
 
 from tokenmix.cache.reader import CacheNotFoundError, TokenCache
 from tokenmix.cli.console import make_console
+from tokenmix.datasets.packed import stored_plans
 from tokenmix.formats.tokenizer import TokenizerLoadError, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -30,8 +31,9 @@ def run(argv: list[str]) -> int:
         return 1
     ledger = cache.ledger
     stats = cache.stats()
+    plans = stored_plans(args.cache_dir)
     if args.json:
-        print(json.dumps({"ledger": ledger.to_json(), "stats": stats}, indent=1))
+        print(json.dumps({"ledger": ledger.to_json(), "stats": stats, "packing_plans": plans}, indent=1))
         return 0
     console = make_console()
     rows = cache.num_rows()
@@ -50,6 +52,8 @@ def run(argv: list[str]) -> int:
     if stats:
         summary = {k: v for k, v in stats.items() if k != "shards"}
         console.print("statistics:", json.dumps(summary, indent=1))
+    if plans:
+        console.print(plans_table(plans))
     tokenizer_name = args.tokenizer or ledger.info.get("tokenizer")
     decode = None
     if tokenizer_name:
@@ -63,3 +67,18 @@ def run(argv: list[str]) -> int:
         console.rule(f"document {row} ({len(ids)} tokens)")
         console.print(body[: args.chars] + ("..." if len(body) > args.chars else ""), markup=False, highlight=False)
     return 0
+
+
+def plans_table(plans: dict[str, dict]) -> Table:
+    """One row per stored packing plan: its options and how well it packs."""
+    table = Table(title="packing plans")
+    for col in ("plan", "seq_len", "max segments", "long documents", "shuffle", "examples", "documents", "efficiency", "state"):
+        table.add_column(col)
+    for plan_id, plan in plans.items():
+        options, stats = plan["options"], plan["stats"]
+        capacity = plan["examples"] * options["seq_len"]
+        efficiency = f"{stats['tokens'] / capacity:.3f}" if capacity else "-"
+        table.add_row(plan_id, str(options["seq_len"]), str(options["max_segments_per_example"]), options["long_documents"],
+                      str(options["shuffle"]), f"{plan['examples']:,}", f"{stats['documents']:,}", efficiency,
+                      "complete" if plan["complete"] else "growing")
+    return table

@@ -388,6 +388,19 @@ class _PlanStore:
         return self._array
 
 
+def stored_plans(cache_location: str) -> dict[str, dict[str, Any]]:
+    """The packing plans kept next to a cache, by plan id: each plan's options, progress and statistics."""
+    docs = JsonDocuments(join_location(cache_location, "packing"))
+    plans = {}
+    for key in docs.keys():
+        parts = key.split("/")
+        if len(parts) == 2 and parts[1] == PLAN_FILE:
+            plan = docs.read(key)
+            if plan is not None:
+                plans[parts[0]] = plan
+    return plans
+
+
 def _digest(values: np.ndarray) -> str:
     """A short hash of an int64 array (document bounds, a document subset)."""
     return hashlib.blake2b(np.ascontiguousarray(values, np.int64).tobytes(), digest_size=16).hexdigest()
