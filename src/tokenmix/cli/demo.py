@@ -1,5 +1,6 @@
 """``tokenmix demo``: build the bundled demo mixture (config/demo.yaml), print its statistics, then
-stream shuffled training batches from the mixture and print the proportions seen and the throughput."""
+stream shuffled training batches of the mixture through the DataLoader onto a mesh of 8 fake CPU
+devices and print the proportions seen against the weights, the throughput and batch fingerprints."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from tokenmix.config import LMMixtureDatasetConfig, build_caches
 logger = logging.getLogger(__name__)
 
 DEMO_CONFIG = os.path.join("config", "demo.yaml")
+DEMO_DEVICES = 8
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
 def run(argv: list[str]) -> int:
@@ -48,22 +51,50 @@ def run(argv: list[str]) -> int:
     return 0
 
 
+def use_fake_cpu_devices(count: int) -> None:
+    """Ask JAX for ``count`` CPU devices and the CPU platform alone, unless the environment says otherwise.
+
+    Only effective before JAX starts, hence no module-level JAX import here or in ``cli.main``.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if DEVICE_COUNT_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {DEVICE_COUNT_FLAG}={count}".strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
 def stream_batches(config: LMMixtureDatasetConfig, seq_len: int, batch_size: int, batches: int, console: Console) -> None:
-    """Read shuffled batches from the training mixture; print proportions against the weights and tokens/s."""
+    """Stream the training mixture through the DataLoader on a CPU mesh; print proportions against the weights,
+    tokens/s and fingerprints, and show that a resumed step has the same fingerprint."""
+    use_fake_cpu_devices(DEMO_DEVICES)
+    import jax
+
+    from tokenmix.loader import DataLoader
+
+    devices = jax.devices("cpu")[:DEMO_DEVICES]
+    mesh = jax.make_mesh((len(devices),), ("data",), devices=devices)
     start = time.perf_counter()
     train = config.train_set(seq_len)
-    first = train.get_batch(np.arange(batch_size))
-    first_s = time.perf_counter() - start
-    seen = np.bincount(first.source_ids, minlength=len(train.names))
-    start = time.perf_counter()
-    for step in range(1, batches):
-        seen += np.bincount(train.get_batch(np.arange(step * batch_size, (step + 1) * batch_size)).source_ids, minlength=len(train.names))
-    rate = (batches - 1) * batch_size * seq_len / (time.perf_counter() - start)
+    with DataLoader(train, batch_size, mesh, {"batch": "data"}, fingerprint=True) as loader:
+        it = iter(loader)
+        first = next(it)
+        first_s = time.perf_counter() - start
+        seen = np.bincount(np.asarray(first.batch.source_ids.array), minlength=len(train.names))
+        fingerprints = [first.fingerprint]
+        start = time.perf_counter()
+        for sb, _ in zip(it, range(batches - 1)):
+            seen += np.bincount(np.asarray(sb.batch.source_ids.array), minlength=len(train.names))
+            fingerprints.append(sb.fingerprint)
+        rate = (len(fingerprints) - 1) * batch_size * seq_len / (time.perf_counter() - start)
+        middle = len(fingerprints) // 2
+        resumed = loader.batch(middle).fingerprint
     weights = train.stages[0][1]
     total_weight = sum(weights.values())
-    console.print(f"streamed {batches} shuffled batches of {batch_size} x {seq_len} tokens from the mixture "
-                  f"(first batch after {first_s:.3f} s, then {rate / 1e6:.1f} M tokens/s)")
-    usage = train.usage(batches * batch_size)
+    console.print(f"streamed {len(fingerprints)} shuffled batches of {batch_size} x {seq_len} tokens through the DataLoader onto a mesh of "
+                  f"{len(devices)} CPU devices, batch split over 'data' (first batch after {first_s:.3f} s, then {rate / 1e6:.1f} M tokens/s)")
+    usage = train.usage(len(fingerprints) * batch_size)
     for i, name in enumerate(train.names):
         console.print(f"  {name:<12} {seen[i] / seen.sum():6.1%} of examples, weight {weights.get(name, 0) / total_weight:6.1%}, "
                       f"epoch {usage[name].epoch} ({usage[name].epochs_completed:.2f} epochs read)")
+    shown = sorted({min(step, len(fingerprints) - 1) for step in (0, 1, 2, len(fingerprints) - 1)})
+    console.print("batch fingerprints: " + ", ".join(f"step {s} {fingerprints[s]}" for s in shown))
+    console.print(f"step {middle} read again on its own: {resumed} ({'the same' if resumed == fingerprints[middle] else 'DIFFERENT'})")

@@ -1,0 +1,151 @@
+"""Benchmark the loader: time to first batch, steady throughput and CPU cost on a (4, 2) fake CPU mesh.
+
+Builds (or reuses) the caches of ../shared/corpus (config/shared_corpus.yaml), then streams shuffled
+64 x 2048 batches of the three-source mixture through ``DataLoader`` onto a (data 4, model 2) mesh of 8
+fake CPU devices (batch over ``data``, ``model`` replicated), and in the same run gathers the very same
+token windows from raw numpy memmaps of the caches' token streams (the limit). Runs alternate and the
+best of each counts (the 2-core VMs share hosts). Reports:
+
+* time to first batch: build the mixture and the loader and take the first batch (caches ready, JAX
+  already started);
+* steady tokens/s of the loader (consumer blocks until each batch is on the devices), with and
+  without fingerprints, and of the bare dataset (``get_batch``), each as a ratio to the memmap gather;
+* the memmap gather plus placing its rows on the mesh as the loader places its four arrays
+  (``jax.make_array_from_process_local_data``): the limit for a loader on this mesh, JAX's own cost
+  included;
+* CPU seconds (all threads, ``time.process_time``) per million tokens for each.
+
+Run from the repository root:  .venv/bin/python scripts/bench_loader.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections.abc import Callable
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 8)  # before JAX starts a backend
+
+import numpy as np  # noqa: E402 - after the device count, by intent
+
+from tokenmix.cache.reader import TokenCache  # noqa: E402
+from tokenmix.cli.build_cache import load_data_config  # noqa: E402
+from tokenmix.config import LMMixtureDatasetConfig, build_caches  # noqa: E402
+from tokenmix.datasets.mixture import MixtureDataset  # noqa: E402
+from tokenmix.loader import DataLoader  # noqa: E402
+
+MAPPING = {"batch": "data"}
+
+
+def memmap_gather(config: LMMixtureDatasetConfig, train: MixtureDataset, index: np.ndarray, seq_len: int,
+                  tmp: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The limit: a function gathering the token windows of mixture ``index`` rows from raw memmaps of the caches."""
+    ids, draws = train.locate(index)
+    windows = np.empty(len(index), np.int64)
+    for sid, name in enumerate(train.names):
+        mine = ids == sid
+        if mine.any():
+            windows[mine] = train.source(name).examples(draws[mine])
+    maps = []
+    for name in train.names:
+        cache = TokenCache(config.cache_location(name, "train"))
+        path = os.path.join(tmp, f"{name}.npy")
+        np.save(path, cache.read_tokens(0, cache.num_tokens()))
+        maps.append(np.load(path, mmap_mode="r"))
+    first = int(index[0])
+
+    def gather(rows: np.ndarray) -> np.ndarray:
+        at = rows - first
+        return np.stack([maps[s][w * seq_len : (w + 1) * seq_len] for s, w in zip(ids[at], windows[at])]).astype(np.int32)
+
+    return gather
+
+
+def timed(run: Callable[[], None], tokens: int) -> tuple[float, float]:
+    """(tokens per second, CPU seconds per million tokens) of ``run``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return tokens / wall, cpu / tokens * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config_path", default="config/shared_corpus.yaml")
+    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--seq_len", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    config = load_data_config(args.config_path, [])
+    build_caches(config, progress=False)
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    jax.block_until_ready(jax.device_put(np.zeros(8), jax.devices()[0]))  # JAX's start-up is the training program's, not the loader's
+
+    start = time.perf_counter()
+    train = config.train_set(args.seq_len)
+    loader = DataLoader(train, args.batch, mesh, MAPPING)
+    first = next(iter(loader))
+    jax.block_until_ready(first.batch)
+    first_batch_s = time.perf_counter() - start
+    print(f"time to first batch (open {len(train.names)} caches, build the mixture and the loader, read and place {args.batch} x {args.seq_len} "
+          f"on a (4, 2) mesh): {first_batch_s:.3f} s")
+
+    start_step, steps = 1, args.batches
+    tokens = steps * args.batch * args.seq_len
+    index = np.arange(start_step * args.batch, (start_step + steps) * args.batch)
+
+    def stream(fingerprint: bool) -> Callable[[], None]:
+        def run() -> None:
+            with DataLoader(train, args.batch, mesh, MAPPING, fingerprint=fingerprint) as ld:
+                for sb, _ in zip(ld.iter_from_step(start_step), range(steps)):
+                    jax.block_until_ready(sb.batch)
+        return run
+
+    def dataset() -> None:
+        for s in range(steps):
+            train.get_batch(index[s * args.batch : (s + 1) * args.batch])
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gather = memmap_gather(config, train, index, args.seq_len, tmp)
+        assert np.array_equal(np.asarray(loader.batch(start_step).batch.tokens.array), gather(index[: args.batch])), "must gather the same rows"
+
+        def memmap() -> None:
+            for s in range(steps):
+                gather(index[s * args.batch : (s + 1) * args.batch])
+
+        layout = loader._layout(args.batch)
+        token_sharding, row_sharding = layout.token_sharding, layout.row_sharding
+        shape = (args.batch, args.seq_len)
+
+        def memmap_placed() -> None:
+            """The memmap gather of the same rows, placed on the mesh as the loader's four arrays are (JAX's own cost)."""
+            for s in range(steps):
+                tokens = gather(index[s * args.batch : (s + 1) * args.batch])
+                arrays = [tokens, tokens != 0, tokens, np.zeros(args.batch, np.int32)]
+                jax.block_until_ready(jax.make_array_from_process_local_data(
+                    [token_sharding, token_sharding, token_sharding, row_sharding], arrays, [shape, shape, shape, shape[:1]]))
+
+        runs = {"loader": stream(False), "loader + fingerprints": stream(True), "dataset.get_batch": dataset, "memmap gather": memmap,
+                "memmap gather + placement": memmap_placed}
+        best: dict[str, tuple[float, float]] = {}
+        for _ in range(args.repeats):
+            for label, run in runs.items():
+                rate, cpu = timed(run, tokens)
+                if label not in best or rate > best[label][0]:
+                    best[label] = (rate, cpu)
+    loader.close()
+    limit = best["memmap gather"][0]
+    placed = best["memmap gather + placement"][0]
+    print(f"{steps} shuffled batches of {args.batch} x {args.seq_len} from {train.names}, best of {args.repeats}:")
+    for label, (rate, cpu) in best.items():
+        print(f"  {label:<26} {rate / 1e6:7.1f} M tok/s  ratio to memmap {rate / limit:5.2f}x, to memmap + placement "
+              f"{rate / placed:5.2f}x  CPU {cpu:.3f} s per M tokens")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,396 @@
+"""The loader over real caches of the bundled corpus slice: 8 fake CPU devices in this process, and two real
+processes of 4 devices each (tests/loader_worker.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import logging
+import math
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import draccus
+import haliax as hax
+import jax
+import loader_worker
+import numpy as np
+import pytest
+import yaml
+from jax.sharding import NamedSharding, PartitionSpec
+from loader_helpers import SEQ_LEN, CountingDataset, Wrapped, mixture_yaml
+
+from tokenmix.config import LMMixtureDatasetConfig, build_caches
+from tokenmix.datasets.base import Pending, TokenBatch
+from tokenmix.loader import BatchSchedule, DataLoader, LoaderError, batch_fingerprint
+from tokenmix.loader.fingerprint import combine, row_digests
+
+# Eight fake CPU devices. Pytest imports every test module before it runs any test, and nothing imports
+# a JAX backend at import time, so this runs before JAX starts (JAX refuses it afterwards, loudly).
+jax.config.update("jax_num_cpu_devices", 8)
+
+TESTS = Path(__file__).resolve().parent
+FIELDS = ("tokens", "loss_mask", "segment_ids", "source_ids")
+
+
+@pytest.fixture(scope="module")
+def config_path(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("loader")
+    path = root / "mixture.yaml"
+    path.write_text(mixture_yaml(root / "caches"))
+    build_caches(mixture_config(path), progress=False)
+    return path
+
+
+def mixture_config(path: Path) -> LMMixtureDatasetConfig:
+    return draccus.decode(LMMixtureDatasetConfig, yaml.safe_load(path.read_text()))
+
+
+@pytest.fixture(scope="module")
+def train(config_path):
+    """The three-source shuffled mixture (restart: it never ends)."""
+    return mixture_config(config_path).train_set(SEQ_LEN)
+
+
+def loader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("tokenmix-loader")]
+
+
+def expected_rows(mesh: jax.sharding.Mesh, device, axes: tuple[str, ...], size: int) -> tuple[int, int]:
+    """The rows a device holds, from its mesh coordinates (row-major over the batch's mesh axes)."""
+    coords = dict(zip(mesh.axis_names, (int(c[0]) for c in np.nonzero(mesh.devices == device))))
+    shards = math.prod(mesh.shape[a] for a in axes)
+    block = int(np.ravel_multi_index([coords[a] for a in axes], [mesh.shape[a] for a in axes])) if axes else 0
+    return block * size // shards, (block + 1) * size // shards
+
+
+def as_tuple(spec) -> tuple[str, ...]:
+    return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+
+
+MESH_CASES = [
+    pytest.param((8,), ("data",), {"batch": "data"}, id="8-batch"),
+    pytest.param((8,), ("data",), {}, id="8-replicated"),
+    pytest.param((4, 2), ("data", "model"), {"batch": "data"}, id="4x2-batch-model_replicated"),
+    pytest.param((4, 2), ("data", "model"), {"batch": "data", "position": "model", "embed": "model"}, id="4x2-batch-position"),
+    pytest.param((4, 2), ("data", "model"), {"batch": ("data", "model")}, id="4x2-batch_over_both"),
+    pytest.param((2, 2, 2), ("replica", "data", "model"), {"batch": ("replica", "data")}, id="2x2x2-batch-model_replicated"),
+    pytest.param((2, 2, 2), ("replica", "data", "model"), {"batch": ("replica", "data"), "position": "model"}, id="2x2x2-batch-position"),
+    pytest.param((2, 2, 2), ("replica", "data", "model"), {"batch": "data", "position": ("model", "replica")}, id="2x2x2-position_over_two"),
+]
+
+
+@pytest.mark.parametrize("shape, names, mapping", MESH_CASES)
+def test_global_batches_and_shards_are_the_datasets_examples(train, shape, names, mapping):
+    mesh = jax.make_mesh(shape, names)
+    dataset = CountingDataset(train)
+    schedule = BatchSchedule.of([(0, 16), (2, 32)])
+    batch_axes, position_axes = as_tuple(mapping.get("batch")), as_tuple(mapping.get("position"))
+    steps = 4
+    with DataLoader(dataset, schedule, mesh, mapping, fingerprint=True) as loader:
+        for sb in loader:
+            size = schedule.batch_size(sb.step)
+            assert sb.offset == schedule.offset(sb.step) and sb.size == size
+            expected = train.get_batch(np.arange(sb.offset, sb.offset + size))
+            Batch, Position = hax.Axis("batch", size), hax.Axis("position", SEQ_LEN)
+            assert sb.batch.tokens.axes == sb.batch.loss_mask.axes == sb.batch.segment_ids.axes == (Batch, Position)
+            assert sb.batch.source_ids.axes == (Batch,)
+            for field, array in sb.batch.arrays().items():
+                want = getattr(expected, field)
+                assert array.shape == want.shape and array.dtype == want.dtype
+                assert np.array_equal(np.asarray(array), want), field
+                spec = PartitionSpec(mapping.get("batch"), mapping.get("position")) if want.ndim == 2 else PartitionSpec(mapping.get("batch"))
+                assert array.sharding == NamedSharding(mesh, spec)
+                assert len(array.addressable_shards) == 8
+                for shard in array.addressable_shards:
+                    rows = expected_rows(mesh, shard.device, batch_axes, size)
+                    assert shard.index[0].indices(size)[:2] == rows
+                    if want.ndim == 2:
+                        assert shard.index[1].indices(SEQ_LEN)[:2] == expected_rows(mesh, shard.device, position_axes, SEQ_LEN)
+                    assert np.array_equal(np.asarray(shard.data), want[shard.index])
+            assert sb.fingerprint == batch_fingerprint(expected)
+            if sb.step == steps - 1:
+                break
+    # one read per step, every row once, even where replicas (model axis, unsharded batch) hold the same rows
+    for step, read in enumerate(dataset.reads[:steps]):
+        offset, size = schedule.offset(step), schedule.batch_size(step)
+        assert np.array_equal(read, np.arange(offset, offset + size))
+
+
+def test_fingerprints_follow_content_not_layout(train):
+    batch = train.get_batch(np.arange(64))
+    reference = batch_fingerprint(batch)
+    halves = np.concatenate([row_digests(train.get_batch(np.arange(32))), row_digests(train.get_batch(np.arange(32, 64)))])
+    assert combine(halves, SEQ_LEN) == reference and len(reference) == 32
+    for field, change in [("tokens", (3, 5)), ("loss_mask", (0, 0)), ("segment_ids", (63, 127)), ("source_ids", (7,))]:
+        other = dataclasses.replace(batch, **{field: getattr(batch, field).copy()})
+        getattr(other, field)[change] = ~getattr(other, field)[change] if field == "loss_mask" else getattr(other, field)[change] + 1
+        assert batch_fingerprint(other) != reference, field
+    swapped = TokenBatch(*(getattr(batch, f)[[1, 0, *range(2, 64)]] for f in FIELDS))
+    assert batch_fingerprint(swapped) != reference
+
+
+def test_resume_at_any_step_equals_continuing_and_random_access(train):
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    ramp = [(0, 8), (3, 16), (7, 24)]
+    with DataLoader(train, ramp, mesh, {"batch": "data"}, fingerprint=True) as loader:
+        run = [(sb.step, sb.fingerprint, np.asarray(sb.batch.tokens.array)) for sb, _ in zip(loader, range(12))]
+        assert [step for step, _, _ in run] == list(range(12))
+        assert len({fp for _, fp, _ in run}) == 12
+        for start in np.random.default_rng(0).choice(12, size=4, replace=False).tolist():
+            with loader.iter_from_step(start) as it:
+                resumed = [(sb.step, sb.fingerprint, np.asarray(sb.batch.tokens.array)) for sb, _ in zip(it, range(12 - start))]
+            for (s1, f1, t1), (s2, f2, t2) in zip(run[start:], resumed, strict=True):
+                assert s1 == s2 and f1 == f2 and np.array_equal(t1, t2)
+        for step in (11, 0, 5):
+            assert loader[step].fingerprint == loader.batch(step).fingerprint == run[step][1]
+
+
+def test_prefetch_depth_changes_nothing(train):
+    mesh = jax.make_mesh((2, 2, 2), ("replica", "data", "model"))
+    runs = []
+    for depth in (0, 1, 4):
+        with DataLoader(train, 16, mesh, {"batch": ("replica", "data")}, prefetch=depth, fingerprint=True) as loader:
+            runs.append([(sb.fingerprint, np.asarray(sb.batch.loss_mask.array)) for sb, _ in zip(loader, range(8))])
+    for other in runs[1:]:
+        assert all(a[0] == b[0] and np.array_equal(a[1], b[1]) for a, b in zip(runs[0], other))
+
+
+class HeldDataset(Wrapped):
+    """Reads of examples from ``held_from`` on wait until ``release`` is set (and fail after 10 s)."""
+
+    def __init__(self, base, held_from: int):
+        super().__init__(base)
+        self.held_from = held_from
+        self.release = threading.Event()
+
+    def read(self, indices) -> Pending[TokenBatch]:
+        if np.max(indices) >= self.held_from and not self.release.wait(10):
+            raise TimeoutError("held read was never released")
+        return self.base.read(indices)
+
+
+@pytest.mark.timeout(60)
+def test_first_batch_is_not_held_back_by_a_deep_prefetch(train):
+    dataset = HeldDataset(train, 16)
+    with DataLoader(dataset, 16, jax.make_mesh((8,), ("data",)), {"batch": "data"}, prefetch=8) as loader:
+        it = iter(loader)
+        start = time.monotonic()
+        assert next(it).step == 0  # while the read of step 1 is still held
+        assert time.monotonic() - start < 5 and not dataset.release.is_set()
+        dataset.release.set()
+        assert [next(it).step for _ in range(3)] == [1, 2, 3]
+
+
+def test_fingerprints_are_off_by_default_and_then_nothing_is_hashed(train, monkeypatch):
+    def refuse(batch):
+        raise AssertionError("rows were hashed with fingerprints off")
+
+    monkeypatch.setattr("tokenmix.loader.loader.row_digests", refuse)
+    mesh = jax.make_mesh((8,), ("data",))
+    with DataLoader(train, 16, mesh, {"batch": "data"}) as loader:
+        assert loader.batch(0).fingerprint is None
+        assert [sb.fingerprint for sb, _ in zip(loader, range(3))] == [None] * 3
+
+
+class FailingDataset(Wrapped):
+    """Reads fail for examples in ``[lo, hi)``."""
+
+    def __init__(self, base, lo: int, hi: int):
+        super().__init__(base)
+        self.lo, self.hi = lo, hi
+
+    def read(self, indices) -> Pending[TokenBatch]:
+        idx = np.asarray(indices)
+        if np.any((idx >= self.lo) & (idx < self.hi)):
+            raise OSError("simulated disk failure")
+        return self.base.read(indices)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("prefetch", [0, 3])
+def test_read_errors_reach_the_consumer_naming_step_sources_and_indices(train, prefetch):
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    loader = DataLoader(FailingDataset(train, 3 * 16 + 5, 3 * 16 + 6), 16, mesh, {"batch": "data"}, prefetch=prefetch)
+    it = iter(loader)
+    assert [next(it).step for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(LoaderError) as info:
+        next(it)
+    error = info.value
+    assert error.step == 3 and np.array_equal(error.indices, np.arange(48, 64))
+    message = str(error)
+    assert message.startswith("step 3: loading examples [48, 64) (16 rows")
+    assert "simulated disk failure" in message and "iter_from_step(3)" in message
+    located, _ = train.locate(np.arange(48, 64))
+    counts = np.bincount(located, minlength=len(train.names))
+    assert error.sources == [f"{name} ({n} row{'' if n == 1 else 's'})" for name, n in zip(train.names, counts.tolist()) if n]
+    assert all(source in message for source in error.sources)
+    assert isinstance(error.__cause__, OSError)
+    with pytest.raises(StopIteration):
+        next(it)
+    assert not loader_threads()
+
+
+@pytest.mark.timeout(60)
+def test_shutdown_leaves_no_thread(train):
+    mesh = jax.make_mesh((8,), ("data",))
+    loader = DataLoader(train, 16, mesh, {"batch": "data"}, prefetch=4)
+    it = loader.iter_from_step(0)
+    next(it)
+    assert loader_threads()  # the prefetch thread is filling its queue
+    it.close()
+    assert not loader_threads()
+    it = iter(loader)
+    next(it)
+    del it  # abandoned iterator: garbage collection stops its thread
+    gc.collect()
+    assert not loader_threads()
+    with loader:
+        for sb in loader:
+            if sb.step == 2:
+                break
+        kept = loader.iter_from_step(5)  # still referenced: the loader's close stops it
+        next(kept)
+    assert not loader_threads()
+    with pytest.raises(StopIteration):
+        next(kept)
+    with pytest.raises(RuntimeError, match="is closed"):
+        iter(loader)
+
+
+class GrowingDataset(Wrapped):
+    """A finite dataset whose readable length grows (a cache still building), then becomes final."""
+
+    def __init__(self, base, length: int):
+        super().__init__(base)
+        self.length = length
+        self.finished = False
+
+    def is_finite(self) -> bool:
+        return True
+
+    def current_len(self) -> int:
+        return self.length
+
+    def final_len(self) -> int | None:
+        return self.length if self.finished else None
+
+    def read(self, indices) -> Pending[TokenBatch]:
+        assert np.max(indices) < self.length, "the loader read past the readable length"
+        return self.base.read(indices)
+
+
+@pytest.mark.timeout(60)
+def test_loader_waits_for_a_growing_cache_and_says_why(train, caplog):
+    mesh = jax.make_mesh((8,), ("data",))
+    dataset = GrowingDataset(train, 40)
+
+    def grow() -> None:
+        while dataset.length < 170:
+            time.sleep(0.05)
+            dataset.length += 10
+        dataset.finished = True
+
+    grower = threading.Thread(target=grow)
+    with caplog.at_level(logging.INFO, logger="tokenmix.loader"), DataLoader(dataset, 16, mesh, {"batch": "data"}, fingerprint=True) as loader:
+        grower.start()
+        seen = [(sb.step, sb.fingerprint) for sb in loader]
+    grower.join()
+    assert [step for step, _ in seen] == list(range(10))  # 170 examples: 10 full batches of 16, the last 10 examples unused
+    assert all(fp == batch_fingerprint(train.get_batch(np.arange(16 * s, 16 * s + 16))) for s, fp in seen)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("step 2 needs examples up to 48; GrowingDataset(") and "has 40 so far" in m for m in messages)
+    assert any("step 10 needs examples [160, 176)" in m and "last full batch is step 9" in m for m in messages)
+    assert loader.num_steps() == 10
+
+
+@pytest.mark.timeout(60)
+def test_close_while_waiting_for_a_cache_returns_promptly(train):
+    mesh = jax.make_mesh((8,), ("data",))
+    loader = DataLoader(GrowingDataset(train, 8), 16, mesh, {"batch": "data"})
+    it = iter(loader)
+    time.sleep(0.3)
+    start = time.monotonic()
+    it.close()
+    assert time.monotonic() - start < 1.0 and not loader_threads()
+
+
+def test_finite_dataset_stops_at_its_last_full_batch(train):
+    webster = train.source("webster").base  # one cache as token windows: finite
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with DataLoader(webster, 64, mesh, {"batch": ("data", "model")}) as loader:
+        n = loader.num_steps()
+        assert n == len(webster) // 64 and len(webster) % 64  # a partial batch is left over
+        steps = [sb.step for sb in loader.iter_from_step(n - 3)]
+        assert steps == [n - 3, n - 2, n - 1]
+        assert np.array_equal(np.asarray(loader.batch(n - 1).batch.tokens.array), webster.get_batch(np.arange((n - 1) * 64, n * 64)).tokens)
+        past = rf"step {n} needs examples \[{n * 64}, {n * 64 + 64}\) .* has {len(webster)}: its last full batch is step {n - 1}"
+        with pytest.raises(IndexError, match=past):
+            loader.batch(n)
+
+
+def test_batches_that_do_not_fit_the_mesh_are_refused_naming_step_size_and_axes(train, config_path):
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with pytest.raises(ValueError, match=r"batch_size \(the stage from step 5\): batch size 12 is not divisible by 8.*\('data', 'model'\)"):
+        DataLoader(train, [(0, 16), (5, 12)], mesh, {"batch": ("data", "model")})
+    with pytest.raises(ValueError, match=r"axis_mapping\['batch'\] names mesh axis 'dta', but the mesh's axes are \('data', 'model'\)"):
+        DataLoader(train, 16, mesh, {"batch": "dta"})
+    with pytest.raises(ValueError, match="mesh axis 'model' is used by both 'batch' and 'position'"):
+        DataLoader(train, 16, mesh, {"batch": ("data", "model"), "position": "model"})
+    odd = mixture_config(config_path).train_set(100)
+    with pytest.raises(ValueError, match="seq_len 100 is not divisible by 8"):
+        DataLoader(odd, 16, jax.make_mesh((8,), ("data",)), {"position": "data"})
+    with pytest.raises(ValueError, match="prefetch must be an int >= 0"):
+        DataLoader(train, 16, mesh, {"batch": "data"}, prefetch=-1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(300)
+def test_two_processes_read_only_their_rows_and_see_the_single_process_batches(train, config_path, tmp_path):
+    port = free_port()
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    procs = [
+        subprocess.Popen([sys.executable, str(TESTS / "loader_worker.py"), str(i), str(port), str(config_path), str(tmp_path)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for i in range(2)
+    ]
+    outputs = []
+    deadline = time.monotonic() + 240
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+    finally:
+        for p in procs:
+            p.kill()
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out[-4000:]
+    reports = [json.loads((tmp_path / f"report-{i}.json").read_text()) for i in range(2)]
+    BATCH, STEPS = loader_worker.BATCH, loader_worker.STEPS
+    expected = [train.get_batch(np.arange(s * BATCH, (s + 1) * BATCH)) for s in range(STEPS)]
+    for case, (shape, names, mapping) in loader_worker.MESH_CASES.items():
+        with DataLoader(train, BATCH, jax.make_mesh(shape, names), mapping, fingerprint=True) as single:
+            single_fps = [sb.fingerprint for sb, _ in zip(single, range(STEPS))]
+        assert single_fps == [batch_fingerprint(e) for e in expected]
+        for i in range(2):
+            assert reports[i][case]["fingerprints"] == single_fps, case
+            gathered = np.load(tmp_path / f"{case}-{i}.npz")
+            for field in FIELDS:
+                assert np.array_equal(gathered[field], np.stack([getattr(e, field) for e in expected])), (case, field)
+        for step in range(STEPS):
+            rows = [np.array(reports[i][case]["reads"][step]) - step * BATCH for i in range(2)]
+            if case == "batch_within_process":  # the batch is split inside each process: each reads every row, once
+                assert all(np.array_equal(r, np.arange(BATCH)) for r in rows)
+            else:  # each process reads only its half, once
+                assert all(len(r) == BATCH // 2 and len(np.unique(r)) == len(r) for r in rows), case
+                assert np.array_equal(np.sort(np.concatenate(rows)), np.arange(BATCH)), case
