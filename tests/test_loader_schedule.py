@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -63,3 +64,11 @@ def test_bad_schedules_are_refused_naming_the_field(spec, message):
 def test_negative_steps_are_refused():
     with pytest.raises(ValueError, match="step must be an int >= 0, got -1"):
         BatchSchedule.of(8).offset(-1)
+
+
+def test_numpy_integer_steps_are_steps():
+    ramp = BatchSchedule.of([(0, 8), (10, 16)])
+    assert ramp.offset(np.int64(12)) == ramp.offset(12) == 80 + 32 and isinstance(ramp.offset(np.int32(12)), int)
+    assert ramp.batch_size(np.uint8(10)) == 16
+    with pytest.raises(ValueError, match="step must be an int"):
+        ramp.offset(1.0)

@@ -1,30 +1,30 @@
 """Batch fingerprints: a short hash of a global batch's content that any topology computes the same.
 
-Definition (version 1):
+Definition (version 2):
 
-* a row's digest is ``blake2b(digest_size=16, person=b"tokenmix-row1")`` over the row's ``tokens``
-  (int32, little-endian), ``loss_mask`` (one byte per position, 0/1), ``segment_ids`` (int32,
-  little-endian) and ``source_id`` (int32, little-endian), in that order;
-* the batch fingerprint is the hex of ``blake2b(digest_size=16, person=b"tokenmix-batch1")`` over
-  the batch shape (rows, positions as two little-endian int64) followed by every row digest in global
-  row order.
+* a row's digest is XXH3-128 (seed 0) over ``b"tokenmix-row2"`` and then the row's ``tokens`` (int32,
+  little-endian), ``loss_mask`` (one byte per position, 0/1), ``segment_ids`` (int32, little-endian)
+  and ``source_id`` (int32, little-endian), in that order;
+* the batch fingerprint is the hex of XXH3-128 over ``b"tokenmix-batch2"``, the batch shape (rows,
+  positions as two little-endian int64) and every row digest in global row order.
 
-Hashing per row first is what makes it cheap on many hosts: each process hashes only the rows it
-read, and only the 16-byte row digests travel (the loader gathers them across processes); the result
-does not depend on how rows were split between devices or processes.
+The fingerprint proves two runs saw the same data; it guards against accidents, not adversaries, so
+a fast non-cryptographic 128-bit hash does (XXH3 hashes a 64 x 2048 batch in ~0.05 ms, blake2b in
+~1 ms). Hashing per row first is what makes it cheap on many hosts: each process hashes only the
+rows it read, and only the 16-byte row digests travel (the loader gathers them across processes); the
+result does not depend on how rows were split between devices or processes.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
+import xxhash
 
 from tokenmix.datasets.base import TokenBatch
 
 DIGEST_BYTES = 16
-_ROW_PERSON = b"tokenmix-row1"
-_BATCH_PERSON = b"tokenmix-batch1"
+_ROW_PREFIX = b"tokenmix-row2"
+_BATCH_PREFIX = b"tokenmix-batch2"
 
 
 def row_digests(batch: TokenBatch) -> np.ndarray:
@@ -35,7 +35,8 @@ def row_digests(batch: TokenBatch) -> np.ndarray:
     sources = np.ascontiguousarray(batch.source_ids, dtype="<i4")
     out = np.empty((len(tokens), DIGEST_BYTES), np.uint8)
     for r in range(len(tokens)):
-        h = hashlib.blake2b(tokens[r], digest_size=DIGEST_BYTES, person=_ROW_PERSON)
+        h = xxhash.xxh3_128(_ROW_PREFIX)
+        h.update(tokens[r])
         h.update(mask[r])
         h.update(segments[r])
         h.update(sources[r : r + 1])
@@ -48,7 +49,8 @@ def combine(digests: np.ndarray, seq_len: int) -> str:
     digests = np.ascontiguousarray(digests, np.uint8)
     if digests.ndim != 2 or digests.shape[1] != DIGEST_BYTES:
         raise ValueError(f"row digests must be a (rows, {DIGEST_BYTES}) uint8 array, got shape {digests.shape}")
-    h = hashlib.blake2b(np.array([len(digests), seq_len], "<i8").tobytes(), digest_size=DIGEST_BYTES, person=_BATCH_PERSON)
+    h = xxhash.xxh3_128(_BATCH_PREFIX)
+    h.update(np.array([len(digests), seq_len], "<i8").tobytes())
     h.update(digests)
     return h.hexdigest()
 

@@ -9,6 +9,7 @@ is immediate and a ramp neither skips nor repeats an example.
 from __future__ import annotations
 
 import bisect
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -64,9 +65,9 @@ class BatchSchedule:
         return BatchSchedule(tuple(tuple(stage) for stage in spec))
 
     def _stage(self, step: int) -> int:
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        if not isinstance(step, numbers.Integral) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
-        return bisect.bisect_right(self._starts, step) - 1
+        return bisect.bisect_right(self._starts, int(step)) - 1
 
     def batch_size(self, step: int) -> int:
         """The number of examples step ``step`` takes."""
@@ -76,7 +77,7 @@ class BatchSchedule:
         """The global example index of step ``step``'s first row: the batch sizes of steps 0..step-1 summed."""
         i = self._stage(step)
         start, size = self.stages[i]
-        return self._offsets[i] + (step - start) * size
+        return self._offsets[i] + (int(step) - start) * size
 
     def steps_within(self, num_examples: int) -> int:
         """How many whole steps fit in the first ``num_examples`` examples (a finite dataset's last full batch)."""
