@@ -19,11 +19,12 @@ from tokenmix.sources.shards import FileShard
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# the mesh tests want 8 fake CPU devices; the flag only works before JAX starts, and conftest runs first
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = str(REPO / "data" / "tokenizer")
 DEMO_CORPUS = REPO / "data" / "demo"
-SHARED_CORPUS = REPO.parent / "shared" / "corpus"
 
 
 def read_jsonl_zst(path: Path) -> list[dict[str, Any]]:
