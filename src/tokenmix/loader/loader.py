@@ -26,10 +26,10 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from tokenmix.datasets.base import Dataset, TokenBatch
+from tokenmix.datasets.batch_schedule import BatchSchedule, BatchSizeSpec
 from tokenmix.loader.batch import LmBatch, StepBatch
 from tokenmix.loader.fingerprint import combine, row_digests
 from tokenmix.loader.prefetch import END, Prefetcher
-from tokenmix.loader.schedule import BatchSchedule, BatchSizeSpec
 from tokenmix.loader.sharding import AxisMapping, BatchLayout
 from tokenmix.waiting import POLL_MAX_S, POLL_START_S
 
