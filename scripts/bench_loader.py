@@ -80,11 +80,15 @@ def main() -> None:
     parser.add_argument("--seq_len", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--platform", choices=("cpu", "gpu"), default="cpu",
+                        help="cpu: a (4, 2) mesh of 8 fake CPU devices; gpu: the machine's GPUs as a (n, 1) mesh")
     args = parser.parse_args()
     config = load_data_config(args.config_path, [])
     build_caches(config, progress=False)
-    mesh = jax.make_mesh((4, 2), ("data", "model"))
-    jax.block_until_ready(jax.device_put(np.zeros(8), jax.devices()[0]))  # JAX's start-up is the training program's, not the loader's
+    devices = jax.devices(args.platform)
+    mesh_shape = (4, 2) if args.platform == "cpu" else (len(devices), 1)
+    mesh = jax.make_mesh(mesh_shape, ("data", "model"), devices=devices[: mesh_shape[0] * mesh_shape[1]])
+    jax.block_until_ready(jax.device_put(np.zeros(8), devices[0]))  # JAX's start-up is the training program's, not the loader's
 
     start = time.perf_counter()
     train = config.train_set(args.seq_len)
@@ -93,7 +97,7 @@ def main() -> None:
     jax.block_until_ready(first.batch)
     first_batch_s = time.perf_counter() - start
     print(f"time to first batch (open {len(train.names)} caches, build the mixture and the loader, read and place {args.batch} x {args.seq_len} "
-          f"on a (4, 2) mesh): {first_batch_s:.3f} s")
+          f"on a {mesh_shape} {args.platform} mesh): {first_batch_s:.3f} s")
 
     start_step, steps = 1, args.batches
     tokens = steps * args.batch * args.seq_len
