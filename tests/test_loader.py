@@ -23,13 +23,18 @@ import loader_worker
 import numpy as np
 import pytest
 import yaml
+from conftest import GatedShard, demo_urls, encoder_for
 from jax.sharding import NamedSharding, PartitionSpec
 from loader_helpers import SEQ_LEN, CountingDataset, Wrapped, mixture_yaml
 
+from tokenmix.cache.builder import BuildOptions, CacheBuilder
+from tokenmix.cache.reader import TokenCache
 from tokenmix.config import LMMixtureDatasetConfig, build_caches
 from tokenmix.datasets.base import Pending, TokenBatch
+from tokenmix.datasets.token_seq import TokenSeqDataset
 from tokenmix.loader import BatchSchedule, DataLoader, LoaderError, batch_fingerprint
 from tokenmix.loader.fingerprint import combine, row_digests
+from tokenmix.sources.shards import FileShard
 
 # Eight fake CPU devices. Pytest imports every test module before it runs any test, and nothing imports
 # a JAX backend at import time, so this runs before JAX starts (JAX refuses it afterwards, loudly).
@@ -308,6 +313,41 @@ def test_loader_waits_for_a_growing_cache_and_says_why(train, caplog):
     assert any(m.startswith("step 2 needs examples up to 48; GrowingDataset(") and "has 40 so far" in m for m in messages)
     assert any("step 10 needs examples [160, 176)" in m and "last full batch is step 9" in m for m in messages)
     assert loader.num_steps() == 10
+
+
+@pytest.mark.timeout(120)
+def test_loader_streams_a_real_cache_while_it_builds(tmp_path, caplog):
+    """A cache whose second shard is held back: the loader serves what is committed, says why it waits,
+    and once the build finishes ends at the last full batch with exactly the finished cache's batches."""
+    location = str(tmp_path / "growing")
+    spec, identity = encoder_for()
+    release = threading.Event()
+    shards = [GatedShard(FileShard(u), release if i == 1 else None) for i, u in enumerate(demo_urls("linux_doc"))]
+    builder = CacheBuilder(location, shards, spec, identity, BuildOptions(num_workers=0, chunk_bytes=1 << 13, commit_interval_s=0.0))
+    thread = threading.Thread(target=builder.build)
+    thread.start()
+    mesh = jax.make_mesh((8,), ("data",))
+    try:
+        while True:
+            try:
+                dataset = TokenSeqDataset(TokenCache(location), SEQ_LEN)
+                break
+            except FileNotFoundError:
+                time.sleep(0.01)
+        with caplog.at_level(logging.INFO, logger="tokenmix.loader"), DataLoader(dataset, 16, mesh, {"batch": "data"}) as loader:
+            it = iter(loader)
+            seen = [np.asarray(next(it).batch.tokens.array)]
+            assert dataset.final_len() is None, "the build must still be held at its second shard"
+            threading.Timer(0.5, release.set).start()
+            seen += [np.asarray(sb.batch.tokens.array) for sb in it]
+    finally:
+        release.set()
+        thread.join()
+    finished = TokenSeqDataset(TokenCache(location), SEQ_LEN)
+    assert len(seen) == len(finished) // 16 > 1
+    for step, tokens in enumerate(seen):
+        assert np.array_equal(tokens, finished.get_batch(np.arange(16 * step, 16 * step + 16)).tokens)
+    assert "waiting for its cache to grow" in caplog.text
 
 
 @pytest.mark.timeout(60)
