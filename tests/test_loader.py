@@ -128,6 +128,28 @@ def test_global_batches_and_shards_are_the_datasets_examples(train, shape, names
         assert np.array_equal(read, np.arange(offset, offset + size))
 
 
+def test_packed_sources_stream_through_the_loader_like_token_windows(config_path):
+    """A mixture with a packed source (whole documents, segment ids, padding of id -1 without loss) on a
+    mesh that splits positions too: the loader's batches are the mixture's examples."""
+    doc = yaml.safe_load(config_path.read_text())
+    doc["configs"]["webster"]["packing"] = {"max_segments_per_example": 4, "long_documents": "split"}
+    config = draccus.decode(LMMixtureDatasetConfig, doc)
+    train = config.train_set(SEQ_LEN)
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    webster = train.names.index("webster")
+    padded = 0
+    with DataLoader(train, 32, mesh, {"batch": "data", "position": "model"}) as loader:
+        for sb, _ in zip(loader, range(6)):
+            expected = train.get_batch(np.arange(sb.offset, sb.offset + 32))
+            for field, array in sb.batch.arrays().items():
+                assert np.array_equal(np.asarray(array), getattr(expected, field)), field
+            packed = expected.source_ids == webster
+            padding = expected.segment_ids[packed] == -1
+            assert not expected.loss_mask[packed][padding].any()
+            padded += int(padding.any(axis=1).sum())
+    assert padded > 0, "some packed examples should end in padding"
+
+
 def test_fingerprints_follow_content_not_layout(train):
     batch = train.get_batch(np.arange(64))
     reference = batch_fingerprint(batch)
