@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from tokenmix.cache.builder import BuildOptions, CacheBuilder
-from tokenmix.cache.pool import EncoderPool
 from tokenmix.cache.progress import TqdmProgress
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import join_location
@@ -333,12 +332,12 @@ def cache_targets(config: DataConfig, sources: list[str] | None = None) -> list[
 def build_caches(config: DataConfig, sources: list[str] | None = None, progress: bool = True) -> dict[tuple[str, str], dict[str, Any]]:
     """Build (or resume, or extend) every cache of the config; returns statistics per (source, split)."""
     results = {}
-    with EncoderPool(config.build.num_workers) as pool:
+    with config.build.executor.open(config.build.num_workers) as executor:
         for target in cache_targets(config, sources):
             logger.info("building %s/%s at %s from %d shards", target.source, target.split, target.location, len(target.shards))
             bar = TqdmProgress(f"{target.source}/{target.split}") if progress else None
             info = {"tokenizer": config.tokenizer, "source": target.source, "split": target.split}
-            builder = CacheBuilder(target.location, target.shards, target.spec, target.identity, config.build, bar, info, pool)
+            builder = CacheBuilder(target.location, target.shards, target.spec, target.identity, config.build, bar, info, executor)
             results[(target.source, target.split)] = builder.build()
     return results
 

@@ -1,25 +1,42 @@
-"""Building a cache: read shards in order, tokenize in a process pool, commit rows in order.
+"""Building a cache: tokenize in parallel, commit rows in listed-shard order.
 
-The driver reads shards in listed order and cuts them into chunks; worker processes tokenize
-chunks in parallel; the driver takes results back in submission order, writes them at the next
-free row, and commits (ledger, then ``offsets[0]``) every ``commit_interval_s``. So rows are in
-listed-shard order whatever the worker count, a killed build resumes from its ledger and
-rewrites exactly the bytes it would have written, and readers see only committed rows.
+With the local executor the driver reads shards in listed order and cuts them into chunks; worker
+processes tokenize chunks in parallel; the driver takes results back in submission order, writes
+them at the next free row, and commits (ledger, then ``offsets[0]``) every ``commit_interval_s``.
+On a cluster (Ray, Dask) each task reads and encodes a whole shard and stages its tokens under the
+cache (``shard_task.py``); the driver takes finished shards in listed order, appends their staged
+chunks the same way and retries failed tasks. Either way rows are in listed-shard order whatever the
+worker count, a killed build resumes from its ledger and rewrites exactly the bytes it would have
+written, and readers see only committed rows.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import pickle
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tokenmix.cache.executor import ClusterExecutor, ExecutorConfig, LocalExecutorConfig, TaskFuture
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, ShardProgress
 from tokenmix.cache.pool import Completed, EncoderPool
-from tokenmix.cache.progress import BuildProgress
+from tokenmix.cache.progress import BuildProgress, ClusterRates
+from tokenmix.cache.shard_task import (
+    ShardJob,
+    ShardResult,
+    clear_staging,
+    delete_staging,
+    portable,
+    portable_location,
+    run_shard,
+    staged_chunks,
+)
 from tokenmix.cache.stats import STATS_FILE, compute_stats
 from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments
 from tokenmix.formats.encoder import EncodedChunk, EncoderSpec
@@ -34,7 +51,8 @@ class BuildOptions:
     """How a cache is built; none of these change the cache's contents."""
 
     num_workers: int | None = None
-    """Tokenizing processes; None means one per core. 0 tokenizes in the driver process."""
+    """Tokenizing processes; None means one per core. 0 tokenizes in the driver process. With a ray or dask executor
+    and no address: the size of the local cluster it starts (ignored when connecting to a cluster)."""
     on_error: Literal["raise", "skip"] = "raise"
     """``raise`` stops at the first bad record naming file, line and reason; ``skip`` counts it. Records a format
     filters out on purpose (``too_long``, ``too_short``) are counted under either policy."""
@@ -44,16 +62,39 @@ class BuildOptions:
     """Seconds between commits; each commit makes the rows so far visible and resumable."""
     log_skipped: int = 5
     """How many skipped records are logged one by one (all are counted)."""
+    executor: ExecutorConfig = field(default_factory=LocalExecutorConfig)
+    """Where the tokenizing runs: ``{type: local}`` (default), ``{type: ray, address: ...}`` or ``{type: dask, address: ...}``."""
+
+    def __post_init__(self) -> None:
+        if self.num_workers == 0 and not isinstance(self.executor, LocalExecutorConfig):
+            raise ValueError(
+                f"build.num_workers: 0 tokenizes in the driver, which build.executor.type "
+                f"{ExecutorConfig.get_choice_name(type(self.executor))!r} cannot do; leave num_workers unset or set executor.type: local"
+            )
 
 
 class BadInputError(ValueError):
     """A bad record or unreadable shard under ``on_error: raise``."""
 
 
+class ShardTaskError(RuntimeError):
+    """A shard's task failed on every try on the cluster (worker lost, storage error, ...)."""
+
+
 @dataclass
 class _ShardEnd:
     index: int
     error: ShardReadError | None
+
+
+@dataclass
+class _ShardTask:
+    """A shard submitted to a cluster: its job, how many tries failed before it, and its result once fetched."""
+
+    job: ShardJob
+    failures: int
+    future: TaskFuture
+    result: ShardResult | None = None
 
 
 class CacheBuilder:
@@ -68,8 +109,9 @@ class CacheBuilder:
         options: BuildOptions = BuildOptions(),
         progress: BuildProgress | None = None,
         info: dict[str, Any] | None = None,
-        pool: EncoderPool | None = None,
+        executor: EncoderPool | ClusterExecutor | None = None,
     ):
+        """``executor``: a pool or cluster shared by several builds; None opens ``options.executor`` for this build."""
         self.location = location
         self.shards = list(shards)
         self.spec = spec
@@ -77,16 +119,19 @@ class CacheBuilder:
         self.options = options
         self.progress = progress
         self.info = info or {}
-        self.pool = pool
+        self.executor = executor
         self._docs = JsonDocuments(location)
         self._skips_logged = 0
         self._spans: JaggedArray | None = None
         self._span_values = 0
         """Where the next document's loss spans go in the spans array."""
+        self._last_commit = time.monotonic()
 
     def build(self) -> dict[str, Any]:
         """Run the build to the end and return the cache statistics."""
         started = time.monotonic()
+        if isinstance(self.executor, ClusterExecutor) or (self.executor is None and not isinstance(self.options.executor, LocalExecutorConfig)):
+            portable_location(self.location)  # refuses a location cluster workers cannot reach, before anything starts
         ledger = self._open_ledger()
         array = JaggedArray.open(self.location, TOKENS_ARRAY, self.spec.dtype, create=True)
         if self.spec.format.masks_loss:
@@ -96,6 +141,7 @@ class CacheBuilder:
         self._publish(ledger, array)
         resumed_rows = ledger.rows
         if not ledger.finished:
+            clear_staging(self.location)  # what tasks of an earlier, killed run left: never part of the cache
             if self.progress is not None:
                 self.progress.start(self._remaining_bytes(ledger))
             try:
@@ -127,12 +173,18 @@ class CacheBuilder:
         return ledger
 
     def _run(self, ledger: CacheLedger, array: JaggedArray) -> None:
+        if self.executor is not None:
+            self._run_on(self.executor, ledger, array)
+            return
+        with self.options.executor.open(self.options.num_workers) as executor:
+            self._run_on(executor, ledger, array)
+
+    def _run_on(self, executor: EncoderPool | ClusterExecutor, ledger: CacheLedger, array: JaggedArray) -> None:
+        if isinstance(executor, ClusterExecutor):
+            self._run_on_cluster(executor, ledger, array)
+            return
         try:
-            if self.pool is None:
-                with EncoderPool(self.options.num_workers) as pool:
-                    self._run_with(pool, ledger, array)
-            else:
-                self._run_with(self.pool, ledger, array)
+            self._run_with(executor, ledger, array)
         except BrokenProcessPool as e:
             raise RuntimeError(
                 "a tokenizing worker process died (out of memory, killed, or it could not start: a script that builds "
@@ -142,12 +194,11 @@ class CacheBuilder:
 
     def _run_with(self, pool: EncoderPool, ledger: CacheLedger, array: JaggedArray) -> None:
         pending_writes: list[Any] = []
-        last_commit = time.monotonic()
+        self._last_commit = time.monotonic()
         max_in_flight = 2 * max(pool.num_workers, 1) + 2
         in_flight: deque[tuple[int, Any]] = deque()
 
         def drain(until: int) -> None:
-            nonlocal last_commit
             while in_flight and (len(in_flight) > until or in_flight[0][1].done()):
                 index, future = in_flight.popleft()
                 result = future.result()
@@ -155,15 +206,105 @@ class CacheBuilder:
                     self._apply_shard_end(ledger, array, result, pending_writes)
                 else:
                     self._apply_chunk(ledger, array, index, result, pending_writes)
-                if time.monotonic() - last_commit >= self.options.commit_interval_s:
-                    self._commit(ledger, array, pending_writes)
-                    last_commit = time.monotonic()
+                self._maybe_commit(ledger, array, pending_writes)
 
         for index, event in self._read_events(ledger):
             in_flight.append((index, pool.submit(self.spec, event) if isinstance(event, RawChunk) else Completed(event)))
             drain(max_in_flight)
         drain(0)
         self._commit(ledger, array, pending_writes)
+
+    def _run_on_cluster(self, cluster: ClusterExecutor, ledger: CacheLedger, array: JaggedArray) -> None:
+        """Submit a task per unfinished shard (a bounded window ahead), retry failed ones, apply results in shard order."""
+        location = portable_location(self.location)
+        spec = cluster.share(self.spec)
+        spec_key = hashlib.sha256(pickle.dumps(self.spec)).hexdigest()[:16]
+        todo = deque(i for i, p in enumerate(ledger.shards) if not p.finished)
+        limit = cluster.in_flight_limit()
+        rates = ClusterRates(self.location, len(todo))
+        tasks: dict[int, _ShardTask] = {}
+        order: deque[int] = deque()
+        """Submitted shards not yet applied, in shard order: the head is the next to commit."""
+        failed: dict[int, str] = {}
+        cleanups: list[Any] = []
+        writes: list[Any] = []
+        self._last_commit = time.monotonic()
+        logger.info("%s: %d shards to build on %s, at most %d in flight", self.location, len(todo), cluster.name, limit)
+
+        def submit(index: int, failures: int) -> None:
+            job = ShardJob(index, portable(self.shards[index]), ledger.shards[index].position, location,
+                           f"{index:06d}-{uuid.uuid4().hex[:12]}", spec_key, self.options.chunk_bytes, self.options.on_error == "raise")
+            tasks[index] = _ShardTask(job, failures, cluster.submit(run_shard, job, spec))
+
+        try:
+            while True:
+                while todo and not failed and len(order) < limit:
+                    order.append(todo.popleft())
+                    submit(order[-1], 0)
+                if not order:
+                    break
+                head = order[0]
+                out = {id(t.future): (i, t) for i, t in tasks.items() if t.result is None and i not in failed}
+                head_ready = head in failed or tasks[head].result is not None
+                for future in cluster.finished([t.future for _, t in out.values()], timeout=0.0 if head_ready else 1.0):
+                    index, task = out[id(future)]
+                    try:
+                        task.result = future.result()
+                    except Exception as e:  # the engine's own types: a lost worker, a task error, a cancelled task
+                        cleanups.append(delete_staging(location, task.job.attempt))
+                        self._on_task_failure(cluster, index, task, e, failed, submit)
+                if head in failed:
+                    self._commit(ledger, array, writes)
+                    raise ShardTaskError(
+                        f"{self.shards[head].name}: its task failed {cluster.max_retries + 1} times on {cluster.name} "
+                        f"(build.executor.max_retries: {cluster.max_retries}); last error: {failed[head]}\n"
+                        f"The cache keeps the {ledger.rows} rows committed before it; re-run the build to resume at this "
+                        "shard, and raise build.executor.max_retries if workers are being lost (memory, preemption)."
+                    )
+                done = tasks[head].result
+                if done is not None:
+                    order.popleft()
+                    del tasks[head]
+                    self._apply_staged(ledger, array, done, location, writes)
+                    cleanups.append(delete_staging(location, done.attempt))
+                    rates.shard_done(done.worker, done.documents, done.tokens, done.seconds)
+                    cleanups = [c for c in cleanups if not c.done()]
+            self._commit(ledger, array, writes)
+        finally:
+            self._discard_staging(location, tasks.values(), cleanups)
+        rates.log()
+
+    def _discard_staging(self, location: str, tasks: Any, cleanups: list[Any]) -> None:
+        """Cancel tasks still out (after a failure) and remove the staging area; never masks the build's own error."""
+        for task in tasks:
+            task.future.cancel()
+        try:
+            for cleanup in cleanups:
+                cleanup.result()
+            clear_staging(location)
+        except Exception as e:  # storage errors while tidying up must not hide why the build stopped
+            logger.warning("%s: could not remove the staging area (the next build removes it): %s", location, e)
+
+    def _on_task_failure(self, cluster: ClusterExecutor, index: int, task: _ShardTask, error: Exception,
+                         failed: dict[int, str], submit: Any) -> None:
+        message = f"{type(error).__name__}: {error}"
+        name = self.shards[index].name
+        if task.failures < cluster.max_retries:
+            logger.warning("%s: try %d of %d failed on %s, retrying: %s", name, task.failures + 1, cluster.max_retries + 1,
+                           cluster.name, message)
+            submit(index, task.failures + 1)
+        else:
+            logger.error("%s: try %d of %d failed on %s: %s", name, task.failures + 1, cluster.max_retries + 1, cluster.name, message)
+            failed[index] = message
+
+    def _apply_staged(self, ledger: CacheLedger, array: JaggedArray, result: ShardResult, location: str, writes: list) -> None:
+        """Append a finished shard task's staged chunks as the local path appends encoded chunks, then end the shard."""
+        for chunk in staged_chunks(result, location):
+            self._apply_chunk(ledger, array, result.index, chunk, writes)
+            self._maybe_commit(ledger, array, writes)
+        if result.complete:
+            self._apply_shard_end(ledger, array, _ShardEnd(result.index, result.read_error(self.shards[result.index].name)), writes)
+            self._maybe_commit(ledger, array, writes)
 
     def _read_events(self, ledger: CacheLedger) -> Iterator[tuple[int, RawChunk | _ShardEnd]]:
         for index, (shard, progress) in enumerate(zip(self.shards, ledger.shards)):
@@ -234,6 +375,11 @@ class CacheBuilder:
             shard.skip(reason)
             shard.error = message
         shard.finished = True
+
+    def _maybe_commit(self, ledger: CacheLedger, array: JaggedArray, writes: list) -> None:
+        if time.monotonic() - self._last_commit >= self.options.commit_interval_s:
+            self._commit(ledger, array, writes)
+            self._last_commit = time.monotonic()
 
     def _commit(self, ledger: CacheLedger, array: JaggedArray, writes: list) -> None:
         for write in writes:

@@ -61,12 +61,17 @@ def _subspec(location: str, sub: str) -> dict[str, Any]:
     return spec
 
 
+def open_kvstore(location: str) -> ts.KvStore:
+    """The key-value store of a location: keys are paths relative to it, and each write replaces a key atomically."""
+    return ts.KvStore.open(kvstore_spec(location), context=_CONTEXT).result()
+
+
 class JsonDocuments:
     """Small JSON files beside the arrays (ledger, statistics); each write replaces a file atomically."""
 
     def __init__(self, location: str):
         self.location = location
-        self._kv = ts.KvStore.open(kvstore_spec(location), context=_CONTEXT).result()
+        self._kv = open_kvstore(location)
 
     def read(self, key: str) -> dict[str, Any] | None:
         result = self._kv.read(key).result()

@@ -3,6 +3,9 @@
 The YAML is a mixture config (it has ``configs:``), a single-dataset config, or either of those
 under a ``data:`` key (as in a Levanter training config; other sections are ignored). Overrides
 use draccus' dotted form: ``--cache_dir /tmp/c --build.on_error skip --build.num_workers 4``.
+
+On a cluster: ``--build.executor.type ray|dask`` with ``--build.executor.address ADDRESS`` (unset: a
+local Ray or Dask cluster), ``--build.executor.max_retries N`` and ``--build.executor.max_in_flight N``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import yaml
 from rich.table import Table
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from tokenmix.cache.builder import ShardTaskError
+from tokenmix.cache.executor import MissingExtraError
 from tokenmix.cli.console import make_console
 from tokenmix.config import (
     DataConfig,
@@ -81,7 +86,7 @@ def run(argv: list[str]) -> int:
         config = load_data_config(args.config_path, overrides)
         with logging_redirect_tqdm():
             results = build_caches(config, sources=args.source)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+    except (ConfigError, ValueError, FileNotFoundError, MissingExtraError, ConnectionError, ShardTaskError) as e:
         logger.error("%s", e)
         return 1
     make_console().print(summary_table(results))
