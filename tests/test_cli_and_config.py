@@ -58,6 +58,21 @@ def test_cli_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path):
     assert main(["no-such-command"]) == 2
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("stop_strategy", "bogus", "stop_strategy: expected one of ('restart', 'first_exhausted', 'all_exhausted'), got 'bogus'"),
+    ("mixture_block_size", "abc", "`mixture_block_size`: Couldn't parse 'abc' into an int"),
+])
+def test_config_errors_show_the_message_that_names_the_field(tmp_path, field, value, message):
+    """draccus wraps a config's own error in "Couldn't instantiate class ..."; the user must still see what to fix."""
+    doc = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
+    doc[field] = value
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError) as info:
+        load_data_config(str(path))
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
 def test_levanter_mixture_yaml_parses_with_formats(tmp_path):
     doc = {
         "configs": {

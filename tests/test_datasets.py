@@ -12,6 +12,7 @@ import yaml
 from conftest import DEMO_CORPUS, TOKENIZER, build
 
 from tokenmix.cache.reader import TokenCache
+from tokenmix.cli.build_cache import ConfigError, load_data_config
 from tokenmix.config import LMMixtureDatasetConfig, build_caches
 from tokenmix.datasets.token_seq import TokenSeqDataset
 
@@ -93,6 +94,21 @@ def test_mixture_yaml_with_stages_produces_the_mixture_it_describes(mixture_conf
         if mine.any():
             direct = source.get_batch(draws[mine])
             assert np.array_equal(direct.tokens, second.tokens[:64][mine])
+
+
+def test_weight_stages_start_where_a_batch_size_ramp_puts_their_step(tmp_path):
+    """With a ramp, stage steps become example indices through the loader's own schedule, not step * size."""
+    doc = yaml.safe_load(MIXTURE_YAML.replace("CACHE", "unused"))
+    doc["batch_size"] = [[0, 8], [10, 32]]
+    doc["train_weights"] = [[0, {"linux_doc": 1.0}], [5, {"python_doc": 1.0}], [30, {"webster": 1.0}]]
+    config = draccus.decode(LMMixtureDatasetConfig, doc)
+    schedule = config.batch_schedule()
+    assert [start for start, _ in config.weight_schedule()] == [0, 40, 8 * 10 + 32 * 20] == [schedule.offset(s) for s in (0, 5, 30)]
+    doc["batch_size"] = [[0, 8], [0, 32]]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="batch_size: stage start steps must increase, got 0 then 0"):
+        load_data_config(str(bad))
 
 
 def test_training_batches_are_deterministic_and_resumable(mixture_config):

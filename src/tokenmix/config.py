@@ -19,6 +19,7 @@ from tokenmix.cache.progress import TqdmProgress
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import join_location
 from tokenmix.datasets.base import Dataset
+from tokenmix.datasets.batch_schedule import BatchSchedule
 from tokenmix.datasets.holdout import held_out_documents, kept_documents
 from tokenmix.datasets.mixture import STOP_STRATEGIES, MixtureDataset, normalize_schedule
 from tokenmix.datasets.order import check_shuffle
@@ -173,8 +174,9 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     train_weights: dict[str, float] | list[tuple[int, dict[str, float]]] = field(default_factory=dict)
     """A weight per source, or ``[[start_step, {source: weight}], ...]`` stages (steps, not examples);
     missing sources weigh 0, a source with weight 0 everywhere is evaluation-only; empty: equal weights."""
-    batch_size: int | None = None
-    """Training batch size; turns stage start steps into example indices (needed with stages)."""
+    batch_size: int | list[tuple[int, int]] | None = None
+    """Training batch size, or a ramp ``[[start_step, batch_size], ...]`` as the loader takes it; turns stage start
+    steps into example indices (needed with stages), through the same schedule the loader uses."""
     mixture_block_size: int = 2048
     """Examples per block; every block holds its exact per-source counts."""
     shuffle: bool | int = True
@@ -192,6 +194,7 @@ class LMMixtureDatasetConfig(TokenizationConfig):
         if self.stop_strategy not in STOP_STRATEGIES:
             raise ValueError(f"stop_strategy: expected one of {STOP_STRATEGIES}, got {self.stop_strategy!r}")
         check_shuffle(self.shuffle, "mixture config")
+        self.batch_schedule()  # refuses a bad ramp, naming `batch_size`
         if self.train_weights:
             normalize_schedule(self._weights_in_steps(), names)
         if isinstance(self.train_weights, list) and len(self.train_weights) > 1 and not self.batch_size:
@@ -218,11 +221,19 @@ class LMMixtureDatasetConfig(TokenizationConfig):
             return self.train_weights
         return [(int(step), dict(w)) for step, w in self.train_weights]
 
+    def batch_schedule(self) -> BatchSchedule | None:
+        """The batch sizes by step (``batch_size``), or None when it is not set."""
+        if self.batch_size is None:
+            return None
+        spec = self.batch_size if isinstance(self.batch_size, int) else [tuple(stage) for stage in self.batch_size]
+        return BatchSchedule.of(spec)
+
     def weight_schedule(self) -> list[tuple[int, dict[str, float]]]:
-        """The weight stages with starts in example indices (step * batch_size)."""
+        """The weight stages with starts in example indices: the first example of each stage's start step."""
         weights = self._weights_in_steps() or {name: 1.0 for name in self.configs}
         stages = normalize_schedule(weights, list(self.configs))
-        return [(step * (self.batch_size or 1), w) for step, w in stages]
+        schedule = self.batch_schedule() or BatchSchedule.constant(1)
+        return [(schedule.offset(step), w) for step, w in stages]
 
     def _examples(self, name: str, cache: TokenCache, seq_len: int, source_id: int, documents: np.ndarray | None = None) -> Dataset:
         """A source's examples: packed documents, or windows of its token stream (see ``packing_options``)."""

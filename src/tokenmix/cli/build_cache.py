@@ -57,9 +57,19 @@ def load_data_config(config_path: str, overrides: list[str] | None = None) -> Da
     try:
         return draccus.parse(config_class=cls, config_path=tmp.name, args=list(overrides or []))
     except (draccus.utils.ParsingError, TypeError, ValueError) as e:
-        raise ConfigError(f"{config_path} does not parse as {cls.__name__}: {e}") from None
+        raise ConfigError(f"{config_path} does not parse as {cls.__name__}: {_explain(e)}") from None
     finally:
         os.unlink(tmp.name)
+
+
+def _explain(error: BaseException) -> str:
+    """The error with the one at the bottom of its chain: draccus wraps a config's own message (which names
+    the field and the fix) in "Couldn't instantiate class ...", and names the field of a bad value only outside."""
+    inner = error
+    while (inner.__cause__ or inner.__context__) is not None:
+        inner = inner.__cause__ or inner.__context__  # type: ignore[assignment]
+    outer, detail = str(error).strip(), str(inner).strip()
+    return outer if inner is error or detail in outer else f"{outer.rstrip('.')}: {detail}"
 
 
 def summary_table(results: dict[tuple[str, str], dict[str, Any]]) -> Table:
