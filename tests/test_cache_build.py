@@ -95,11 +95,11 @@ def test_reading_while_building_sees_a_growing_committed_prefix(tmp_path, demo_d
 
 def test_a_finished_cache_rebuild_is_a_no_op(tmp_path):
     location = str(tmp_path / "c")
-    build(location, demo_urls("webster"))
-    before = cache_bytes(location)
+    first = build(location, demo_urls("webster"))
+    before = {name: (tmp_path / "c" / name).read_bytes() for name in ("ledger.json", "stats.json")}
     stats = build(location, demo_urls("webster"))
-    assert stats["build"]["resumed_at_row"] == stats["documents"]
-    assert cache_bytes(location) == before
+    assert stats == first and stats["build"]["resumed_at_row"] == 0 and stats["build"]["tokens_this_run"] == stats["tokens"]
+    assert {name: (tmp_path / "c" / name).read_bytes() for name in before} == before  # not even rewritten
 
 
 def test_appending_shards_extends_without_redoing(tmp_path):

@@ -128,11 +128,15 @@ class CacheBuilder:
         self._last_commit = time.monotonic()
 
     def build(self) -> dict[str, Any]:
-        """Run the build to the end and return the cache statistics."""
+        """Run the build to the end and return the cache statistics (a finished cache is left untouched)."""
         started = time.monotonic()
         if isinstance(self.executor, ClusterExecutor) or (self.executor is None and not isinstance(self.options.executor, LocalExecutorConfig)):
             portable_location(self.location)  # refuses a location cluster workers cannot reach, before anything starts
         ledger = self._open_ledger()
+        if ledger.finished:
+            stats = self._docs.read(STATS_FILE)
+            if stats is not None:  # nothing to build: keep the record of the build that made the cache
+                return stats
         array = JaggedArray.open(self.location, TOKENS_ARRAY, self.spec.dtype, create=True)
         if self.spec.format.masks_loss:
             self._spans = JaggedArray.open(self.location, LOSS_SPANS_ARRAY, "int64", create=True)
