@@ -12,15 +12,14 @@ Run from the repository root:  .venv/bin/python scripts/bench_datasets.py
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
 import tracemalloc
 
 import numpy as np
+from memmap_baseline import memmap_gather
 
-from tokenmix.cache.reader import TokenCache
 from tokenmix.cli.build_cache import load_data_config
 from tokenmix.config import build_caches
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch
@@ -99,28 +98,15 @@ def bench_throughput(config_path: str, batches: int, seq_len: int, batch: int) -
     first_batch_s = time.perf_counter() - start
     print(f"time to first batch (open {len(train.names)} caches, build mixture, read {batch} x {seq_len}): {first_batch_s:.3f} s")
 
-    # the same windows, as (source name, example index) pairs, for the memmap baseline
     index = np.arange(batch, batch * (batches + 1))
-    ids, draws = train.locate(index)
-    windows = np.empty(len(index), np.int64)
-    for sid, name in enumerate(train.names):
-        mine = ids == sid
-        if mine.any():
-            windows[mine] = train.source(name).order_for(draws[mine])(draws[mine])
     with tempfile.TemporaryDirectory() as tmp:
-        maps = []
-        for name in train.names:
-            cache = TokenCache(config.cache_location(name, "train"))
-            path = os.path.join(tmp, f"{name}.npy")
-            np.save(path, cache.read_tokens(0, cache.num_tokens()))
-            maps.append(np.load(path, mmap_mode="r"))
+        gather = memmap_gather(config, train, index, seq_len, tmp)
 
         def ours(step: int) -> np.ndarray:
             return train.get_batch(index[step * batch : (step + 1) * batch]).tokens
 
         def memmap(step: int) -> np.ndarray:
-            sl = slice(step * batch, (step + 1) * batch)
-            return np.stack([maps[s][w * seq_len : (w + 1) * seq_len] for s, w in zip(ids[sl], windows[sl])]).astype(np.int32)
+            return gather(index[step * batch : (step + 1) * batch])
 
         assert np.array_equal(ours(0), memmap(0)), "the benchmark must gather the same tokens"
         results = {}

@@ -21,7 +21,6 @@ Run from the repository root:  .venv/bin/python scripts/bench_loader.py
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,38 +30,13 @@ import jax
 jax.config.update("jax_num_cpu_devices", 8)  # before JAX starts a backend
 
 import numpy as np  # noqa: E402 - after the device count, by intent
+from memmap_baseline import memmap_gather  # noqa: E402
 
-from tokenmix.cache.reader import TokenCache  # noqa: E402
 from tokenmix.cli.build_cache import load_data_config  # noqa: E402
-from tokenmix.config import LMMixtureDatasetConfig, build_caches  # noqa: E402
-from tokenmix.datasets.mixture import MixtureDataset  # noqa: E402
+from tokenmix.config import build_caches  # noqa: E402
 from tokenmix.loader import DataLoader  # noqa: E402
 
 MAPPING = {"batch": "data"}
-
-
-def memmap_gather(config: LMMixtureDatasetConfig, train: MixtureDataset, index: np.ndarray, seq_len: int,
-                  tmp: str) -> Callable[[np.ndarray], np.ndarray]:
-    """The limit: a function gathering the token windows of mixture ``index`` rows from raw memmaps of the caches."""
-    ids, draws = train.locate(index)
-    windows = np.empty(len(index), np.int64)
-    for sid, name in enumerate(train.names):
-        mine = ids == sid
-        if mine.any():
-            windows[mine] = train.source(name).examples(draws[mine])
-    maps = []
-    for name in train.names:
-        cache = TokenCache(config.cache_location(name, "train"))
-        path = os.path.join(tmp, f"{name}.npy")
-        np.save(path, cache.read_tokens(0, cache.num_tokens()))
-        maps.append(np.load(path, mmap_mode="r"))
-    first = int(index[0])
-
-    def gather(rows: np.ndarray) -> np.ndarray:
-        at = rows - first
-        return np.stack([maps[s][w * seq_len : (w + 1) * seq_len] for s, w in zip(ids[at], windows[at])]).astype(np.int32)
-
-    return gather
 
 
 def timed(run: Callable[[], None], tokens: int) -> tuple[float, float]:

@@ -132,6 +132,25 @@ class Dataset(ABC):
         return self.final_len()
 
 
+def read_through(dataset: Dataset, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
+    """``dataset.read`` for a dataset that writes examples straight into a batch: a new batch filled by ``read_into``."""
+    idx = as_indices(indices)
+    out = TokenBatch.empty(len(idx), dataset.tokens_per_example)
+    finish = dataset.read_into(idx, out, np.arange(len(idx)))
+
+    def assemble() -> TokenBatch:
+        finish()
+        return out
+
+    return Pending(assemble)
+
+
+def check_readable(dataset: Dataset, idx: np.ndarray) -> None:
+    """Refuse example indices past what ``dataset`` can read now, naming the first one out of reach."""
+    if len(idx) and int(idx.max()) >= dataset.current_len():
+        raise IndexError(f"{dataset!r}: example {int(idx.max())} is beyond the {dataset.current_len()} examples available")
+
+
 def as_indices(indices: Sequence[int] | np.ndarray) -> np.ndarray:
     """Indices as a 1-d int64 array, refusing negative ones."""
     arr = np.asarray(indices, dtype=np.int64).reshape(-1)

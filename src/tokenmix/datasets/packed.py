@@ -29,7 +29,7 @@ import numpy as np
 from tokenmix.cache.ledger import CacheMismatchError, fingerprint_of
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import JaggedArray, JsonDocuments, join_location
-from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
+from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices, check_readable, read_through
 from tokenmix.datasets.documents import CacheDocuments
 from tokenmix.datasets.order import Shuffle, SourceOrder, check_shuffle
 from tokenmix.datasets.packing import LongDocuments, check_packing, document_pieces, next_fit
@@ -287,21 +287,12 @@ class PackedDataset(Dataset):
     # reading
 
     def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
-        idx = as_indices(indices)
-        out = TokenBatch.empty(len(idx), self.seq_len)
-        finish = self.read_into(idx, out, np.arange(len(idx)))
-
-        def assemble() -> TokenBatch:
-            finish()
-            return out
-
-        return Pending(assemble)
+        return read_through(self, indices)
 
     def read_into(self, indices: Sequence[int] | np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
         idx = as_indices(indices)
         length = self.seq_len
-        if len(idx) and int(idx.max()) >= self.current_len():
-            raise IndexError(f"{self!r}: example {int(idx.max())} is beyond the {self.current_len()} examples available")
+        check_readable(self, idx)
         rows = np.asarray(rows, np.int64)
         example_bounds = self._example_bounds  # then the piece arrays, at least as long (see _add)
         first = example_bounds[idx]

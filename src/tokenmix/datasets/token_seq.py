@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tokenmix.cache.reader import TokenCache
-from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
+from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices, check_readable, read_through
 from tokenmix.datasets.documents import CacheDocuments
 from tokenmix.datasets.segments import document_segments, expand_counts
 
@@ -85,21 +85,12 @@ class TokenSeqDataset(Dataset):
         return len(self._doc_starts_now()) - 1
 
     def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
-        idx = as_indices(indices)
-        out = TokenBatch.empty(len(idx), self.seq_len)
-        finish = self.read_into(idx, out, np.arange(len(idx)))
-
-        def assemble() -> TokenBatch:
-            finish()
-            return out
-
-        return Pending(assemble)
+        return read_through(self, indices)
 
     def read_into(self, indices: Sequence[int] | np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
         idx = as_indices(indices)
         length = self.seq_len
-        if len(idx) and int(idx.max()) >= self.current_len():
-            raise IndexError(f"{self!r}: example {int(idx.max())} is beyond the {self.current_len()} examples available")
+        check_readable(self, idx)
         starts = idx * length
         owner, offset, begin, size = self._pieces(starts, starts + length)
         rows = np.asarray(rows, np.int64)
