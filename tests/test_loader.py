@@ -138,11 +138,15 @@ def test_packed_sources_stream_through_the_loader_like_token_windows(config_path
     mesh = jax.make_mesh((4, 2), ("data", "model"))
     webster = train.names.index("webster")
     padded = 0
-    with DataLoader(train, 32, mesh, {"batch": "data", "position": "model"}) as loader:
+    with DataLoader(train, 32, mesh, {"batch": "data", "position": "model"}, positions=True) as loader:
         for sb, _ in zip(loader, range(6)):
             expected = train.get_batch(np.arange(sb.offset, sb.offset + 32))
-            for field, array in sb.batch.arrays().items():
-                assert np.array_equal(np.asarray(array), getattr(expected, field)), field
+            arrays = sb.batch.arrays()
+            assert set(arrays) == {"tokens", "loss_mask", "segment_ids", "source_ids", "positions"}
+            for field, array in arrays.items():
+                want = expected.positions() if field == "positions" else getattr(expected, field)
+                assert np.array_equal(np.asarray(array), want), field
+            assert sb.batch.positions.axes == sb.batch.tokens.axes and arrays["positions"].sharding == arrays["tokens"].sharding
             packed = expected.source_ids == webster
             padding = expected.segment_ids[packed] == -1
             assert not expected.loss_mask[packed][padding].any()
@@ -224,6 +228,7 @@ def test_fingerprints_are_off_by_default_and_then_nothing_is_hashed(train, monke
     with DataLoader(train, 16, mesh, {"batch": "data"}) as loader:
         assert loader.batch(0).fingerprint is None
         assert [sb.fingerprint for sb, _ in zip(loader, range(3))] == [None] * 3
+        assert loader.batch(0).batch.positions is None and "positions" not in loader.batch(0).batch.arrays()
 
 
 class FailingDataset(Wrapped):

@@ -12,8 +12,9 @@ import jax
 class LmBatch(eqx.Module):
     """A global batch on the mesh: haliax NamedArrays, sharded as the loader's axis mapping says.
 
-    ``tokens``, ``loss_mask`` (true where position i is trained to predict token i + 1) and
-    ``segment_ids`` (documents within an example, -1 for padding) have axes (Batch, Position);
+    ``tokens``, ``loss_mask`` (true where position i is trained to predict token i + 1),
+    ``segment_ids`` (documents within an example, -1 for padding) and, when asked for, ``positions``
+    (within each segment) have axes (Batch, Position);
     ``source_ids`` (the mixture source of each example) has axis (Batch,). Only arrays are leaves, so
     the batch can be passed straight to a jitted step without retracing per step.
     """
@@ -22,6 +23,8 @@ class LmBatch(eqx.Module):
     loss_mask: hax.NamedArray
     segment_ids: hax.NamedArray
     source_ids: hax.NamedArray
+    positions: hax.NamedArray | None = None
+    """Each token's position within its segment, from 0 (Batch, Position); only with ``DataLoader(positions=True)``."""
 
     @property
     def Batch(self) -> hax.Axis:
@@ -35,12 +38,15 @@ class LmBatch(eqx.Module):
 
     def arrays(self) -> dict[str, jax.Array]:
         """The same batch as plain ``jax.Array``s (shape ``(B, L)``, and ``(B,)`` for ``source_ids``), same sharding."""
-        return {
+        arrays = {
             "tokens": self.tokens.array,
             "loss_mask": self.loss_mask.array,
             "segment_ids": self.segment_ids.array,
             "source_ids": self.source_ids.array,
         }
+        if self.positions is not None:
+            arrays["positions"] = self.positions.array
+        return arrays
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,9 @@ class DataLoader:
     axis over those mesh axes; ``"position": "model"`` also splits the sequence; mesh axes it does not
     name hold replicas (read once per process all the same). Other keys are ignored, so a model's whole
     mapping can be passed. ``prefetch`` is how many finished batches may wait ahead of the consumer
-    (0: read in ``next()``). ``fingerprint=True`` adds ``StepBatch.fingerprint`` (a per-row hash while
+    (0: read in ``next()``). ``positions=True`` adds ``LmBatch.positions``, each token's position within
+    its document (segment), for packed examples and rotary embeddings; off, it is None and costs nothing.
+    ``fingerprint=True`` adds ``StepBatch.fingerprint`` (a per-row hash while
     reading, and on several processes one all-gather of 16 bytes per row); off, it costs nothing.
 
     A finite dataset ends iteration at its last full batch (a partial batch would change the shapes and
@@ -85,6 +87,7 @@ class DataLoader:
         *,
         prefetch: int = 2,
         fingerprint: bool = False,
+        positions: bool = False,
         batch_axis: str = "batch",
         position_axis: str = "position",
     ):
@@ -96,6 +99,7 @@ class DataLoader:
         self.axis_mapping = dict(axis_mapping)
         self.prefetch = prefetch
         self.fingerprint = fingerprint
+        self.positions = positions
         self.batch_axis = batch_axis
         self.position_axis = position_axis
         self.seq_len = dataset.tokens_per_example
@@ -191,12 +195,14 @@ class DataLoader:
         """The global arrays from this process's rows (in ``layout.rows`` order), one transfer per device shard."""
         token, row = layout.token_sharding, layout.row_sharding
         shape = (layout.batch_size, layout.seq_len)
-        tokens, loss_mask, segment_ids, source_ids = jax.make_array_from_process_local_data(
-            [token, token, token, row], [data.tokens, data.loss_mask, data.segment_ids, data.source_ids], [shape, shape, shape, shape[:1]]
-        )
+        host = [data.tokens, data.loss_mask, data.segment_ids, data.source_ids] + ([data.positions()] if self.positions else [])
+        shardings = [token, token, token, row] + [token] * self.positions
+        shapes = [shape, shape, shape, shape[:1]] + [shape] * self.positions
+        placed = jax.make_array_from_process_local_data(shardings, host, shapes)
         axes = (layout.Batch, layout.Position)
-        return LmBatch(hax.NamedArray(tokens, axes), hax.NamedArray(loss_mask, axes), hax.NamedArray(segment_ids, axes),
-                       hax.NamedArray(source_ids, (layout.Batch,)))
+        tokens, loss_mask, segment_ids = (hax.NamedArray(a, axes) for a in placed[:3])
+        positions = hax.NamedArray(placed[4], axes) if self.positions else None
+        return LmBatch(tokens, loss_mask, segment_ids, hax.NamedArray(placed[3], (layout.Batch,)), positions)
 
     def _ready(self, end: int) -> bool | None:
         """True when examples below ``end`` can be read, False when the dataset ends before ``end``, None to wait."""
