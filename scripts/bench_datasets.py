@@ -70,23 +70,31 @@ def bench_startup(sources: int = 1000) -> None:
 
 
 def bench_tiny_weights() -> None:
-    """First access to a far block when some weights give less than one example per block."""
-    raw = np.random.default_rng(0).random(1000) ** 4
-    cases = {
-        "two 1e-5 sources + one large, block 5,000,000": ([1e-5, 1e-5, 0.99998], 5_000_000),
-        "1,000 random-float weights, block 10,000": (raw.tolist(), 10_000),
-        "the same 1,000 weights rounded to 3 significant digits, block 10,000": ([float(f"{w:.3g}") for w in raw], 10_000),
-    }
-    for label, (weights, block) in cases.items():
-        alloc = BlockAllocator(weights, 2048)
-        start = time.perf_counter()
-        alloc.counts_after(block)
-        first = time.perf_counter() - start
-        start = time.perf_counter()
-        alloc.counts_after(block + 1)
-        tiny = sum(1 for w in alloc.weights if 0 < w * 2048 < 1)
-        print(f"tiny weights, {label} ({tiny} tiny): layout period {alloc.period:.3g} blocks, first access {first * 1e3:.1f} ms, "
-              f"next block {(time.perf_counter() - start) * 1e3:.2f} ms")
+    """First access to a far block when some weights give less than one example per block.
+
+    Random access walks at most ``memory`` blocks (the longest window of a tiny source's example) and
+    never past the layout period, so the cost depends on the weights, not on how far the block is.
+    """
+    rng = np.random.default_rng(0)
+    skewed = rng.random(1000) ** 4
+    cases = {"two 1e-5 sources + one large": [1e-5, 1e-5, 0.99998]}
+    for low in (-5, -6, -7):
+        cases[f"1,000 log-uniform weights 1e{low}..1e-1"] = (10.0 ** rng.uniform(low, -1, 1000)).tolist()
+    cases["1,000 weights u**4 (smallest 6e-18)"] = skewed.tolist()
+    for label, weights in cases.items():
+        for block in (10_000, 10**9, 10**12):
+            alloc = BlockAllocator(weights, 2048)
+            if min(block % alloc.period, alloc.memory) > 10**6:
+                print(f"tiny weights, {label}, block {block:.0e}: skipped (walk of {alloc.memory:.1e} blocks)")
+                continue
+            start = time.perf_counter()
+            alloc.counts_after(block)
+            first = time.perf_counter() - start
+            start = time.perf_counter()
+            alloc.counts_after(block + 1)
+            tiny = sum(1 for w in alloc.weights if 0 < w * 2048 < 1)
+            print(f"tiny weights, {label} ({tiny} tiny), block {block:.0e}: period {alloc.period:.2g}, memory {alloc.memory:.2g} "
+                  f"blocks, first access {first * 1e3:.1f} ms, next block {(time.perf_counter() - start) * 1e3:.2f} ms")
 
 
 def bench_throughput(config_path: str, batches: int, seq_len: int, batch: int) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+import math
 import time
 from fractions import Fraction
 
@@ -126,6 +128,76 @@ def test_tiny_decimal_weights_resolve_far_blocks_exactly():
         before, after = alloc.counts_after(k), alloc.counts_after(k + 1)
         assert after.sum() - before.sum() == 2048 and np.all(after >= before)
         assert all(abs(int(c) - t) < 1 for c, t in zip(after, alloc.target(k + 1)))
+
+
+def edf_walk_from_block_zero(alloc: BlockAllocator, blocks: list[int]) -> dict[int, list[int]]:
+    """The tiny sources' counts after each of ``blocks``, handing out every tiny slot from block 0
+    earliest-deadline-first: the definition the allocator's random access must agree with."""
+    rates = [w * alloc.block_size for w in alloc.weights]
+    tiny = [i for i, r in enumerate(rates) if 0 < r < 1]
+    tiny_rate = sum(rates[i] for i in tiny)
+    has_large = any(r >= 1 for r in rates)
+
+    def group_slots(k):  # the group's total: its target rounded half up, or all of each block
+        return math.floor(k * tiny_rate + Fraction(1, 2)) if has_large else k * alloc.block_size
+
+    counts = [0] * len(tiny)
+    pending: list[tuple[int, int]] = []  # (deadline, source) of each released job not yet served
+    released = [0] * len(tiny)
+    out = {}
+    for k in range(1, max(blocks) + 1):
+        for t, i in enumerate(tiny):
+            while Fraction(k) * rates[i] > released[t]:  # job j is released once the target passes j - 1
+                released[t] += 1
+                heapq.heappush(pending, (math.ceil(released[t] / rates[i]), t))
+        for _ in range(group_slots(k) - group_slots(k - 1)):
+            deadline, t = heapq.heappop(pending)
+            assert deadline >= k
+            counts[t] += 1
+        if k in blocks:
+            out[k] = list(counts)
+    return out
+
+
+tiny_rate_st = st.builds(Fraction, st.integers(1, 30), st.integers(31, 120))
+
+
+@settings(SETTINGS, max_examples=200)
+@given(tiny=st.lists(tiny_rate_st, min_size=2, max_size=12), large=st.lists(st.integers(1, 4), max_size=3),
+       block_size=st.sampled_from([1, 2, 3, 8]), data=st.data())
+def test_random_access_to_far_blocks_matches_the_walk_from_block_zero(tiny, large, block_size, data):
+    """Far blocks start from a guessed state ``memory`` blocks back; they must land on the true state."""
+    alloc = BlockAllocator(tiny + large, block_size)
+    if not alloc.memory:
+        return
+    blocks = data.draw(st.lists(st.integers(alloc.memory + 1, 6 * alloc.memory + 10), min_size=1, max_size=4, unique=True))
+    truth = edf_walk_from_block_zero(alloc, blocks)
+    tiny_ids = [i for i, w in enumerate(alloc.weights) if 0 < w * block_size < 1]
+    for k in blocks:  # in the drawn (random) order, on one allocator
+        assert alloc.counts_after(k)[tiny_ids].tolist() == truth[k], k
+
+
+def test_a_wrong_guess_still_lands_on_the_true_state():
+    weights = [Fraction(4, 55), Fraction(3, 76), Fraction(9, 59), Fraction(27, 50), Fraction(35, 48), Fraction(37, 60)]
+    blocks = [79, 80, 94, 103, 104]
+    truth = edf_walk_from_block_zero(BlockAllocator(weights, 1), blocks + [k - 55 for k in blocks])
+    for k in blocks:
+        alloc = BlockAllocator(weights, 1)
+        assert alloc.memory == 55
+        assert alloc._guess(k - 55) != truth[k - 55]  # the walk starts from a state that is not the true one
+        assert alloc.counts_after(k).tolist() == truth[k]
+
+
+def test_random_access_keeps_a_bounded_number_of_states():
+    alloc = BlockAllocator((10.0 ** np.random.default_rng(1).uniform(-5, -1, 300)).tolist(), 2048)
+    for k in range(0, 3000, 7):
+        alloc.counts_after(k)
+    assert len(alloc._tiny_states) <= 64
+    start = time.perf_counter()
+    far = alloc.counts_after(10**15)
+    assert time.perf_counter() - start < 5  # walks at most `memory` blocks, not 10**15
+    assert far.sum() == 10**15 * 2048
+    assert all(abs(int(c) - t) < 1 for c, t in zip(far, alloc.target(10**15)))
 
 
 def test_levanter_truncation_case_keeps_the_small_source():

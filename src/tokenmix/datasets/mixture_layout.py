@@ -15,26 +15,39 @@ rounding of their targets is monotone and they are rounded in closed form (large
 closed form; the group's slots are handed out earliest-deadline-first, where a tiny source's j-th
 example may not come before the block its target passes j - 1 and must come by the block its target
 reaches j. EDF meets every such deadline (a Hall-condition argument, see docs/design/datasets.md), so
-the tiny sources stay within 1 too. Walking the slots costs one step per tiny-source example, not per
-block, and is checkpointed.
+the tiny sources stay within 1 too.
+
+EDF forgets: started ``memory = max ceil(1 / (block_size * weight))`` blocks back (the longest window
+of a tiny source's example) from *any* valid state (every count the floor or ceiling of its target,
+summing to the group's slots), it reaches the same state as the walk from block 0. Proof sketch: both
+walks release the same examples and serve one per slot, so their pending sets differ by two
+equal-sized sets: D1, pending only in the true walk, and D2, pending only in the other, all released
+before the start. Each slot, a walk serves its pending example with the earliest (deadline, source);
+when the two serve different examples, an example enters D1 (or D2) only if it comes before every
+example of D2 (or D1), so the latest deadline d in D1 and D2 never increases. The true walk meets
+every deadline, so after block d nothing due by d is pending in it: D1 is empty, and so is D2. Every
+example in D1 or D2 is due within ``memory`` blocks of the start. So ``counts_after(k)`` walks from a
+closed-form guess at ``k - memory`` (or from a remembered state, if nearer): one step per tiny-source
+example in at most ``memory`` blocks, however far ``k`` is. ``tests/test_index_math.py`` checks this
+against the walk from block 0.
 
 At every multiple of ``period`` blocks all targets are whole numbers, so every count equals its target
 exactly and the walk starts afresh: the layout is periodic, and ``counts_after(k)`` only ever walks
-inside one period. Weights written as short decimals (``1e-5``, ``0.3``) have short periods; arbitrary
-fractions can have periods too long to help.
+inside one period. Weights written as short decimals (``1e-5``, ``0.3``) have short periods.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 import numpy as np
 
 _CHECKPOINT_EVERY = 4096
+_STATES_KEPT = 64
 
 
 def exact_weights(weights: Sequence[float | int | Fraction]) -> list[Fraction]:
@@ -72,7 +85,10 @@ class BlockAllocator:
         self.period = self._den // math.gcd(self._den, *self._num)
         """Blocks after which every target is a whole number: the layout repeats with this period."""
         self._period_counts = [self.period * p // self._den for p in self._num]
-        self._tiny_state: list[tuple[int, list[int]]] = [(0, [0] * len(self._tiny))]
+        self.memory = max((-(-self._den // self._num[i]) for i in self._tiny), default=0)
+        """Blocks of history that decide the tiny sources' counts (the longest window of a tiny source's
+        example, ``ceil(1 / rate)``): random access walks at most this far."""
+        self._tiny_states: OrderedDict[int, tuple[int, ...]] = OrderedDict()
 
     def target(self, k: int) -> list[Fraction]:
         """The exact (fractional) number of examples each source is owed after ``k`` blocks."""
@@ -94,7 +110,7 @@ class BlockAllocator:
         counts = np.zeros(self.num_sources, np.int64)
         tiny_total = self.tiny_slots(k)
         if self._tiny:
-            counts[self._tiny] = self._tiny_counts(tiny_total)
+            counts[self._tiny] = self._tiny_counts(k)
         if self._large:
             den = self._den
             floors, rems = zip(*(divmod(k * self._num[i], den) for i in self._large))
@@ -109,12 +125,36 @@ class BlockAllocator:
         """Examples of each source inside block ``k`` (0-based)."""
         return self.counts_after(k + 1) - self.counts_after(k)
 
-    def _tiny_counts(self, slots: int) -> list[int]:
-        states = self._tiny_state
-        pos = bisect_right([s for s, _ in states], slots) - 1
-        done, counts = states[pos][0], list(states[pos][1])
-        if done == slots:
-            return counts
+    def _tiny_counts(self, k: int) -> list[int]:
+        """The tiny sources' counts after ``k`` blocks (``k`` inside one period)."""
+        slots = self.tiny_slots(k)
+        states = self._tiny_states
+        done = max((s for s in states if s <= slots), default=0)
+        start_block = k - self.memory
+        if start_block > 0 and done < self.tiny_slots(start_block):
+            # Any valid state ``memory`` blocks back walks into the true one (see the module doc),
+            # so far blocks start from a closed-form guess instead of from the last state we know.
+            return self._walk(self.tiny_slots(start_block), self._guess(start_block), slots, exact=False)
+        return self._walk(done, list(states.get(done, (0,) * len(self._tiny))), slots, exact=True)
+
+    def _guess(self, k: int) -> list[int]:
+        """A valid state after ``k`` blocks: every count the floor or the ceiling of its target, summing
+        to the group's slots, the ceilings going to the sources whose next example is due soonest."""
+        den = self._den
+        nums = [self._num[i] for i in self._tiny]
+        counts = [k * p // den for p in nums]
+        open_ = sorted((-((-(c + 1) * den) // p), t) for t, (c, p) in enumerate(zip(counts, nums)) if k * p % den)
+        for _, t in open_[: self.tiny_slots(k) - sum(counts)]:
+            counts[t] += 1
+        return counts
+
+    def _walk(self, done: int, counts: list[int], slots: int, exact: bool) -> list[int]:
+        """Hand out the tiny group's slots ``done + 1 .. slots`` earliest-deadline-first from ``counts``.
+
+        ``exact`` says that ``counts`` is the true state after ``done`` slots: only then are deadlines
+        checked and states remembered (a walk from a guess is only right once it has run ``memory``
+        blocks, which is where it stops).
+        """
         den = self._den
         nums = [self._num[i] for i in self._tiny]
         # job j of tiny source t: held from the first block with k*rate > j-1 (release) and
@@ -122,19 +162,29 @@ class BlockAllocator:
         waiting = [((counts[t] * den) // p + 1, t) for t, p in enumerate(nums)]
         heapq.heapify(waiting)
         ready: list[tuple[int, int]] = []
+        block = block_end = -1
         for slot in range(done + 1, slots + 1):
-            block = self._slot_block(slot)
+            if slot > block_end:
+                block = self._slot_block(slot)
+                block_end = self.tiny_slots(block)
             while waiting and waiting[0][0] <= block:
                 _, t = heapq.heappop(waiting)
                 heapq.heappush(ready, (-((-(counts[t] + 1) * den) // nums[t]), t))
             deadline, t = heapq.heappop(ready)
-            if deadline < block:
+            if exact and deadline < block:
                 raise AssertionError(f"mixture layout: tiny source {t} missed its deadline {deadline} at block {block}")
             counts[t] += 1
             heapq.heappush(waiting, ((counts[t] * den) // nums[t] + 1, t))
-            if slot % _CHECKPOINT_EVERY == 0 and slot > states[-1][0]:
-                states.append((slot, list(counts)))
+            if exact and slot % _CHECKPOINT_EVERY == 0:
+                self._remember(slot, counts)
+        self._remember(slots, counts)
         return counts
+
+    def _remember(self, slots: int, counts: list[int]) -> None:
+        self._tiny_states[slots] = tuple(counts)
+        self._tiny_states.move_to_end(slots)
+        if len(self._tiny_states) > _STATES_KEPT:
+            self._tiny_states.popitem(last=False)
 
     def _slot_block(self, slot: int) -> int:
         """The first block after which the tiny group owns at least ``slot`` examples."""
