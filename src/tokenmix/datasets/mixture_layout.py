@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
@@ -89,6 +90,7 @@ class BlockAllocator:
         """Blocks of history that decide the tiny sources' counts (the longest window of a tiny source's
         example, ``ceil(1 / rate)``): random access walks at most this far."""
         self._tiny_states: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        self._tiny_lock = threading.Lock()  # a loader's prefetch thread and the caller may both ask
 
     def target(self, k: int) -> list[Fraction]:
         """The exact (fractional) number of examples each source is owed after ``k`` blocks."""
@@ -110,7 +112,8 @@ class BlockAllocator:
         counts = np.zeros(self.num_sources, np.int64)
         tiny_total = self.tiny_slots(k)
         if self._tiny:
-            counts[self._tiny] = self._tiny_counts(k)
+            with self._tiny_lock:
+                counts[self._tiny] = self._tiny_counts(k)
         if self._large:
             den = self._den
             floors, rems = zip(*(divmod(k * self._num[i], den) for i in self._large))
