@@ -200,6 +200,15 @@ def test_random_access_keeps_a_bounded_number_of_states():
     assert all(abs(int(c) - t) < 1 for c, t in zip(far, alloc.target(10**15)))
 
 
+def test_a_weight_too_small_for_cheap_random_access_is_named(caplog):
+    sources = {name: RangeDataset(1000) for name in ("web", "code", "rare", "tiny")}
+    with caplog.at_level("WARNING", logger="tokenmix.datasets.mixture"):
+        MixtureDataset(sources, {"web": 0.6, "code": 0.4, "rare": 1e-5, "tiny": 1e-5})
+        assert not caplog.records
+        MixtureDataset(sources, {"web": 0.6, "code": 0.4, "rare": 0.0003, "tiny": 3.3e-17}, block_size=2048)
+    assert "'tiny' (weight 3.3e-17)" in caplog.text and "Raise that weight" in caplog.text
+
+
 def test_levanter_truncation_case_keeps_the_small_source():
     alloc = check_allocator([1e-5, 1 - 1e-5], 2048, 1000)
     assert alloc.counts_after(1000)[0] in (20, 21)  # 1000 * 2048 * 1e-5 = 20.48; Levanter's floor per block gives 0

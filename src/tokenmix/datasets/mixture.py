@@ -27,6 +27,8 @@ from tokenmix.datasets.permutation import FeistelPermutation, derive_key
 
 logger = logging.getLogger(__name__)
 
+_SLOW_WALK_STEPS = 10**7  # about 13 s of walking at most: worth a warning
+
 StopStrategy = Literal["restart", "first_exhausted", "all_exhausted"]
 STOP_STRATEGIES = ("restart", "first_exhausted", "all_exhausted")
 
@@ -100,6 +102,16 @@ class MixtureDataset(Dataset):
         self._ids = np.array([self.names.index(n) for n in self._canon], np.int32)
         self._starts = np.array([s for s, _ in stages], np.int64)
         self._allocators = [BlockAllocator([w.get(n, 0.0) for n in self._canon], block_size) for _, w in stages]
+        for (start, weights), alloc in zip(stages, self._allocators):
+            if alloc.worst_walk > _SLOW_WALK_STEPS:
+                name = self._canon[alloc.slowest_tiny]
+                logger.warning(
+                    "mixture stage from index %d: source %r (weight %g) gets one example every %.2g blocks of %d, so the "
+                    "first read of block b walks the layout over min(b, %.2g) blocks, %.3g steps a block (a million steps "
+                    "take about a second). Raise that weight or drop the source to make random access cheap.",
+                    start, name, weights[name], alloc.memory, block_size, min(alloc.memory, alloc.period),
+                    alloc.worst_walk / min(alloc.memory, alloc.period),
+                )
         self._active = [c for c, n in enumerate(self._canon) if any(w.get(n, 0.0) > 0 for _, w in stages)]
         self._sources = {
             c: EpochedDataset(datasets[self._canon[c]], derive_key(seed, "source", self._canon[c]), shuffle) for c in self._active

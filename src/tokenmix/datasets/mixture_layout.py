@@ -92,6 +92,17 @@ class BlockAllocator:
         self._tiny_states: OrderedDict[int, tuple[int, ...]] = OrderedDict()
         self._tiny_lock = threading.Lock()  # a loader's prefetch thread and the caller may both ask
 
+    @property
+    def slowest_tiny(self) -> int | None:
+        """The source with the longest window between examples (it sets ``memory``), if any is tiny."""
+        return min(self._tiny, key=lambda i: (self._num[i], i)) if self._tiny else None
+
+    @property
+    def worst_walk(self) -> int:
+        """EDF steps the first access to a far block may take: the tiny group's examples in
+        ``min(memory, period)`` blocks."""
+        return self.tiny_slots(min(self.memory, self.period)) if self._tiny else 0
+
     def target(self, k: int) -> list[Fraction]:
         """The exact (fractional) number of examples each source is owed after ``k`` blocks."""
         return [Fraction(k * p, self._den) for p in self._num]
