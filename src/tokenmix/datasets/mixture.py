@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
 from functools import lru_cache
 from typing import Literal
 
@@ -28,6 +30,11 @@ from tokenmix.datasets.permutation import FeistelPermutation, derive_key
 logger = logging.getLogger(__name__)
 
 _SLOW_WALK_STEPS = 10**7  # about 13 s of walking at most: worth a warning
+
+
+def _short(number: float | int | Fraction) -> str:
+    """A number in three significant digits, integers too large for a float included."""
+    return format(Decimal(number), ".3g") if isinstance(number, int) else f"{float(number):.3g}"
 
 StopStrategy = Literal["restart", "first_exhausted", "all_exhausted"]
 STOP_STRATEGIES = ("restart", "first_exhausted", "all_exhausted")
@@ -105,12 +112,13 @@ class MixtureDataset(Dataset):
         for (start, weights), alloc in zip(stages, self._allocators):
             if alloc.worst_walk > _SLOW_WALK_STEPS:
                 name = self._canon[alloc.slowest_tiny]
+                span = min(alloc.memory, alloc.period)
                 logger.warning(
-                    "mixture stage from index %d: source %r (weight %g) gets one example every %.2g blocks of %d, so the "
-                    "first read of block b walks the layout over min(b, %.2g) blocks, %.3g steps a block (a million steps "
+                    "mixture stage from index %d: source %r (weight %s) gets one example every %s blocks of %d, so the "
+                    "first read of block b walks the layout over min(b, %s) blocks, %.3g steps a block (a million steps "
                     "take about a second). Raise that weight or drop the source to make random access cheap.",
-                    start, name, weights[name], alloc.memory, block_size, min(alloc.memory, alloc.period),
-                    alloc.worst_walk / min(alloc.memory, alloc.period),
+                    start, name, _short(weights[name]), _short(alloc.memory), block_size, _short(span),
+                    Fraction(alloc.worst_walk, span),
                 )
         self._active = [c for c, n in enumerate(self._canon) if any(w.get(n, 0.0) > 0 for _, w in stages)]
         self._sources = {
