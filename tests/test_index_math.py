@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
+import pickle
 import time
 from fractions import Fraction
 
@@ -14,7 +16,7 @@ from hypothesis import strategies as st
 
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
 from tokenmix.datasets.mixture import MixtureDataset
-from tokenmix.datasets.mixture_layout import BlockAllocator
+from tokenmix.datasets.mixture_layout import _STATES_KEPT, BlockAllocator
 from tokenmix.datasets.order import SourceOrder
 from tokenmix.datasets.permutation import FeistelPermutation
 from tokenmix.datasets.segments import document_segments
@@ -192,12 +194,31 @@ def test_random_access_keeps_a_bounded_number_of_states():
     alloc = BlockAllocator((10.0 ** np.random.default_rng(1).uniform(-5, -1, 300)).tolist(), 2048)
     for k in range(0, 3000, 7):
         alloc.counts_after(k)
-    assert len(alloc._tiny_states) <= 64
+    assert len(alloc._tiny_states) <= _STATES_KEPT
     start = time.perf_counter()
     far = alloc.counts_after(10**15)
     assert time.perf_counter() - start < 5  # walks at most `memory` blocks, not 10**15
     assert far.sum() == 10**15 * 2048
     assert all(abs(int(c) - t) < 1 for c, t in zip(far, alloc.target(10**15)))
+
+
+def test_reads_inside_a_walked_region_start_from_a_nearby_state():
+    alloc = BlockAllocator([0.3, 0.7, 5e-9] + [1e-4] * 100, 2048)
+    alloc.counts_after(alloc.memory - 1)  # one walk from block 0, checkpointed on the way
+    for k in np.random.default_rng(0).integers(1, alloc.memory - 1, 20).tolist():
+        slots = alloc.tiny_slots(k)
+        nearest = max(s for s in alloc._tiny_states if s <= slots)
+        assert slots - nearest <= alloc._checkpoint_every
+        alloc.counts_after(k)
+
+
+def test_a_used_allocator_and_mixture_pickle_and_copy():
+    alloc = BlockAllocator([0.5, 0.5 - 2e-4, 1e-4, 1e-4], 2048)
+    before = alloc.counts_after(12345)
+    again = pickle.loads(pickle.dumps(alloc))
+    assert np.array_equal(again.counts_after(12345), before) and np.array_equal(copy.deepcopy(alloc).counts_after(999), alloc.counts_after(999))
+    mix = MixtureDataset({"a": RangeDataset(100), "b": RangeDataset(100)}, {"a": 0.9999, "b": 1e-4})
+    assert np.array_equal(pickle.loads(pickle.dumps(mix)).locate(np.arange(5000))[0], mix.locate(np.arange(5000))[0])
 
 
 def test_a_weight_too_small_for_cheap_random_access_is_named(caplog):

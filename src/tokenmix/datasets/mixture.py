@@ -112,13 +112,13 @@ class MixtureDataset(Dataset):
         for (start, weights), alloc in zip(stages, self._allocators):
             if alloc.worst_walk > _SLOW_WALK_STEPS:
                 name = self._canon[alloc.slowest_tiny]
-                span = min(alloc.memory, alloc.period)
                 logger.warning(
-                    "mixture stage from index %d: source %r (weight %s) gets one example every %s blocks of %d, so the "
-                    "first read of block b walks the layout over min(b, %s) blocks, %.3g steps a block (a million steps "
-                    "take about a second). Raise that weight or drop the source to make random access cheap.",
-                    start, name, _short(weights[name]), _short(alloc.memory), block_size, _short(span),
-                    Fraction(alloc.worst_walk, span),
+                    "mixture stage from index %d: source %r (weight %s) gets one example every %s blocks of %d, so a read "
+                    "of a block far from those read before walks the layout over up to that many blocks, %.3g steps a "
+                    "block (a million steps take about a second). Raise that weight or drop the source to make random "
+                    "access cheap.",
+                    start, name, _short(weights[name]), _short(alloc.memory), block_size,
+                    Fraction(alloc.worst_walk, alloc.memory),
                 )
         self._active = [c for c, n in enumerate(self._canon) if any(w.get(n, 0.0) > 0 for _, w in stages)]
         self._sources = {

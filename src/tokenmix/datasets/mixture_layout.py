@@ -17,19 +17,21 @@ example may not come before the block its target passes j - 1 and must come by t
 reaches j. EDF meets every such deadline (a Hall-condition argument, see docs/design/datasets.md), so
 the tiny sources stay within 1 too.
 
-EDF forgets: started ``memory = max ceil(1 / (block_size * weight))`` blocks back (the longest window
-of a tiny source's example) from *any* valid state (every count the floor or ceiling of its target,
-summing to the group's slots), it reaches the same state as the walk from block 0. Proof sketch: both
-walks release the same examples and serve one per slot, so their pending sets differ by two
-equal-sized sets: D1, pending only in the true walk, and D2, pending only in the other, all released
-before the start. Each slot, a walk serves its pending example with the earliest (deadline, source);
-when the two serve different examples, an example enters D1 (or D2) only if it comes before every
-example of D2 (or D1), so the latest deadline d in D1 and D2 never increases. The true walk meets
-every deadline, so after block d nothing due by d is pending in it: D1 is empty, and so is D2. Every
-example in D1 or D2 is due within ``memory`` blocks of the start. So ``counts_after(k)`` walks from a
-closed-form guess at ``k - memory`` (or from a remembered state, if nearer): one step per tiny-source
-example in at most ``memory`` blocks, however far ``k`` is. ``tests/test_index_math.py`` checks this
-against the walk from block 0.
+EDF forgets: started ``memory = max ceil(1 / (block_size * weight))`` blocks back (over the tiny
+sources) from *any* valid state (every count the floor or ceiling of its target, summing to the
+group's slots), it reaches the same state as the walk from block 0. Proof sketch: both walks release
+the same examples and serve one per slot, so their pending sets differ by two equal-sized sets: D1,
+pending only in the true walk, and D2, pending only in the other (at the start, one job per source at
+most, released before it). Each slot, a walk serves its pending example with the earliest (deadline,
+source), a strict order since a source's deadlines rise (which is also why the walk need only hold
+each source's next example); when the two serve different examples, an example enters D1 (or D2) only
+if it comes before every example of D2 (or D1), so the latest deadline d in D1 and D2 never increases.
+The true walk meets every deadline, so after block d nothing due by d is pending in it: D1 is empty,
+and so is D2. Every example in D1 or D2 at the start is due within ``memory`` blocks of it. So
+``counts_after(k)`` walks from a closed-form guess at ``k - memory`` (or from a remembered state, if
+nearer): one step per tiny-source example in at most ``memory`` blocks, however far ``k`` is (and
+``memory`` never exceeds ``period``). ``tests/test_index_math.py`` checks this against the walk from
+block 0.
 
 At every multiple of ``period`` blocks all targets are whole numbers, so every count equals its target
 exactly and the walk starts afresh: the layout is periodic, and ``counts_after(k)`` only ever walks
@@ -48,7 +50,7 @@ from fractions import Fraction
 import numpy as np
 
 _CHECKPOINT_EVERY = 4096
-_STATES_KEPT = 64
+_STATES_KEPT = 256
 
 
 def exact_weights(weights: Sequence[float | int | Fraction]) -> list[Fraction]:
@@ -87,10 +89,20 @@ class BlockAllocator:
         """Blocks after which every target is a whole number: the layout repeats with this period."""
         self._period_counts = [self.period * p // self._den for p in self._num]
         self.memory = max((-(-self._den // self._num[i]) for i in self._tiny), default=0)
-        """Blocks of history that decide the tiny sources' counts (the longest window of a tiny source's
-        example, ``ceil(1 / rate)``): random access walks at most this far."""
-        self._tiny_states: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        """Blocks of history that decide the tiny sources' counts (``ceil(1 / rate)`` of the slowest tiny
+        source): random access walks at most this far."""
+        self._checkpoint_every = max(_CHECKPOINT_EVERY, self.tiny_slots(self.memory) // 64)
+        self._tiny_states: OrderedDict[int, np.ndarray] = OrderedDict()  # true states by slot, an LRU
         self._tiny_lock = threading.Lock()  # a loader's prefetch thread and the caller may both ask
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_tiny_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._tiny_lock = threading.Lock()
 
     @property
     def slowest_tiny(self) -> int | None:
@@ -99,9 +111,9 @@ class BlockAllocator:
 
     @property
     def worst_walk(self) -> int:
-        """EDF steps the first access to a far block may take: the tiny group's examples in
-        ``min(memory, period)`` blocks."""
-        return self.tiny_slots(min(self.memory, self.period)) if self._tiny else 0
+        """EDF steps a read of a block far from those read before may take: the tiny group's examples
+        in ``memory`` blocks (``memory`` never exceeds ``period``)."""
+        return self.tiny_slots(self.memory)
 
     def target(self, k: int) -> list[Fraction]:
         """The exact (fractional) number of examples each source is owed after ``k`` blocks."""
@@ -149,7 +161,9 @@ class BlockAllocator:
             # Any valid state ``memory`` blocks back walks into the true one (see the module doc),
             # so far blocks start from a closed-form guess instead of from the last state we know.
             return self._walk(self.tiny_slots(start_block), self._guess(start_block), slots, exact=False)
-        return self._walk(done, list(states.get(done, (0,) * len(self._tiny))), slots, exact=True)
+        if done:
+            states.move_to_end(done)
+        return self._walk(done, states[done].tolist() if done else [0] * len(self._tiny), slots, exact=True)
 
     def _guess(self, k: int) -> list[int]:
         """A valid state after ``k`` blocks: every count the floor or the ceiling of its target, summing
@@ -189,13 +203,13 @@ class BlockAllocator:
                 raise AssertionError(f"mixture layout: tiny source {t} missed its deadline {deadline} at block {block}")
             counts[t] += 1
             heapq.heappush(waiting, ((counts[t] * den) // nums[t] + 1, t))
-            if exact and slot % _CHECKPOINT_EVERY == 0:
+            if exact and slot % self._checkpoint_every == 0:
                 self._remember(slot, counts)
         self._remember(slots, counts)
         return counts
 
     def _remember(self, slots: int, counts: list[int]) -> None:
-        self._tiny_states[slots] = tuple(counts)
+        self._tiny_states[slots] = np.array(counts, np.int64)
         self._tiny_states.move_to_end(slots)
         if len(self._tiny_states) > _STATES_KEPT:
             self._tiny_states.popitem(last=False)
