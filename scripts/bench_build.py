@@ -53,8 +53,7 @@ def _dir_bytes(path: str, pattern: str) -> int:
 
 
 def bench_build(corpus: str, tokenizer: str, workers: int | None, cache_dir: str) -> dict:
-    from tokenmix.cache.builder import BuildOptions
-    from tokenmix.config import LMDatasetSourceConfig, LMMixtureDatasetConfig, build_caches
+    from tokenmix import BuildOptions, LMDatasetSourceConfig, LMMixtureDatasetConfig, build_caches
 
     sources = sorted(d for d in os.listdir(corpus) if os.path.isdir(os.path.join(corpus, d)))
     config = LMMixtureDatasetConfig(
@@ -85,7 +84,7 @@ def bench_build(corpus: str, tokenizer: str, workers: int | None, cache_dir: str
 def bench_raw(files: list[str], tokenizer: str) -> dict:
     from tokenizers import Tokenizer
 
-    from tokenmix.sources.shards import FileShard
+    from tokenmix.sources import FileShard
 
     texts = [json.loads(r)["text"] for f in files for chunk in FileShard(f).read() for r in chunk.records]
     tok = Tokenizer.from_file(os.path.join(tokenizer, "tokenizer.json"))

@@ -20,10 +20,8 @@ import tracemalloc
 import numpy as np
 from memmap_baseline import memmap_gather
 
-from tokenmix.cli.build_cache import load_data_config
-from tokenmix.config import build_caches
-from tokenmix.datasets.base import Dataset, Pending, TokenBatch
-from tokenmix.datasets.mixture import MixtureDataset
+from tokenmix import Dataset, MixtureDataset, TokenBatch, build_caches, load_data_config
+from tokenmix.datasets import Pending
 from tokenmix.datasets.mixture_layout import BlockAllocator
 
 

@@ -55,7 +55,7 @@ def _files(root: str) -> dict[str, bytes]:
 
 def build_once(config, executor, cache_dir: str) -> tuple[float, int]:
     """Seconds to build every train cache of ``config`` into ``cache_dir`` with an already started executor, and tokens."""
-    from tokenmix.cache.builder import CacheBuilder
+    from tokenmix.cache import CacheBuilder
     from tokenmix.config import cache_targets
 
     config = dataclasses.replace(config, cache_dir=cache_dir)
@@ -132,9 +132,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=500, help="trivial tasks for the per-task overhead")
     args = parser.parse_args()
 
-    from tokenmix.cache.builder import BuildOptions
-    from tokenmix.cache.executor import DaskExecutorConfig, LocalExecutorConfig, RayExecutorConfig
-    from tokenmix.config import LMDatasetSourceConfig, LMMixtureDatasetConfig
+    from tokenmix import BuildOptions, DaskExecutorConfig, LMDatasetSourceConfig, LMMixtureDatasetConfig, LocalExecutorConfig, RayExecutorConfig
 
     sources = sorted(d for d in os.listdir(args.corpus) if os.path.isdir(os.path.join(args.corpus, d)))
     config = LMMixtureDatasetConfig(

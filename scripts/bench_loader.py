@@ -32,9 +32,7 @@ jax.config.update("jax_num_cpu_devices", 8)  # before JAX starts a backend
 import numpy as np  # noqa: E402 - after the device count, by intent
 from memmap_baseline import memmap_gather  # noqa: E402
 
-from tokenmix.cli.build_cache import load_data_config  # noqa: E402
-from tokenmix.config import build_caches  # noqa: E402
-from tokenmix.loader import DataLoader  # noqa: E402
+from tokenmix import DataLoader, build_caches, load_data_config  # noqa: E402
 
 MAPPING = {"batch": "data"}
 

@@ -22,12 +22,8 @@ import time
 
 import numpy as np
 
-from tokenmix.cache.reader import TokenCache
-from tokenmix.cli.build_cache import load_data_config
-from tokenmix.config import build_caches
-from tokenmix.datasets.packed import PackedDataset
+from tokenmix import PackedDataset, TokenCache, TokenSeqDataset, build_caches, load_data_config
 from tokenmix.datasets.packing import document_pieces, next_fit
-from tokenmix.datasets.token_seq import TokenSeqDataset
 
 
 def python_next_fit(sizes: list[int], seq_len: int, cap: int) -> list[int]:

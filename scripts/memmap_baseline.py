@@ -11,9 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tokenmix.cache.reader import TokenCache
-from tokenmix.config import LMMixtureDatasetConfig
-from tokenmix.datasets.mixture import MixtureDataset
+from tokenmix import LMMixtureDatasetConfig, MixtureDataset, TokenCache
 
 
 def memmap_gather(config: LMMixtureDatasetConfig, train: MixtureDataset, index: np.ndarray, seq_len: int,

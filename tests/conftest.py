@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 import zstandard
 
-from tokenmix.cache.builder import BuildOptions, CacheBuilder
-from tokenmix.config import TokenizationConfig
-from tokenmix.formats.text import LmDatasetFormatBase, TextLmDatasetFormat
-from tokenmix.sources.shards import FileShard
+from tokenmix import BuildOptions, LmDatasetFormatBase, TextLmDatasetFormat, TokenizationConfig
+from tokenmix.cache import CacheBuilder
+from tokenmix.sources import FileShard
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -105,7 +104,7 @@ def demo_docs() -> dict[str, list[dict[str, Any]]]:
 
 @pytest.fixture(scope="session")
 def hf_tokenizer():
-    from tokenmix.formats.tokenizer import load_tokenizer
+    from tokenmix.formats import load_tokenizer
 
     return load_tokenizer(TOKENIZER)
 

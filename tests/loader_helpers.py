@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmix.datasets.base import Dataset, Pending, TokenBatch
+from tokenmix import Dataset, TokenBatch
+from tokenmix.datasets import Pending
 
 DEMO_CORPUS = Path(__file__).resolve().parents[1] / "data" / "demo"
 TOKENIZER = str(Path(__file__).resolve().parents[1] / "data" / "tokenizer")

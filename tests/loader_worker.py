@@ -20,8 +20,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from loader_helpers import SEQ_LEN, CountingDataset
 
-from tokenmix.cli.build_cache import load_data_config
-from tokenmix.loader import DataLoader
+from tokenmix import DataLoader, load_data_config
 
 MESH_CASES = {
     "data8": ((8,), ("data",), {"batch": "data"}),

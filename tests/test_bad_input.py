@@ -7,8 +7,7 @@ import random
 import pytest
 from conftest import build, write_lines
 
-from tokenmix.cache.builder import BadInputError
-from tokenmix.cache.reader import TokenCache
+from tokenmix import BadInputError, TokenCache
 
 GOOD = [json.dumps({"text": f"good document number {i}"}).encode() for i in range(4)]
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenmix.datasets.batch_schedule import BatchSchedule
+from tokenmix import BatchSchedule
 
 
 @st.composite

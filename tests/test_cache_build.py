@@ -7,11 +7,9 @@ import numpy as np
 import pytest
 from conftest import TOKENIZER, GatedShard, build, cache_bytes, demo_urls, encoder_for, write_jsonl
 
-from tokenmix.cache.builder import BuildOptions, CacheBuilder
-from tokenmix.cache.ledger import CacheMismatchError, ShardListMismatchError
-from tokenmix.cache.reader import TokenCache
-from tokenmix.formats.text import TextLmDatasetFormat
-from tokenmix.sources.shards import FileShard
+from tokenmix import BuildOptions, CacheMismatchError, ShardListMismatchError, TextLmDatasetFormat, TokenCache
+from tokenmix.cache import CacheBuilder
+from tokenmix.sources import FileShard
 
 
 def expected_rows(hf_tokenizer, records, eos=0):

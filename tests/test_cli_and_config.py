@@ -8,12 +8,18 @@ import pytest
 import yaml
 from conftest import DEMO_CORPUS, REPO, TOKENIZER
 
-from tokenmix.cache.reader import TokenCache
-from tokenmix.cli.build_cache import ConfigError, load_data_config
+from tokenmix import (
+    ConfigError,
+    LMDatasetConfig,
+    LMDatasetSourceConfig,
+    LMMixtureDatasetConfig,
+    PackedDataset,
+    TextLmDatasetFormat,
+    TokenCache,
+    load_data_config,
+)
 from tokenmix.cli.main import main
-from tokenmix.config import LMDatasetConfig, LMDatasetSourceConfig, LMMixtureDatasetConfig, cache_targets
-from tokenmix.datasets.packed import PackedDataset
-from tokenmix.formats.text import TextLmDatasetFormat
+from tokenmix.config import cache_targets
 
 
 def _cli(*args, cwd=REPO):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes
 
-from tokenmix.cache.reader import CacheNotFoundError, TokenCache
+from tokenmix import CacheNotFoundError, TokenCache
 
 COPIES = 4
 

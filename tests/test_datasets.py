@@ -11,10 +11,7 @@ import pytest
 import yaml
 from conftest import DEMO_CORPUS, TOKENIZER, build
 
-from tokenmix.cache.reader import TokenCache
-from tokenmix.cli.build_cache import ConfigError, load_data_config
-from tokenmix.config import LMMixtureDatasetConfig, build_caches
-from tokenmix.datasets.token_seq import TokenSeqDataset
+from tokenmix import ConfigError, LMMixtureDatasetConfig, TokenCache, TokenSeqDataset, build_caches, load_data_config
 
 SOURCES = ("linux_doc", "python_doc", "webster")
 

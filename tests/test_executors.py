@@ -16,20 +16,22 @@ import pytest
 import yaml
 from conftest import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes, encoder_for, write_lines
 
-from tokenmix.cache.builder import BadInputError, BuildOptions, CacheBuilder, ShardTaskError
-from tokenmix.cache.executor import (
+from tokenmix import (
+    BadInputError,
+    BuildOptions,
     DaskExecutorConfig,
-    ExecutorConfig,
     LocalExecutorConfig,
     MissingExtraError,
     RayExecutorConfig,
-    import_extra,
+    ShardTaskError,
+    SupervisedLmDatasetFormat,
+    TokenCache,
+    load_data_config,
 )
-from tokenmix.cache.reader import TokenCache
+from tokenmix.cache import CacheBuilder, ExecutorConfig
+from tokenmix.cache.cluster import import_extra
 from tokenmix.cache.shard_task import STAGING_DIR
-from tokenmix.cli.build_cache import load_data_config
-from tokenmix.formats.supervised import SupervisedLmDatasetFormat
-from tokenmix.sources.shards import DEFAULT_CHUNK_BYTES, FileShard
+from tokenmix.sources import DEFAULT_CHUNK_BYTES, FileShard
 
 TESTS = str(Path(__file__).resolve().parent)
 CHUNK = 64 << 10

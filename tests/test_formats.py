@@ -12,15 +12,19 @@ import pytest
 import yaml
 from conftest import TOKENIZER, build, cache_bytes, encoder_for, with_format, write_jsonl, write_lines
 
-from tokenmix.cache.builder import BadInputError
-from tokenmix.cache.ledger import CacheMismatchError
-from tokenmix.cache.reader import TokenCache
-from tokenmix.config import LMMixtureDatasetConfig, build_caches, open_cache
-from tokenmix.datasets.token_seq import TokenSeqDataset
-from tokenmix.formats.chat import ChatLmDatasetFormat
-from tokenmix.formats.fim import FimLmDatasetFormat
-from tokenmix.formats.supervised import SupervisedLmDatasetFormat
-from tokenmix.formats.text import TextLmDatasetFormat
+from tokenmix import (
+    BadInputError,
+    CacheMismatchError,
+    ChatLmDatasetFormat,
+    FimLmDatasetFormat,
+    LMMixtureDatasetConfig,
+    SupervisedLmDatasetFormat,
+    TextLmDatasetFormat,
+    TokenCache,
+    TokenSeqDataset,
+    build_caches,
+    open_cache,
+)
 
 EOS, PAD, FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX = 0, 1, 2, 3, 4  # ids in the shared tokenizer
 

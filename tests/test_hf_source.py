@@ -5,8 +5,8 @@ import json
 import pytest
 from conftest import DEMO_CORPUS, TOKENIZER, read_jsonl_zst
 
-from tokenmix.config import LMDatasetSourceConfig, LMMixtureDatasetConfig, build_caches, open_cache
-from tokenmix.sources.hf import HfDatasetShard
+from tokenmix import LMDatasetSourceConfig, LMMixtureDatasetConfig, build_caches, open_cache
+from tokenmix.sources import HfDatasetShard
 
 
 @pytest.fixture(scope="module")

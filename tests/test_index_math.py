@@ -14,11 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
-from tokenmix.datasets.mixture import MixtureDataset
+from tokenmix import Dataset, MixtureDataset, TokenBatch
+from tokenmix.datasets import FeistelPermutation, Pending, SourceOrder
+from tokenmix.datasets.base import as_indices
 from tokenmix.datasets.mixture_layout import _STATES_KEPT, BlockAllocator
-from tokenmix.datasets.order import SourceOrder
-from tokenmix.datasets.permutation import FeistelPermutation
 from tokenmix.datasets.segments import document_segments
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -27,14 +27,22 @@ from conftest import GatedShard, demo_urls, encoder_for
 from jax.sharding import NamedSharding, PartitionSpec
 from loader_helpers import SEQ_LEN, CountingDataset, Wrapped, mixture_yaml
 
-from tokenmix.cache.builder import BuildOptions, CacheBuilder
-from tokenmix.cache.reader import TokenCache
-from tokenmix.config import LMMixtureDatasetConfig, build_caches
-from tokenmix.datasets.base import Pending, TokenBatch
-from tokenmix.datasets.token_seq import TokenSeqDataset
-from tokenmix.loader import BatchSchedule, DataLoader, LoaderError, batch_fingerprint
+from tokenmix import (
+    BatchSchedule,
+    BuildOptions,
+    DataLoader,
+    LMMixtureDatasetConfig,
+    LoaderError,
+    TokenBatch,
+    TokenCache,
+    TokenSeqDataset,
+    batch_fingerprint,
+    build_caches,
+)
+from tokenmix.cache import CacheBuilder
+from tokenmix.datasets import Pending
 from tokenmix.loader.fingerprint import combine, row_digests
-from tokenmix.sources.shards import FileShard
+from tokenmix.sources import FileShard
 
 # Eight fake CPU devices. Pytest imports every test module before it runs any test, and nothing imports
 # a JAX backend at import time, so this runs before JAX starts (JAX refuses it afterwards, loudly).

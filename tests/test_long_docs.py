@@ -6,9 +6,10 @@ from conftest import build, cache_bytes, demo_urls, encoder_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenmix.cache.builder import BuildOptions, CacheBuilder
+from tokenmix import BuildOptions
+from tokenmix.cache import CacheBuilder
 from tokenmix.formats.long_docs import exact_split_supported, split_text
-from tokenmix.sources.shards import FileShard
+from tokenmix.sources import FileShard
 
 ALPHABET = st.sampled_from(list("abcXYZ019 \n\t.,'-_()é漢😀") + [" ", " ", "  ", "'s", "'ll", "<|endoftext|>", "\u00a0"])
 

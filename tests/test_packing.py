@@ -18,17 +18,21 @@ from conftest import TOKENIZER, GatedShard, build, demo_urls, encoder_for, with_
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokenmix.cache.builder import BuildOptions, CacheBuilder
-from tokenmix.cache.ledger import CacheMismatchError
-from tokenmix.cache.reader import TokenCache
-from tokenmix.config import LMMixtureDatasetConfig, build_caches
+from tokenmix import (
+    BuildOptions,
+    CacheMismatchError,
+    LMMixtureDatasetConfig,
+    PackedDataset,
+    SupervisedLmDatasetFormat,
+    TokenCache,
+    TokenSeqDataset,
+    build_caches,
+)
+from tokenmix.cache import CacheBuilder
 from tokenmix.datasets import packed as packed_module
-from tokenmix.datasets.packed import PackedDataset
 from tokenmix.datasets.packing import document_pieces, next_fit
 from tokenmix.datasets.segments import in_spans, segment_positions, span_coverage
-from tokenmix.datasets.token_seq import TokenSeqDataset
-from tokenmix.formats.supervised import SupervisedLmDatasetFormat
-from tokenmix.sources.shards import FileShard
+from tokenmix.sources import FileShard
 
 PAD = 1
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -10,7 +10,8 @@ import pytest
 import zstandard
 from conftest import write_jsonl, write_lines
 
-from tokenmix.sources.shards import FileShard, PlainText, ShardReadError
+from tokenmix import ShardReadError
+from tokenmix.sources import FileShard, PlainText
 
 RECORDS = [{"text": f"document {i} " + "word " * (i % 7), "id": i} for i in range(50)]
 

@@ -1,6 +1,7 @@
 import pytest
 
-from tokenmix.sources.urls import NoShardsError, expand_urls
+from tokenmix import NoShardsError
+from tokenmix.sources import expand_urls
 
 
 def test_brace_ranges_keep_zero_padding_and_order():

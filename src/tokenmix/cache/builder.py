@@ -23,7 +23,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tokenmix.cache.executor import ClusterExecutor, ExecutorConfig, LocalExecutorConfig, TaskFuture
+from tokenmix.cache.cluster import ClusterExecutor, TaskFuture
+from tokenmix.cache.executor import ExecutorConfig, LocalExecutorConfig
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, ShardProgress
 from tokenmix.cache.pool import Completed, EncoderPool
 from tokenmix.cache.progress import BuildProgress, ClusterRates
@@ -39,8 +40,8 @@ from tokenmix.cache.shard_task import (
 )
 from tokenmix.cache.stats import STATS_FILE, compute_stats
 from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments
+from tokenmix.formats.base import FILTER_REASONS
 from tokenmix.formats.encoder import EncodedChunk, EncoderSpec
-from tokenmix.formats.text import FILTER_REASONS
 from tokenmix.sources.shards import RawChunk, Shard, ShardReadError
 
 logger = logging.getLogger(__name__)

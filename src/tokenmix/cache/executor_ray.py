@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from tokenmix.cache.executor import ClusterExecutor, TaskFuture, import_extra
+from tokenmix.cache.cluster import ClusterExecutor, TaskFuture, import_extra
 
 logger = logging.getLogger(__name__)
 

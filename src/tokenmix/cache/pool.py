@@ -4,7 +4,8 @@ Starting a worker costs about a second (a fresh interpreter, imports), so the po
 workers as soon as it is made, while the driver is still loading the tokenizer, and one pool
 serves every cache of a run. Encoder specs are registered afterwards: each is written once to
 the pool's scratch directory and read by a worker the first time it meets that spec, instead of
-shipping the tokenizer definition (megabytes) with every task.
+shipping the tokenizer definition (megabytes) with every task. The functions at the end are what the
+workers run.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from tokenmix.formats.encoder import DocumentEncoder, EncoderSpec, encode_in_worker, init_worker, warm_up
+from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
 from tokenmix.sources.shards import RawChunk
 
 
@@ -89,3 +92,34 @@ class EncoderPool:
 
     def __exit__(self, exc_type: object, *_: object) -> None:
         self.close(cancel=exc_type is not None)
+
+
+_worker_encoders: dict[int, DocumentEncoder] = {}
+
+
+def init_worker(parent_pid: int, threads: int) -> None:
+    """Process-pool initializer: cap the tokenizer's threads, and exit if the driver dies.
+
+    ``threads`` caps the tokenizer's own thread pool so that workers do not oversubscribe cores.
+    """
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+
+
+def warm_up() -> None:
+    """A no-op task that makes the pool start its processes (and their imports) right away."""
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def encode_in_worker(spec_dir: str, spec_index: int, chunk: RawChunk) -> EncodedChunk:
+    """Process-pool task: encode a chunk with this worker's encoder for spec ``spec_index``."""
+    encoder = _worker_encoders.get(spec_index)
+    if encoder is None:
+        with open(os.path.join(spec_dir, f"{spec_index}.pkl"), "rb") as f:
+            encoder = _worker_encoders[spec_index] = DocumentEncoder(pickle.load(f))
+    return encoder.encode(chunk)

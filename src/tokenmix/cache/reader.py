@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from tokenmix._waiting import poll_until
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
 from tokenmix.cache.stats import STATS_FILE
 from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments
-from tokenmix.waiting import poll_until
 
 
 class CacheNotFoundError(FileNotFoundError):

@@ -29,8 +29,8 @@ import tensorstore as ts
 import zstandard
 
 from tokenmix.cache.store import join_location, kvstore_spec, open_kvstore
+from tokenmix.formats.base import FILTER_REASONS
 from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
-from tokenmix.formats.text import FILTER_REASONS
 from tokenmix.sources.shards import FileShard, Shard, ShardReadError
 
 STAGING_DIR = ".staging"

@@ -12,64 +12,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import tempfile
 from typing import Any
 
-import draccus
-import yaml
 from rich.table import Table
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tokenmix.cache.builder import ShardTaskError
-from tokenmix.cache.executor import MissingExtraError
+from tokenmix import ConfigError, MissingExtraError, ShardTaskError, build_caches, load_data_config
 from tokenmix.cli.console import make_console
-from tokenmix.config import (
-    DataConfig,
-    LMDatasetConfig,
-    LMMixtureDatasetConfig,
-    build_caches,
-)
 
 logger = logging.getLogger(__name__)
-
-
-class ConfigError(ValueError):
-    """A config file that cannot be used, with what to change."""
-
-
-def load_data_config(config_path: str, overrides: list[str] | None = None) -> DataConfig:
-    """Parse a data config YAML (mixture or single dataset, maybe under ``data:``) with overrides."""
-    try:
-        with open(config_path) as f:
-            doc = yaml.safe_load(f) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file {config_path} does not exist") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{config_path} is not valid YAML: {e}") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{config_path}: the top level must be a mapping of config fields")
-    if "data" in doc and isinstance(doc["data"], dict):
-        doc = doc["data"]
-    cls: type = LMMixtureDatasetConfig if "configs" in doc else LMDatasetConfig
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as tmp:
-        yaml.safe_dump(doc, tmp)
-    try:
-        return draccus.parse(config_class=cls, config_path=tmp.name, args=list(overrides or []))
-    except (draccus.utils.ParsingError, TypeError, ValueError) as e:
-        raise ConfigError(f"{config_path} does not parse as {cls.__name__}: {_explain(e)}") from None
-    finally:
-        os.unlink(tmp.name)
-
-
-def _explain(error: BaseException) -> str:
-    """The error with the one at the bottom of its chain: draccus wraps a config's own message (which names
-    the field and the fix) in "Couldn't instantiate class ...", and names the field of a bad value only outside."""
-    inner = error
-    while (inner.__cause__ or inner.__context__) is not None:
-        inner = inner.__cause__ or inner.__context__  # type: ignore[assignment]
-    outer, detail = str(error).strip(), str(inner).strip()
-    return outer if inner is error or detail in outer else f"{outer.rstrip('.')}: {detail}"
 
 
 def summary_table(results: dict[tuple[str, str], dict[str, Any]]) -> Table:

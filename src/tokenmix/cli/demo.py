@@ -13,9 +13,9 @@ import numpy as np
 from rich.console import Console
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tokenmix.cli.build_cache import load_data_config, summary_table
+from tokenmix import LMMixtureDatasetConfig, build_caches, load_data_config
+from tokenmix.cli.build_cache import summary_table
 from tokenmix.cli.console import make_console
-from tokenmix.config import LMMixtureDatasetConfig, build_caches
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def stream_batches(config: LMMixtureDatasetConfig, seq_len: int, batch_size: int
     use_fake_cpu_devices(DEMO_DEVICES)
     import jax
 
-    from tokenmix.loader import DataLoader
+    from tokenmix import DataLoader
 
     devices = jax.devices("cpu")[:DEMO_DEVICES]
     mesh = jax.make_mesh((len(devices),), ("data",), devices=devices)

@@ -8,10 +8,10 @@ import logging
 
 from rich.table import Table
 
-from tokenmix.cache.reader import CacheNotFoundError, TokenCache
+from tokenmix import CacheNotFoundError, TokenCache, TokenizerLoadError
+from tokenmix.cache import stored_plans
 from tokenmix.cli.console import make_console
-from tokenmix.datasets.packed import stored_plans
-from tokenmix.formats.tokenizer import TokenizerLoadError, load_tokenizer
+from tokenmix.formats import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

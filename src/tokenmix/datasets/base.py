@@ -15,8 +15,8 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from tokenmix._waiting import poll_until
 from tokenmix.datasets.segments import segment_positions
-from tokenmix.waiting import poll_until
 
 logger = logging.getLogger(__name__)
 

@@ -9,11 +9,9 @@ where the cache stores loss spans (supervised, chat), is one the format trains o
 
 Documents are packed in cache order, or shuffled (a full permutation, which needs the finished cache,
 or permutations within eras of ``shuffle`` documents, which a growing cache's prefix allows). The plan
-is computed from the offsets with vectorized numpy and kept next to the cache, under
-``<cache>/packing/<plan id>/``: ``plan.json`` (options, progress, statistics) and a jagged array whose
-row e lists the cache rows of example e's pieces. It grows with the cache and is reused by every run
-with the same options; the plan id is a hash of the cache fingerprint and every option, and the
-options are checked again when a plan is opened.
+is computed from the offsets with vectorized numpy and kept next to the cache (``cache/plans.py``),
+growing with the cache and reused by every run with the same options; the plan id is a hash of the
+cache fingerprint and every option, and the options are checked again when a plan is opened.
 """
 
 from __future__ import annotations
@@ -26,21 +24,18 @@ from typing import Any
 
 import numpy as np
 
-from tokenmix.cache.ledger import CacheMismatchError, fingerprint_of
+from tokenmix.cache.ledger import fingerprint_of
+from tokenmix.cache.plans import PlanStore, plan_location
 from tokenmix.cache.reader import TokenCache
-from tokenmix.cache.store import JaggedArray, JsonDocuments, join_location
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices, check_readable, read_through
+from tokenmix.datasets.cache_ranges import checked_subset, copy_ranges, keep_targets, split_at_chunks
 from tokenmix.datasets.documents import CacheDocuments
 from tokenmix.datasets.order import Shuffle, SourceOrder, check_shuffle
 from tokenmix.datasets.packing import LongDocuments, check_packing, document_pieces, next_fit
 from tokenmix.datasets.segments import expand_counts
-from tokenmix.datasets.token_seq import copy_ranges, split_at_chunks
 
 logger = logging.getLogger(__name__)
 
-PLAN_VERSION = 1
-PLAN_FILE = "plan.json"
-PLAN_ARRAY = "examples"
 PAD_SEGMENT = -1
 
 
@@ -74,13 +69,7 @@ class PackedDataset(Dataset):
         self.shuffle = shuffle
         self.key = key
         self._docs = CacheDocuments(cache)
-        self._subset = None if documents is None else np.asarray(documents, np.int64)
-        if self._subset is not None:
-            rows = self._docs.rows
-            if not self._docs.finished:
-                raise ValueError(f"{cache.location}: a document subset needs a finished cache")
-            if self._subset.size and (self._subset.min() < 0 or self._subset.max() >= rows or np.any(np.diff(self._subset) <= 0)):
-                raise ValueError(f"{cache.location}: document subset must be sorted unique rows below {rows}")
+        self._subset = None if documents is None else checked_subset(self._docs, documents)
         self.options = {
             "cache_fingerprint": cache.fingerprint,
             "seq_len": seq_len,
@@ -91,7 +80,7 @@ class PackedDataset(Dataset):
             "documents": None if self._subset is None else _digest(self._subset),
         }
         self.plan_id = fingerprint_of(self.options)
-        self.location = join_location(cache.location, "packing", self.plan_id)
+        self.location = plan_location(cache.location, self.plan_id)
         self._example_bounds = np.zeros(1, np.int64)
         """Piece index where each planned example begins, and where the last one ends."""
         self._piece_row = np.empty(0, np.int64)
@@ -105,7 +94,7 @@ class PackedDataset(Dataset):
         self._bounds_hash = hashlib.blake2b(digest_size=16)
         self._bounds_hashed = 0
         """How many document bounds ``_bounds_hash`` has taken in (it grows with the cache, hashing each once)."""
-        self._store: _PlanStore | None = _PlanStore(self.location, self.options) if persist else None
+        self._store: PlanStore | None = PlanStore(self.location, self.options) if persist else None
         if self._store is not None:
             self._load()
         self._extend()
@@ -317,79 +306,11 @@ class PackedDataset(Dataset):
         # position i of a piece learns token i + 1 of the same piece, where the format trains on it
         loss_mask = ~padding
         loss_mask.reshape(-1)[at + size - 1] = False
-        targets = self._docs.targets(start + 1, size - 1)
-        if targets is not None:
-            where, within = expand_counts(size - 1)
-            trained = np.zeros(len(idx) * length, bool)
-            trained[at[where] + within] = targets
-            loss_mask &= trained.reshape(len(idx), length)
+        keep_targets(self._docs, loss_mask, at, start, size - 1)
         out.segment_ids[rows] = segment_ids
         out.loss_mask[rows] = loss_mask
         out.source_ids[rows] = self.source_id
         return finish
-
-
-class _PlanStore:
-    """A packing plan on storage: ``plan.json`` and the jagged array of each example's piece rows."""
-
-    def __init__(self, location: str, options: dict[str, Any]):
-        self.location = location
-        self.options = options
-        self._docs = JsonDocuments(location)
-        self._array: JaggedArray | None = None
-
-    def read(self) -> dict[str, Any] | None:
-        """The stored plan's progress, or None when there is none; a plan made with other options is an error."""
-        plan = self._docs.read(PLAN_FILE)
-        if plan is None:
-            return None
-        if plan.get("options") != self.options or plan.get("version") != PLAN_VERSION:
-            raise CacheMismatchError(
-                f"packing plan at {self.location} was made with {plan.get('options')} (version {plan.get('version')}), "
-                f"not {self.options} (version {PLAN_VERSION}); delete {self.location} to plan again"
-            )
-        return plan
-
-    def read_arrays(self, examples: int, pieces: int) -> tuple[np.ndarray, np.ndarray]:
-        """Piece boundaries of the first ``examples`` examples, and the cache row of each of their ``pieces`` pieces."""
-        array = self._open()
-        bounds = array.row_bounds(0, examples)
-        rows = array.read_tokens(0, pieces) if pieces else np.empty(0, np.int64)
-        return np.asarray(bounds, np.int64), np.asarray(rows, np.int64)
-
-    def write(self, first_example: int, first_piece: int, rows: np.ndarray, counts: np.ndarray, plan: dict[str, Any]) -> bool:
-        """Append examples ``first_example...`` (``counts`` pieces each, cache ``rows`` per piece), then record the plan.
-
-        Returns False (and logs why) when the plan cannot be stored: the dataset then plans in memory.
-        """
-        try:
-            array = self._open(create=True)
-            for write in array.write_rows(first_example, first_piece, rows, counts):
-                write.result()
-            self._docs.write(PLAN_FILE, {"version": PLAN_VERSION, "options": self.options, **plan})
-            array.publish(plan["examples"])
-        except (OSError, ValueError) as e:
-            logger.warning("%s: cannot store the packing plan (%s); it is kept in memory only", self.location, e)
-            return False
-        return True
-
-    def _open(self, create: bool = False) -> JaggedArray:
-        if self._array is None:
-            self._array = JaggedArray.open(self.location, PLAN_ARRAY, "int64", create=create)
-        return self._array
-
-
-def stored_plans(cache_location: str) -> dict[str, dict[str, Any]]:
-    """The packing plans kept next to a cache, by plan id: each plan's options, progress and statistics."""
-    docs = JsonDocuments(join_location(cache_location, "packing"))
-    plans = {}
-    for key in docs.keys():
-        parts = key.split("/")
-        if len(parts) == 2 and parts[1] == PLAN_FILE:
-            plan = docs.read(key)
-            if plan is not None:
-                plans[parts[0]] = plan
-    return plans
 
 
 def _digest(values: np.ndarray) -> str:

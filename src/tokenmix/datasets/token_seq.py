@@ -16,6 +16,7 @@ import numpy as np
 
 from tokenmix.cache.reader import TokenCache
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices, check_readable, read_through
+from tokenmix.datasets.cache_ranges import checked_subset, copy_ranges, keep_targets, split_at_chunks
 from tokenmix.datasets.documents import CacheDocuments
 from tokenmix.datasets.segments import document_segments, expand_counts
 
@@ -33,9 +34,7 @@ class TokenSeqDataset(Dataset):
         self._docs = CacheDocuments(cache)
         self._subset = documents is not None
         if self._subset:
-            if not self._docs.finished:
-                raise ValueError(f"{cache.location}: a document subset needs a finished cache")
-            self._use_subset(np.asarray(documents, np.int64))
+            self._use_subset(checked_subset(self._docs, documents))
         else:
             self._run_stream = np.zeros(1, np.int64)
             self._run_tokens = np.zeros(1, np.int64)
@@ -52,9 +51,6 @@ class TokenSeqDataset(Dataset):
         return self._docs.bounds
 
     def _use_subset(self, docs: np.ndarray) -> None:
-        rows = len(self._bounds) - 1
-        if docs.size and (docs.min() < 0 or docs.max() >= rows or np.any(np.diff(docs) <= 0)):
-            raise ValueError(f"{self.cache.location}: document subset must be sorted unique rows below {rows}")
         lengths = self._bounds[docs + 1] - self._bounds[docs]
         self._doc_starts = np.concatenate([[0], np.cumsum(lengths)])
         # runs of consecutive kept rows are contiguous in the cache: one read each
@@ -97,12 +93,7 @@ class TokenSeqDataset(Dataset):
         dest = rows[owner] * length + offset
         finish = copy_ranges(self.cache, begin, size, dest, out, int(self._bounds[-1]))
         segment_ids, loss_mask = document_segments(starts, length, self._doc_starts_now())
-        targets = self._docs.targets(begin + 1, size)
-        if targets is not None:  # position i learns token i + 1 only where the format trains on it
-            group, within = expand_counts(size)
-            trained = np.zeros(len(idx) * length, bool)
-            trained[owner[group] * length + offset[group] + within] = targets
-            loss_mask &= trained.reshape(len(idx), length)
+        keep_targets(self._docs, loss_mask, owner * length + offset, begin, size)  # position i learns token i + 1
         out.segment_ids[rows] = segment_ids
         out.loss_mask[rows] = loss_mask
         out.source_ids[rows] = self.source_id
@@ -129,39 +120,3 @@ class TokenSeqDataset(Dataset):
         offset = lo - starts[owner]
         sub, piece_begin, piece_size = split_at_chunks(begin, hi - lo, size)
         return owner[sub], offset[sub] + piece_begin - begin[sub], piece_begin, piece_size
-
-
-def split_at_chunks(begin: np.ndarray, size: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Cut cache token ranges ``[begin, begin + size)`` where stored chunks of ``chunk`` tokens end.
-
-    Returns, per piece: the range it comes from, its first token, and its length.
-    """
-    end = begin + size
-    sub, k = expand_counts((end - 1) // chunk - begin // chunk + 1)
-    piece_begin = np.maximum(begin[sub], (begin[sub] // chunk + k) * chunk)
-    piece_end = np.minimum(end[sub], (begin[sub] // chunk + k + 1) * chunk)
-    return sub, piece_begin, piece_end - piece_begin
-
-
-def copy_ranges(cache: TokenCache, begin: np.ndarray, size: np.ndarray, dest: np.ndarray, out: TokenBatch, committed: int) -> Callable[[], None]:
-    """Start reading cache token ranges, each inside one stored chunk; the returned function waits and copies
-    range ``r`` to ``out.tokens`` (flat) at ``dest[r]``.
-
-    Whole chunks are read (all missing ones at once) through the process-wide chunk cache, and each range
-    is copied straight from its chunk into the batch: no intermediate arrays.
-    """
-    chunk_tokens = cache.chunk_tokens
-    chunk = begin // chunk_tokens
-    chunks = cache.read_chunks(np.unique(chunk).tolist(), committed)
-    where = dest.tolist()
-    within = (begin - chunk * chunk_tokens).tolist()
-    sizes = size.tolist()
-    chunk_ids = chunk.tolist()
-
-    def finish() -> None:
-        have = chunks()
-        flat = out.tokens.reshape(-1)
-        for w, c, a, m in zip(where, chunk_ids, within, sizes):
-            flat[w : w + m] = have[c][a : a + m]
-
-    return finish

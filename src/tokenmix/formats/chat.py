@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmix.formats.text import (
+from tokenmix.formats.base import (
     BadRecordError,
     FormatContext,
     LmDatasetFormatBase,
@@ -29,6 +29,7 @@ from tokenmix.formats.text import (
     record_field,
     text_size,
 )
+from tokenmix.formats.tokenizer import import_transformers
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +135,7 @@ class ChatLmDatasetFormat(LmDatasetFormatBase):
 
 def _renderer() -> Any:
     """Hugging Face's own chat-template renderer (the one ``apply_chat_template`` uses), imported when needed."""
+    import_transformers()
     try:
         from transformers.utils.chat_template_utils import render_jinja_template
     except ImportError as e:

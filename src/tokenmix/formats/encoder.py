@@ -1,4 +1,4 @@
-"""Raw records to token ids and loss-mask spans: the work a cache-building worker process does.
+"""Raw records to token ids and loss-mask spans: the work a cache-building worker does.
 
 This module imports only ``tokenizers``, ``numpy``, ``orjson`` and the format definitions, so that
 worker processes start fast. A chunk of raw records comes in; the concatenated token ids, one length
@@ -9,22 +9,15 @@ reason, detail) come out.
 
 from __future__ import annotations
 
-import logging
-import os
-import pickle
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
+from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Rendered
 from tokenmix.formats.long_docs import exact_split_supported, split_text
-from tokenmix.formats.text import BadRecordError, FormatContext, LmDatasetFormatBase, Rendered
 from tokenmix.sources.shards import PlainText, RawChunk
-
-logger = logging.getLogger(__name__)
 
 PRETOKENIZED_KEY = "input_ids"
 DEFAULT_LONG_DOC_CHARS = 100_000
@@ -284,34 +277,3 @@ def _parse_json_line(line: bytes) -> Any:
         except UnicodeDecodeError as u:
             raise BadRecordError("invalid_utf8", f"byte {u.start} of the line is not valid UTF-8") from None
         raise BadRecordError("malformed_json", str(e)) from None
-
-
-_worker_encoders: dict[int, DocumentEncoder] = {}
-
-
-def init_worker(parent_pid: int, threads: int) -> None:
-    """Process-pool initializer: cap the tokenizer's threads, and exit if the driver dies.
-
-    ``threads`` caps the tokenizer's own thread pool so that workers do not oversubscribe cores.
-    """
-    os.environ["RAYON_NUM_THREADS"] = str(threads)
-    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
-
-
-def warm_up() -> None:
-    """A no-op task that makes the pool start its processes (and their imports) right away."""
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    while os.getppid() == parent_pid:
-        time.sleep(1.0)
-    os._exit(1)
-
-
-def encode_in_worker(spec_dir: str, spec_index: int, chunk: RawChunk) -> EncodedChunk:
-    """Process-pool task: encode a chunk with this worker's encoder for spec ``spec_index``."""
-    encoder = _worker_encoders.get(spec_index)
-    if encoder is None:
-        with open(os.path.join(spec_dir, f"{spec_index}.pkl"), "rb") as f:
-            encoder = _worker_encoders[spec_index] = DocumentEncoder(pickle.load(f))
-    return encoder.encode(chunk)

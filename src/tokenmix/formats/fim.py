@@ -21,14 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from tokenmix.formats.text import (
-    FormatContext,
-    LmDatasetFormatBase,
-    RecordRenderer,
-    Rendered,
-    TextLmDatasetFormat,
-    text_size,
-)
+from tokenmix.formats.base import FormatContext, LmDatasetFormatBase, RecordRenderer, Rendered, text_size
+from tokenmix.formats.text import TextLmDatasetFormat
 
 _ONE = 1 << 64
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmix.formats.text import (
+from tokenmix.formats.base import (
     BadRecordError,
     FormatContext,
     LmDatasetFormatBase,

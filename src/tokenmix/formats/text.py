@@ -1,129 +1,17 @@
-"""Dataset formats (``format.type`` in YAML): the base class, what a format produces, and ``text``.
-
-A format says how a record becomes a document: which pieces of text (or literal token ids) it is
-made of and which of its tokens are trained on (the loss-mask targets). ``text`` reads one field;
-``supervised``, ``chat`` and ``fim`` (their own modules) register on ``LmDatasetFormatBase`` the same
-way. Field and class names follow Levanter so that Levanter data configs parse unchanged.
-"""
+"""``text``: plain text in one field of each record (Levanter's ``TextLmDatasetFormat``)."""
 
 from __future__ import annotations
 
-import abc
-import dataclasses
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
-import draccus
-
-FILTER_REASONS = frozenset({"too_long", "too_short"})
-"""Skip reasons that are a format's deliberate filters (counted and logged), not bad input: they never
-stop a build under ``on_error: raise``."""
-
-
-class BadRecordError(ValueError):
-    """A record that cannot become a document; ``reason`` is the counter it is skipped under."""
-
-    def __init__(self, reason: str, detail: str):
-        self.reason = reason
-        self.detail = detail
-        super().__init__(f"{reason}: {detail}")
-
-
-@dataclass
-class Rendered:
-    """A record as the pieces its document is made of, before tokenizing.
-
-    ``pieces`` are texts to tokenize (each on its own) or literal token ids, in document order.
-    ``targets`` says per piece whether its tokens are trained on; None means every token is.
-    ``char_targets`` is for a record rendered as a single text (chat): the target tokens are those
-    overlapping these ``[start, end)`` character spans of it.
-    """
-
-    pieces: list[str | list[int]]
-    targets: list[bool] | None = None
-    char_targets: list[tuple[int, int]] | None = None
-    chars: int = 0
-    """Characters of the record's own text (for statistics)."""
-    utf8_bytes: int = 0
-
-
-def text_size(*texts: str) -> tuple[int, int]:
-    """Characters and UTF-8 bytes of some texts, for statistics."""
-    return sum(map(len, texts)), sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
-
-
-@dataclass(frozen=True)
-class FormatContext:
-    """What a format may need from the tokenizer besides encoding text."""
-
-    token_to_id: Callable[[str], int | None]
-    """The id of a token given by its string (sentinels, separators), or None when it has none."""
-    vocab_size: int
-    special_tokens: Mapping[str, str] = field(default_factory=dict)
-    """``bos_token``, ``eos_token``, ... as a chat template sees them."""
-    chat_template: str | None = None
-    """The tokenizer's own chat template."""
-
-
-RecordRenderer = Callable[[dict[str, Any]], Rendered]
-
-
-@dataclass(frozen=True)
-class LmDatasetFormatBase(abc.ABC, draccus.ChoiceRegistry):
-    """How records of a source become documents; chosen in YAML with ``format: {type: ...}``."""
-
-    adds_special_tokens: ClassVar[bool] = True
-    """Whether BOS/EOS (``enforce_bos``/``enforce_eos``) go around each document; a chat template places its own."""
-    dataset_options: ClassVar[tuple[str, ...]] = ()
-    """Fields that choose how the cache is read (e.g. Levanter's ``pack``), not what it holds: left out of
-    the cache identity."""
-
-    @classmethod
-    def default_choice_name(cls) -> str | None:
-        return "text"
-
-    @abc.abstractmethod
-    def bind(self, context: FormatContext) -> RecordRenderer:
-        """A function turning a record into ``Rendered`` pieces (``BadRecordError`` when it cannot).
-
-        Raises ``ValueError`` when the format cannot work with this tokenizer (a missing sentinel token,
-        a chat template that cannot mark assistant turns): called when a config is resolved, so a
-        misconfigured format fails before any record is read.
-        """
-
-    @property
-    def masks_loss(self) -> bool:
-        """Whether only some tokens are trained on, so the cache stores loss-mask spans."""
-        return False
-
-    def plain_text_record(self, text: str) -> dict[str, Any]:
-        """The record a whole plain-text file (``.txt`` shard) stands for."""
-        raise BadRecordError("wrong_type", f"a plain-text file has no fields; format {self.get_choice_name(type(self))!r} needs JSON records")
-
-    def length_limits(self) -> tuple[int | None, int | None]:
-        """(shortest, longest) document in tokens that is kept; others are skipped as too_short/too_long."""
-        return None, None
-
-    def identity(self) -> dict[str, Any]:
-        """What goes into the cache fingerprint: the format's name and every option that changes its tokens."""
-        options = {k: v for k, v in dataclasses.asdict(self).items() if k not in self.dataset_options}
-        return {"type": self.get_choice_name(type(self)), **options}
-
-
-def record_field(record: dict[str, Any], key: str, option: str) -> Any:
-    """``record[key]``, or ``BadRecordError(missing_field)`` naming the record's fields and the option to set."""
-    try:
-        return record[key]
-    except KeyError:
-        keys = ", ".join(sorted(map(str, record))[:8])
-        raise BadRecordError("missing_field", f"no {key!r} field (fields: {keys}); set format.{option}") from None
+from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, RecordRenderer, Rendered, record_field, text_size
 
 
 @LmDatasetFormatBase.register_subclass("text")
 @dataclass(frozen=True)
 class TextLmDatasetFormat(LmDatasetFormatBase):
-    """Plain text in one field. A list of strings is joined with blank lines."""
+    """Plain text in one field of each record (a list of strings is joined with blank lines)."""
 
     text_key: str = "text"
 

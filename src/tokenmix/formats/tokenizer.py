@@ -19,6 +19,22 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
+class _NoTorchAdvice(logging.Filter):
+    """Drops transformers' "PyTorch was not found" advice: tokenmix uses its tokenizers only, never its models."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("PyTorch was not found")
+
+
+_NO_TORCH_ADVICE = _NoTorchAdvice()
+
+
+def import_transformers() -> None:
+    """Import ``transformers`` (for its tokenizers and chat templates) without its advice to install PyTorch."""
+    logging.getLogger("transformers").addFilter(_NO_TORCH_ADVICE)
+    import transformers  # noqa: F401
+
+
 class TokenizerLoadError(ValueError):
     """The tokenizer named in a config could not be loaded."""
 
@@ -46,6 +62,7 @@ class TokenizerInfo:
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str) -> Any:
     """Load a Hugging Face tokenizer by hub name or local directory (offline needs a local path)."""
+    import_transformers()
     from transformers import AutoTokenizer
 
     try:

@@ -25,20 +25,22 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
+from tokenmix._waiting import POLL_MAX_S, POLL_START_S
 from tokenmix.datasets.base import Dataset, TokenBatch
-from tokenmix.datasets.batch_schedule import BatchSchedule, BatchSizeSpec
 from tokenmix.loader.batch import LmBatch, StepBatch
+from tokenmix.loader.batch_schedule import BatchSchedule, BatchSizeSpec
 from tokenmix.loader.fingerprint import combine, row_digests
 from tokenmix.loader.prefetch import END, Prefetcher
 from tokenmix.loader.sharding import AxisMapping, BatchLayout
-from tokenmix.waiting import POLL_MAX_S, POLL_START_S
 
 logger = logging.getLogger(__name__)
 
 
 class LoaderError(RuntimeError):
-    """Loading a step failed (waiting for, reading or placing its examples): names the step, the example indices
-    this process was loading and their sources; the original exception is its ``__cause__``."""
+    """Loading a step failed (waiting for, reading or placing its examples); the message names the step.
+
+    It also names the example indices this process was loading and their sources; the original exception
+    is its ``__cause__``."""
 
     def __init__(self, message: str, step: int, indices: np.ndarray, sources: list[str]):
         super().__init__(message)

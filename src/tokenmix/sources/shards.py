@@ -54,7 +54,7 @@ class RawChunk:
 
 
 class ShardReadError(Exception):
-    """A shard could not be read (further). ``position`` is where reading stopped."""
+    """A shard could not be read (further); ``position`` is where reading stopped."""
 
     def __init__(self, shard: str, position: int, reason: str, detail: str):
         self.shard = shard

@@ -1,0 +1,147 @@
+"""tokenmix: tokenized caches on tensorstore, exact lazy mixtures over them, and sharded batches for JAX meshes.
+
+From raw shards to a training step::
+
+    import tokenmix
+
+    config = tokenmix.load_data_config("config/demo.yaml")   # or a dict; overrides as ["--cache_dir", "/tmp/c"]
+    tokenmix.build_caches(config)                             # every source and split; resumes, extends
+    train = config.train_set(seq_len=1024)                    # a MixtureDataset: exact, lazy, deterministic
+    loader = tokenmix.DataLoader(train, 32, mesh, {"batch": "data"})
+
+Importing tokenmix is cheap: each name below is imported on first use, and only ``DataLoader`` and the
+batch types start JAX. The stage packages (``tokenmix.sources``, ``formats``, ``cache``, ``datasets``,
+``loader``, ``config``) each name more of their own.
+
+Configs (draccus dataclasses; Levanter's field names)
+    load_data_config            Load a data config (mixture or single dataset) from a YAML file or a mapping, with overrides.
+    DataConfig                  Either data config: LMMixtureDatasetConfig or LMDatasetConfig.
+    LMMixtureDatasetConfig      Named sources sharing a tokenizer and a cache directory, mixed by weight into a training set.
+    LMDatasetConfig             A single source with its tokenizer and cache directory (Levanter's single-dataset form).
+    LMDatasetSourceConfig       One data source, given by URLs (with brace expansion and globs) or as a Hugging Face dataset.
+    TokenizationConfig          The tokenizer and the special tokens every document gets; part of each cache's identity.
+    PackingConfig               Packing a source's whole documents into ``seq_len`` examples, instead of cutting its token stream.
+    BuildOptions                How a cache is built; none of these change the cache's contents.
+    LocalExecutorConfig         Worker processes on this machine (``build.num_workers`` of them) tokenize chunks the driver reads.
+    RayExecutorConfig           Shard tasks on Ray (``pip install 'tokenmix[ray]'``).
+    DaskExecutorConfig          Shard tasks on Dask distributed (``pip install 'tokenmix[dask]'``).
+
+Formats (``format: {type: ...}``)
+    LmDatasetFormatBase         How records of a source become documents; chosen in YAML with ``format: {type: ...}``.
+    TextLmDatasetFormat         Plain text in one field of each record (a list of strings is joined with blank lines).
+    SupervisedLmDatasetFormat   A prompt and a completion per record; loss only on the completion and its EOS.
+    ChatLmDatasetFormat         A conversation per record; loss only on what the template marks as generated (the assistant turns).
+    FimLmDatasetFormat          Text in one field, fill-in-the-middle transformed with probability ``fim_rate``.
+
+Caches
+    build_caches                Build (or resume, or extend) every cache of the config; returns statistics per (source, split).
+    open_cache                  Open a built (or building) cache of the config, refusing one made with other settings.
+    TokenCache                  Random access to the committed documents of one cache.
+
+Datasets
+    Dataset                     Random access to examples by index; the length may grow while the underlying cache builds.
+    TokenBatch                  A batch of fixed-length examples (numpy arrays; the loader turns them into jax arrays).
+    TokenSeqDataset             Fixed-length examples over a cache's documents, with loss masks and per-document segment ids.
+    PackedDataset               Examples of ``seq_len`` tokens packed from whole documents of a cache, with segment ids and loss masks.
+    MixtureDataset              Examples drawn from named sources in exact proportions, per block of ``block_size``.
+    SourceUsage                 What a mixture has drawn from one source up to some index.
+
+Loader (imports JAX)
+    DataLoader                  Global batches of ``dataset`` for each training step, sharded over ``mesh`` by ``axis_mapping``.
+    BatchSchedule               Batch sizes by step: stage ``i`` runs from ``stages[i][0]`` (a step) with batch size ``stages[i][1]``.
+    StepBatch                   One step of the loader: which step and examples, the batch, and its fingerprint.
+    LmBatch                     A global batch on the mesh: haliax NamedArrays, sharded as the loader's axis mapping says.
+    batch_fingerprint           The fingerprint of a whole batch held in one place (what the loader computes from its shards).
+
+Errors
+    ConfigError                 A data config that cannot be used; the message names the file and field, and what to change.
+    NoShardsError               A URL pattern matched no file.
+    ShardReadError              A shard could not be read (further); ``position`` is where reading stopped.
+    BadRecordError              A record that cannot become a document; ``reason`` is the counter it is skipped under.
+    TokenizerLoadError          The tokenizer named in a config could not be loaded.
+    BadInputError               A bad record or unreadable shard under ``on_error: raise``.
+    ShardTaskError              A shard's task failed on every try on the cluster (worker lost, storage error, ...).
+    MissingExtraError           The chosen executor's engine is not installed.
+    CacheNotFoundError          No cache (no ledger) at the location.
+    CacheMismatchError          An existing cache was made with a different tokenizer, format or options.
+    ShardListMismatchError      The configured shard list is not an extension of the one the cache was built from.
+    LoaderError                 Loading a step failed (waiting for, reading or placing its examples); the message names the step.
+"""
+
+from typing import TYPE_CHECKING
+
+from tokenmix._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from tokenmix.cache.builder import BadInputError, BuildOptions, ShardTaskError
+    from tokenmix.cache.cluster import MissingExtraError
+    from tokenmix.cache.executor import DaskExecutorConfig, LocalExecutorConfig, RayExecutorConfig
+    from tokenmix.cache.ledger import CacheMismatchError, ShardListMismatchError
+    from tokenmix.cache.reader import CacheNotFoundError, TokenCache
+    from tokenmix.config.caches import build_caches, open_cache
+    from tokenmix.config.loading import ConfigError, load_data_config
+    from tokenmix.config.mixture import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig
+    from tokenmix.config.sources import LMDatasetSourceConfig, PackingConfig
+    from tokenmix.config.tokenization import TokenizationConfig
+    from tokenmix.datasets.base import Dataset, TokenBatch
+    from tokenmix.datasets.mixture import MixtureDataset, SourceUsage
+    from tokenmix.datasets.packed import PackedDataset
+    from tokenmix.datasets.token_seq import TokenSeqDataset
+    from tokenmix.formats.base import BadRecordError, LmDatasetFormatBase
+    from tokenmix.formats.chat import ChatLmDatasetFormat
+    from tokenmix.formats.fim import FimLmDatasetFormat
+    from tokenmix.formats.supervised import SupervisedLmDatasetFormat
+    from tokenmix.formats.text import TextLmDatasetFormat
+    from tokenmix.formats.tokenizer import TokenizerLoadError
+    from tokenmix.loader.batch import LmBatch, StepBatch
+    from tokenmix.loader.batch_schedule import BatchSchedule
+    from tokenmix.loader.fingerprint import batch_fingerprint
+    from tokenmix.loader.loader import DataLoader, LoaderError
+    from tokenmix.sources.shards import ShardReadError
+    from tokenmix.sources.urls import NoShardsError
+
+__all__ = [
+    "BadInputError",
+    "BadRecordError",
+    "BatchSchedule",
+    "BuildOptions",
+    "CacheMismatchError",
+    "CacheNotFoundError",
+    "ChatLmDatasetFormat",
+    "ConfigError",
+    "DaskExecutorConfig",
+    "DataConfig",
+    "DataLoader",
+    "Dataset",
+    "FimLmDatasetFormat",
+    "LMDatasetConfig",
+    "LMDatasetSourceConfig",
+    "LMMixtureDatasetConfig",
+    "LmBatch",
+    "LmDatasetFormatBase",
+    "LoaderError",
+    "LocalExecutorConfig",
+    "MissingExtraError",
+    "MixtureDataset",
+    "NoShardsError",
+    "PackedDataset",
+    "PackingConfig",
+    "RayExecutorConfig",
+    "ShardListMismatchError",
+    "ShardReadError",
+    "ShardTaskError",
+    "SourceUsage",
+    "StepBatch",
+    "SupervisedLmDatasetFormat",
+    "TextLmDatasetFormat",
+    "TokenBatch",
+    "TokenCache",
+    "TokenSeqDataset",
+    "TokenizationConfig",
+    "TokenizerLoadError",
+    "batch_fingerprint",
+    "build_caches",
+    "load_data_config",
+    "open_cache",
+]
+_exports, __getattr__, __dir__ = lazy_exports(__name__, __file__)

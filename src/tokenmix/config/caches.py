@@ -1,0 +1,68 @@
+"""Building and opening the caches a data config defines: one per source and split."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tokenmix.cache.builder import CacheBuilder
+from tokenmix.cache.progress import TqdmProgress
+from tokenmix.cache.reader import TokenCache
+from tokenmix.formats.encoder import EncoderSpec
+from tokenmix.sources.shards import Shard
+
+if TYPE_CHECKING:
+    from tokenmix.config.mixture import DataConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CacheTarget:
+    """One cache to build: a source's split."""
+
+    source: str
+    split: str
+    location: str
+    shards: list[Shard]
+    spec: EncoderSpec
+    identity: dict[str, Any]
+
+
+def cache_targets(config: DataConfig, sources: list[str] | None = None) -> list[CacheTarget]:
+    """Every (source, split) cache a config defines, in config order."""
+    targets = []
+    available = config.sources()
+    unknown = sorted(set(sources or []) - set(available))
+    if unknown:
+        raise ValueError(f"unknown source(s) {unknown}; the config defines {sorted(available)}")
+    for name, source in available.items():
+        if sources and name not in sources:
+            continue
+        spec, identity = config.encoder_spec(source.format, f"source {name!r}")
+        for split in source.splits():
+            targets.append(CacheTarget(name, split, config.cache_location(name, split), source.shards(split), spec, identity))
+    return targets
+
+
+def build_caches(config: DataConfig, sources: list[str] | None = None, progress: bool = True) -> dict[tuple[str, str], dict[str, Any]]:
+    """Build (or resume, or extend) every cache of the config; returns statistics per (source, split)."""
+    results = {}
+    with config.build.executor.open(config.build.num_workers) as executor:
+        for target in cache_targets(config, sources):
+            logger.info("building %s/%s at %s from %d shards", target.source, target.split, target.location, len(target.shards))
+            bar = TqdmProgress(f"{target.source}/{target.split}") if progress else None
+            info = {"tokenizer": config.tokenizer, "source": target.source, "split": target.split}
+            builder = CacheBuilder(target.location, target.shards, target.spec, target.identity, config.build, bar, info, executor)
+            results[(target.source, target.split)] = builder.build()
+    return results
+
+
+def open_cache(config: DataConfig, source: str, split: str = "train") -> TokenCache:
+    """Open a built (or building) cache of the config, refusing one made with other settings."""
+    available = config.sources()
+    if source not in available:
+        raise KeyError(f"unknown source {source!r}; the config defines {sorted(available)}")
+    _, identity = config.encoder_spec(available[source].format, f"source {source!r}")
+    return TokenCache(config.cache_location(source, split), expected_identity=identity)

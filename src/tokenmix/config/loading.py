@@ -1,0 +1,98 @@
+"""Reading a data config from a YAML file or a mapping, with command-line overrides, into config objects.
+
+The document is a mixture config (it has ``configs:``), a single-dataset config, or either of those
+under a ``data:`` key (as in a Levanter training config; its other sections are ignored). It is
+decoded by draccus straight from the mapping: nothing is written to disk.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import draccus
+import yaml
+
+from tokenmix.config.mixture import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig
+
+
+class ConfigError(ValueError):
+    """A data config that cannot be used; the message names the file and field, and what to change."""
+
+
+def load_data_config(config: str | os.PathLike[str] | Mapping[str, Any], overrides: Sequence[str] | None = None) -> DataConfig:
+    """Load a data config (mixture or single dataset) from a YAML file or a mapping, with overrides.
+
+    ``overrides`` are draccus' dotted command-line form, ``--cache_dir /tmp/c`` or ``--build.num_workers=4``
+    (values are read as YAML), and win over the document. Raises ``ConfigError`` naming the file and field.
+    """
+    if isinstance(config, Mapping):
+        where, doc = "the data config", copy.deepcopy(dict(config))
+    else:
+        where = os.fspath(config)
+        doc = _read_yaml(where)
+    if isinstance(doc.get("data"), dict):
+        doc = doc["data"]
+    cls: type[DataConfig] = LMMixtureDatasetConfig if "configs" in doc else LMDatasetConfig
+    try:
+        for key, value in parse_overrides(overrides or ()):
+            _set_path(doc, key, value)
+        return draccus.decode(cls, doc)
+    except (draccus.utils.ParsingError, TypeError, ValueError) as e:
+        raise ConfigError(f"{where} does not parse as {cls.__name__}: {_explain(e)}") from None
+
+
+def parse_overrides(args: Sequence[str]) -> list[tuple[str, Any]]:
+    """``--a.b value`` / ``--a.b=value`` pairs as (dotted key, value read as YAML)."""
+    pairs = []
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(f"override {arg!r} is not of the form --field value or --field=value (dotted fields: --build.num_workers 4)")
+        key, eq, text = arg[2:].partition("=")
+        if not eq:
+            if not rest or rest[0].startswith("--"):
+                raise ConfigError(f"override --{key} has no value; write --{key} VALUE or --{key}=VALUE")
+            text = rest.pop(0)
+        try:
+            pairs.append((key, yaml.safe_load(text)))
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override --{key}: {text!r} is not a valid YAML value: {e}") from None
+    return pairs
+
+
+def _set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = doc
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[leaf] = value
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of config fields")
+    return doc
+
+
+def _explain(error: BaseException) -> str:
+    """The error with the one at the bottom of its chain: draccus wraps a config's own message (which names
+    the field and the fix) in "Couldn't instantiate class ...", and names the field of a bad value only outside."""
+    inner = error
+    while (inner.__cause__ or inner.__context__) is not None:
+        inner = inner.__cause__ or inner.__context__  # type: ignore[assignment]
+    outer, detail = str(error).strip(), str(inner).strip()
+    return outer if inner is error or detail in outer else f"{outer.rstrip('.')}: {detail}"

@@ -1,0 +1,179 @@
+"""Mixture configs: named sources sharing a tokenizer and a cache directory, weighted into a training set.
+
+Field names follow Levanter's (``configs``, ``train_weights``, ``mixture_block_size``, ``shuffle``,
+``stop_strategy``, ``num_validation_sequences``) so that Levanter data YAMLs parse unchanged. These
+classes turn configuration into the objects of ``cache``, ``datasets`` and ``loader``; nothing below
+imports them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tokenmix.cache.builder import BuildOptions
+from tokenmix.cache.reader import TokenCache
+from tokenmix.cache.store import join_location
+from tokenmix.config.caches import open_cache
+from tokenmix.config.holdout import held_out_documents, kept_documents
+from tokenmix.config.sources import LMDatasetSourceConfig
+from tokenmix.config.tokenization import TokenizationConfig
+from tokenmix.datasets.base import Dataset
+from tokenmix.datasets.mixture import STOP_STRATEGIES, MixtureDataset, normalize_schedule
+from tokenmix.datasets.order import check_shuffle
+from tokenmix.datasets.packed import PackedDataset
+from tokenmix.datasets.permutation import derive_key
+from tokenmix.datasets.token_seq import TokenSeqDataset
+from tokenmix.loader.batch_schedule import BatchSchedule
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LMMixtureDatasetConfig(TokenizationConfig):
+    """Named sources sharing a tokenizer and a cache directory, mixed by weight into a training set."""
+
+    configs: dict[str, LMDatasetSourceConfig] = field(default_factory=dict)
+    cache_dir: str = "cache/"
+    build: BuildOptions = field(default_factory=BuildOptions)
+    train_weights: dict[str, float] | list[tuple[int, dict[str, float]]] = field(default_factory=dict)
+    """A weight per source, or ``[[start_step, {source: weight}], ...]`` stages (steps, not examples);
+    missing sources weigh 0, a source with weight 0 everywhere is evaluation-only; empty: equal weights."""
+    batch_size: int | list[tuple[int, int]] | None = None
+    """Training batch size, or a ramp ``[[start_step, batch_size], ...]`` as the loader takes it; turns stage start
+    steps into example indices (needed with stages), through the same schedule the loader uses."""
+    mixture_block_size: int = 2048
+    """Examples per block; every block holds its exact per-source counts."""
+    shuffle: bool | int = True
+    """Per-source order: true = full shuffle per epoch, false = in order, an int = shuffle within eras of that many."""
+    stop_strategy: str = "restart"
+    """restart (sources loop, new order each epoch), first_exhausted or all_exhausted."""
+    seed: int = 0
+    num_validation_sequences: dict[str, int] | None = None
+    """Per source without validation URLs: hold out documents holding this many ``seq_len`` sequences."""
+    validation_fraction: dict[str, float] | None = None
+    """Per source without validation URLs: hold out this fraction of its tokens (whole documents)."""
+
+    def __post_init__(self) -> None:
+        names = list(self.configs)
+        if self.stop_strategy not in STOP_STRATEGIES:
+            raise ValueError(f"stop_strategy: expected one of {STOP_STRATEGIES}, got {self.stop_strategy!r}")
+        check_shuffle(self.shuffle, "mixture config")
+        self.batch_schedule()  # refuses a bad ramp, naming `batch_size`
+        if self.train_weights:
+            normalize_schedule(self._weights_in_steps(), names)
+        if isinstance(self.train_weights, list) and len(self.train_weights) > 1 and not self.batch_size:
+            raise ValueError("train_weights has stages given in steps: set `batch_size` so they can be turned into examples")
+        for field_name in ("num_validation_sequences", "validation_fraction"):
+            for name, value in (getattr(self, field_name) or {}).items():
+                if name not in self.configs:
+                    raise ValueError(f"{field_name}: unknown source {name!r}; the config defines {sorted(names)}")
+                if self.configs[name].validation_urls or self.configs[name].id is not None:
+                    raise ValueError(f"{field_name}[{name!r}]: the source has its own validation split; remove it from {field_name}")
+                limit = " and below 1" if field_name == "validation_fraction" else ""
+                if not value > 0 or (limit and value >= 1):
+                    raise ValueError(f"{field_name}[{name!r}] must be positive{limit}, got {value}")
+
+    def sources(self) -> dict[str, LMDatasetSourceConfig]:
+        return dict(self.configs)
+
+    def cache_location(self, name: str, split: str) -> str:
+        source = self.configs[name]
+        return join_location(source.cache_dir, split) if source.cache_dir else join_location(self.cache_dir, name, split)
+
+    def _weights_in_steps(self) -> dict[str, float] | list[tuple[int, dict[str, float]]]:
+        if isinstance(self.train_weights, dict):
+            return self.train_weights
+        return [(int(step), dict(w)) for step, w in self.train_weights]
+
+    def batch_schedule(self) -> BatchSchedule | None:
+        """The batch sizes by step (``batch_size``), or None when it is not set."""
+        if self.batch_size is None:
+            return None
+        spec = self.batch_size if isinstance(self.batch_size, int) else [tuple(stage) for stage in self.batch_size]
+        return BatchSchedule.of(spec)
+
+    def weight_schedule(self) -> list[tuple[int, dict[str, float]]]:
+        """The weight stages with starts in example indices: the first example of each stage's start step."""
+        weights = self._weights_in_steps() or {name: 1.0 for name in self.configs}
+        stages = normalize_schedule(weights, list(self.configs))
+        schedule = self.batch_schedule() or BatchSchedule.constant(1)
+        return [(schedule.offset(step), w) for step, w in stages]
+
+    def _examples(self, name: str, cache: TokenCache, seq_len: int, source_id: int, documents: np.ndarray | None = None) -> Dataset:
+        """A source's examples: packed documents, or windows of its token stream (see ``packing_options``)."""
+        packing = self.configs[name].packing_options()
+        if packing is None:
+            return TokenSeqDataset(cache, seq_len, source_id, documents=documents)
+        return PackedDataset(
+            cache, seq_len, source_id, pad_id=self.pad_id(), max_segments_per_example=packing.max_segments_per_example,
+            long_documents=packing.long_documents, shuffle=packing.shuffle, key=packing.seed, documents=documents,
+        )
+
+    def _train_dataset(self, name: str, seq_len: int, source_id: int) -> Dataset:
+        cache = open_cache(self, name, "train")
+        held = self._held_out(name, cache, seq_len)
+        if held is None:
+            return self._examples(name, cache, seq_len, source_id)
+        return self._examples(name, cache, seq_len, source_id, kept_documents(cache.num_rows(), held))
+
+    def _held_out(self, name: str, cache: TokenCache, seq_len: int) -> np.ndarray | None:
+        """Rows held out of a training cache for validation, or None when the source holds none out."""
+        sequences = (self.num_validation_sequences or {}).get(name)
+        fraction = (self.validation_fraction or {}).get(name)
+        if sequences is None and fraction is None:
+            return None
+        if not cache.is_finished():
+            logger.info("%s: waiting for the cache to finish: holding out validation documents needs all of them", cache.location)
+            cache.wait_until_finished()
+        bounds = cache.row_bounds(0, cache.num_rows())
+        wanted = max(sequences * seq_len if sequences else 0, int(np.ceil(fraction * bounds[-1])) if fraction else 0)
+        # keyed by the source name alone: every run and seed validates on the same documents
+        return held_out_documents(np.diff(bounds), wanted, derive_key("holdout", name))
+
+    def train_set(self, seq_len: int, key: int | None = None) -> MixtureDataset:
+        """The training mixture of ``seq_len``-token examples; ``key`` overrides the config's ``seed``."""
+        schedule = self.weight_schedule()
+        training = [n for n in self.configs if any(w.get(n, 0) > 0 for _, w in schedule)]
+        datasets = {n: self._train_dataset(n, seq_len, i) for i, n in enumerate(self.configs) if n in training}
+        weights = [(start, {n: w.get(n, 0.0) for n in datasets}) for start, w in schedule]
+        return MixtureDataset(
+            datasets,
+            weights if len(weights) > 1 else weights[0][1],
+            block_size=self.mixture_block_size,
+            seed=self.seed if key is None else int(np.asarray(key).ravel()[-1]),
+            shuffle=self.shuffle,
+            stop_strategy=self.stop_strategy,  # type: ignore[arg-type]
+        )
+
+    def validation_sets(self, seq_len: int) -> dict[str, Dataset]:
+        """Per source, its validation examples: its validation split, or the documents held out of training."""
+        out = {}
+        for i, (name, source) in enumerate(self.configs.items()):
+            if "validation" in source.splits():
+                out[name] = self._examples(name, open_cache(self, name, "validation"), seq_len, i)
+                continue
+            cache = open_cache(self, name, "train")
+            held = self._held_out(name, cache, seq_len)
+            if held is not None:
+                out[name] = self._examples(name, cache, seq_len, i, held)
+        return out
+
+
+@dataclass(frozen=True)
+class LMDatasetConfig(LMDatasetSourceConfig, TokenizationConfig):
+    """A single source with its tokenizer and cache directory (Levanter's single-dataset form)."""
+
+    cache_dir: str | None = "cache/"
+    build: BuildOptions = field(default_factory=BuildOptions)
+
+    def sources(self) -> dict[str, LMDatasetSourceConfig]:
+        return {"default": self}
+
+    def cache_location(self, name: str, split: str) -> str:
+        return join_location(self.cache_dir or "cache/", split)
+
+
+DataConfig = LMMixtureDatasetConfig | LMDatasetConfig

@@ -1,0 +1,88 @@
+"""A data source as users write it: shard URLs or a Hugging Face dataset, its format and its packing.
+
+Field names follow Levanter's (``train_urls``, ``validation_urls``, ``id``, ``name``, ``stream``,
+``cache_dir``, ``tags``, ``format``) so that Levanter data YAMLs parse unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tokenmix.formats  # noqa: F401  (registers every format, so `format: {type: ...}` can name any of them)
+from tokenmix.datasets.order import check_shuffle
+from tokenmix.datasets.packing import LongDocuments, check_packing
+from tokenmix.formats.base import LmDatasetFormatBase
+from tokenmix.formats.text import TextLmDatasetFormat
+from tokenmix.sources.hf import HfDatasetShard, available_splits
+from tokenmix.sources.shards import FileShard, Shard
+from tokenmix.sources.urls import expand_urls
+
+SPLITS = ("train", "validation")
+
+
+@dataclass(frozen=True)
+class PackingConfig:
+    """Packing a source's whole documents into ``seq_len`` examples, instead of cutting its token stream."""
+
+    max_segments_per_example: int | None = 64
+    """At most this many documents (segments) in one example (Levanter's default: 64); null for no cap."""
+    long_documents: LongDocuments = "truncate"
+    """A document longer than ``seq_len``: ``truncate`` (keep its start), ``truncate_start`` (keep its end) or ``split``."""
+    shuffle: bool | int = False
+    """Document order before packing: false = cache order, true = shuffled (waits for the cache to finish),
+    an int = shuffled within eras of that many documents (works on a growing cache)."""
+    seed: int = 0
+    """Key of the shuffled document order."""
+
+    def __post_init__(self) -> None:
+        check_packing(self.max_segments_per_example, self.long_documents)
+        check_shuffle(self.shuffle, "packing")
+
+
+@dataclass(frozen=True)
+class LMDatasetSourceConfig:
+    """One data source, given by URLs (with brace expansion and globs) or as a Hugging Face dataset."""
+
+    id: str | None = None
+    """Hugging Face dataset id or local dataset directory (the HF form)."""
+    name: str | None = None
+    """Hugging Face dataset configuration name."""
+    stream: bool = True
+    """Read the HF dataset streaming rather than downloading it whole first."""
+    train_urls: list[str] = field(default_factory=list)
+    validation_urls: list[str] = field(default_factory=list)
+    cache_dir: str | None = None
+    """Where this source's caches go, instead of ``<mixture cache_dir>/<source name>``."""
+    tags: list[str] | None = None
+    format: LmDatasetFormatBase = field(default_factory=TextLmDatasetFormat)
+    packing: PackingConfig | None = None
+    """Pack whole documents into examples. Unset: supervised and chat sources pack (Levanter's ``format.pack``,
+    true by default; false packs one document per example), text and fim sources cut their token stream."""
+
+    def __post_init__(self) -> None:
+        if self.id is not None and (self.train_urls or self.validation_urls):
+            raise ValueError(f"source {self.id!r}: give either `id` (Hugging Face) or `train_urls`/`validation_urls`, not both")
+
+    def packing_options(self) -> PackingConfig | None:
+        """How this source's examples are packed, or None when they are windows of its token stream."""
+        if self.packing is not None:
+            return self.packing
+        pack = getattr(self.format, "pack", None)
+        if pack is None:
+            return None
+        return PackingConfig() if pack else PackingConfig(max_segments_per_example=1)
+
+    def shards(self, split: str) -> list[Shard]:
+        """The shards of a split, in order (empty when the source has no such split)."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+        if self.id is not None:
+            return [HfDatasetShard(self.id, self.name, split, self.stream)]
+        urls = self.train_urls if split == "train" else self.validation_urls
+        return [FileShard(url) for url in expand_urls(urls)]
+
+    def splits(self) -> list[str]:
+        """The splits this source defines."""
+        if self.id is not None:
+            return [s for s in SPLITS if s in available_splits(self.id, self.name)]
+        return [s for s, urls in (("train", self.train_urls), ("validation", self.validation_urls)) if urls]

@@ -1,0 +1,79 @@
+"""Reading ranges of a cache's token stream into a batch: what every dataset over a cache does.
+
+Ranges are cut where stored chunks end, every missing chunk of a batch is read at once, and each range
+is copied straight into the batch; loss masks follow the loss spans a masking format stored; a subset
+of documents (held-out validation) is checked once, when a dataset takes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from tokenmix.cache.reader import TokenCache
+from tokenmix.datasets.base import TokenBatch
+from tokenmix.datasets.documents import CacheDocuments
+from tokenmix.datasets.segments import expand_counts
+
+
+def checked_subset(docs: CacheDocuments, documents: np.ndarray | list[int]) -> np.ndarray:
+    """``documents`` as sorted unique int64 rows of a finished cache, or ``ValueError`` naming the cache."""
+    location = docs.cache.location
+    if not docs.finished:
+        raise ValueError(f"{location}: a document subset needs a finished cache")
+    subset = np.asarray(documents, np.int64)
+    if subset.size and (subset.min() < 0 or subset.max() >= docs.rows or np.any(np.diff(subset) <= 0)):
+        raise ValueError(f"{location}: document subset must be sorted unique rows below {docs.rows}")
+    return subset
+
+
+def keep_targets(docs: CacheDocuments, loss_mask: np.ndarray, dest: np.ndarray, begin: np.ndarray, size: np.ndarray) -> None:
+    """Clear ``loss_mask`` where the token predicted is not one the format trains on (formats that store loss spans).
+
+    Range ``r`` is ``size[r]`` positions of the batch from flat position ``dest[r]``, predicting the cache
+    tokens from ``begin[r] + 1``; positions outside every range are left as they are.
+    """
+    targets = docs.targets(begin + 1, size)
+    if targets is None:
+        return
+    group, within = expand_counts(size)
+    trained = np.zeros(loss_mask.size, bool)
+    trained[dest[group] + within] = targets
+    loss_mask &= trained.reshape(loss_mask.shape)
+
+
+def split_at_chunks(begin: np.ndarray, size: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut cache token ranges ``[begin, begin + size)`` where stored chunks of ``chunk`` tokens end.
+
+    Returns, per piece: the range it comes from, its first token, and its length.
+    """
+    end = begin + size
+    sub, k = expand_counts((end - 1) // chunk - begin // chunk + 1)
+    piece_begin = np.maximum(begin[sub], (begin[sub] // chunk + k) * chunk)
+    piece_end = np.minimum(end[sub], (begin[sub] // chunk + k + 1) * chunk)
+    return sub, piece_begin, piece_end - piece_begin
+
+
+def copy_ranges(cache: TokenCache, begin: np.ndarray, size: np.ndarray, dest: np.ndarray, out: TokenBatch, committed: int) -> Callable[[], None]:
+    """Start reading cache token ranges, each inside one stored chunk; the returned function waits and copies
+    range ``r`` to ``out.tokens`` (flat) at ``dest[r]``.
+
+    Whole chunks are read (all missing ones at once) through the process-wide chunk cache, and each range
+    is copied straight from its chunk into the batch: no intermediate arrays.
+    """
+    chunk_tokens = cache.chunk_tokens
+    chunk = begin // chunk_tokens
+    chunks = cache.read_chunks(np.unique(chunk).tolist(), committed)
+    where = dest.tolist()
+    within = (begin - chunk * chunk_tokens).tolist()
+    sizes = size.tolist()
+    chunk_ids = chunk.tolist()
+
+    def finish() -> None:
+        have = chunks()
+        flat = out.tokens.reshape(-1)
+        for w, c, a, m in zip(where, chunk_ids, within, sizes):
+            flat[w : w + m] = have[c][a : a + m]
+
+    return finish
