@@ -132,23 +132,29 @@ class Dataset(ABC):
         return self.final_len()
 
 
-def read_through(dataset: Dataset, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
-    """``dataset.read`` for a dataset that writes examples straight into a batch: a new batch filled by ``read_into``."""
-    idx = as_indices(indices)
-    out = TokenBatch.empty(len(idx), dataset.tokens_per_example)
-    finish = dataset.read_into(idx, out, np.arange(len(idx)))
+class DirectDataset(Dataset):
+    """A dataset that writes its examples straight into a batch: no intermediate batch per source of a mixture."""
 
-    def assemble() -> TokenBatch:
-        finish()
-        return out
+    def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
+        idx = as_indices(indices)
+        out = TokenBatch.empty(len(idx), self.tokens_per_example)
+        finish = self.read_into(idx, out, np.arange(len(idx)))
 
-    return Pending(assemble)
+        def assemble() -> TokenBatch:
+            finish()
+            return out
 
+        return Pending(assemble)
 
-def check_readable(dataset: Dataset, idx: np.ndarray) -> None:
-    """Refuse example indices past what ``dataset`` can read now, naming the first one out of reach."""
-    if len(idx) and int(idx.max()) >= dataset.current_len():
-        raise IndexError(f"{dataset!r}: example {int(idx.max())} is beyond the {dataset.current_len()} examples available")
+    def read_into(self, indices: Sequence[int] | np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
+        idx = as_indices(indices)
+        if len(idx) and int(idx.max()) >= self.current_len():
+            raise IndexError(f"{self!r}: example {int(idx.max())} is beyond the {self.current_len()} examples available")
+        return self._write(idx, out, np.asarray(rows, np.int64))
+
+    @abstractmethod
+    def _write(self, idx: np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
+        """Start reading examples ``idx`` (all readable) for ``rows`` of ``out``; the function returned waits and writes them."""
 
 
 def as_indices(indices: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ import numpy as np
 from tokenmix.cache.ledger import fingerprint_of
 from tokenmix.cache.plans import PlanStore, plan_location
 from tokenmix.cache.reader import TokenCache
-from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices, check_readable, read_through
+from tokenmix.datasets.base import DirectDataset, TokenBatch
 from tokenmix.datasets.cache_ranges import checked_subset, copy_ranges, keep_targets, split_at_chunks
 from tokenmix.datasets.documents import CacheDocuments
 from tokenmix.datasets.order import Shuffle, SourceOrder, check_shuffle
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 PAD_SEGMENT = -1
 
 
-class PackedDataset(Dataset):
+class PackedDataset(DirectDataset):
     """Examples of ``seq_len`` tokens packed from whole documents of a cache, with segment ids and loss masks."""
 
     def __init__(
@@ -275,14 +275,8 @@ class PackedDataset(Dataset):
 
     # reading
 
-    def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
-        return read_through(self, indices)
-
-    def read_into(self, indices: Sequence[int] | np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
-        idx = as_indices(indices)
+    def _write(self, idx: np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
         length = self.seq_len
-        check_readable(self, idx)
-        rows = np.asarray(rows, np.int64)
         example_bounds = self._example_bounds  # then the piece arrays, at least as long (see _add)
         first = example_bounds[idx]
         counts = example_bounds[idx + 1] - first

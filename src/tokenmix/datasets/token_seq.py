@@ -10,18 +10,18 @@ is one the format trains on, as well as being in the same document.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
 from tokenmix.cache.reader import TokenCache
-from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices, check_readable, read_through
+from tokenmix.datasets.base import DirectDataset, TokenBatch
 from tokenmix.datasets.cache_ranges import checked_subset, copy_ranges, keep_targets, split_at_chunks
 from tokenmix.datasets.documents import CacheDocuments
 from tokenmix.datasets.segments import document_segments, expand_counts
 
 
-class TokenSeqDataset(Dataset):
+class TokenSeqDataset(DirectDataset):
     """Fixed-length examples over a cache's documents, with loss masks and per-document segment ids."""
 
     def __init__(self, cache: TokenCache, seq_len: int, source_id: int = 0, documents: np.ndarray | None = None):
@@ -80,16 +80,10 @@ class TokenSeqDataset(Dataset):
         """Documents in the stream (so far)."""
         return len(self._doc_starts_now()) - 1
 
-    def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
-        return read_through(self, indices)
-
-    def read_into(self, indices: Sequence[int] | np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
-        idx = as_indices(indices)
+    def _write(self, idx: np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
         length = self.seq_len
-        check_readable(self, idx)
         starts = idx * length
         owner, offset, begin, size = self._pieces(starts, starts + length)
-        rows = np.asarray(rows, np.int64)
         dest = rows[owner] * length + offset
         finish = copy_ranges(self.cache, begin, size, dest, out, int(self._bounds[-1]))
         segment_ids, loss_mask = document_segments(starts, length, self._doc_starts_now())

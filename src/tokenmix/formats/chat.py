@@ -20,15 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmix.formats.base import (
-    BadRecordError,
-    FormatContext,
-    LmDatasetFormatBase,
-    RecordRenderer,
-    Rendered,
-    record_field,
-    text_size,
-)
+from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, RecordRenderer, Rendered, record_field, text_size
 from tokenmix.formats.tokenizer import import_transformers
 
 logger = logging.getLogger(__name__)

@@ -16,15 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmix.formats.base import (
-    BadRecordError,
-    FormatContext,
-    LmDatasetFormatBase,
-    RecordRenderer,
-    Rendered,
-    record_field,
-    text_size,
-)
+from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, RecordRenderer, Rendered, record_field, text_size
 
 
 @LmDatasetFormatBase.register_subclass("supervised")

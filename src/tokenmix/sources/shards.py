@@ -12,8 +12,9 @@ Shard-level failures (missing or unreadable file, truncated or corrupt compresse
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -184,30 +185,15 @@ class FileShard:
 
     def _read_lines(self, raw, start: int, chunk_bytes: int, stream=None) -> Iterator[RawChunk]:
         stream = stream if stream is not None else decompressing_reader(raw, self.compression)
-        consumed = self._tracked(raw)
-        buf = ChunkBuffer(start, chunk_bytes)
-        for position, line in enumerate(stream):
-            if position < start:
-                continue
-            if buf.add(line, len(line)):
-                yield buf.take(consumed())
-        if buf.records:
-            yield buf.take(consumed())
+        yield from _chunked(itertools.islice(stream, start, None), len, ChunkBuffer(start, chunk_bytes), self._tracked(raw))
 
     def _read_json(self, raw, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
         stream = decompressing_reader(raw, self.compression)
         if not _starts_with_bracket(stream):
             yield from self._read_lines(raw, start, chunk_bytes, stream)
             return
-        consumed = self._tracked(raw)
-        buf = ChunkBuffer(start, chunk_bytes)
-        for position, item in enumerate(ijson.items(stream, "item", use_float=True)):
-            if position < start:
-                continue
-            if buf.add(item, approx_size(item)):
-                yield buf.take(consumed())
-        if buf.records:
-            yield buf.take(consumed())
+        items = itertools.islice(ijson.items(stream, "item", use_float=True), start, None)
+        yield from _chunked(items, approx_size, ChunkBuffer(start, chunk_bytes), self._tracked(raw))
 
     def _read_parquet(self, raw, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
         import pyarrow.parquet as pq
@@ -239,6 +225,15 @@ class FileShard:
         if start > 0:
             return
         yield RawChunk(0, [PlainText(data)], len(data))
+
+
+def _chunked(records: Iterator[RawRecord], size: Callable[[Any], int], buf: ChunkBuffer, consumed: Callable[[], int]) -> Iterator[RawChunk]:
+    """``records`` in chunks of about ``buf.chunk_bytes`` (by ``size``), each with the input bytes ``consumed()`` so far."""
+    for record in records:
+        if buf.add(record, size(record)):
+            yield buf.take(consumed())
+    if buf.records:
+        yield buf.take(consumed())
 
 
 def _starts_with_bracket(stream) -> bool:
