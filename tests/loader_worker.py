@@ -17,8 +17,8 @@ import sys
 
 import jax
 import numpy as np
+from helpers import SEQ_LEN, CountingDataset
 from jax.experimental import multihost_utils
-from loader_helpers import SEQ_LEN, CountingDataset
 
 from tokenmix import DataLoader, load_data_config
 

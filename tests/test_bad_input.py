@@ -5,7 +5,7 @@ import logging
 import random
 
 import pytest
-from conftest import build, write_lines
+from helpers import build, write_lines
 
 from tokenmix import BadInputError, TokenCache
 

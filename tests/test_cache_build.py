@@ -1,14 +1,12 @@
 """Building caches from the real demo corpus with the real tokenizer: order, workers, reading, identity."""
 
 import json
-import threading
 
 import numpy as np
 import pytest
-from conftest import TOKENIZER, GatedShard, build, cache_bytes, demo_urls, encoder_for, write_jsonl
+from helpers import TOKENIZER, build, cache_bytes, demo_urls, encoder_for, write_jsonl
 
-from tokenmix import BuildOptions, CacheMismatchError, ShardListMismatchError, TextLmDatasetFormat, TokenCache
-from tokenmix.cache import CacheBuilder
+from tokenmix import CacheMismatchError, ShardListMismatchError, TextLmDatasetFormat, TokenCache
 from tokenmix.sources import FileShard
 
 
@@ -57,35 +55,20 @@ def test_memory_driver_holds_a_cache(demo_docs, hf_tokenizer):
     assert cache[3].tolist() == expected_rows(hf_tokenizer, [demo_docs["webster"][3]])[0]
 
 
-def test_reading_while_building_sees_a_growing_committed_prefix(tmp_path, demo_docs, hf_tokenizer):
-    location = str(tmp_path / "c")
-    spec, identity = encoder_for()
-    urls = demo_urls("webster") + demo_urls("linux_doc")
-    release = threading.Event()
-    gated = [GatedShard(FileShard(u), release if i == 2 else None) for i, u in enumerate(urls)]
-    builder = CacheBuilder(location, gated, spec, identity, BuildOptions(num_workers=0, chunk_bytes=32 << 10, commit_interval_s=0.0))
-    thread = threading.Thread(target=builder.build)
-    thread.start()
-    try:
-        first_two = len(demo_docs["webster"])
-        cache = None
-        while cache is None:
-            try:
-                cache = TokenCache(location)
-            except FileNotFoundError:
-                pass
-        rows = cache.wait_for_rows(first_two, timeout=60)
-        assert rows == first_two
-        assert not cache.is_finished()
-        with pytest.raises(TimeoutError):
-            cache.wait_for_rows(first_two + 1, timeout=0.3)
-        assert [r.tolist() for r in cache.get_rows([0, first_two - 1])] == expected_rows(
-            hf_tokenizer, [demo_docs["webster"][0], demo_docs["webster"][-1]])
-        with pytest.raises(IndexError):
-            cache.get_rows([first_two])
-    finally:
-        release.set()
-        thread.join()
+def test_reading_while_building_sees_a_growing_committed_prefix(growing_cache, demo_docs, hf_tokenizer):
+    growing = growing_cache(demo_urls("webster") + demo_urls("linux_doc"), held_from=2, chunk_bytes=32 << 10)
+    cache = growing.open()
+    first_two = len(demo_docs["webster"])
+    rows = cache.wait_for_rows(first_two, timeout=60)
+    assert rows == first_two
+    assert not cache.is_finished()
+    with pytest.raises(TimeoutError):
+        cache.wait_for_rows(first_two + 1, timeout=0.3)
+    assert [r.tolist() for r in cache.get_rows([0, first_two - 1])] == expected_rows(
+        hf_tokenizer, [demo_docs["webster"][0], demo_docs["webster"][-1]])
+    with pytest.raises(IndexError):
+        cache.get_rows([first_two])
+    growing.finish()
     total = cache.wait_until_finished(timeout=60)
     assert total == first_two + len(demo_docs["linux_doc"])
     assert cache.stats()["documents"] == total

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import DEMO_CORPUS, REPO, TOKENIZER
+from helpers import DEMO_CORPUS, REPO, TOKENIZER
 
 from tokenmix import (
     ConfigError,

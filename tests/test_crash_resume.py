@@ -10,7 +10,7 @@ import time
 
 import pytest
 import yaml
-from conftest import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes
+from helpers import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes
 
 from tokenmix import CacheNotFoundError, TokenCache
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import draccus
 import numpy as np
 import pytest
 import yaml
-from conftest import DEMO_CORPUS, TOKENIZER, build
+from helpers import DEMO_CORPUS, TOKENIZER, build, demo_urls
 
 from tokenmix import ConfigError, LMMixtureDatasetConfig, TokenCache, TokenSeqDataset, build_caches, load_data_config
 
@@ -153,32 +152,23 @@ def test_validation_split_is_used_where_the_source_has_one(mixture_config):
     assert np.array_equal(validation["webster"].get_batch([0]).tokens[0], stream[:128])
 
 
-def test_a_dataset_grows_while_its_cache_builds(tmp_path, demo_docs):
-    urls = [str(DEMO_CORPUS / "linux_doc" / f"train-0{i}-of-02.jsonl.zst") for i in range(2)]
-    location = str(tmp_path / "growing")
+def test_a_dataset_grows_while_its_cache_builds(tmp_path, growing_cache):
+    urls = demo_urls("linux_doc")
+    location = str(tmp_path / "first_shard")
     build(location, urls[:1])
-    ds = TokenSeqDataset(TokenCache(location), 512)
-    before = ds.current_len()
-    assert before > 0 and ds.final_len() is not None
-    location2 = str(tmp_path / "growing2")
-    thread = threading.Thread(target=build, args=(location2, urls), kwargs={"commit_interval_s": 0.0, "chunk_bytes": 1 << 14})
-    thread.start()
-    try:
-        while True:
-            try:
-                growing = TokenSeqDataset(TokenCache(location2), 512)
-                break
-            except FileNotFoundError:
-                time.sleep(0.01)
-        seen = [growing.current_len()]
-        while growing.final_len() is None:
-            seen.append(growing.current_len())
-            time.sleep(0.01)
-    finally:
-        thread.join()
+    before = TokenSeqDataset(TokenCache(location), 512).current_len()
+    assert before > 0
+    building = growing_cache(urls, held_from=1, chunk_bytes=1 << 14)
+    growing = building.open(lambda cache: TokenSeqDataset(cache, 512))
+    assert growing.wait_for_len(before, timeout=60) == before and growing.final_len() is None
+    building.release()
+    seen = [growing.current_len()]
+    while growing.final_len() is None:
+        seen.append(growing.current_len())
+        time.sleep(0.01)
     assert seen == sorted(seen) and growing.final_len() > before
     assert growing.wait_for_len(growing.final_len()) == growing.final_len()
-    full = TokenSeqDataset(TokenCache(location2), 512)
+    full = TokenSeqDataset(TokenCache(building.location), 512)
     assert np.array_equal(growing.get_batch([0, before - 1]).tokens, full.get_batch([0, before - 1]).tokens)
 
 

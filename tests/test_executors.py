@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes, encoder_for, write_lines
+from helpers import DEMO_CORPUS, REPO, TOKENIZER, DelegatingShard, cache_bytes, encoder_for, write_lines
 
 from tokenmix import (
     BadInputError,
@@ -38,26 +38,19 @@ CHUNK = 64 << 10
 OPTIONS = {"chunk_bytes": CHUNK, "on_error": "skip", "commit_interval_s": 0.0}
 
 
-class KillingShard:
+class KillingShard(DelegatingShard):
     """A real file shard whose reader SIGKILLs its own worker process after its first chunk while ``marker`` exists.
 
     With ``once`` it removes the marker before killing, so the retried task reads the shard through.
     """
 
     def __init__(self, url: str, marker: str, once: bool = True):
-        self._shard = FileShard(url)
-        self.name = url
+        super().__init__(url)
         self.marker = marker
         self.once = once
 
-    def size_bytes(self):
-        return self._shard.size_bytes()
-
-    def position_label(self, position):
-        return self._shard.position_label(position)
-
     def read(self, start=0, chunk_bytes=DEFAULT_CHUNK_BYTES):
-        for i, chunk in enumerate(self._shard.read(start, chunk_bytes)):
+        for i, chunk in enumerate(super().read(start, chunk_bytes)):
             if i == 1 and os.path.exists(self.marker):
                 if self.once:
                     os.remove(self.marker)

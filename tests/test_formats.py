@@ -10,7 +10,7 @@ import draccus
 import numpy as np
 import pytest
 import yaml
-from conftest import TOKENIZER, build, cache_bytes, encoder_for, with_format, write_jsonl, write_lines
+from helpers import TOKENIZER, build, cache_bytes, encoder_for, with_format, write_jsonl, write_lines
 
 from tokenmix import (
     BadInputError,

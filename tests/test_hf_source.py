@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import DEMO_CORPUS, TOKENIZER, read_jsonl_zst
+from helpers import DEMO_CORPUS, TOKENIZER, read_jsonl_zst
 
 from tokenmix import LMDatasetSourceConfig, LMMixtureDatasetConfig, build_caches, open_cache
 from tokenmix.sources import HfDatasetShard

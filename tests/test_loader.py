@@ -23,13 +23,11 @@ import loader_worker
 import numpy as np
 import pytest
 import yaml
-from conftest import GatedShard, demo_urls, encoder_for
+from helpers import SEQ_LEN, CountingDataset, Wrapped, demo_urls, mixture_yaml
 from jax.sharding import NamedSharding, PartitionSpec
-from loader_helpers import SEQ_LEN, CountingDataset, Wrapped, mixture_yaml
 
 from tokenmix import (
     BatchSchedule,
-    BuildOptions,
     DataLoader,
     LMMixtureDatasetConfig,
     LoaderError,
@@ -39,10 +37,8 @@ from tokenmix import (
     batch_fingerprint,
     build_caches,
 )
-from tokenmix.cache import CacheBuilder
 from tokenmix.datasets import Pending
 from tokenmix.loader.fingerprint import combine, row_digests
-from tokenmix.sources import FileShard
 
 # Eight fake CPU devices. Pytest imports every test module before it runs any test, and nothing imports
 # a JAX backend at import time, so this runs before JAX starts (JAX refuses it afterwards, loudly).
@@ -351,34 +347,20 @@ def test_loader_waits_for_a_growing_cache_and_says_why(train, caplog):
 
 
 @pytest.mark.timeout(120)
-def test_loader_streams_a_real_cache_while_it_builds(tmp_path, caplog):
+def test_loader_streams_a_real_cache_while_it_builds(growing_cache, caplog):
     """A cache whose second shard is held back: the loader serves what is committed, says why it waits,
     and once the build finishes ends at the last full batch with exactly the finished cache's batches."""
-    location = str(tmp_path / "growing")
-    spec, identity = encoder_for()
-    release = threading.Event()
-    shards = [GatedShard(FileShard(u), release if i == 1 else None) for i, u in enumerate(demo_urls("linux_doc"))]
-    builder = CacheBuilder(location, shards, spec, identity, BuildOptions(num_workers=0, chunk_bytes=1 << 13, commit_interval_s=0.0))
-    thread = threading.Thread(target=builder.build)
-    thread.start()
+    building = growing_cache(demo_urls("linux_doc"), held_from=1, chunk_bytes=1 << 13)
     mesh = jax.make_mesh((8,), ("data",))
-    try:
-        while True:
-            try:
-                dataset = TokenSeqDataset(TokenCache(location), SEQ_LEN)
-                break
-            except FileNotFoundError:
-                time.sleep(0.01)
-        with caplog.at_level(logging.INFO, logger="tokenmix.loader"), DataLoader(dataset, 16, mesh, {"batch": "data"}) as loader:
-            it = iter(loader)
-            seen = [np.asarray(next(it).batch.tokens.array)]
-            assert dataset.final_len() is None, "the build must still be held at its second shard"
-            threading.Timer(0.5, release.set).start()
-            seen += [np.asarray(sb.batch.tokens.array) for sb in it]
-    finally:
-        release.set()
-        thread.join()
-    finished = TokenSeqDataset(TokenCache(location), SEQ_LEN)
+    dataset = building.open(lambda cache: TokenSeqDataset(cache, SEQ_LEN))
+    with caplog.at_level(logging.INFO, logger="tokenmix.loader"), DataLoader(dataset, 16, mesh, {"batch": "data"}) as loader:
+        it = iter(loader)
+        seen = [np.asarray(next(it).batch.tokens.array)]
+        assert dataset.final_len() is None, "the build must still be held at its second shard"
+        threading.Timer(0.5, building.release).start()
+        seen += [np.asarray(sb.batch.tokens.array) for sb in it]
+    building.finish()
+    finished = TokenSeqDataset(TokenCache(building.location), SEQ_LEN)
     assert len(seen) == len(finished) // 16 > 1
     for step, tokens in enumerate(seen):
         assert np.array_equal(tokens, finished.get_batch(np.arange(16 * step, 16 * step + 16)).tokens)

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from conftest import build, cache_bytes, demo_urls, encoder_for
+from helpers import build, cache_bytes, demo_urls, encoder_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -7,19 +7,17 @@ from __future__ import annotations
 import json
 import logging
 import random
-import threading
 import time
 
 import draccus
 import numpy as np
 import pytest
 import yaml
-from conftest import TOKENIZER, GatedShard, build, demo_urls, encoder_for, with_format, write_jsonl
+from helpers import TOKENIZER, build, demo_urls, with_format, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenmix import (
-    BuildOptions,
     CacheMismatchError,
     LMMixtureDatasetConfig,
     PackedDataset,
@@ -28,11 +26,9 @@ from tokenmix import (
     TokenSeqDataset,
     build_caches,
 )
-from tokenmix.cache import CacheBuilder
 from tokenmix.datasets import packed as packed_module
 from tokenmix.datasets.packing import document_pieces, next_fit
 from tokenmix.datasets.segments import in_spans, segment_positions, span_coverage
-from tokenmix.sources import FileShard
 
 PAD = 1
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -249,32 +245,19 @@ def test_the_plan_is_kept_next_to_the_cache_and_reused(tmp_path, monkeypatch, ca
     assert "does not match" in caplog.text and len(replanned) == len(first)
 
 
-def test_packing_a_growing_cache_plans_its_prefix_and_keeps_it(tmp_path):
-    location = str(tmp_path / "growing")
-    spec, identity = encoder_for()
-    release = threading.Event()
-    shards = [GatedShard(FileShard(u), release if i == 1 else None) for i, u in enumerate(demo_urls("webster"))]
-    builder = CacheBuilder(location, shards, spec, identity, BuildOptions(num_workers=0, chunk_bytes=1 << 13, commit_interval_s=0.0))
-    thread = threading.Thread(target=builder.build)
-    thread.start()
-    try:
-        while True:
-            try:
-                growing = PackedDataset(TokenCache(location), 512, pad_id=PAD, max_segments_per_example=4)
-                break
-            except FileNotFoundError:
-                time.sleep(0.01)
-        growing.wait_for_len(20, timeout=60)
-        assert growing.final_len() is None
-        early = growing.get_batch(np.arange(growing.current_len()))
-        release.set()
-        seen = [len(early)]
-        while growing.final_len() is None:
-            seen.append(growing.current_len())
-            time.sleep(0.01)
-    finally:
-        release.set()
-        thread.join()
+def test_packing_a_growing_cache_plans_its_prefix_and_keeps_it(growing_cache):
+    building = growing_cache(demo_urls("webster"), held_from=1, chunk_bytes=1 << 13)
+    location = building.location
+    growing = building.open(lambda cache: PackedDataset(cache, 512, pad_id=PAD, max_segments_per_example=4))
+    growing.wait_for_len(20, timeout=60)
+    assert growing.final_len() is None
+    early = growing.get_batch(np.arange(growing.current_len()))
+    building.release()
+    seen = [len(early)]
+    while growing.final_len() is None:
+        seen.append(growing.current_len())
+        time.sleep(0.01)
+    building.finish()
     assert seen == sorted(seen) and len(early) < len(growing)
     fresh = PackedDataset(TokenCache(location), 512, pad_id=PAD, max_segments_per_example=4, persist=False)
     reloaded = PackedDataset(TokenCache(location), 512, pad_id=PAD, max_segments_per_example=4)

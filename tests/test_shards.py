@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from conftest import write_jsonl, write_lines
+from helpers import write_jsonl, write_lines
 
 from tokenmix import ShardReadError
 from tokenmix.sources import FileShard, PlainText

@@ -1,0 +1,230 @@
+"""Helpers the tests share: the bundled tokenizer and corpus, shard writers, cache builds, wrapped shards
+and datasets, and a cache that is still building.
+
+Importing this module does not import JAX, so the multi-process loader worker can set its device count first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from tokenmix import BuildOptions, Dataset, LmDatasetFormatBase, TextLmDatasetFormat, TokenBatch, TokenCache, TokenizationConfig
+from tokenmix.cache import CacheBuilder
+from tokenmix.datasets import Pending
+from tokenmix.sources import DEFAULT_CHUNK_BYTES, FileShard
+
+REPO = Path(__file__).resolve().parents[1]
+TOKENIZER = str(REPO / "data" / "tokenizer")
+DEMO_CORPUS = REPO / "data" / "demo"
+SEQ_LEN = 128
+
+
+def read_jsonl_zst(path: Path) -> list[dict[str, Any]]:
+    raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True).read()
+    return [json.loads(line) for line in raw.splitlines() if line.strip()]
+
+
+def write_lines(path: Path, lines: list[bytes]) -> str:
+    """Write raw lines (bytes, newline added) to path, compressed by its suffix."""
+    data = b"".join(line + b"\n" for line in lines)
+    if path.suffix == ".gz":
+        data = gzip.compress(data)
+    elif path.suffix == ".zst":
+        data = zstandard.ZstdCompressor().compress(data)
+    path.write_bytes(data)
+    return str(path)
+
+
+def write_jsonl(path: Path, records: list[Any]) -> str:
+    return write_lines(path, [json.dumps(r).encode() for r in records])
+
+
+def demo_urls(source: str) -> list[str]:
+    return [str(DEMO_CORPUS / source / f"train-0{i}-of-02.jsonl.zst") for i in range(2)]
+
+
+def encoder_for(fmt: LmDatasetFormatBase | None = None, tokenizer: str = TOKENIZER, **kw: Any):
+    return TokenizationConfig(tokenizer=tokenizer, **kw).encoder_spec(fmt or TextLmDatasetFormat(), "test")
+
+
+def build(location: str, urls: list[str], fmt: LmDatasetFormatBase | None = None, tokenizer: str = TOKENIZER,
+          tokenization: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
+    options.setdefault("num_workers", 0)
+    spec, identity = encoder_for(fmt, tokenizer, **(tokenization or {}))
+    builder = CacheBuilder(location, [FileShard(u) for u in urls], spec, identity, BuildOptions(**options))
+    return builder.build()
+
+
+def cache_bytes(location: str) -> dict[str, bytes]:
+    """Every file of a local cache; stats.json without its timing section."""
+    out = {}
+    for root, _, files in os.walk(location):
+        for name in files:
+            path = os.path.join(root, name)
+            data = Path(path).read_bytes()
+            if name == "stats.json":
+                doc = json.loads(data)
+                doc.pop("build")
+                data = json.dumps(doc, sort_keys=True).encode()
+            out[os.path.relpath(path, location)] = data
+    return out
+
+
+def with_format(config: Any, source: str, fmt: LmDatasetFormatBase | None = None, **changes: Any) -> Any:
+    """A copy of a mixture config whose source has another format (or its format with ``changes``)."""
+    old = config.configs[source]
+    new = dataclasses.replace(old, format=fmt or dataclasses.replace(old.format, **changes))
+    return dataclasses.replace(config, configs={**config.configs, source: new})
+
+
+class DelegatingShard:
+    """A real file shard seen through a wrapper; subclasses change how it is read."""
+
+    def __init__(self, url: str):
+        self._shard = FileShard(url)
+        self.name = url
+
+    def size_bytes(self):
+        return self._shard.size_bytes()
+
+    def position_label(self, position):
+        return self._shard.position_label(position)
+
+    def read(self, start=0, chunk_bytes=DEFAULT_CHUNK_BYTES):
+        yield from self._shard.read(start, chunk_bytes)
+
+
+class GatedShard(DelegatingShard):
+    """A shard that holds back its records until ``gate`` is set (to catch a build mid-way)."""
+
+    def __init__(self, url: str, gate: threading.Event):
+        super().__init__(url)
+        self._gate = gate
+
+    def read(self, start=0, chunk_bytes=DEFAULT_CHUNK_BYTES):
+        self._gate.wait()
+        yield from super().read(start, chunk_bytes)
+
+
+class GrowingCache:
+    """A cache building in a background thread whose shards from ``held_from`` on wait for ``release()``.
+
+    Readers see the rows of the first ``held_from`` shards committed, and the build unfinished, until then.
+    """
+
+    def __init__(self, location: str, urls: list[str], held_from: int, **options: Any):
+        spec, identity = encoder_for()
+        self.location = location
+        self._gate = threading.Event()
+        shards = [GatedShard(u, self._gate) if i >= held_from else DelegatingShard(u) for i, u in enumerate(urls)]
+        options = {"num_workers": 0, "commit_interval_s": 0.0, **options}
+        self._builder = CacheBuilder(location, shards, spec, identity, BuildOptions(**options))
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._build, daemon=True)
+        self._thread.start()
+
+    def _build(self) -> None:
+        try:
+            self._builder.build()
+        except BaseException as e:  # handed to the test by finish()
+            self._error = e
+
+    def open(self, view: Callable[[TokenCache], Any] = lambda cache: cache, timeout: float = 60) -> Any:
+        """``view(TokenCache(location))`` as soon as the cache exists."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return view(TokenCache(self.location))
+            except FileNotFoundError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
+    def release(self) -> None:
+        """Let the held shards be read."""
+        self._gate.set()
+
+    def finish(self, timeout: float = 120) -> None:
+        """Release the held shards and wait for the build to end; raises what the build raised."""
+        self.release()
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"the build of {self.location} did not finish in {timeout} s"
+        if self._error is not None:
+            raise self._error
+
+
+MIXTURE_YAML = f"""
+tokenizer: {TOKENIZER}
+cache_dir: CACHE
+mixture_block_size: 64
+seed: 3
+train_weights: {{linux_doc: 0.5, python_doc: 0.3, webster: 0.2}}
+configs:
+  linux_doc:
+    train_urls: ["{DEMO_CORPUS}/linux_doc/train-{{00..01}}-of-02.jsonl.zst"]
+  python_doc:
+    train_urls: ["{DEMO_CORPUS}/python_doc/train-*.jsonl.zst"]
+  webster:
+    train_urls: ["{DEMO_CORPUS}/webster/train-{{00..01}}-of-02.jsonl.zst"]
+build: {{num_workers: 0}}
+"""
+
+
+def mixture_yaml(cache_dir: str | Path) -> str:
+    """The test mixture (three real sources of the bundled corpus slice) with its caches under ``cache_dir``."""
+    return MIXTURE_YAML.replace("CACHE", str(cache_dir))
+
+
+class Wrapped(Dataset):
+    """A dataset that passes everything to ``base`` (and a mixture's ``names`` / ``locate``)."""
+
+    def __init__(self, base: Dataset):
+        self.base = base
+        self.tokens_per_example = base.tokens_per_example
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.base!r})"
+
+    @property
+    def names(self) -> list[str]:
+        return self.base.names  # type: ignore[attr-defined]
+
+    def locate(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.base.locate(indices)  # type: ignore[attr-defined]
+
+    def is_finite(self) -> bool:
+        return self.base.is_finite()
+
+    def current_len(self) -> int:
+        return self.base.current_len()
+
+    def final_len(self) -> int | None:
+        return self.base.final_len()
+
+    def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
+        return self.base.read(indices)
+
+
+class CountingDataset(Wrapped):
+    """Records the indices of every ``read`` call."""
+
+    def __init__(self, base: Dataset):
+        super().__init__(base)
+        self.reads: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
+        with self._lock:
+            self.reads.append(np.asarray(indices, np.int64).copy())
+        return self.base.read(indices)
