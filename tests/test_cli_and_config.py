@@ -48,6 +48,8 @@ def test_build_cache_cli_with_overrides_then_inspect(tmp_path):
     plan = json.loads(_cli("inspect", str(tmp_path / "webster" / "train"), "--json").stdout)["packing_plans"][packed.plan_id]
     assert plan["examples"] == len(packed) and plan["options"]["max_segments_per_example"] == 8
     assert plan["stats"]["tokens"] / (plan["examples"] * 512) == pytest.approx(packed.stats()["packing_efficiency"])
+    for output in (result, shown):
+        assert "PyTorch was not found" not in output.stdout + output.stderr
 
 
 def test_cli_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path):

@@ -1,0 +1,115 @@
+"""The package's shape: imports run one way through the stages, and no module imports itself back through a cycle.
+
+Stages, lowest first: sources -> formats -> cache -> datasets -> loader -> config -> the public face
+(tokenmix/__init__.py) -> cli. A module imports from its own stage or a lower one; ``_lazy`` and
+``_waiting`` are private helpers below every stage. Imports inside functions count (they run when
+called); imports under ``if TYPE_CHECKING:`` count for the stage order but not for cycles (they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+SRC = REPO / "src"
+RANK = {"_lazy": 0, "_waiting": 0, "sources": 1, "formats": 2, "cache": 3, "datasets": 4, "loader": 5, "config": 6, "": 7, "cli": 8}
+"""Stage of each top-level name under tokenmix ("" is the package itself, its public face)."""
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    imported: str
+    line: int
+    runs: bool
+    """False under ``if TYPE_CHECKING:``."""
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted((SRC / "tokenmix").rglob("*.py"))}
+
+
+def stage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def resolve(name: str) -> str:
+    """The module an import statement loads: ``tokenmix.formats`` + ``chat`` is the module ``tokenmix.formats.chat``."""
+    return name if name in MODULES else name.rsplit(".", 1)[0]
+
+
+def imports_of(module: str) -> list[Import]:
+    tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
+    found: list[Import] = []
+
+    def visit(node: ast.AST, runs: bool) -> None:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for child in node.body:
+                visit(child, False)
+            for child in node.orelse:
+                visit(child, runs)
+            return
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tokenmix":
+            assert node.level == 0, f"{module}:{node.lineno}: relative import"
+            for alias in node.names:
+                found.append(Import(module, resolve(f"{node.module}.{alias.name}"), node.lineno, runs))
+        elif isinstance(node, ast.Import):
+            found.extend(Import(module, resolve(a.name), node.lineno, runs) for a in node.names if a.name.split(".")[0] == "tokenmix")
+        for child in ast.iter_child_nodes(node):
+            visit(child, runs)
+
+    visit(tree, True)
+    return found
+
+
+ALL_IMPORTS = [imp for module in MODULES for imp in imports_of(module)]
+
+
+def test_every_module_sits_in_a_known_stage():
+    assert {stage(m) for m in MODULES} <= set(RANK), f"unknown stages: {sorted({stage(m) for m in MODULES} - set(RANK))}"
+
+
+def test_no_module_imports_from_a_stage_above_its_own():
+    upward = [f"{i.importer}:{i.line} imports {i.imported}" for i in ALL_IMPORTS if RANK[stage(i.imported)] > RANK[stage(i.importer)]]
+    assert upward == []
+
+
+def test_lazy_exports_of_a_stage_come_from_that_stage():
+    from tokenmix._lazy import declared_exports
+
+    for package, path in MODULES.items():
+        if path.name == "__init__.py" and package != "tokenmix":
+            outside = {name: m for name, m in declared_exports(str(path)).items() if not m.startswith(package + ".")}
+            assert outside == {}, f"{package} exports names of other packages"
+    exported_from = {m for m in declared_exports(str(MODULES["tokenmix"])).values()}
+    assert not {m for m in exported_from if stage(m) == "cli"}, "the public face exports from the CLI"
+
+
+def test_no_import_cycles():
+    graph = graphlib.TopologicalSorter()
+    for imp in ALL_IMPORTS:
+        if imp.runs and imp.imported != imp.importer:
+            graph.add(imp.importer, imp.imported)
+    try:
+        graph.prepare()
+    except graphlib.CycleError as e:
+        pytest.fail(f"import cycle: {' -> '.join(e.args[1])}")
+
+
+def test_the_checks_see_the_imports_they_judge():
+    """The walk finds function-level imports and TYPE_CHECKING ones, so the tests above could fail."""
+    found = {(i.importer, i.imported, i.runs) for i in ALL_IMPORTS}
+    assert ("tokenmix.cache.executor", "tokenmix.cache.executor_ray", True) in found  # inside RayExecutorConfig.open
+    assert ("tokenmix.config.caches", "tokenmix.config.mixture", False) in found  # under TYPE_CHECKING
+    assert ("tokenmix.config.sources", "tokenmix.formats", True) in found
+    assert RANK[stage("tokenmix.cli.demo")] > RANK[stage("tokenmix")] > RANK[stage("tokenmix.config.mixture")]

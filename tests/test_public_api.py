@@ -1,0 +1,142 @@
+"""The front door: what `import tokenmix` gives, what it costs, what help() shows, and the README's code."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import REPO, TOKENIZER
+
+import tokenmix
+from tokenmix._lazy import declared_exports
+
+PACKAGES = ["tokenmix", "tokenmix.sources", "tokenmix.formats", "tokenmix.cache", "tokenmix.datasets", "tokenmix.loader", "tokenmix.config"]
+HEAVY = ("jax", "transformers", "torch")
+TORCH_ADVICE = "PyTorch was not found"
+README = (REPO / "README.md").read_text()
+README_PYTHON = re.findall(r"```python\n(.*?)```", README, re.S)
+
+
+def _python(code: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+
+
+def _summaries() -> dict[str, str]:
+    """The one-line summary the package docstring gives each public name."""
+    return dict(re.findall(r"^    (\w+) {2,}(.+)$", tokenmix.__doc__, re.M))
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_package_declares_its_names_once_and_every_one_resolves(package):
+    module = importlib.import_module(package)
+    declared = declared_exports(module.__file__)
+    assert sorted(module.__all__) == sorted(declared), f"{package}: __all__ and the TYPE_CHECKING imports differ"
+    assert set(module.__all__) <= set(dir(module))
+    for name in module.__all__:
+        assert getattr(module, name) is getattr(importlib.import_module(declared[name]), name)
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        module.no_such_name  # noqa: B018
+
+
+def test_importing_tokenmix_and_its_stages_starts_neither_jax_nor_transformers():
+    code = f"""
+import sys, tokenmix
+for package in {PACKAGES!r}:
+    __import__(package)
+config = tokenmix.load_data_config("config/demo.yaml")
+tokenmix.TokenCache, tokenmix.MixtureDataset, tokenmix.PackedDataset, tokenmix.BatchSchedule, tokenmix.build_caches
+print(sorted(m for m in {HEAVY!r} if m in sys.modules))
+"""
+    result = _python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    started = _python("import sys, tokenmix; tokenmix.DataLoader; print('jax' in sys.modules)")
+    assert started.stdout.strip() == "True", "DataLoader is the name that starts JAX"
+
+
+def test_every_public_name_has_a_one_line_summary_that_is_its_docstring():
+    summaries = _summaries()
+    assert sorted(summaries) == sorted(tokenmix.__all__)
+    for name in tokenmix.__all__:
+        value = getattr(tokenmix, name)
+        if hasattr(value, "__args__"):  # a type alias (DataConfig) has no docstring of its own
+            continue
+        first_line = (value.__doc__ or "").strip().splitlines()[0]
+        assert summaries[name] == first_line, f"tokenmix.{name}: the docstring's first line is {first_line!r}"
+
+
+def test_help_lists_the_public_api():
+    result = _python("import tokenmix; help(tokenmix)", PAGER="cat")
+    assert result.returncode == 0, result.stderr
+    for name, summary in _summaries().items():
+        assert f"{name}" in result.stdout and summary in result.stdout
+
+
+def test_the_readme_uses_public_names_only():
+    code = "\n".join(README_PYTHON)
+    assert README_PYTHON, "the README has Python examples"
+    assert not re.search(r"^\s*(from|import) tokenmix\.", code, re.M), "README examples import from inside the package"
+    used = set(re.findall(r"\btokenmix\.(\w+)", code)) | {
+        name.strip() for names in re.findall(r"^from tokenmix import (.+)$", code, re.M) for name in names.split(",")
+    }
+    assert used and used <= set(tokenmix.__all__), f"not public: {sorted(used - set(tokenmix.__all__))}"
+
+
+@pytest.mark.timeout(300)
+def test_the_readme_python_examples_run(tmp_path):
+    """Every Python block of the README, in order, in one process, on the bundled demo (caches built in tmp_path)."""
+    for name in ("config", "data"):
+        (tmp_path / name).symlink_to(REPO / name)
+    script = tmp_path / "readme_examples.py"
+    script.write_text("import re, sys\n\nif __name__ == '__main__':\n"
+                      "    for block in re.findall(r'```python\\n(.*?)```', open(sys.argv[1]).read(), re.S):\n"
+                      "        exec(compile(block, 'README.md', 'exec'))\n")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, str(script), str(REPO / "README.md")], cwd=tmp_path, capture_output=True, text=True,
+                            env=env, timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "cache" / "demo" / "webster" / "train" / "ledger.json").exists()
+    assert re.search(r"^502 \(Axis\(name='batch', size=32\)", result.stdout, re.M), result.stdout[-2000:]
+    assert TORCH_ADVICE not in result.stdout + result.stderr
+
+
+def test_a_config_loads_from_a_mapping_as_from_its_yaml_and_leaves_no_file_behind(tmp_path, monkeypatch):
+    doc = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    from_yaml = tokenmix.load_data_config(REPO / "config" / "demo.yaml", ["--cache_dir", "/tmp/c", "--build.num_workers=3"])
+    from_dict = tokenmix.load_data_config(doc, ["--cache_dir", "/tmp/c", "--build.num_workers=3"])
+    under_data = tokenmix.load_data_config({"data": doc, "trainer": {"steps": 10}}, ["--cache_dir", "/tmp/c", "--build.num_workers=3"])
+    assert from_yaml == from_dict == under_data
+    assert from_dict.cache_dir == "/tmp/c" and from_dict.build.num_workers == 3 and doc["cache_dir"] == "cache/demo"
+    for _ in range(20):
+        tokenmix.load_data_config(doc)
+    assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["cache_dir", "x"], "'cache_dir' is not of the form --field value"),
+    (["--cache_dir"], "--cache_dir has no value"),
+    (["--no_such_field", "1"], "no_such_field"),
+    (["--mixture_block_size", "[1"], "not a valid YAML value"),
+])
+def test_bad_overrides_name_the_override(overrides, message):
+    with pytest.raises(tokenmix.ConfigError, match=re.escape(message)):
+        tokenmix.load_data_config({"tokenizer": TOKENIZER, "configs": {}}, overrides)
+
+
+@pytest.mark.timeout(300)
+def test_the_demo_command_streams_the_mixture_without_torch_advice(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "demo", "--batches", "6", "--cache_dir", str(tmp_path)],
+                            cwd=REPO, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "of examples, weight" in result.stdout and "(the same)" in result.stdout
+    assert TORCH_ADVICE not in result.stdout + result.stderr
