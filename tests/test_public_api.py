@@ -57,8 +57,13 @@ print(sorted(m for m in {HEAVY!r} if m in sys.modules))
     result = _python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
-    started = _python("import sys, tokenmix; tokenmix.DataLoader; print('jax' in sys.modules)")
-    assert started.stdout.strip() == "True", "DataLoader is the name that starts JAX"
+    starts_jax = _python("import subprocess, sys, tokenmix\n"
+                         "for name in tokenmix.__all__:\n"
+                         "    code = f'import sys, tokenmix; tokenmix.{name}; print(\"jax\" in sys.modules)'\n"
+                         "    if subprocess.run([sys.executable, '-c', code], capture_output=True, text=True).stdout.strip() == 'True':\n"
+                         "        print(name)\n")
+    assert starts_jax.returncode == 0, starts_jax.stderr
+    assert sorted(starts_jax.stdout.split()) == ["DataLoader", "LmBatch", "LoaderError", "StepBatch"], "as the package docstring says"
 
 
 def test_every_public_name_has_a_one_line_summary_that_is_its_docstring():

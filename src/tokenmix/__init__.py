@@ -9,8 +9,9 @@ From raw shards to a training step::
     train = config.train_set(seq_len=1024)                    # a MixtureDataset: exact, lazy, deterministic
     loader = tokenmix.DataLoader(train, 32, mesh, {"batch": "data"})
 
-Importing tokenmix is cheap: each name below is imported on first use, and only ``DataLoader`` and the
-batch types start JAX. The stage packages (``tokenmix.sources``, ``formats``, ``cache``, ``datasets``,
+Importing tokenmix is cheap: each name below is imported on first use, and only the four names of the
+loader that hold JAX arrays or live beside them (``DataLoader``, ``StepBatch``, ``LmBatch``, ``LoaderError``)
+start JAX. The stage packages (``tokenmix.sources``, ``formats``, ``cache``, ``datasets``,
 ``loader``, ``config``) each name more of their own.
 
 Configs (draccus dataclasses; Levanter's field names)
@@ -46,7 +47,7 @@ Datasets
     MixtureDataset              Examples drawn from named sources in exact proportions, per block of ``block_size``.
     SourceUsage                 What a mixture has drawn from one source up to some index.
 
-Loader (imports JAX)
+Loader (DataLoader, StepBatch, LmBatch and LoaderError import JAX)
     DataLoader                  Global batches of ``dataset`` for each training step, sharded over ``mesh`` by ``axis_mapping``.
     BatchSchedule               Batch sizes by step: stage ``i`` runs from ``stages[i][0]`` (a step) with batch size ``stages[i][1]``.
     StepBatch                   One step of the loader: which step and examples, the batch, and its fingerprint.

@@ -1,8 +1,8 @@
 """The loader: each step's global batch as sharded arrays on a JAX device mesh (see docs/design/loader.md).
 
-Using ``DataLoader`` (or the batch types) imports JAX: a program that wants fake CPU devices must set
-``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (or ``jax_num_cpu_devices``) before that.
-``BatchSchedule`` is pure index math and imports no JAX.
+Using ``DataLoader``, ``BatchIterator``, ``LoaderError``, the batch types or ``BatchLayout`` imports JAX: a
+program that wants fake CPU devices must set ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (or
+``jax_num_cpu_devices``) before that. ``BatchSchedule`` (pure index math) and ``batch_fingerprint`` import no JAX.
 """
 
 from typing import TYPE_CHECKING

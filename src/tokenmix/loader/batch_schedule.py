@@ -2,7 +2,7 @@
 
 A schedule is a constant batch size or a ramp ``[(start_step, batch_size), ...]``. Step ``s`` reads the
 global example indices ``offset(s) .. offset(s) + batch_size(s) - 1``; ``offset`` sums the batch sizes
-of every earlier step in closed form per stage (O(#stages), never O(step)), so resuming at any step
+of every earlier step in closed form per stage (O(log #stages), never O(step)), so resuming at any step
 is immediate and a ramp neither skips nor repeats an example.
 """
 
