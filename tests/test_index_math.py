@@ -6,6 +6,7 @@ import copy
 import heapq
 import math
 import pickle
+import re
 import time
 from fractions import Fraction
 
@@ -252,6 +253,23 @@ def test_each_epoch_reads_every_example_once_in_a_fresh_order(n, key, shuffle, e
 
 def mixture(sizes, weights, **kw):
     return MixtureDataset({name: RangeDataset(n) for name, n in sizes.items()}, weights, **kw)
+
+
+@pytest.mark.parametrize("weight", [float("inf"), float("nan"), -0.5, float("-inf"), np.float64("inf")])
+def test_a_weight_that_is_not_a_finite_number_at_least_0_is_refused_naming_source_stage_and_value(weight):
+    with pytest.raises(ValueError, match=re.escape(f"train_weights: source 'b' has weight {weight!r}; give it a finite number >= 0")):
+        mixture({"a": 10, "b": 10}, {"a": 1.0, "b": weight})
+    staged = [(0, {"a": 1.0, "b": 1.0}), (64, {"a": 1.0, "b": weight})]
+    with pytest.raises(ValueError, match=re.escape(f"train_weights (the stage from index 64): source 'b' has weight {weight!r}")):
+        mixture({"a": 10, "b": 10}, staged)
+    with pytest.raises(ValueError, match="mixture weights must be finite numbers >= 0"):
+        BlockAllocator([1.0, weight], 16)
+
+
+def test_numpy_weights_are_the_numbers_they_print_as():
+    assert BlockAllocator([np.float64(0.3), np.float32(0.5), np.int64(2)], 10).weights == [Fraction(3, 28), Fraction(5, 28), Fraction(20, 28)]
+    as_numpy, as_python = (mixture({"a": 10, "b": 10}, {"a": kind(0.3), "b": kind(0.7)}) for kind in (np.float64, float))
+    assert np.array_equal(as_numpy.locate(np.arange(5000))[0], as_python.locate(np.arange(5000))[0])
 
 
 schedule_st = st.lists(st.dictionaries(st.sampled_from("abc"), st.one_of(st.just(1e-5), st.floats(0.0, 1.0)), min_size=1), min_size=1, max_size=3)

@@ -2,10 +2,20 @@
 
 Starting a worker costs about a second (a fresh interpreter, imports), so the pool starts its
 workers as soon as it is made, while the driver is still loading the tokenizer, and one pool
-serves every cache of a run. Encoder specs are registered afterwards: each is written once to
-the pool's scratch directory and read by a worker the first time it meets that spec, instead of
-shipping the tokenizer definition (megabytes) with every task. The functions at the end are what the
-workers run.
+serves every cache of a run. Encoder specs are registered afterwards, and a spec holds the
+tokenizer definition (megabytes): it is pickled once into the pool's spec file, and a worker reads
+it from there the first time a task names it, so a task carries only where it lies in the file.
+
+The spec file has no name: a ``memfd_create`` file on Linux, an unlinked temporary file on other
+POSIX systems. The pool opens it before its workers start and each worker gets its own descriptor
+of it as it starts (the way the executor hands its workers the pipes of its queues), then reads it
+with ``pread``. The system frees the file when the last process holding it exits, so nothing is
+left behind when a build ends, when its workers fail to start, or when the driver is SIGKILLed and
+no cleanup code runs at all. The alternatives leak in just that case: a scratch directory needs
+cleanup code (or a sweep by a later run), a ``multiprocessing`` manager is a server process that
+can outlive its owner, and a socket served by the driver needs a thread and an address. Where
+descriptors cannot be handed to workers (Windows), each task carries the spec's pickle instead,
+which a worker still unpickles only once. The functions at the end are what the workers run.
 """
 
 from __future__ import annotations
@@ -13,15 +23,20 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-import shutil
 import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any
+from typing import IO, Any
 
 from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
 from tokenmix.sources.shards import RawChunk
+
+_PASSES_FDS = os.name == "posix"
+"""Whether workers can be handed a descriptor of the spec file (``multiprocessing.reduction.DupFd``)."""
+
+SpecLocation = tuple[int, int] | bytes
+"""Where a worker finds a spec: ``(offset, size)`` of its pickle in the spec file, or the pickle itself."""
 
 
 class Completed:
@@ -45,47 +60,54 @@ class EncoderPool:
 
     def __init__(self, num_workers: int | None = None):
         self.num_workers = (os.cpu_count() or 1) if num_workers is None else num_workers
-        self._index: dict[EncoderSpec, int] = {}
-        self._local: dict[int, DocumentEncoder] = {}
+        self._specs: dict[EncoderSpec, tuple[int, SpecLocation]] = {}
+        self._local: dict[EncoderSpec, DocumentEncoder] = {}
         self._pool: ProcessPoolExecutor | None = None
-        self._spec_dir: str | None = None
+        self._spec_file: IO[bytes] | None = None
         if self.num_workers > 0:
-            self._spec_dir = tempfile.mkdtemp(prefix="tokenmix-specs-")
+            self._spec_file = _anonymous_file() if _PASSES_FDS else None
             threads = max(1, (os.cpu_count() or 1) // self.num_workers)
             self._pool = ProcessPoolExecutor(
                 max_workers=self.num_workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=init_worker,
-                initargs=(os.getpid(), threads),
+                initargs=(os.getpid(), threads, None if self._spec_file is None else _WorkerFd(self._spec_file.fileno())),
             )
             for _ in range(self.num_workers):
                 self._pool.submit(warm_up)
 
-    def _spec_index(self, spec: EncoderSpec) -> int:
-        index = self._index.get(spec)
-        if index is None:
-            index = self._index[spec] = len(self._index)
-            if self._spec_dir is not None:
-                with open(os.path.join(self._spec_dir, f"{index}.pkl"), "wb") as f:
-                    pickle.dump(spec, f)
-            else:
-                self._local[index] = DocumentEncoder(spec)
-        return index
+    def _register(self, spec: EncoderSpec) -> tuple[int, SpecLocation]:
+        """The spec's number in this pool and where workers find it; the first time, its pickle is written once."""
+        known = self._specs.get(spec)
+        if known is None:
+            data = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
+            location: SpecLocation = data
+            if self._spec_file is not None:
+                offset = self._spec_file.seek(0, os.SEEK_END)
+                self._spec_file.write(data)
+                self._spec_file.flush()
+                location = (offset, len(data))
+            known = self._specs[spec] = (len(self._specs), location)
+        return known
 
     def submit(self, spec: EncoderSpec, chunk: RawChunk) -> Any:
         """Start encoding ``chunk``; returns a future (or a completed stand-in) of ``EncodedChunk``."""
-        index = self._spec_index(spec)
         if self._pool is None:
-            return Completed(self._local[index].encode(chunk))
-        return self._pool.submit(encode_in_worker, self._spec_dir, index, chunk)
+            encoder = self._local.get(spec)
+            if encoder is None:
+                encoder = self._local[spec] = DocumentEncoder(spec)
+            return Completed(encoder.encode(chunk))
+        index, location = self._register(spec)
+        return self._pool.submit(encode_in_worker, index, location, chunk)
 
     def close(self, cancel: bool = False) -> None:
+        """Stop the workers (waiting for their tasks unless ``cancel``) and let go of the spec file."""
         if self._pool is not None:
             self._pool.shutdown(wait=not cancel, cancel_futures=cancel)
             self._pool = None
-        if self._spec_dir is not None:
-            shutil.rmtree(self._spec_dir, ignore_errors=True)
-            self._spec_dir = None
+        if self._spec_file is not None:
+            self._spec_file.close()  # a worker still busy holds its own descriptor
+            self._spec_file = None
 
     def __enter__(self) -> EncoderPool:
         return self
@@ -94,14 +116,42 @@ class EncoderPool:
         self.close(cancel=exc_type is not None)
 
 
+def _anonymous_file() -> IO[bytes]:
+    """A read-write file without a name, freed by the system when the last process holding it exits."""
+    try:
+        return open(os.memfd_create("tokenmix-specs", os.MFD_CLOEXEC), "w+b")
+    except (AttributeError, OSError):  # not Linux, or a kernel without memfd
+        return tempfile.TemporaryFile()
+
+
+class _WorkerFd:
+    """A descriptor that each worker receives as its own copy when it starts (an ``int`` there; POSIX only)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        from multiprocessing.reduction import DupFd  # defined on POSIX only
+
+        return _detach, (DupFd(self.fd),)
+
+
+def _detach(dup: Any) -> int:
+    return dup.detach()
+
+
 _worker_encoders: dict[int, DocumentEncoder] = {}
+_spec_fd = -1
+"""This worker's descriptor of the pool's spec file (-1: there is none, specs come with the tasks)."""
 
 
-def init_worker(parent_pid: int, threads: int) -> None:
-    """Process-pool initializer: cap the tokenizer's threads, and exit if the driver dies.
+def init_worker(parent_pid: int, threads: int, spec_fd: int | None) -> None:
+    """Process-pool initializer: keep the spec file's descriptor, cap the tokenizer's threads, and exit if the driver dies.
 
     ``threads`` caps the tokenizer's own thread pool so that workers do not oversubscribe cores.
     """
+    global _spec_fd
+    _spec_fd = -1 if spec_fd is None else spec_fd
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
 
@@ -116,10 +166,10 @@ def _exit_with_parent(parent_pid: int) -> None:
     os._exit(1)
 
 
-def encode_in_worker(spec_dir: str, spec_index: int, chunk: RawChunk) -> EncodedChunk:
-    """Process-pool task: encode a chunk with this worker's encoder for spec ``spec_index``."""
+def encode_in_worker(spec_index: int, location: SpecLocation, chunk: RawChunk) -> EncodedChunk:
+    """Process-pool task: encode a chunk with this worker's encoder for spec ``spec_index``, found at ``location``."""
     encoder = _worker_encoders.get(spec_index)
     if encoder is None:
-        with open(os.path.join(spec_dir, f"{spec_index}.pkl"), "rb") as f:
-            encoder = _worker_encoders[spec_index] = DocumentEncoder(pickle.load(f))
+        data = location if isinstance(location, bytes) else os.pread(_spec_fd, location[1], location[0])
+        encoder = _worker_encoders[spec_index] = DocumentEncoder(pickle.loads(data))
     return encoder.encode(chunk)

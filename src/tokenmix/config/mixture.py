@@ -63,7 +63,7 @@ class LMMixtureDatasetConfig(TokenizationConfig):
         check_shuffle(self.shuffle, "mixture config")
         self.batch_schedule()  # refuses a bad ramp, naming `batch_size`
         if self.train_weights:
-            normalize_schedule(self._weights_in_steps(), names)
+            normalize_schedule(self._weights_in_steps(), names, unit="step")
         if isinstance(self.train_weights, list) and len(self.train_weights) > 1 and not self.batch_size:
             raise ValueError("train_weights has stages given in steps: set `batch_size` so they can be turned into examples")
         for field_name in ("num_validation_sequences", "validation_fraction"):
@@ -98,7 +98,7 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     def weight_schedule(self) -> list[tuple[int, dict[str, float]]]:
         """The weight stages with starts in example indices: the first example of each stage's start step."""
         weights = self._weights_in_steps() or {name: 1.0 for name in self.configs}
-        stages = normalize_schedule(weights, list(self.configs))
+        stages = normalize_schedule(weights, list(self.configs), unit="step")
         schedule = self.batch_schedule() or BatchSchedule.constant(1)
         return [(schedule.offset(step), w) for step, w in stages]
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
 from tokenmix.datasets.epochs import UNBOUNDED, EpochedDataset
-from tokenmix.datasets.mixture_layout import BlockAllocator
+from tokenmix.datasets.mixture_layout import BlockAllocator, is_weight
 from tokenmix.datasets.order import Shuffle
 from tokenmix.datasets.permutation import FeistelPermutation, derive_key
 
@@ -55,25 +55,30 @@ class SourceUsage:
     epochs_completed: float
 
 
-def normalize_schedule(weights: WeightSchedule, names: Sequence[str]) -> list[tuple[int, dict[str, float]]]:
-    """Check a weight schedule against the source names and return it as a list of stages."""
+def normalize_schedule(weights: WeightSchedule, names: Sequence[str], *, unit: str = "index") -> list[tuple[int, dict[str, float]]]:
+    """Check a weight schedule against the source names and return it as a list of stages.
+
+    ``unit`` is what the stage starts count (``index``: examples, or ``step`` in a config), for the messages.
+    """
+    staged = not isinstance(weights, Mapping)
     stages = [(0, dict(weights))] if isinstance(weights, Mapping) else [(int(s), dict(w)) for s, w in weights]
     if not stages:
         raise ValueError("train_weights: at least one stage is needed")
     if stages[0][0] != 0:
-        raise ValueError(f"train_weights: the first stage must start at 0, not {stages[0][0]}")
+        raise ValueError(f"train_weights: the first stage must start at {unit} 0, not {stages[0][0]}")
     for (a, _), (b, _) in zip(stages, stages[1:]):
         if b <= a:
-            raise ValueError(f"train_weights: stage starts must increase, got {a} then {b}")
+            raise ValueError(f"train_weights: stage starts must increase, got {unit} {a} then {b}")
     for start, stage in stages:
+        where = f"train_weights (the stage from {unit} {start})" if staged else "train_weights"
         unknown = sorted(set(stage) - set(names))
         if unknown:
-            raise ValueError(f"train_weights (stage at {start}): unknown source(s) {unknown}; the sources are {sorted(names)}")
-        bad = {k: v for k, v in stage.items() if not v >= 0}
-        if bad:
-            raise ValueError(f"train_weights (stage at {start}): weights must be >= 0, got {bad}")
+            raise ValueError(f"{where}: unknown source(s) {unknown}; the sources are {sorted(names)}")
+        for name, value in stage.items():
+            if not is_weight(value):
+                raise ValueError(f"{where}: source {name!r} has weight {value!r}; give it a finite number >= 0 (0 leaves it out)")
         if sum(stage.values()) <= 0:
-            raise ValueError(f"train_weights (stage at {start}): at least one weight must be positive")
+            raise ValueError(f"{where}: at least one weight must be positive")
     return stages
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import numbers
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -53,16 +54,21 @@ _CHECKPOINT_EVERY = 4096
 _STATES_KEPT = 256
 
 
+def is_weight(value: object) -> bool:
+    """Whether ``value`` can weigh a mixture source: a real number, finite and >= 0 (numpy's numbers included)."""
+    return isinstance(value, numbers.Real) and bool(value >= 0) and (isinstance(value, numbers.Rational) or math.isfinite(value))
+
+
 def exact_weights(weights: Sequence[float | int | Fraction]) -> list[Fraction]:
     """Weights normalised to sum to 1, exactly.
 
-    A float is taken as the shortest decimal that prints as it (``1e-5`` is 1/100000, not the nearest
-    binary fraction): that is the number the user wrote, and decimal weights give the layout a short
+    A float (numpy's too) is taken as the shortest decimal that prints as it (``1e-5`` is 1/100000, not the
+    nearest binary fraction): that is the number the user wrote, and decimal weights give the layout a short
     period (see ``BlockAllocator.period``).
     """
-    values = [Fraction(repr(w)) if isinstance(w, float) else Fraction(w) for w in weights]
-    if any(v < 0 for v in values):
-        raise ValueError(f"mixture weights must be >= 0, got {list(map(float, values))}")
+    if not all(is_weight(w) for w in weights):
+        raise ValueError(f"mixture weights must be finite numbers >= 0, got {list(weights)}")
+    values = [Fraction(w) if isinstance(w, numbers.Rational) else Fraction(repr(float(w))) for w in weights]
     total = sum(values)
     if total <= 0:
         raise ValueError("mixture weights must have a positive sum")

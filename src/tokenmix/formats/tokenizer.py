@@ -8,6 +8,7 @@ change to what it produces gets a different one.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import json
@@ -59,21 +60,78 @@ class TokenizerInfo:
     chat_template: str | None = None
 
 
-@functools.lru_cache(maxsize=8)
+_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+_TRUE = ("1", "ON", "YES", "TRUE")  # the values huggingface_hub reads as set
+
+
 def load_tokenizer(name_or_path: str) -> Any:
-    """Load a Hugging Face tokenizer by hub name or local directory (offline needs a local path)."""
+    """Load a Hugging Face tokenizer from a local directory, or by hub id.
+
+    A name that exists locally is loaded from there, never from the hub. Any other name goes to the hub only if it
+    could be a hub id (see ``_is_local_path``), and then to the local hub cache alone when HF_HUB_OFFLINE or
+    TRANSFORMERS_OFFLINE is set; a local path that does not exist is refused at once, instead of after the hub's
+    retries (about 46 s without a network). Tokenizers are kept by absolute path or hub id, so a relative path
+    means what it means in the current directory; a failure is never kept.
+    """
+    path = os.path.abspath(os.path.expanduser(name_or_path))
+    local = os.path.exists(path)
+    if not local and _is_local_path(name_or_path):
+        raise TokenizerLoadError(f"tokenizer {name_or_path!r} could not be loaded: {_missing(name_or_path, path)}. Fix: check the path, "
+                                 "or give a Hugging Face hub id such as 'gpt2' or 'org/name' to download the tokenizer")
+    offline = None if local else next((v for v in _OFFLINE_VARIABLES if os.environ.get(v, "").strip().upper() in _TRUE), None)
+    try:
+        return _from_pretrained(path if local else name_or_path, local_files_only=local or offline is not None)
+    except (OSError, ValueError) as e:
+        if local:
+            problem = (f"{path} exists but holds no tokenizer transformers can load. Fix: give a directory holding tokenizer.json "
+                       "(or vocabulary files) and tokenizer_config.json")
+        elif offline:
+            problem = (f"{_missing(name_or_path, path)}, and {offline} is set, so only the local Hugging Face cache was searched "
+                       f"and it does not hold this hub id. Fix: check the name, unset {offline} to download it, or give a local directory")
+        else:
+            problem = (f"{_missing(name_or_path, path)}, and the Hugging Face hub could not provide it as a hub id. Fix: check "
+                       "the name and the network, or give a local tokenizer directory")
+        raise TokenizerLoadError(f"tokenizer {name_or_path!r} could not be loaded: {problem} ({e})") from e
+
+
+@functools.lru_cache(maxsize=8)
+def _from_pretrained(source: str, local_files_only: bool) -> Any:
+    """``AutoTokenizer.from_pretrained``, kept per absolute path or hub id (a call that raises keeps nothing)."""
     import_transformers()
     from transformers import AutoTokenizer
 
+    return AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
+
+
+def _is_local_path(name: str) -> bool:
+    """Whether a name that does not exist locally is a local path all the same, so that the hub need not be asked.
+
+    A hub id is ``name`` or ``org/name`` in letters, digits, ``-``, ``_`` and ``.``, starting with neither ``.``
+    nor ``-`` (huggingface_hub's own check). Anything else is a path: ``./x``, ``../x``, ``/x``, ``~/x``, ``a/b/c``,
+    a Windows path; and so is ``org/name`` when ``org`` is a local directory (``data/tokenizr``, a typo).
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
     try:
-        return AutoTokenizer.from_pretrained(name_or_path)
-    except (OSError, ValueError) as e:
-        hint = (
-            "the directory exists but holds no loadable tokenizer (need tokenizer.json or vocab files)"
-            if os.path.isdir(name_or_path)
-            else "no such local directory, and the hub could not provide it; offline, give a local path"
-        )
-        raise TokenizerLoadError(f"tokenizer {name_or_path!r} could not be loaded: {hint} ({e})") from e
+        validate_repo_id(name)
+    except HFValidationError:
+        return True
+    first, slash, _ = name.partition("/")
+    return bool(slash) and os.path.isdir(first)
+
+
+def _missing(name: str, path: str) -> str:
+    """What is known of a path that does not exist: where it was looked for, and the nearest thing that does exist."""
+    where = "" if os.path.isabs(os.path.expanduser(name)) else f" (a relative path is resolved against the current directory, {os.getcwd()})"
+    parent, part = os.path.split(path)
+    while not os.path.isdir(parent) and parent != os.path.dirname(parent):
+        parent, part = os.path.split(parent)
+    try:
+        close = difflib.get_close_matches(part, os.listdir(parent), n=1)
+    except OSError:
+        close = []
+    near = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"no such local file or directory {path}{where}; {parent} holds no {part!r}{near}"
 
 
 def describe_tokenizer(name_or_path: str) -> TokenizerInfo:
