@@ -9,6 +9,7 @@ reason, detail) come out.
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,10 @@ from tokenmix.sources.shards import PlainText, RawChunk
 
 PRETOKENIZED_KEY = "input_ids"
 DEFAULT_LONG_DOC_CHARS = 100_000
+LONG_DOC_BATCH_CHARS = 4_000_000
+"""Characters of long-document pieces tokenized in one call. The tokenizer's ``Encoding``s cost about 100 bytes a token
+while a call runs, so this bounds a long document's transient memory (about 100 MB) whatever its length, and still gives
+the tokenizer's threads dozens of pieces at once."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,8 @@ class EncodedChunk:
     """Values in ``spans`` per document (twice its span count)."""
     loss_tokens: int = 0
     """Positions trained on: tokens that are targets and are not their document's first token."""
+    source_digest: int = 0
+    """``RawChunk.digest`` of the raw records: the ledger sums it per shard to recognise the input it read."""
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -94,6 +101,7 @@ class DocumentEncoder:
     def encode(self, chunk: RawChunk) -> EncodedChunk:
         out = EncodedChunk(chunk.start, len(chunk.records), np.empty(0, self.dtype), np.empty(0, np.int64))
         out.consumed_bytes = chunk.consumed_bytes
+        out.source_digest = chunk.digest()
         docs: list[Rendered | np.ndarray] = []
         where: list[int] = []
         for offset, raw in enumerate(chunk.records):
@@ -161,26 +169,29 @@ class DocumentEncoder:
                 bodies.append([next(plain) if isinstance(p, str) else p for p in doc.pieces])
         return bodies
 
-    def _tokenize(self, texts: list[str]) -> list[list[int]]:
+    def _tokenize(self, texts: list[str]) -> list[list[int] | np.ndarray]:
+        """Each text's token ids: a list for a text of at most ``long_doc_chars`` characters, an array of the spec's dtype
+        for a longer one when splitting is exact. Texts and pieces are tokenized together, ``LONG_DOC_BATCH_CHARS`` at a
+        time, so a long text's memory grows by the dtype's width a token, not by a Python int and an ``Encoding``."""
         limit = self.spec.long_doc_chars
         if not self.split_long or all(len(t) <= limit for t in texts):
             return [e.ids for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
-        pieces: list[str] = []
-        counts: list[int] = []
-        for text in texts:
-            parts = split_text(text, limit)
-            pieces.extend(parts)
-            counts.append(len(parts))
-        encoded = self.tokenizer.encode_batch_fast(pieces, add_special_tokens=False)
-        out: list[list[int]] = []
-        i = 0
-        for n in counts:
-            ids = encoded[i].ids
-            for e in encoded[i + 1 : i + n]:
-                ids.extend(e.ids)
-            out.append(ids)
-            i += n
-        return out
+        parts: dict[int, list[np.ndarray]] = {i: [] for i, text in enumerate(texts) if len(text) > limit}
+        ids: dict[int, list[int] | np.ndarray] = {}
+        pieces = ((i, piece) for i, text in enumerate(texts) for piece in split_text(text, limit))
+        for batch in _bounded_batches(pieces, LONG_DOC_BATCH_CHARS):
+            for (i, _), piece_ids in zip(batch, self._batch_ids(batch, parts)):
+                if i in parts:
+                    parts[i].append(piece_ids)
+                else:
+                    ids[i] = piece_ids
+        return [np.concatenate(parts[i]) if i in parts else ids[i] for i in range(len(texts))]
+
+    def _batch_ids(self, batch: list[tuple[int, str]], long: Container[int]) -> list[list[int] | np.ndarray]:
+        """Token ids of each ``(text index, piece)``: an array for a piece of a ``long`` text, else a list. The batch's
+        ``Encoding``s are freed on return, before the next batch is tokenized."""
+        encoded = self.tokenizer.encode_batch_fast([piece for _, piece in batch], add_special_tokens=False)
+        return [np.asarray(e.ids, self.dtype) if i in long else e.ids for (i, _), e in zip(batch, encoded)]
 
     def _assemble(self, out: EncodedChunk, docs: list[Rendered | np.ndarray], bodies: list[list[Any]], where: list[int]) -> None:
         """Concatenate the kept documents' tokens (with BOS/EOS), their spans, and skip those the length limits refuse."""
@@ -248,6 +259,20 @@ class DocumentEncoder:
         if self.min_len is not None and length < self.min_len:
             return "too_short", f"{length} tokens, fewer than min_sequence_len {self.min_len}"
         return None
+
+
+def _bounded_batches(pieces: Iterator[tuple[int, str]], max_chars: int) -> Iterator[list[tuple[int, str]]]:
+    """Consecutive ``(text index, piece)`` pairs in lists of at most ``max_chars`` characters; a longer piece goes alone."""
+    batch: list[tuple[int, str]] = []
+    chars = 0
+    for item in pieces:
+        if batch and chars + len(item[1]) > max_chars:
+            yield batch
+            batch, chars = [], 0
+        batch.append(item)
+        chars += len(item[1])
+    if batch:
+        yield batch
 
 
 def _token_spans(offsets: list[tuple[int, int]], char_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -34,14 +35,12 @@ def exact_split_supported(backend_json: str) -> bool:
     return True
 
 
-def split_text(text: str, max_chars: int) -> list[str]:
+def split_text(text: str, max_chars: int) -> Iterator[str]:
     """Cut ``text`` into pieces of about ``max_chars`` at spaces between ASCII word characters.
 
-    A piece grows past ``max_chars`` only when no cut point exists in its window.
+    The pieces come one at a time, so that a very long text is not held twice. A piece grows past ``max_chars`` only when
+    no cut point exists in its window.
     """
-    if len(text) <= max_chars:
-        return [text]
-    pieces = []
     start = 0
     while len(text) - start > max_chars:
         cut = _last_cut(text, start + max_chars // 2, start + max_chars)
@@ -50,10 +49,9 @@ def split_text(text: str, max_chars: int) -> list[str]:
             if match is None:
                 break
             cut = match.start()
-        pieces.append(text[start:cut])
+        yield text[start:cut]
         start = cut
-    pieces.append(text[start:])
-    return pieces
+    yield text[start:]
 
 
 def _last_cut(text: str, lo: int, hi: int) -> int | None:

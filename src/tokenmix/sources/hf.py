@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from tokenmix.sources.shards import (
     DEFAULT_CHUNK_BYTES,
@@ -31,6 +32,10 @@ class HfDatasetShard:
         self.name = f"hf://{dataset_id}" + (f"/{name}" if name else "") + f"/{split}"
 
     def size_bytes(self) -> int | None:
+        return None
+
+    def identity(self) -> dict[str, Any] | None:
+        """None: a Hugging Face dataset is named by id, config and split, which the source config already fixes."""
         return None
 
     def position_label(self, position: int) -> str:

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import fsspec
 import ijson
+import orjson
+import xxhash
 import zstandard
+from fsspec.implementations.local import LocalFileSystem
 
 from tokenmix.sources.compression import (
     TruncatedInputError,
@@ -41,6 +45,7 @@ RawRecord = bytes | dict[str, Any] | Any
 """``bytes``: one JSON line; ``PlainText``: a whole text document; else a parsed JSON value."""
 
 DEFAULT_CHUNK_BYTES = 1 << 20
+DIGEST_MASK = (1 << 64) - 1
 DEFAULT_CHUNK_RECORDS = 8192
 
 
@@ -52,6 +57,15 @@ class RawChunk:
     records: list[RawRecord]
     consumed_bytes: int = 0
     """Bytes of the stored (possibly compressed) file consumed since the previous chunk."""
+
+    def digest(self) -> int:
+        """A digest of these records at their positions, 64 bits. Summed over a shard's chunks (mod 2**64) it gives one
+        value for its first n records however they were chunked, so a build can tell whether what it read is unchanged."""
+        total = 0
+        for position, record in enumerate(self.records, self.start):
+            data = record if isinstance(record, bytes) else orjson.dumps(record, option=orjson.OPT_SORT_KEYS, default=repr)
+            total += xxhash.xxh3_64_intdigest(data, seed=position)
+        return total & DIGEST_MASK
 
 
 class ShardReadError(Exception):
@@ -72,6 +86,11 @@ class Shard(Protocol):
 
     def size_bytes(self) -> int | None:
         """Stored size, for progress and ETA; ``None`` when unknown."""
+        ...
+
+    def identity(self) -> dict[str, Any] | None:
+        """What the stored input is now (size, and modification time or ETag / content hash), to tell a changed input
+        from the one a cache was built from; ``None`` when the input cannot be described. Raises ``FileNotFoundError``."""
         ...
 
     def position_label(self, position: int) -> str:
@@ -102,6 +121,9 @@ class ChunkBuffer:
         self.nbytes = 0
         return chunk
 
+
+_VERSION_KEYS = ("ETag", "etag", "generation", "md5Hash", "crc32c", "mtime", "LastModified", "last_modified", "updated", "created")
+"""What object stores (s3fs, gcsfs, ...) report that changes when an object is rewritten, most specific first."""
 
 _TRUNCATION_ERRORS = (TruncatedInputError, EOFError, zstandard.ZstdError)
 
@@ -137,11 +159,26 @@ class FileShard:
         except (OSError, ValueError):
             return None
 
+    def identity(self) -> dict[str, Any] | None:
+        """Size and ``mtime_ns`` of a local file; size and the first of ETag, generation, content hashes or modification
+        time that an object store reports. ``FileNotFoundError`` when the input is missing."""
+        fs, path = fsspec.core.url_to_fs(self.name)
+        if isinstance(fs, LocalFileSystem):
+            stat = os.stat(path)
+            return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        info = fs.info(path)
+        version = next(((key, str(info[key])) for key in _VERSION_KEYS if info.get(key) not in (None, "")), None)
+        return {"size": int(info["size"]), **dict([version] if version else [])}
+
     def position_label(self, position: int) -> str:
         """Where a record position is, as a person looks for it: a line, or a record index."""
+        return f"{self.name}, {self._record_at(position)}"
+
+    def _record_at(self, position: int) -> str:
+        """A record position inside this file: ``line N`` (1-based) for JSON lines, else ``record N``."""
         if self.kind == "jsonl" or (self.kind == "json" and not self._json_is_array()):
-            return f"{self.name}, line {position + 1}"
-        return f"{self.name}, record {position}"
+            return f"line {position + 1}"
+        return f"record {position}"
 
     def _json_is_array(self) -> bool:
         if self._is_array is None:
@@ -163,7 +200,10 @@ class FileShard:
         except FileNotFoundError as e:
             raise ShardReadError(self.name, position, "missing_file", str(e)) from e
         except _TRUNCATION_ERRORS as e:
-            raise ShardReadError(self.name, position, "truncated_file", f"{type(e).__name__}: {e}") from e
+            where = self._record_at(position)
+            detail = (f"the compressed data is cut short in {where} ({type(e).__name__}: {e}); every complete record before "
+                      f"{where} was read, {where} itself is incomplete; copy the file again from its source")
+            raise ShardReadError(self.name, position, "truncated_file", detail) from e
         except ijson.JSONError as e:
             raise ShardReadError(self.name, position, "malformed_json", f"JSON array is malformed: {e}") from e
         except (OSError, ValueError) as e:
@@ -228,12 +268,22 @@ class FileShard:
 
 
 def _chunked(records: Iterator[RawRecord], size: Callable[[Any], int], buf: ChunkBuffer, consumed: Callable[[], int]) -> Iterator[RawChunk]:
-    """``records`` in chunks of about ``buf.chunk_bytes`` (by ``size``), each with the input bytes ``consumed()`` so far."""
-    for record in records:
-        if buf.add(record, size(record)):
-            yield buf.take(consumed())
+    """``records`` in chunks of about ``buf.chunk_bytes`` (by ``size``), each with the input bytes ``consumed()`` so far.
+
+    When ``records`` fails (a truncated or corrupt file), the records read before the failure are yielded first and the
+    error is raised after them, so a shard's readable prefix is never lost with its last, partly filled chunk.
+    """
+    failure: Exception | None = None
+    try:
+        for record in records:
+            if buf.add(record, size(record)):
+                yield buf.take(consumed())
+    except Exception as e:
+        failure = e
     if buf.records:
         yield buf.take(consumed())
+    if failure is not None:
+        raise failure
 
 
 def _starts_with_bracket(stream) -> bool:
