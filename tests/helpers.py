@@ -98,6 +98,9 @@ class DelegatingShard:
     def size_bytes(self):
         return self._shard.size_bytes()
 
+    def identity(self):
+        return self._shard.identity()
+
     def position_label(self, position):
         return self._shard.position_label(position)
 

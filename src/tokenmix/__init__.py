@@ -66,6 +66,10 @@ Errors
     CacheNotFoundError          No cache (no ledger) at the location.
     CacheMismatchError          An existing cache was made with a different tokenizer, format or options.
     ShardListMismatchError      The configured shard list is not an extension of the one the cache was built from.
+    ShardChangedError           An input shard is not what the cache was built from: its size, modification time or ETag changed.
+    CacheLockedError            Another builder holds the cache's build lock; the message names it (host, pid, start time).
+    LockLostError               This builder's lease on the cache was taken over by another builder; it stopped before its next commit.
+    CacheWriteError             The cache's storage refused a write (permissions, a full disk, ...); the message says what is kept and what to do.
     LoaderError                 Loading a step failed (waiting for, reading or placing its examples); the message names the step.
 """
 
@@ -77,8 +81,10 @@ if TYPE_CHECKING:
     from tokenmix.cache.builder import BadInputError, BuildOptions, ShardTaskError
     from tokenmix.cache.cluster import MissingExtraError
     from tokenmix.cache.executor import DaskExecutorConfig, LocalExecutorConfig, RayExecutorConfig
-    from tokenmix.cache.ledger import CacheMismatchError, ShardListMismatchError
+    from tokenmix.cache.ledger import CacheMismatchError, ShardChangedError, ShardListMismatchError
+    from tokenmix.cache.lock import CacheLockedError, LockLostError
     from tokenmix.cache.reader import CacheNotFoundError, TokenCache
+    from tokenmix.cache.store import CacheWriteError
     from tokenmix.config.caches import build_caches, open_cache
     from tokenmix.config.loading import ConfigError, load_data_config
     from tokenmix.config.mixture import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig
@@ -106,8 +112,10 @@ __all__ = [
     "BadRecordError",
     "BatchSchedule",
     "BuildOptions",
+    "CacheLockedError",
     "CacheMismatchError",
     "CacheNotFoundError",
+    "CacheWriteError",
     "ChatLmDatasetFormat",
     "ConfigError",
     "DaskExecutorConfig",
@@ -121,6 +129,7 @@ __all__ = [
     "LmBatch",
     "LmDatasetFormatBase",
     "LoaderError",
+    "LockLostError",
     "LocalExecutorConfig",
     "MissingExtraError",
     "MixtureDataset",
@@ -128,6 +137,7 @@ __all__ = [
     "PackedDataset",
     "PackingConfig",
     "RayExecutorConfig",
+    "ShardChangedError",
     "ShardListMismatchError",
     "ShardReadError",
     "ShardTaskError",

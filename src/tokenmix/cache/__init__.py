@@ -11,29 +11,37 @@ if TYPE_CHECKING:
     from tokenmix.cache.chunk_cache import ChunkCache
     from tokenmix.cache.cluster import ClusterExecutor, MissingExtraError
     from tokenmix.cache.executor import DaskExecutorConfig, ExecutorConfig, LocalExecutorConfig, RayExecutorConfig
-    from tokenmix.cache.ledger import CacheLedger, CacheMismatchError, ShardListMismatchError
+    from tokenmix.cache.ledger import CacheLedger, CacheMismatchError, ShardChangedError, ShardListMismatchError
+    from tokenmix.cache.lock import BuildLock, CacheLockedError, LockLostError, build_lock
     from tokenmix.cache.plans import stored_plans
     from tokenmix.cache.pool import EncoderPool
     from tokenmix.cache.reader import CacheNotFoundError, TokenCache
+    from tokenmix.cache.store import CacheWriteError
 
 __all__ = [
     "BadInputError",
+    "BuildLock",
     "BuildOptions",
     "CacheBuilder",
     "CacheLedger",
+    "CacheLockedError",
     "CacheMismatchError",
     "CacheNotFoundError",
+    "CacheWriteError",
     "ChunkCache",
     "ClusterExecutor",
     "DaskExecutorConfig",
     "EncoderPool",
     "ExecutorConfig",
     "LocalExecutorConfig",
+    "LockLostError",
     "MissingExtraError",
     "RayExecutorConfig",
+    "ShardChangedError",
     "ShardListMismatchError",
     "ShardTaskError",
     "TokenCache",
+    "build_lock",
     "stored_plans",
 ]
 _exports, __getattr__, __dir__ = lazy_exports(__name__, __file__)

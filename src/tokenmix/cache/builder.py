@@ -19,13 +19,15 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tokenmix.cache.cluster import ClusterExecutor, TaskFuture
 from tokenmix.cache.executor import ExecutorConfig, LocalExecutorConfig
-from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, ShardProgress
+from tokenmix.cache.ledger import LEDGER_FILE, RETRIED_REASONS, CacheLedger, ShardProgress
+from tokenmix.cache.lock import BuildLock, LockKind, build_lock
 from tokenmix.cache.pool import Completed, EncoderPool
 from tokenmix.cache.progress import BuildProgress, ClusterRates
 from tokenmix.cache.shard_task import (
@@ -39,10 +41,10 @@ from tokenmix.cache.shard_task import (
     staged_chunks,
 )
 from tokenmix.cache.stats import STATS_FILE, compute_stats
-from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments
+from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, CacheWriteError, JaggedArray, JsonDocuments, storage_cause, unwritable
 from tokenmix.formats.base import FILTER_REASONS
 from tokenmix.formats.encoder import EncodedChunk, EncoderSpec
-from tokenmix.sources.shards import RawChunk, Shard, ShardReadError
+from tokenmix.sources.shards import DIGEST_MASK, RawChunk, Shard, ShardReadError
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +67,20 @@ class BuildOptions:
     """How many skipped records are logged one by one (all are counted)."""
     executor: ExecutorConfig = field(default_factory=LocalExecutorConfig)
     """Where the tokenizing runs: ``{type: local}`` (default), ``{type: ray, address: ...}`` or ``{type: dask, address: ...}``."""
+    lock: LockKind = "auto"
+    """How one builder per cache is ensured: ``auto`` takes an flock on local paths and a lease object on gs://, s3:// and
+    memory://; ``lease`` takes the lease on a local path too (a filesystem shared between machines, such as NFS)."""
+    lock_timeout_s: float | None = None
+    """How long a build waits while another builder holds the cache: null as long as it takes (it then reuses or resumes
+    that build's work), 0 refuses at once naming the holder."""
+    lock_lease_s: float = 60.0
+    """Lease locks: a holder that has not renewed its lease for this long is taken for dead, and its lease taken over."""
 
     def __post_init__(self) -> None:
+        if self.lock_timeout_s is not None and not self.lock_timeout_s >= 0:
+            raise ValueError(f"build.lock_timeout_s must be >= 0 seconds, or null to wait as long as it takes; got {self.lock_timeout_s}")
+        if not self.lock_lease_s > 0:
+            raise ValueError(f"build.lock_lease_s must be positive (seconds), got {self.lock_lease_s}")
         if self.num_workers == 0 and not isinstance(self.executor, LocalExecutorConfig):
             raise ValueError(
                 f"build.num_workers: 0 tokenizes in the driver, which build.executor.type "
@@ -127,22 +141,44 @@ class CacheBuilder:
         self._span_values = 0
         """Where the next document's loss spans go in the spans array."""
         self._last_commit = time.monotonic()
+        self._lock: BuildLock | None = None
+        self._published = 0
+        """Rows readers see (``offsets[0]``): never lowered."""
 
     def build(self) -> dict[str, Any]:
-        """Run the build to the end and return the cache statistics (a finished cache is left untouched)."""
+        """Run the build to the end and return the cache statistics (a finished cache is left untouched).
+
+        Holds the cache's build lock throughout: a second builder of the same cache waits (``build.lock_timeout_s``)."""
         started = time.monotonic()
         if isinstance(self.executor, ClusterExecutor) or (self.executor is None and not isinstance(self.options.executor, LocalExecutorConfig)):
             portable_location(self.location)  # refuses a location cluster workers cannot reach, before anything starts
+        with build_lock(self.location, self.options.lock, self.options.lock_timeout_s, self.options.lock_lease_s) as lock:
+            self._lock = lock
+            return self._build(started)
+
+    def _build(self, started: float) -> dict[str, Any]:
         ledger = self._open_ledger()
+        refreshed = self._check_sources(ledger)
         if ledger.finished:
             stats = self._docs.read(STATS_FILE)
             if stats is not None:  # nothing to build: keep the record of the build that made the cache
+                if refreshed:
+                    self._docs.write(LEDGER_FILE, ledger.to_json())
                 return stats
-        array = JaggedArray.open(self.location, TOKENS_ARRAY, self.spec.dtype, create=True)
-        if self.spec.format.masks_loss:
-            self._spans = JaggedArray.open(self.location, LOSS_SPANS_ARRAY, "int64", create=True)
-            self._span_values = int(self._spans.row_ends(ledger.rows - 1, ledger.rows)[0]) if ledger.rows else 0
-        self._docs.write(LEDGER_FILE, ledger.to_json())
+        try:
+            array = JaggedArray.open(self.location, TOKENS_ARRAY, self.spec.dtype, create=True)
+            if self.spec.format.masks_loss:
+                self._spans = JaggedArray.open(self.location, LOSS_SPANS_ARRAY, "int64", create=True)
+                self._span_values = int(self._spans.row_ends(ledger.rows - 1, ledger.rows)[0]) if ledger.rows else 0
+            self._published = array.committed_rows()
+            self._docs.write(LEDGER_FILE, ledger.to_json())
+        except ValueError as e:  # tensorstore's storage errors
+            raise unwritable(self.location, e) from None
+        if ledger.rows < self._published:
+            raise CacheWriteError(
+                f"cache at {self.location} publishes {self._published:,} rows but its ledger accounts for {ledger.rows:,}: "
+                "it was written by two builders at once (before tokenmix locked builds) or edited by hand. Delete it and rebuild."
+            )
         self._publish(ledger, array)
         resumed_rows = ledger.rows
         if not ledger.finished:
@@ -172,10 +208,76 @@ class CacheBuilder:
         ledger = CacheLedger.from_json(existing)
         ledger.check_identity(self.identity, self.location)
         ledger.extend_shards(names, self.location)
-        if ledger.rows:
+        for shard in ledger.shards:
+            if shard.retry is not None:
+                logger.info("%s: trying %s again (the last build skipped it: %s); its rows follow those already in the cache",
+                            self.location, shard.name, shard.retry)
+                shard.skip(shard.retry, -1)
+                shard.skipped = {k: v for k, v in shard.skipped.items() if v}
+                shard.retry, shard.error, shard.finished, ledger.finished = None, None, False, False
+        if ledger.rows and not ledger.finished:
             logger.info("%s: resuming at row %d (%d of %d shards finished)", self.location, ledger.rows,
                         sum(s.finished for s in ledger.shards), len(ledger.shards))
         return ledger
+
+    def _source_of(self, index: int) -> dict[str, Any] | None:
+        """Shard ``index``'s identity now, or None when it cannot be had (its absence is reported where it is read)."""
+        shard = self.shards[index]
+        try:
+            return shard.identity()
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            logger.warning("%s: cannot tell whether it changed (%s: %s)", shard.name, type(e).__name__, e)
+            return None
+
+    def _check_sources(self, ledger: CacheLedger) -> bool:
+        """Refuse shards whose records read so far changed since the cache read them (identities fetched all at once);
+        returns whether a shard's identity changed with its records the same (the ledger then takes the new one)."""
+        begun = [i for i, p in enumerate(ledger.shards) if p.source is not None]
+        with ThreadPoolExecutor(max_workers=min(32, max(1, len(begun)))) as pool:
+            current = list(pool.map(self._source_of, begun))
+        return any([self._check_source(ledger, index, identity) for index, identity in zip(begun, current)])
+
+    def _check_source(self, ledger: CacheLedger, index: int, identity: dict[str, Any] | None) -> bool:
+        """Go on with a shard whose identity is unchanged (False), or whose records read so far read back the same (True,
+        and its identity is updated); else raise ``ShardChangedError``."""
+        error = ledger.changed_source(index, identity, self.location)
+        if error is None:
+            return False
+        progress = ledger.shards[index]
+        if not self._reads_the_same(index, progress):
+            raise error
+        logger.info("%s changed (%s -> %s), but the %d records the cache read from it are the same; going on",
+                    progress.name, progress.source, identity, progress.position)
+        progress.source = identity
+        return True
+
+    def _reads_the_same(self, index: int, progress: ShardProgress) -> bool:
+        """Whether the shard's first ``progress.position`` records have the digest the ledger holds (and, for a finished
+        shard, whether it ends there as it did)."""
+        if progress.digest is None:
+            return False
+        whole = progress.finished and progress.error is None  # it was read to its end, so it must still end there
+        digest, end = 0, 0
+        try:
+            for chunk in self.shards[index].read(0, self.options.chunk_bytes):
+                end = chunk.start + len(chunk.records)
+                read = RawChunk(chunk.start, chunk.records[: max(0, progress.position - chunk.start)])
+                digest = (digest + read.digest()) & DIGEST_MASK
+                if end >= progress.position and not whole or end > progress.position:
+                    break
+        except ShardReadError as e:
+            end = e.position
+        return digest == progress.digest and (end == progress.position if whole else end >= progress.position)
+
+    def _begin_shard(self, ledger: CacheLedger, index: int) -> None:
+        """Record what a shard is before its first record is read (and, from its start, a digest of what is read)."""
+        progress = ledger.shards[index]
+        if progress.source is None:
+            progress.source = self._source_of(index)
+            if progress.position == 0:
+                progress.digest = 0
 
     def _run(self, ledger: CacheLedger, array: JaggedArray) -> None:
         if self.executor is not None:
@@ -237,6 +339,7 @@ class CacheBuilder:
         logger.info("%s: %d shards to build on %s, at most %d in flight", self.location, len(todo), cluster.name, limit)
 
         def submit(index: int, failures: int) -> None:
+            self._begin_shard(ledger, index)
             job = ShardJob(index, portable(self.shards[index]), ledger.shards[index].position, location,
                            f"{index:06d}-{uuid.uuid4().hex[:12]}", spec_key, self.options.chunk_bytes, self.options.on_error == "raise")
             tasks[index] = _ShardTask(job, failures, cluster.submit(run_shard, job, spec))
@@ -315,6 +418,7 @@ class CacheBuilder:
         for index, (shard, progress) in enumerate(zip(self.shards, ledger.shards)):
             if progress.finished:
                 continue
+            self._begin_shard(ledger, index)
             try:
                 for chunk in shard.read(progress.position, self.options.chunk_bytes):
                     yield index, chunk
@@ -340,6 +444,8 @@ class CacheBuilder:
         shard.chars += chunk.chars
         shard.utf8_bytes += chunk.utf8_bytes
         shard.loss_tokens += chunk.loss_tokens
+        if shard.digest is not None:
+            shard.digest = (shard.digest + chunk.source_digest) & DIGEST_MASK
         if self.progress is not None:
             self.progress.update(len(chunk.lengths), len(chunk.tokens), chunk.consumed_bytes)
 
@@ -371,14 +477,18 @@ class CacheBuilder:
             problem = (end.error.reason, f"{name}: {end.error.reason} after {end.error.position} record positions: {end.error.detail}")
         elif shard.records == 0:
             problem = ("empty_shard", f"{name}: empty_shard: the shard holds no records")
+        else:
+            self._check_source(ledger, end.index, self._source_of(end.index))  # changed while it was read
         if problem is not None:
             reason, message = problem
             if self.options.on_error == "raise":
                 self._commit(ledger, array, writes)
                 raise BadInputError(message + "\nFix or remove the shard, or set on_error: skip to count it and go on.")
-            logger.warning("skipping the rest of %s", message)
+            retried = reason in RETRIED_REASONS
+            logger.warning("skipping the rest of %s%s", message, "; the next build tries it again" if retried else "")
             shard.skip(reason)
             shard.error = message
+            shard.retry = reason if retried else None
         shard.finished = True
 
     def _maybe_commit(self, ledger: CacheLedger, array: JaggedArray, writes: list) -> None:
@@ -387,14 +497,24 @@ class CacheBuilder:
             self._last_commit = time.monotonic()
 
     def _commit(self, ledger: CacheLedger, array: JaggedArray, writes: list) -> None:
-        for write in writes:
-            write.result()
-        writes.clear()
-        self._docs.write(LEDGER_FILE, ledger.to_json())
-        self._publish(ledger, array)
+        if self._lock is not None:
+            self._lock.check()
+        try:
+            for write in writes:
+                write.result()
+            writes.clear()
+            self._docs.write(LEDGER_FILE, ledger.to_json())
+            self._publish(ledger, array)
+        except ValueError as e:  # tensorstore's storage errors: a full disk, lost permissions, an unreachable bucket
+            raise CacheWriteError(
+                f"writing the cache at {self.location} failed: {storage_cause(e)}. Its {self._published:,} committed "
+                "rows are kept: fix the storage (free space, permissions) and re-run the build, which resumes from there."
+            ) from e
 
     def _publish(self, ledger: CacheLedger, array: JaggedArray) -> None:
-        """Publish the ledger's rows: loss spans first, so a reader never sees a row without its spans."""
+        """Publish the ledger's rows: loss spans first, so a reader never sees a row without its spans; never fewer rows."""
+        assert ledger.rows >= self._published, f"{self.location}: publishing {ledger.rows} rows after {self._published}"
         if self._spans is not None:
             self._spans.publish(ledger.rows)
         array.publish(ledger.rows)
+        self._published = ledger.rows

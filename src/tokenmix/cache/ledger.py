@@ -27,6 +27,15 @@ class ShardListMismatchError(ValueError):
     """The configured shard list is not an extension of the one the cache was built from."""
 
 
+class ShardChangedError(ValueError):
+    """An input shard is not what the cache was built from: its size, modification time or ETag changed."""
+
+
+RETRIED_REASONS = frozenset({"missing_file", "unreadable_file"})
+"""Shard failures that may pass (a file not there yet, storage briefly unreachable): under ``on_error: skip`` such a
+shard is tried again by the next build. Bad content (truncated, malformed) is not: it is skipped for good."""
+
+
 def fingerprint_of(identity: dict[str, Any]) -> str:
     """A short stable hash of a cache identity."""
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()[:16]
@@ -48,6 +57,14 @@ class ShardProgress:
     skipped: dict[str, int] = field(default_factory=dict)
     error: str | None = None
     finished: bool = False
+    source: dict[str, Any] | None = None
+    """The input's identity (``Shard.identity``: size and mtime, ETag or hash) when its reading began."""
+    digest: int | None = None
+    """``RawChunk.digest`` summed over the records read so far (positions before ``position``): when ``source`` changes,
+    the build reads them again and goes on only if they are the same. None where reading began before digests were kept."""
+    retry: str | None = None
+    """The transient failure (``missing_file``, ``unreadable_file``) this shard was skipped for under ``on_error: skip``:
+    the next build tries it again, appending its rows after those already in the cache."""
 
     def skip(self, reason: str, count: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + count
@@ -115,6 +132,20 @@ class CacheLedger:
         if len(names) > len(known):
             self.shards.extend(ShardProgress(n) for n in names[len(known) :])
             self.finished = False
+
+    def changed_source(self, index: int, current: dict[str, Any] | None, location: str) -> ShardChangedError | None:
+        """The error for a shard whose input is not what the cache began reading (``current``: its identity now), else None."""
+        shard = self.shards[index]
+        if shard.source is None or current is None or current == shard.source:
+            return None
+        changed = ", ".join(f"{k} {shard.source.get(k)!r} -> {current.get(k)!r}" for k in sorted(set(shard.source) | set(current))
+                            if shard.source.get(k) != current.get(k))
+        state = "was built from" if shard.finished else f"has read the first {shard.position:,} record positions of"
+        return ShardChangedError(
+            f"{shard.name} changed since the cache at {location} {state} it ({changed}), and the records it read are not the "
+            f"same any more: its {shard.rows:,} rows in the cache came from the old content. Restore the original file, or delete "
+            "the cache (or use another cache_dir) to rebuild it from the new one."
+        )
 
     def skipped_totals(self) -> dict[str, int]:
         totals: dict[str, int] = {}

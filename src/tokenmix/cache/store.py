@@ -33,6 +33,28 @@ _CONTEXT = ts.Context()
 """One context for the process, so ``memory://`` caches are shared by every opener in it."""
 
 
+class CacheWriteError(OSError):
+    """The cache's storage refused a write (permissions, a full disk, ...); the message says what is kept and what to do."""
+
+
+def unwritable(location: str, error: Exception) -> CacheWriteError:
+    """A clear error for a cache location that cannot be written: the path, the cause, the fix."""
+    cause = storage_cause(error)
+    return CacheWriteError(f"cannot write the cache at {location}: {cause}. Choose a cache_dir this user can write to "
+                           "(and check the bucket's credentials for gs:// and s3://).")
+
+
+def storage_cause(error: Any) -> str:
+    """The operating system's reason in a storage error, without tensorstore's spec dump or NUL-separated paths."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error)
+    for reason in ("No space left on device", "Permission denied", "Read-only file system", "File too large", "Disk quota exceeded"):
+        if reason in text:
+            return reason
+    return text.split("[", 1)[0].replace("\x00", "/").strip().rstrip(":") or type(error).__name__
+
+
 def kvstore_spec(location: str) -> dict[str, Any]:
     """The tensorstore kvstore spec of a cache location (a directory, with a trailing slash)."""
     if "://" not in location:

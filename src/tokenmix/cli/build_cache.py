@@ -17,7 +17,16 @@ from typing import Any
 from rich.table import Table
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tokenmix import ConfigError, MissingExtraError, ShardTaskError, build_caches, load_data_config
+from tokenmix import (
+    CacheLockedError,
+    CacheWriteError,
+    ConfigError,
+    LockLostError,
+    MissingExtraError,
+    ShardTaskError,
+    build_caches,
+    load_data_config,
+)
 from tokenmix.cli.console import make_console
 
 logger = logging.getLogger(__name__)
@@ -47,7 +56,8 @@ def run(argv: list[str]) -> int:
         config = load_data_config(args.config_path, overrides)
         with logging_redirect_tqdm():
             results = build_caches(config, sources=args.source)
-    except (ConfigError, ValueError, FileNotFoundError, MissingExtraError, ConnectionError, ShardTaskError) as e:
+    except (ConfigError, ValueError, FileNotFoundError, MissingExtraError, ConnectionError, ShardTaskError, CacheLockedError,
+            LockLostError, CacheWriteError) as e:
         logger.error("%s", e)
         return 1
     make_console().print(summary_table(results))
