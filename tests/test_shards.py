@@ -84,6 +84,24 @@ def test_parquet_resume_does_not_read_earlier_row_groups(tmp_path):
     assert records_of(url, start=20) == RECORDS[20:]
 
 
+def test_a_corrupt_row_group_keeps_the_rows_read_before_it(tmp_path):
+    """The rows of the row groups before a corrupt one are handed on, then the failure is raised at its position."""
+    url = _parquet(tmp_path / "a.parquet")
+    meta = pq.ParquetFile(url).metadata
+    data = bytearray((tmp_path / "a.parquet").read_bytes())
+    last = meta.num_row_groups - 1
+    for c in range(meta.num_columns):
+        col = meta.row_group(last).column(c)
+        start = col.dictionary_page_offset or col.data_page_offset
+        data[start : start + col.total_compressed_size] = b"\xff" * col.total_compressed_size
+    (tmp_path / "a.parquet").write_bytes(bytes(data))
+    read = []
+    with pytest.raises(ShardReadError) as info:
+        for chunk in FileShard(url).read(0, chunk_bytes=1 << 20):
+            read.extend(chunk.records)
+    assert read == RECORDS[: 10 * last] and info.value.position == 10 * last
+
+
 def test_txt_file_is_one_document(tmp_path):
     (tmp_path / "doc.txt").write_text("line one\nline two\n")
     chunks = list(FileShard(str(tmp_path / "doc.txt")).read())

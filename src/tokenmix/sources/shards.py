@@ -240,25 +240,25 @@ class FileShard:
 
         pf = pq.ParquetFile(raw)
         meta = pf.metadata
-        position = 0
-        unreported_bytes = 0
-        buf = ChunkBuffer(start, chunk_bytes)
-        for group in range(meta.num_row_groups):
-            group_meta = meta.row_group(group)
-            group_rows = group_meta.num_rows
-            unreported_bytes += sum(group_meta.column(c).total_compressed_size for c in range(group_meta.num_columns))
-            if position + group_rows <= start:
-                position += group_rows
-                continue
-            table = pf.read_row_group(group)
-            rows = table.slice(max(0, start - position)).to_pylist()
-            position += group_rows
-            for row in rows:
-                if buf.add(row, approx_size(row)):
-                    yield buf.take(unreported_bytes)
-                    unreported_bytes = 0
-        if buf.records:
-            yield buf.take(unreported_bytes)
+        passed = reported = 0
+        """Compressed bytes of the row groups passed so far, and of those reported with a chunk."""
+
+        def rows() -> Iterator[dict[str, Any]]:
+            nonlocal passed
+            position = 0
+            for group in range(meta.num_row_groups):  # row groups before ``start`` are never read
+                group_meta = meta.row_group(group)
+                passed += sum(group_meta.column(c).total_compressed_size for c in range(group_meta.num_columns))
+                if position + group_meta.num_rows > start:
+                    yield from pf.read_row_group(group).slice(max(0, start - position)).to_pylist()
+                position += group_meta.num_rows
+
+        def consumed() -> int:
+            nonlocal reported
+            delta, reported = passed - reported, passed
+            return delta
+
+        yield from _chunked(rows(), approx_size, ChunkBuffer(start, chunk_bytes), consumed)
 
     def _read_txt(self, raw, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
         data = decompressing_reader(raw, self.compression).read()
