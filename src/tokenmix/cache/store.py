@@ -68,8 +68,20 @@ def kvstore_spec(location: str) -> dict[str, Any]:
     if parsed.scheme == "gs":
         return {"driver": "gcs", "bucket": parsed.netloc, "path": path + "/"}
     if parsed.scheme == "s3":
-        return {"driver": "s3", "bucket": parsed.netloc, "path": path + "/"}
+        return {"driver": "s3", "bucket": parsed.netloc, "path": path + "/", **_s3_options()}
     raise ValueError(f"cache location {location!r}: scheme {parsed.scheme!r} is not supported; use a path, file://, gs://, s3:// or memory://")
+
+
+def _s3_options() -> dict[str, Any]:
+    """What the environment says about S3, as the AWS tools read it: an S3-compatible endpoint (MinIO, R2, a local
+    server) from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, and keys from ``AWS_ACCESS_KEY_ID`` when it is set."""
+    options: dict[str, Any] = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        options["endpoint"] = endpoint
+    if os.environ.get("AWS_ACCESS_KEY_ID"):
+        options["aws_credentials"] = {"type": "environment"}
+    return options
 
 
 def join_location(location: str, *parts: str) -> str:

@@ -1,0 +1,107 @@
+"""The build lock on an object store: an S3-compatible server (moto's, a real server process on 127.0.0.1) behind
+tensorstore's own s3 driver, reached through ``AWS_ENDPOINT_URL`` as any S3-compatible store is."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import REPO, TOKENIZER, demo_urls
+
+import tokenmix
+from tokenmix.cache.lock import CacheLockedError, LeaseBuildLock, LockLostError
+
+WORKER = Path(__file__).parent / "build_worker.py"
+BUCKET = "tokenmix-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A fresh S3 server on 127.0.0.1 with one bucket, and the environment that points tokenmix (and its subprocesses) at it."""
+    server = shutil.which("moto_server", path=os.path.dirname(sys.executable))
+    if server is None:
+        pytest.skip("moto_server is not installed (pip install 'tokenmix[dev]')")
+    port = _free_port()
+    log = open(tmp_path_factory.mktemp("s3") / "moto.log", "w")
+    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{BUCKET}", method="PUT"), timeout=2).read()
+            break
+        except OSError:
+            assert time.monotonic() < deadline and proc.poll() is None, "the S3 server did not start"
+            time.sleep(0.1)
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield endpoint
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()
+
+
+def test_a_lease_on_s3_excludes_others_and_is_taken_over_from_a_stalled_holder(s3, caplog):
+    location = f"s3://{BUCKET}/lease-{time.time_ns()}/web/train"
+    first = LeaseBuildLock(location, timeout=0, lease_s=1.0)
+    first.acquire()
+    time.sleep(1.5)  # longer than the lease: the renewals keep it
+    with pytest.raises(CacheLockedError, match=f"pid {os.getpid()}"):
+        LeaseBuildLock(location, timeout=0, lease_s=1.0).acquire()
+    first.check()
+    first._stop.set()  # the holder stalls: no more renewals
+    first._renewer.join()
+    second = LeaseBuildLock(location, timeout=10, lease_s=1.0)
+    with caplog.at_level(logging.WARNING, logger="tokenmix.cache.lock"):
+        second.acquire()
+    assert "expired" in caplog.text
+    with pytest.raises(LockLostError):
+        first.check()
+    second.release()
+    third = LeaseBuildLock(location, timeout=0, lease_s=1.0)
+    third.acquire()  # released: free at once
+    third.release()
+
+
+@pytest.mark.timeout(300)
+def test_two_builders_of_one_s3_cache_build_it_once(s3, tmp_path):
+    cache_dir = f"s3://{BUCKET}/race-{time.time_ns()}"
+    urls = demo_urls("webster")
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": cache_dir, "configs": {"web": {"train_urls": urls}},
+                                      "build": {"num_workers": 0, "commit_interval_s": 0.05, "chunk_bytes": 1 << 15}}))
+    start_at = time.time() + 6
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(config), str(start_at)], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert sum("waiting for the build lock" in out for out in outputs) == 1, outputs
+    built = tokenmix.TokenCache(f"{cache_dir}/web/train")
+    local = tmp_path / "local"
+    tokenmix.build_caches(tokenmix.load_data_config(config, ["--cache_dir", str(local)]), progress=False)
+    reference = tokenmix.TokenCache(str(local / "web" / "train"))
+    assert built.is_finished() and built.num_rows() == reference.num_rows() > 0
+    rows = range(reference.num_rows())
+    assert [r.tolist() for r in built.get_rows(rows)] == [r.tolist() for r in reference.get_rows(rows)]
+    assert built.ledger.to_json()["shards"] == reference.ledger.to_json()["shards"]
