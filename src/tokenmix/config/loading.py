@@ -1,8 +1,10 @@
 """Reading a data config from a YAML file or a mapping, with command-line overrides, into config objects.
 
 The document is a mixture config (it has ``configs:``), a single-dataset config, or either of those
-under a ``data:`` key (as in a Levanter training config; its other sections are ignored). It is
-decoded by draccus straight from the mapping: nothing is written to disk.
+under a ``data:`` key (as in a Levanter training config; its other sections are ignored). A YAML file
+may pull in others with ``!include path`` (or merge one with ``<<: !include path``), each path taken
+relative to the file that names it, as draccus and Levanter resolve them. The document is decoded by
+draccus straight from the mapping: nothing is written to disk.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import draccus
 import yaml
+from draccus.parsers.yaml_loader import SafeLoaderWithInclusion
 
 from tokenmix.config.mixture import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig
 
@@ -76,11 +79,15 @@ def _set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
+    """The YAML document at ``path``, with its ``!include``s resolved (relative to the file that names each)."""
     try:
         with open(path) as f:
-            doc = yaml.safe_load(f) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
+            doc = yaml.load(f, Loader=SafeLoaderWithInclusion) or {}
+    except FileNotFoundError as e:
+        if os.path.abspath(str(e.filename)) == os.path.abspath(path):
+            raise ConfigError(f"config file {path} does not exist") from None
+        raise ConfigError(f"{path}: an !include names {e.filename}, which does not exist (an included path is taken relative "
+                          "to the file that includes it)") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {e}") from None
     if not isinstance(doc, dict):
