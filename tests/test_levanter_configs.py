@@ -1,29 +1,102 @@
-"""Levanter's YAMLs load unchanged: ``!include`` resolved relative to the including file, as draccus does (issue 16).
+"""Levanter's YAMLs load with Levanter's meaning (issue 16): ``!include`` resolved relative to the including file, as
+draccus does, and the fields of Levanter's data configs that tokenmix did not know.
 
-``tests/data/levanter/`` holds configs from Levanter's own ``config/`` tree, unchanged."""
+``tests/data/levanter/`` holds configs from Levanter's own ``config/`` tree, unchanged (its README says which)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TOKENIZER, demo_urls
+from helpers import DEMO_CORPUS, REPO, TOKENIZER, demo_urls, read_jsonl_zst
 
 import tokenmix
+from tokenmix.config import cache_targets
+from tokenmix.config.levanter import CacheOptions
 
 LEVANTER = Path(__file__).parent / "data" / "levanter"
 
 
-def test_a_levanter_training_config_whose_data_is_an_include_loads():
-    config = tokenmix.load_data_config(LEVANTER / "gpt2_small_fast_pile.yaml")
-    assert isinstance(config, tokenmix.LMDatasetConfig)
-    assert config.tokenizer == "EleutherAI/gpt-neox-20b"
-    assert config.cache_location("default", "train") == "gs://levanter-data/tokenized/pile-old/train"
-    assert [s.name for s in config.shards("train")] == [f"gs://levanter-data/pile/train/{i:02d}.jsonl.zst" for i in range(30)]
-    assert [s.name for s in config.shards("validation")] == ["gs://levanter-data/pile/val.jsonl.zst"]
+def test_every_levanter_config_kept_here_loads():
+    paths = sorted(LEVANTER.rglob("*.yaml"))
+    assert len(paths) == 8
+    for path in paths:
+        tokenmix.load_data_config(path)
+
+
+def test_a_levanter_training_config_whose_data_is_an_include_loads_the_mixture(caplog):
+    with caplog.at_level(logging.INFO, logger="tokenmix.config"):
+        config = tokenmix.load_data_config(LEVANTER / "gpt2_small_fast_pile.yaml")
+    assert isinstance(config, tokenmix.LMMixtureDatasetConfig)
+    assert config.tokenizer == "EleutherAI/gpt-neox-20b" and len(config.configs) == 21
+    assert config.cache_location("arxiv", "train") == "gs://levanter-data/tokenized/pile-domains/arxiv/train"
+    assert [s.name for s in config.configs["arxiv"].shards("train")] == [
+        f"gs://levanter-data/pile-domains/arxiv/{i:02d}.jsonl.zst" for i in range(30)]
+    assert config.weight_schedule()[0][1]["pile_cc"] == 0.1811 and config.weight_schedule()[0][1]["enron"] == 0.0014
+    assert config.cache_options == CacheOptions(num_shard_groups=16, batch_size=32)
+    assert "cache_options CacheOptions(num_shard_groups=16, target_size_per_flush='512MB', batch_size=32) (Levanter's) are not used" \
+        in caplog.text
+
+
+def test_cache_options_and_a_null_vocab_size_change_nothing():
+    source = tokenmix.load_data_config(LEVANTER / "data" / "openwebtext_source.yaml")
+    assert isinstance(source, tokenmix.LMDatasetConfig) and source.tokenizer == "gpt2"
+    assert source.cache_options == CacheOptions(num_shard_groups=64, batch_size=1024)
+    assert len(source.shards("train")) == 128 and len(source.shards("validation")) == 8
+    dolma = tokenmix.load_data_config(LEVANTER / "data" / "dolma_llama.yaml")
+    assert dolma.vocab_size is None and dolma.cache_options is not None
+    ours = tokenmix.load_data_config({"tokenizer": TOKENIZER, "configs": {"web": {"train_urls": demo_urls("webster")}}})
+    with_options = dataclasses.replace(ours, cache_options=CacheOptions(), vocab_size=None)
+    assert cache_targets(with_options)[0].identity == cache_targets(ours)[0].identity
+
+
+def test_vocab_size_must_be_the_tokenizers():
+    doc = {"tokenizer": TOKENIZER, "configs": {"web": {"train_urls": demo_urls("webster")}}}
+    assert cache_targets(tokenmix.load_data_config({**doc, "vocab_size": 32000}))
+    with pytest.raises(ValueError, match="vocab_size is 50257, but tokenizer .* has 32000 tokens; remove vocab_size"):
+        cache_targets(tokenmix.load_data_config({**doc, "vocab_size": 50257}))
+
+
+def test_splits_choose_among_a_hugging_face_datasets_splits(tmp_path):
+    config = tokenmix.load_data_config(LEVANTER / "data" / "redpajama_1b_source.yaml")
+    assert config.id == "togethercomputer/RedPajama-Data-1T-Sample" and config.splits == ["train"]
+    local = tmp_path / "hf"
+    local.mkdir()
+    for split, name in (("train", "train-00-of-02"), ("validation", "validation")):
+        records = read_jsonl_zst(DEMO_CORPUS / "webster" / f"{name}.jsonl.zst")[:5]
+        (local / f"{split}.jsonl").write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in records))
+    assert dataclasses.replace(config, id=str(local)).split_names() == ["train"]
+    assert dataclasses.replace(config, id=str(local), splits=None).split_names() == ["train", "validation"]
+    with pytest.raises(ValueError, match="splits: chooses the splits of a Hugging Face dataset"):
+        tokenmix.LMDatasetSourceConfig(train_urls=["x.jsonl"], splits=["train"])
+    with pytest.raises(ValueError, match=r"splits: \['test'\] are not splits tokenmix builds"):
+        tokenmix.LMDatasetSourceConfig(id="x", splits=["test"])
+
+
+def test_staged_weights_take_the_trainers_batch_size_schedule():
+    config = tokenmix.load_data_config(LEVANTER / "gpt2_small_fast_batch_schedule.yaml")
+    schedule = config.batch_schedule()
+    assert schedule == tokenmix.BatchSchedule.of([(0, 64), (64, 128), (256, 64), (1024, 256)])
+    assert schedule.offset(1000) == 64 * 64 + 128 * 192 + 64 * 744
+    assert config.weight_schedule() == [(0, {"owt": 0.8, "wikitext": 0.2}), (schedule.offset(1000), {"owt": 0.5, "wikitext": 0.5})]
+    nano = tokenmix.load_data_config(LEVANTER / "gpt2_nano_mixture.yaml")
+    assert nano.batch_size == 32 and nano.weight_schedule()[1][0] == 100 * 32
+    assert nano.cache_location("w2", "train") == "wikitext2_cache/train"
+    overridden = tokenmix.load_data_config(LEVANTER / "gpt2_nano_mixture.yaml", ["--batch_size", "8"])
+    assert overridden.weight_schedule()[1][0] == 800
+
+
+def test_shuffle_buffer_size_is_read_as_eras_of_that_many_examples(caplog):
+    with caplog.at_level(logging.INFO, logger="tokenmix.config"):
+        config = tokenmix.load_data_config(LEVANTER / "olmo_7b_repro.yaml")
+    assert config.shuffle == 100000 and config.stop_strategy == "restart"
+    assert "shuffle_buffer_size 100000 (older Levanter) is read as shuffle: 100000" in caplog.text
+    assert config.batch_size == 2048
 
 
 def test_includes_nest_and_merge_each_relative_to_the_file_that_names_it(tmp_path):

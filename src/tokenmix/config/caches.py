@@ -41,7 +41,7 @@ def cache_targets(config: DataConfig, sources: list[str] | None = None) -> list[
         if sources and name not in sources:
             continue
         spec, identity = config.encoder_spec(source.format, f"source {name!r}")
-        for split in source.splits():
+        for split in source.split_names():
             targets.append(CacheTarget(name, split, config.cache_location(name, split), source.shards(split), spec, identity))
     return targets
 

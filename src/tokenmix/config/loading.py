@@ -10,6 +10,7 @@ draccus straight from the mapping: nothing is written to disk.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,6 +20,8 @@ import yaml
 from draccus.parsers.yaml_loader import SafeLoaderWithInclusion
 
 from tokenmix.config.mixture import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -37,7 +40,7 @@ def load_data_config(config: str | os.PathLike[str] | Mapping[str, Any], overrid
         where = os.fspath(config)
         doc = _read_yaml(where)
     if isinstance(doc.get("data"), dict):
-        doc = doc["data"]
+        doc = _with_trainer_batch_size(doc["data"], doc.get("trainer"))
     cls: type[DataConfig] = LMMixtureDatasetConfig if "configs" in doc else LMDatasetConfig
     try:
         for key, value in parse_overrides(overrides or ()):
@@ -45,6 +48,23 @@ def load_data_config(config: str | os.PathLike[str] | Mapping[str, Any], overrid
         return draccus.decode(cls, doc)
     except (draccus.utils.ParsingError, TypeError, ValueError) as e:
         raise ConfigError(f"{where} does not parse as {cls.__name__}: {_explain(e)}") from None
+
+
+def _with_trainer_batch_size(data: dict[str, Any], trainer: Any) -> dict[str, Any]:
+    """A training config's data section, with a mixture's ``batch_size`` taken from ``trainer.train_batch_size`` (an int
+    or Levanter's schedule ``[{start, value}, ...]``) when the section sets none, as Levanter turns weight stages into
+    examples with the trainer's batch size."""
+    size = trainer.get("train_batch_size") if isinstance(trainer, dict) else None
+    if "configs" not in data or "batch_size" in data or size is None:
+        return data
+    if isinstance(size, list) and all(isinstance(s, dict) and set(s) == {"start", "value"} for s in size):
+        size = [[s["start"], s["value"]] for s in size]
+    elif not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        logger.info("trainer.train_batch_size %r is not a batch size of its own (Levanter derives it from the devices); "
+                    "set data.batch_size if train_weights has stages", size)
+        return data
+    logger.info("batch_size %s taken from trainer.train_batch_size", size)
+    return {**data, "batch_size": size}
 
 
 def parse_overrides(args: Sequence[str]) -> list[tuple[str, Any]]:

@@ -18,6 +18,7 @@ from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import join_location
 from tokenmix.config.caches import open_cache
 from tokenmix.config.holdout import held_out_documents, kept_documents
+from tokenmix.config.levanter import CacheOptions, note_cache_options
 from tokenmix.config.sources import LMDatasetSourceConfig
 from tokenmix.config.tokenization import TokenizationConfig
 from tokenmix.datasets.base import Dataset
@@ -38,6 +39,8 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     configs: dict[str, LMDatasetSourceConfig] = field(default_factory=dict)
     cache_dir: str = "cache/"
     build: BuildOptions = field(default_factory=BuildOptions)
+    cache_options: CacheOptions | None = None
+    """Levanter's cache-builder options: accepted, and logged as having no effect here."""
     train_weights: dict[str, float] | list[tuple[int, dict[str, float]]] = field(default_factory=dict)
     """A weight per source, or ``[[start_step, {source: weight}], ...]`` stages (steps, not examples);
     missing sources weigh 0, a source with weight 0 everywhere is evaluation-only; empty: equal weights."""
@@ -48,6 +51,9 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     """Examples per block; every block holds its exact per-source counts."""
     shuffle: bool | int = True
     """Per-source order: true = full shuffle per epoch, false = in order, an int = shuffle within eras of that many."""
+    shuffle_buffer_size: int | None = None
+    """Older Levanter: shuffle through a buffer of this many examples; read as ``shuffle:`` eras of that many, the same
+    bound on how far an example moves."""
     stop_strategy: str = "restart"
     """restart (sources loop, new order each epoch), first_exhausted or all_exhausted."""
     seed: int = 0
@@ -58,6 +64,11 @@ class LMMixtureDatasetConfig(TokenizationConfig):
 
     def __post_init__(self) -> None:
         names = list(self.configs)
+        note_cache_options(self.cache_options)
+        if self.shuffle_buffer_size is not None and self.shuffle != self.shuffle_buffer_size:
+            logger.info("shuffle_buffer_size %d (older Levanter) is read as shuffle: %d: each source shuffled within eras of "
+                        "that many examples", self.shuffle_buffer_size, self.shuffle_buffer_size)
+            object.__setattr__(self, "shuffle", self.shuffle_buffer_size)
         if self.stop_strategy not in STOP_STRATEGIES:
             raise ValueError(f"stop_strategy: expected one of {STOP_STRATEGIES}, got {self.stop_strategy!r}")
         check_shuffle(self.shuffle, "mixture config")
@@ -65,7 +76,8 @@ class LMMixtureDatasetConfig(TokenizationConfig):
         if self.train_weights:
             normalize_schedule(self._weights_in_steps(), names, unit="step")
         if isinstance(self.train_weights, list) and len(self.train_weights) > 1 and not self.batch_size:
-            raise ValueError("train_weights has stages given in steps: set `batch_size` so they can be turned into examples")
+            raise ValueError("train_weights has stages given in steps: set `batch_size` (or, in a training config, "
+                             "trainer.train_batch_size) so they can be turned into examples")
         for field_name in ("num_validation_sequences", "validation_fraction"):
             for name, value in (getattr(self, field_name) or {}).items():
                 if name not in self.configs:
@@ -152,7 +164,7 @@ class LMMixtureDatasetConfig(TokenizationConfig):
         """Per source, its validation examples: its validation split, or the documents held out of training."""
         out = {}
         for i, (name, source) in enumerate(self.configs.items()):
-            if "validation" in source.splits():
+            if "validation" in source.split_names():
                 out[name] = self._examples(name, open_cache(self, name, "validation"), seq_len, i)
                 continue
             cache = open_cache(self, name, "train")
@@ -168,6 +180,12 @@ class LMDatasetConfig(LMDatasetSourceConfig, TokenizationConfig):
 
     cache_dir: str | None = "cache/"
     build: BuildOptions = field(default_factory=BuildOptions)
+    cache_options: CacheOptions | None = None
+    """Levanter's cache-builder options: accepted, and logged as having no effect here."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        note_cache_options(self.cache_options)
 
     def sources(self) -> dict[str, LMDatasetSourceConfig]:
         return {"default": self}

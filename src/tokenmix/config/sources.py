@@ -49,6 +49,8 @@ class LMDatasetSourceConfig:
     """Hugging Face dataset configuration name."""
     stream: bool = True
     """Read the HF dataset streaming rather than downloading it whole first."""
+    splits: list[str] | None = None
+    """HF form (older Levanter): build only these of the dataset's splits; unset builds every split it has."""
     train_urls: list[str] = field(default_factory=list)
     validation_urls: list[str] = field(default_factory=list)
     cache_dir: str | None = None
@@ -62,6 +64,13 @@ class LMDatasetSourceConfig:
     def __post_init__(self) -> None:
         if self.id is not None and (self.train_urls or self.validation_urls):
             raise ValueError(f"source {self.id!r}: give either `id` (Hugging Face) or `train_urls`/`validation_urls`, not both")
+        if self.splits is not None:
+            if self.id is None:
+                raise ValueError("splits: chooses the splits of a Hugging Face dataset (`id:`); a URL source's splits are its "
+                                 "train_urls and validation_urls")
+            unknown = sorted(set(self.splits) - set(SPLITS))
+            if unknown:
+                raise ValueError(f"splits: {unknown} are not splits tokenmix builds; choose among {list(SPLITS)}")
 
     def packing_options(self) -> PackingConfig | None:
         """How this source's examples are packed, or None when they are windows of its token stream."""
@@ -81,8 +90,8 @@ class LMDatasetSourceConfig:
         urls = self.train_urls if split == "train" else self.validation_urls
         return [FileShard(url) for url in expand_urls(urls)]
 
-    def splits(self) -> list[str]:
-        """The splits this source defines."""
+    def split_names(self) -> list[str]:
+        """The splits this source defines (of a Hugging Face dataset: those it has, within ``splits`` when set)."""
         if self.id is not None:
-            return [s for s in SPLITS if s in available_splits(self.id, self.name)]
+            return [s for s in SPLITS if s in available_splits(self.id, self.name) and (self.splits is None or s in self.splits)]
         return [s for s, urls in (("train", self.train_urls), ("validation", self.validation_urls)) if urls]

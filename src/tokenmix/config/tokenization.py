@@ -24,12 +24,17 @@ class TokenizationConfig:
     """Append the tokenizer's EOS id to every document."""
     enforce_bos: bool | None = None
     """Prepend BOS to every document; None follows the tokenizer's own habit."""
+    vocab_size: int | None = None
+    """Levanter's field (its pass-through tokenizer needs it): when set, it must be the tokenizer's vocabulary size."""
 
     def encoder_spec(self, fmt: LmDatasetFormatBase, where: str) -> tuple[EncoderSpec, dict[str, Any]]:
         """The encoder for a format, and the identity a cache made with it records."""
         if not self.tokenizer:
             raise ValueError(f"{where}: `tokenizer` is not set; give a hub name or a local tokenizer directory")
         info = describe_tokenizer(self.tokenizer)
+        if self.vocab_size is not None and self.vocab_size != info.vocab_size:
+            raise ValueError(f"{where}: vocab_size is {self.vocab_size}, but tokenizer {self.tokenizer!r} has {info.vocab_size} "
+                             "tokens; remove vocab_size (tokenmix reads it from the tokenizer) or give the tokenizer it belongs to")
         special = fmt.adds_special_tokens  # a chat template places its own
         use_bos = special and (info.adds_bos if self.enforce_bos is None else self.enforce_bos)
         use_eos = special and (self.enforce_eos or info.adds_eos)
