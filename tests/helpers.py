@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import logging
 import os
 import threading
 import time
@@ -17,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import zstandard
 
 from tokenmix import BuildOptions, Dataset, LmDatasetFormatBase, TextLmDatasetFormat, TokenBatch, TokenCache, TokenizationConfig
 from tokenmix.cache import CacheBuilder
+from tokenmix.cache.lock import CacheLockedError, LeaseBuildLock, LockLostError
 from tokenmix.datasets import Pending
 from tokenmix.sources import DEFAULT_CHUNK_BYTES, FileShard
 
@@ -118,6 +121,30 @@ class GatedShard(DelegatingShard):
     def read(self, start=0, chunk_bytes=DEFAULT_CHUNK_BYTES):
         self._gate.wait()
         yield from super().read(start, chunk_bytes)
+
+
+def check_lease_lifecycle(location: str, lease_s: float, caplog: Any) -> None:
+    """A build lease at ``location`` excludes others while renewed (past ``lease_s``), is taken over once its holder stalls,
+    the stalled holder learns it lost at its next check, and a released lease is free at once."""
+    first = LeaseBuildLock(location, timeout=0, lease_s=lease_s)
+    first.acquire()
+    time.sleep(1.5 * lease_s)  # longer than the lease: the renewals keep it
+    with pytest.raises(CacheLockedError, match=f"pid {os.getpid()}"):
+        LeaseBuildLock(location, timeout=0, lease_s=lease_s).acquire()
+    first.check()
+    first._stop.set()  # the holder stalls: no more renewals
+    first._renewer.join()
+    second = LeaseBuildLock(location, timeout=10 * lease_s, lease_s=lease_s)
+    with caplog.at_level(logging.WARNING, logger="tokenmix.cache.lock"):
+        second.acquire()
+    assert "expired" in caplog.text
+    with pytest.raises(LockLostError, match="took over this build's lease"):
+        first.check()
+    second.check()
+    second.release()
+    third = LeaseBuildLock(location, timeout=0, lease_s=lease_s)
+    third.acquire()  # released: free at once
+    third.release()
 
 
 class GrowingCache:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO, TOKENIZER, build, cache_bytes, demo_urls, read_jsonl_zst, write_jsonl
+from helpers import REPO, TOKENIZER, build, cache_bytes, check_lease_lifecycle, demo_urls, read_jsonl_zst, write_jsonl
 
 import tokenmix
-from tokenmix.cache.lock import LOCK_FILE, CacheLockedError, LeaseBuildLock, LockLostError, build_lock
+from tokenmix.cache.lock import LOCK_FILE, CacheLockedError, build_lock
 
 WORKER = Path(__file__).parent / "build_worker.py"
 SHARDS = demo_urls("webster") + demo_urls("linux_doc") + demo_urls("python_doc")
@@ -172,23 +172,7 @@ def test_a_killed_builders_lock_is_taken_over_and_the_build_completes(tmp_path, 
 
 
 def test_a_lease_excludes_others_while_renewed_and_its_stalled_holder_learns_it_lost(caplog):
-    location = f"memory://lease-{time.time_ns()}/c"
-    first = LeaseBuildLock(location, timeout=0, lease_s=0.6)
-    first.acquire()
-    time.sleep(1.0)  # longer than the lease: the renewals keep it
-    with pytest.raises(CacheLockedError, match=f"pid {os.getpid()}"):
-        LeaseBuildLock(location, timeout=0, lease_s=0.6).acquire()
-    first.check()
-    first._stop.set()  # the holder stalls: no more renewals
-    first._renewer.join()
-    second = LeaseBuildLock(location, timeout=5, lease_s=0.6)
-    with caplog.at_level(logging.WARNING, logger="tokenmix.cache.lock"):
-        second.acquire()
-    assert "expired" in caplog.text
-    with pytest.raises(LockLostError, match="took over this build's lease"):
-        first.check()
-    second.check()
-    second.release()
+    check_lease_lifecycle(f"memory://lease-{time.time_ns()}/c", 0.6, caplog)
 
 
 def _real_records(n: int) -> list[dict]:

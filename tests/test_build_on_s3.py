@@ -3,7 +3,6 @@ tensorstore's own s3 driver, reached through ``AWS_ENDPOINT_URL`` as any S3-comp
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import socket
@@ -15,10 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO, TOKENIZER, demo_urls
+from helpers import REPO, TOKENIZER, check_lease_lifecycle, demo_urls
 
 import tokenmix
-from tokenmix.cache.lock import CacheLockedError, LeaseBuildLock, LockLostError
 
 WORKER = Path(__file__).parent / "build_worker.py"
 BUCKET = "tokenmix-test"
@@ -63,25 +61,7 @@ def s3(tmp_path_factory):
 
 
 def test_a_lease_on_s3_excludes_others_and_is_taken_over_from_a_stalled_holder(s3, caplog):
-    location = f"s3://{BUCKET}/lease-{time.time_ns()}/web/train"
-    first = LeaseBuildLock(location, timeout=0, lease_s=1.0)
-    first.acquire()
-    time.sleep(1.5)  # longer than the lease: the renewals keep it
-    with pytest.raises(CacheLockedError, match=f"pid {os.getpid()}"):
-        LeaseBuildLock(location, timeout=0, lease_s=1.0).acquire()
-    first.check()
-    first._stop.set()  # the holder stalls: no more renewals
-    first._renewer.join()
-    second = LeaseBuildLock(location, timeout=10, lease_s=1.0)
-    with caplog.at_level(logging.WARNING, logger="tokenmix.cache.lock"):
-        second.acquire()
-    assert "expired" in caplog.text
-    with pytest.raises(LockLostError):
-        first.check()
-    second.release()
-    third = LeaseBuildLock(location, timeout=0, lease_s=1.0)
-    third.acquire()  # released: free at once
-    third.release()
+    check_lease_lifecycle(f"s3://{BUCKET}/lease-{time.time_ns()}/web/train", 1.0, caplog)
 
 
 @pytest.mark.timeout(300)
