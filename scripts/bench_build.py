@@ -1,26 +1,30 @@
-"""Cache-build throughput against the raw tokenizer ceiling, measured in the same run.
+"""Cache-build throughput against its two limits, measured in the same run.
 
     python scripts/bench_build.py [--corpus ../shared/corpus] [--tokenizer data/tokenizer] [--workers N] [--repeats 3]
 
 Builds the train caches of every source under --corpus into a fresh directory, timing the whole
-``build_caches`` call: reading, decompressing, parsing, tokenizing, writing, committing, worker
-start-up. The raw ceiling reads, decompresses and parses the same documents into memory first,
-then times bare ``tokenizers`` ``encode_batch_fast`` over them on the same cores (its own
-thread pool, all cores). Builds and raw runs alternate, --repeats times each, and the best of
-each is compared, so that noise from other tenants of the machine hits both alike.
+``build_caches`` call: reading, decompressing, parsing, tokenizing, writing, committing, the backend
+check, worker start-up. Each build is run with ``build.tokenizer_backend: auto`` (``fastokens`` where it
+is exact) and with ``tokenizers``. Two limits are timed on the same shards, on the same cores:
 
-The builds run in one process, so from the second build on the tokenizer library (transformers)
-is already imported: the ratio is the steady throughput a long build sees. The first build's
-extra time is printed as the one-off start-up cost, and a cold CLI build of the same corpus is
-timed as well. Prints tokens/s, the ratio, peak RSS (driver and workers) and cache bytes per
-token, and a markdown row for docs/benchmarks.md.
+(a) raw Hugging Face ``tokenizers`` ``encode_batch_fast`` over the documents already read and parsed
+    into memory (its own thread pool, all cores): the limit of every builder that tokenizes with it;
+(b) read + decompress + parse (orjson) + ``fastokens`` ``encode_batch_flat``, chunk by chunk, in
+    one thread (``fastokens`` spreads each batch over every core): the limit of a builder with an
+    exact fast tokenizer, with nothing written.
+
+Builds and limits alternate, --repeats times each, and the best of each is compared, so that noise
+from other tenants of the machine hits both alike. Every build and every run of (b) starts from a
+freshly loaded ``fastokens`` tokenizer (it caches words as it goes). The builds share one process, so
+from the second build on the tokenizer library (transformers) is already imported; a cold CLI build
+of the same corpus is timed as well. Prints tokens/s, the ratios, a breakdown of (b), peak RSS and
+cache bytes per token, and a markdown row for docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import platform
 import shutil
@@ -29,6 +33,7 @@ import threading
 import time
 from pathlib import Path
 
+import orjson
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,15 +57,17 @@ def _dir_bytes(path: str, pattern: str) -> int:
     return sum(os.path.getsize(p) for p in glob.glob(os.path.join(path, "**", pattern), recursive=True) if os.path.isfile(p))
 
 
-def bench_build(corpus: str, tokenizer: str, workers: int | None, cache_dir: str) -> dict:
+def bench_build(corpus: str, tokenizer: str, workers: int | None, cache_dir: str, backend: str) -> dict:
     from tokenmix import BuildOptions, LMDatasetSourceConfig, LMMixtureDatasetConfig, build_caches
+    from tokenmix.formats.backends import forget_loaded
 
+    forget_loaded()
     sources = sorted(d for d in os.listdir(corpus) if os.path.isdir(os.path.join(corpus, d)))
     config = LMMixtureDatasetConfig(
         tokenizer=tokenizer,
         cache_dir=cache_dir,
         configs={s: LMDatasetSourceConfig(train_urls=sorted(glob.glob(os.path.join(corpus, s, "train-*")))) for s in sources},
-        build=BuildOptions(num_workers=workers),
+        build=BuildOptions(num_workers=workers, tokenizer_backend=backend),
     )
     rss: dict[str, int] = {}
     stop = threading.Event()
@@ -78,15 +85,17 @@ def bench_build(corpus: str, tokenizer: str, workers: int | None, cache_dir: str
         "seconds": seconds, "tokens": tokens, "documents": docs, "tokens_per_s": tokens / seconds,
         "peak_rss": rss, "cache_bytes": _dir_bytes(cache_dir, "*"), "token_data_bytes": data_bytes,
         "train_files": [u for s in sources for u in config.configs[s].train_urls],
+        "backends": sorted({r["build"]["tokenizer_backend"]["name"] for r in results.values()}),
     }
 
 
 def bench_raw(files: list[str], tokenizer: str) -> dict:
+    """Limit (a): ``tokenizers``' ``encode_batch_fast`` on documents already in memory, 1024 at a time."""
     from tokenizers import Tokenizer
 
     from tokenmix.sources import FileShard
 
-    texts = [json.loads(r)["text"] for f in files for chunk in FileShard(f).read() for r in chunk.records]
+    texts = [orjson.loads(r)["text"] for f in files for chunk in FileShard(f).read() for r in chunk.records]
     tok = Tokenizer.from_file(os.path.join(tokenizer, "tokenizer.json"))
     tok.encode_batch_fast(texts[:64], add_special_tokens=False)
     best = None
@@ -100,42 +109,78 @@ def bench_raw(files: list[str], tokenizer: str) -> dict:
     return {"seconds": best, "tokens": tokens, "tokens_per_s": tokens / best, "chars": sum(map(len, texts))}
 
 
+def bench_fast_limit(files: list[str], tokenizer: str) -> dict:
+    """Limit (b): read, decompress, parse and ``fastokens``-encode the shards chunk by chunk (1 MiB, as the build reads),
+    with a freshly loaded tokenizer; the seconds of each step are kept for the breakdown."""
+    import fastokens
+
+    from tokenmix.sources import FileShard
+
+    tok = fastokens.Tokenizer.from_file(os.path.join(tokenizer, "tokenizer.json"))
+    steps = {"read + decompress": 0.0, "parse": 0.0, "encode": 0.0}
+    tokens = 0
+    started = time.perf_counter()
+    for f in files:
+        mark = time.perf_counter()
+        for chunk in FileShard(f).read(0, 1 << 20):
+            parsed = time.perf_counter()
+            texts = [orjson.loads(r)["text"] for r in chunk.records]
+            encoded = time.perf_counter()
+            ids, _ = tok.encode_batch_flat(texts)
+            tokens += len(ids) // 4
+            done = time.perf_counter()
+            steps["read + decompress"] += parsed - mark
+            steps["parse"] += encoded - parsed
+            steps["encode"] += done - encoded
+            mark = time.perf_counter()
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "steps": steps}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", default=str(REPO.parent / "shared" / "corpus"))
     parser.add_argument("--tokenizer", default=str(REPO / "data" / "tokenizer"))
-    parser.add_argument("--workers", type=int, default=None, help="tokenizing processes (default: one per core)")
-    parser.add_argument("--repeats", type=int, default=3, help="builds and raw runs, alternating; the best of each counts")
+    parser.add_argument("--workers", type=int, default=None, help="build.num_workers (default: one per core)")
+    parser.add_argument("--repeats", type=int, default=3, help="builds and limit runs, alternating; the best of each counts")
     args = parser.parse_args()
-    builds, raws = [], []
+    runs: dict[str, list[dict]] = {"auto": [], "tokenizers": [], "limit_a": [], "limit_b": []}
+    files: list[str] = []
     for _ in range(args.repeats):
-        cache_dir = tempfile.mkdtemp(prefix="tokenmix-bench-")
-        try:
-            builds.append(bench_build(args.corpus, args.tokenizer, args.workers, cache_dir))
-        finally:
-            shutil.rmtree(cache_dir, ignore_errors=True)
-        raws.append(bench_raw(builds[0]["train_files"], args.tokenizer))
+        for backend in ("auto", "tokenizers"):
+            cache_dir = tempfile.mkdtemp(prefix="tokenmix-bench-")
+            try:
+                runs[backend].append(bench_build(args.corpus, args.tokenizer, args.workers, cache_dir, backend))
+            finally:
+                shutil.rmtree(cache_dir, ignore_errors=True)
+            files = runs[backend][-1]["train_files"]
+        runs["limit_b"].append(bench_fast_limit(files, args.tokenizer))
+        runs["limit_a"].append(bench_raw(files, args.tokenizer))
     cold = bench_cold_cli(args.corpus, args.tokenizer, args.workers)
-    built = min(builds, key=lambda b: b["seconds"])
-    raw = min(raws, key=lambda r: r["seconds"])
-    assert built["tokens"] - built["documents"] == raw["tokens"], "the cache and the raw run tokenized different text"
-    ratio = built["tokens_per_s"] / raw["tokens_per_s"]
-    cold_ratio = (built["tokens"] / cold) / raw["tokens_per_s"]
+    best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items()}
+    fast, slow, raw, limit = best["auto"], best["tokenizers"], best["limit_a"], best["limit_b"]
+    assert fast["tokens"] == slow["tokens"], "the two backends built different caches"
+    assert fast["tokens"] - fast["documents"] == raw["tokens"] == limit["tokens"], "the caches and the limits tokenized different text"
     mib = 1 << 20
-    rss = builds[0]["peak_rss"]  # later builds share the process with the raw runs' texts
+    rss = runs["auto"][0]["peak_rss"]
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"corpus: {args.corpus}: {built['documents']:,} documents, {raw['chars'] / 1e6:.1f} M chars, {built['tokens']:,} tokens")
-    print("build seconds:", ", ".join(f"{b['seconds']:.2f}" for b in builds), "| raw seconds:", ", ".join(f"{r['seconds']:.2f}" for r in raws))
-    print(f"build (best): {built['seconds']:.2f} s  {built['tokens_per_s'] / 1e6:.3f} M tokens/s")
-    print(f"raw encode_batch_fast (best): {raw['seconds']:.2f} s  {raw['tokens_per_s'] / 1e6:.3f} M tokens/s")
-    print(f"ratio build / raw: {ratio:.3f}")
-    print(f"first build's one-off start-up (tokenizer library import): {builds[0]['seconds'] - built['seconds']:.2f} s")
-    print(f"cold CLI build (new process, imports, tokenizer load, workers): {cold:.2f} s, ratio {cold_ratio:.3f}")
-    print(f"peak RSS: driver {rss.get('driver', 0) / mib:.0f} MiB, largest worker {rss.get('worker', 0) / mib:.0f} MiB, "
+    print(f"corpus: {args.corpus}: {fast['documents']:,} documents, {raw['chars'] / 1e6:.1f} M chars, {fast['tokens']:,} tokens")
+    for key, label in (("auto", "build, auto"), ("tokenizers", "build, tokenizers"), ("limit_a", "limit (a)"), ("limit_b", "limit (b)")):
+        print(f"{label} seconds: " + ", ".join(f"{r['seconds']:.2f}" for r in runs[key]))
+    print(f"build, auto ({'+'.join(fast['backends'])}): {fast['seconds']:.2f} s  {fast['tokens_per_s'] / 1e6:.2f} M tokens/s")
+    print(f"build, tokenizers: {slow['seconds']:.2f} s  {slow['tokens_per_s'] / 1e6:.2f} M tokens/s")
+    print(f"limit (a) raw encode_batch_fast: {raw['seconds']:.2f} s  {raw['tokens_per_s'] / 1e6:.2f} M tokens/s")
+    print(f"limit (b) read + decompress + parse + fastokens: {limit['seconds']:.2f} s  {limit['tokens_per_s'] / 1e6:.2f} M tokens/s  "
+          + ", ".join(f"{k} {v:.2f} s" for k, v in limit["steps"].items()))
+    print(f"ratios: auto / (a) {fast['tokens_per_s'] / raw['tokens_per_s']:.2f}x, auto / (b) {fast['tokens_per_s'] / limit['tokens_per_s']:.2f}, "
+          f"tokenizers / (a) {slow['tokens_per_s'] / raw['tokens_per_s']:.2f}, auto / tokenizers {fast['tokens_per_s'] / slow['tokens_per_s']:.1f}x")
+    print(f"cold CLI build, auto (new process, imports, tokenizer load): {cold:.2f} s, {fast['tokens'] / cold / 1e6:.2f} M tokens/s")
+    print(f"peak RSS (auto): driver {rss.get('driver', 0) / mib:.0f} MiB, largest worker {rss.get('worker', 0) / mib:.0f} MiB, "
           f"all processes {rss.get('total', 0) / mib:.0f} MiB")
-    print(f"cache: {built['cache_bytes'] / built['tokens']:.3f} bytes/token on disk (token data {built['token_data_bytes'] / built['tokens']:.3f})")
-    print(f"| {built['tokens'] / 1e6:.1f} M | {built['tokens_per_s'] / 1e6:.3f} M/s | {raw['tokens_per_s'] / 1e6:.3f} M/s | "
-          f"**{ratio:.2f}x** | {cold_ratio:.2f}x | {rss.get('total', 0) / mib:.0f} MiB | {built['cache_bytes'] / built['tokens']:.2f} |")
+    print(f"cache: {fast['cache_bytes'] / fast['tokens']:.3f} bytes/token on disk (token data {fast['token_data_bytes'] / fast['tokens']:.3f})")
+    print(f"| {fast['tokens'] / 1e6:.1f} M | {fast['tokens_per_s'] / 1e6:.2f} M/s | {slow['tokens_per_s'] / 1e6:.2f} M/s | "
+          f"{raw['tokens_per_s'] / 1e6:.2f} M/s | {limit['tokens_per_s'] / 1e6:.2f} M/s | **{fast['tokens_per_s'] / raw['tokens_per_s']:.1f}x** | "
+          f"**{fast['tokens_per_s'] / limit['tokens_per_s']:.2f}** | {fast['tokens'] / cold / 1e6:.2f} M/s | {rss.get('total', 0) / mib:.0f} MiB |")
 
 
 def bench_cold_cli(corpus: str, tokenizer: str, workers: int | None) -> float:
@@ -155,7 +200,7 @@ def bench_cold_cli(corpus: str, tokenizer: str, workers: int | None) -> float:
         path = os.path.join(tmp, "bench.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(config, f)
-        command = [sys.executable, "-m", "tokenmix.cli.main", "build-cache", "--config_path", path]
+        command = [sys.executable, "-m", "tokenmix.cli.main", "build-cache", "--config_path", path, "--build.tokenizer_backend", "auto"]
         if workers is not None:
             command += ["--build.num_workers", str(workers)]
         started = time.perf_counter()

@@ -151,8 +151,9 @@ def test_every_registered_spec_reaches_the_workers(monkeypatch, passes_fds):
 
 
 def _build_command(tmp_path: Path) -> list[str]:
+    """A CLI build on two worker processes (``tokenizers``: ``fastokens`` encodes in threads, with no processes to leave)."""
     return [sys.executable, "-m", "tokenmix.cli.main", "build-cache", "--config_path", "config/demo.yaml",
-            "--cache_dir", str(tmp_path / "cache"), "--build.num_workers", "2"]
+            "--cache_dir", str(tmp_path / "cache"), "--build.num_workers", "2", "--build.tokenizer_backend", "tokenizers"]
 
 
 def _scratch_env(tmp_path: Path, **extra: str) -> tuple[Path, dict[str, str]]:

@@ -36,36 +36,54 @@ def _config(tmp_path, cache_dir):
     return str(path)
 
 
-def _command(config):
-    return [sys.executable, "-m", "tokenmix.cli.main", "build-cache", "--config_path", config,
+def _command(config, backend):
+    return [sys.executable, "-m", "tokenmix.cli.main", "build-cache", "--config_path", config, "--build.tokenizer_backend", backend,
             "--build.num_workers", "2", "--build.chunk_bytes", "32768", "--build.commit_interval_s", "0"]
 
 
+def _timed_reference(config, first_ledger):
+    """Build the reference cache; returns the seconds until its first ledger was written and until it finished."""
+    started = time.monotonic()
+    proc = subprocess.Popen(_command(*config), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    began = None
+    while proc.poll() is None:
+        if began is None and first_ledger.exists():
+            began = time.monotonic() - started
+        time.sleep(0.005)
+    assert proc.returncode == 0, proc.stderr.read()
+    finished = time.monotonic() - started
+    return began if began is not None else 0.0, finished
+
+
 def _run_and_kill(config, delay):
-    proc = subprocess.Popen(_command(config), cwd=REPO, start_new_session=True,
+    proc = subprocess.Popen(_command(*config), cwd=REPO, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(delay)
     finished = proc.poll() is not None
-    os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # it finished, and every process of its group is gone
+        pass
     proc.wait()
     return finished
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_points_then_resume_gives_an_identical_cache(tmp_path):
+@pytest.mark.parametrize("backend", ["tokenizers", "fastokens"])
+def test_sigkill_at_random_points_then_resume_gives_an_identical_cache(tmp_path, backend):
+    """Kills land between the first ledger write and the end of the reference build's time: the build itself, not the
+    interpreter's start-up (most of a ``fastokens`` build's time)."""
     reference_dir = tmp_path / "reference"
-    started = time.monotonic()
-    subprocess.run(_command(_config(tmp_path, reference_dir)), cwd=REPO, check=True, capture_output=True)
-    duration = time.monotonic() - started
+    began, finished = _timed_reference((_config(tmp_path, reference_dir), backend), reference_dir / "linux_doc" / "train" / "ledger.json")
     reference = {s: TokenCache(str(reference_dir / s / "train")) for s in ("linux_doc", "python_doc", "webster")}
 
     crashed_dir = tmp_path / "crashed"
-    config = _config(tmp_path, crashed_dir)
+    config = (_config(tmp_path, crashed_dir), backend)
     rng = random.Random(int(os.environ.get("TOKENMIX_CRASH_SEED", "2026")))
     kills = 0
     progress_seen = set()
     for _ in range(12):
-        if _run_and_kill(config, rng.uniform(0.15, 0.4) * duration):
+        if _run_and_kill(config, began + rng.uniform(0.0, 0.35) * (finished - began)):
             break
         kills += 1
         for source, ref in reference.items():
@@ -82,6 +100,6 @@ def test_sigkill_at_random_points_then_resume_gives_an_identical_cache(tmp_path)
     print("kills", kills, sorted(progress_seen))
     assert kills >= 3, "the build finished before it could be killed; make it slower"
     assert len(progress_seen) >= 2, "every kill landed at the same point"
-    subprocess.run(_command(config), cwd=REPO, check=True, capture_output=True)
+    subprocess.run(_command(*config), cwd=REPO, check=True, capture_output=True)
     for source in reference:
         assert cache_bytes(str(crashed_dir / source / "train")) == cache_bytes(str(reference_dir / source / "train")), source

@@ -23,7 +23,7 @@ Configs (draccus dataclasses; Levanter's field names)
     TokenizationConfig          The tokenizer and the special tokens every document gets; part of each cache's identity.
     PackingConfig               Packing a source's whole documents into ``seq_len`` examples, instead of cutting its token stream.
     BuildOptions                How a cache is built; none of these change the cache's contents.
-    LocalExecutorConfig         Worker processes on this machine (``build.num_workers`` of them) tokenize chunks the driver reads.
+    LocalExecutorConfig         Threads or worker processes on this machine (``build.num_workers`` of them) tokenize chunks the driver reads.
     RayExecutorConfig           Shard tasks on Ray (``pip install 'tokenmix[ray]'``).
     DaskExecutorConfig          Shard tasks on Dask distributed (``pip install 'tokenmix[dask]'``).
 

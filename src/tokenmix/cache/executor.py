@@ -3,8 +3,9 @@
 ``build.executor`` picks the engine (a draccus choice type, ``executor: {type: ray, address: ...}``
 in YAML, ``--build.executor.type ray`` on the command line). The builder sees two kinds of executor:
 
-- ``local`` opens an ``EncoderPool``: the driver reads the shards and worker processes on this
-  machine tokenize chunks of them, handing the tokens back to the driver (``pool.py``).
+- ``local`` opens an ``EncoderPool``: the driver reads the shards, and threads of the driver
+  (``fastokens``) or worker processes on this machine (``tokenizers``) tokenize chunks of them,
+  handing the tokens back to the driver (``pool.py``).
 - ``ray`` and ``dask`` open a ``ClusterExecutor``: each task takes a whole shard, reads it on the
   worker and leaves its tokens in the cache's staging area; the driver appends staged shards to the
   cache in listed order and alone commits the ledger (``shard_task.py``, ``builder.py``).
@@ -42,7 +43,10 @@ class ExecutorConfig(draccus.ChoiceRegistry):
 @ExecutorConfig.register_subclass("local")
 @dataclass(frozen=True)
 class LocalExecutorConfig(ExecutorConfig):
-    """Worker processes on this machine (``build.num_workers`` of them) tokenize chunks the driver reads."""
+    """Threads or worker processes on this machine (``build.num_workers`` of them) tokenize chunks the driver reads.
+
+    Threads of the driver where the text is encoded by ``fastokens``, worker processes where by ``tokenizers``.
+    """
 
     def open(self, num_workers: int | None) -> EncoderPool:
         from tokenmix.cache.pool import EncoderPool

@@ -1,8 +1,14 @@
-"""Tokenizing worker processes, shared by every cache built in one run.
+"""Where chunks are encoded: threads of the driver for ``fastokens``, worker processes for ``tokenizers``; one pool
+serves every cache built in one run.
 
-Starting a worker costs about a second (a fresh interpreter, imports), so the pool starts its
-workers as soon as it is made, while the driver is still loading the tokenizer, and one pool
-serves every cache of a run. Encoder specs are registered afterwards, and a spec holds the
+``fastokens`` releases the GIL and spreads each batch over every core itself, so its chunks are encoded by a few
+threads of the driver: nothing is pickled or copied between processes, and the driver's reading, parsing and writing
+overlap the encoding. ``tokenizers`` holds the GIL for much of its work, so its chunks go to worker processes.
+
+Starting a worker process costs about a second (a fresh interpreter, imports), so a pool that will need them
+(``build.tokenizer_backend: tokenizers``) starts them as soon as it is made, while the driver is still loading the
+tokenizer; otherwise they start when the first chunk for ``tokenizers`` comes (a build whose ``fastokens`` check
+failed). Encoder specs are registered afterwards, and a spec holds the
 tokenizer definition (megabytes): it is pickled once into the pool's spec file, and a worker reads
 it from there the first time a task names it, so a task carries only where it lies in the file.
 
@@ -26,9 +32,10 @@ import pickle
 import tempfile
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import IO, Any
 
+from tokenmix.formats.backends import FAST
 from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
 from tokenmix.sources.shards import RawChunk
 
@@ -53,9 +60,10 @@ class Completed:
 
 
 class EncoderPool:
-    """``submit(spec, chunk)`` runs ``DocumentEncoder(spec).encode(chunk)`` in a worker process.
+    """``submit(spec, chunk)`` runs ``DocumentEncoder(spec).encode(chunk)`` in a driver thread (``fastokens`` specs) or in
+    a worker process (``tokenizers`` specs).
 
-    ``num_workers=None`` uses one worker per core; ``0`` encodes in the calling process.
+    ``num_workers=None`` uses one worker per core; ``0`` encodes in the calling thread.
     """
 
     def __init__(self, num_workers: int | None = None):
@@ -63,8 +71,16 @@ class EncoderPool:
         self._specs: dict[EncoderSpec, tuple[int, SpecLocation]] = {}
         self._local: dict[EncoderSpec, DocumentEncoder] = {}
         self._pool: ProcessPoolExecutor | None = None
+        self._threads: ThreadPoolExecutor | None = None
         self._spec_file: IO[bytes] | None = None
+
+    def start_processes(self) -> None:
+        """Start the worker processes now, for a run known to encode with ``tokenizers`` (they take a second to start)."""
         if self.num_workers > 0:
+            self._processes()
+
+    def _processes(self) -> ProcessPoolExecutor:
+        if self._pool is None:
             self._spec_file = _anonymous_file() if _PASSES_FDS else None
             threads = max(1, (os.cpu_count() or 1) // self.num_workers)
             self._pool = ProcessPoolExecutor(
@@ -75,6 +91,7 @@ class EncoderPool:
             )
             for _ in range(self.num_workers):
                 self._pool.submit(warm_up)
+        return self._pool
 
     def _register(self, spec: EncoderSpec) -> tuple[int, SpecLocation]:
         """The spec's number in this pool and where workers find it; the first time, its pickle is written once."""
@@ -90,18 +107,29 @@ class EncoderPool:
             known = self._specs[spec] = (len(self._specs), location)
         return known
 
+    def _encoder(self, spec: EncoderSpec) -> DocumentEncoder:
+        encoder = self._local.get(spec)
+        if encoder is None:
+            encoder = self._local[spec] = DocumentEncoder(spec)
+        return encoder
+
     def submit(self, spec: EncoderSpec, chunk: RawChunk) -> Any:
         """Start encoding ``chunk``; returns a future (or a completed stand-in) of ``EncodedChunk``."""
-        if self._pool is None:
-            encoder = self._local.get(spec)
-            if encoder is None:
-                encoder = self._local[spec] = DocumentEncoder(spec)
-            return Completed(encoder.encode(chunk))
+        if self.num_workers == 0:
+            return Completed(self._encoder(spec).encode(chunk))
+        if spec.backend == FAST:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(max_workers=self.num_workers, thread_name_prefix="tokenmix-encode")
+            return self._threads.submit(self._encoder(spec).encode, chunk)
+        pool = self._processes()
         index, location = self._register(spec)
-        return self._pool.submit(encode_in_worker, index, location, chunk)
+        return pool.submit(encode_in_worker, index, location, chunk)
 
     def close(self, cancel: bool = False) -> None:
-        """Stop the workers (waiting for their tasks unless ``cancel``) and let go of the spec file."""
+        """Stop the threads and workers (waiting for their tasks unless ``cancel``) and let go of the spec file."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=True, cancel_futures=cancel)
+            self._threads = None
         if self._pool is not None:
             self._pool.shutdown(wait=not cancel, cancel_futures=cancel)
             self._pool = None

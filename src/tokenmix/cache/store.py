@@ -138,12 +138,51 @@ def _array_spec(location: str, sub: str, dtype: str, chunk: int, level: int | No
     }
 
 
+class _ChunkAligned:
+    """Appends to a 1-d zarr array in whole chunks: values wait in memory until their chunk is full, so each chunk is
+    compressed and written once instead of once per append (a partial chunk is read back, merged and recompressed).
+    ``flush`` writes the partial last chunk too, keeping it, so that the values can be committed."""
+
+    def __init__(self, array: ts.TensorStore, chunk: int, start: int):
+        self.array = array
+        self.chunk = chunk
+        self.start = start
+        """Where the first waiting value goes."""
+        self.waiting: list[np.ndarray] = []
+        self.count = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + self.count
+
+    def append(self, values: np.ndarray) -> list[ts.Future]:
+        self.waiting.append(values)
+        self.count += len(values)
+        boundary = self.end - self.end % self.chunk
+        if boundary <= self.start:
+            return []
+        data = np.concatenate(self.waiting) if len(self.waiting) > 1 else self.waiting[0]
+        split = boundary - self.start
+        write = self.array[self.start : boundary].write(data[:split])
+        rest = data[split:]
+        self.start, self.waiting, self.count = boundary, [rest] if len(rest) else [], len(rest)
+        return [write]
+
+    def flush(self) -> list[ts.Future]:
+        if not self.count:
+            return []
+        self.waiting = [np.concatenate(self.waiting)] if len(self.waiting) > 1 else self.waiting
+        return [self.array[self.start : self.end].write(self.waiting[0])]
+
+
 class JaggedArray:
     """Rows of tokens stored as ``data`` + ``offsets`` zarr3 arrays under ``location/name``."""
 
     def __init__(self, data: ts.TensorStore, offsets: ts.TensorStore):
         self.data = data
         self.offsets = offsets
+        self._tokens: _ChunkAligned | None = None
+        self._ends: _ChunkAligned | None = None
 
     @classmethod
     def open(cls, location: str, name: str, dtype: str, create: bool = False) -> JaggedArray:
@@ -162,17 +201,32 @@ class JaggedArray:
         return int(self.offsets[0].read().result())
 
     def write_rows(self, first_row: int, first_token: int, tokens: np.ndarray, lengths: np.ndarray) -> list[ts.Future]:
-        """Start writing rows ``first_row...`` whose tokens begin at ``first_token``; not yet published."""
+        """Start writing rows ``first_row...`` whose tokens begin at ``first_token``; not yet published. Appended tokens
+        and row ends are written a whole chunk at a time: ``flush`` writes the rest."""
         ends = first_token + np.cumsum(lengths, dtype=np.int64)
         futures = []
         if len(tokens):
-            futures.append(self.data[first_token : first_token + len(tokens)].write(tokens))
+            if self._tokens is None or self._tokens.end != first_token:
+                futures.extend(self._tokens.flush() if self._tokens is not None else [])
+                self._tokens = _ChunkAligned(self.data, DATA_CHUNK, first_token)
+            futures.extend(self._tokens.append(tokens))
         if len(lengths):
-            futures.append(self.offsets[first_row + 1 : first_row + 1 + len(lengths)].write(ends))
+            if self._ends is None or self._ends.end != first_row + 1:
+                futures.extend(self._ends.flush() if self._ends is not None else [])
+                self._ends = _ChunkAligned(self.offsets, OFFSETS_CHUNK, first_row + 1)
+            futures.extend(self._ends.append(ends))
         return futures
 
+    def flush(self) -> list[ts.Future]:
+        """Start writing the tokens and row ends ``write_rows`` holds back until their chunk is full; a commit waits for
+        these writes before its ledger says the rows exist."""
+        return [write for appending in (self._tokens, self._ends) if appending is not None for write in appending.flush()]
+
     def publish(self, rows: int) -> None:
-        """Make the first ``rows`` rows visible to readers. Their writes must already be complete."""
+        """Make the first ``rows`` rows visible to readers. Their writes must already be complete (tokens held back
+        are written first)."""
+        for write in self.flush():
+            write.result()
         self.offsets[0].write(np.int64(rows)).result()
 
     def row_ends(self, start: int, stop: int) -> np.ndarray:

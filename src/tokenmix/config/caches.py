@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tokenmix.cache.builder import CacheBuilder
+from tokenmix.cache.pool import EncoderPool
 from tokenmix.cache.progress import TqdmProgress
 from tokenmix.cache.reader import TokenCache
 from tokenmix.formats.encoder import EncoderSpec
@@ -50,6 +51,8 @@ def build_caches(config: DataConfig, sources: list[str] | None = None, progress:
     """Build (or resume, or extend) every cache of the config; returns statistics per (source, split)."""
     results = {}
     with config.build.executor.open(config.build.num_workers) as executor:
+        if isinstance(executor, EncoderPool) and config.build.tokenizer_backend == "tokenizers":
+            executor.start_processes()  # while the tokenizer loads
         for target in cache_targets(config, sources):
             logger.info("building %s/%s at %s from %d shards", target.source, target.split, target.location, len(target.shards))
             bar = TqdmProgress(f"{target.source}/{target.split}") if progress else None

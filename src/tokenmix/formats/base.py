@@ -50,7 +50,7 @@ class Rendered:
 
 def text_size(*texts: str) -> tuple[int, int]:
     """Characters and UTF-8 bytes of some texts, for statistics."""
-    return sum(map(len, texts)), sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    return sum(map(len, texts)), sum(len(t) if t.isascii() else len(t.encode("utf-8", "surrogatepass")) for t in texts)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Raw records to token ids and loss-mask spans: the work a cache-building worker does.
 
-This module imports only ``tokenizers``, ``numpy``, ``orjson`` and the format definitions, so that
-worker processes start fast. A chunk of raw records comes in; the concatenated token ids, one length
+This module imports only the tokenizer backends (``fastokens``, ``tokenizers``), ``numpy``, ``orjson`` and the
+format definitions, so that worker processes start fast. A chunk of raw records comes in; the concatenated token ids, one length
 per document, the loss-mask spans of formats that mask (``[start, end)`` token ranges relative to
 each document: the tokens trained on), and an account of every record that was skipped (position,
 reason, detail) come out.
@@ -9,13 +9,16 @@ reason, detail) come out.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator
+import functools
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
+from tokenmix.formats.backends import FAST, REFERENCE, fast_ids, load_fast, load_reference
 from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Rendered
 from tokenmix.formats.long_docs import exact_split_supported, split_text
 from tokenmix.sources.shards import PlainText, RawChunk
@@ -45,6 +48,8 @@ class EncoderSpec:
     """The tokenizer's named special tokens (``bos_token``, ...), as a chat template sees them."""
     chat_template: str | None = None
     """The tokenizer's own chat template."""
+    backend: str = REFERENCE
+    """The library that encodes text (``fastokens`` or ``tokenizers``): the same ids either way (``backends.py``)."""
 
 
 @dataclass
@@ -85,18 +90,39 @@ class DocumentEncoder:
     """Encodes chunks of raw records with one tokenizer and one format."""
 
     def __init__(self, spec: EncoderSpec):
-        from tokenizers import Tokenizer
-
         self.spec = spec
-        self.tokenizer = Tokenizer.from_str(spec.tokenizer_json)
+        self.fast = load_fast(spec.tokenizer_json) if spec.backend == FAST else None
         self.split_long = exact_split_supported(spec.tokenizer_json)
         self.dtype = np.dtype(spec.dtype)
-        self.render = spec.format.bind(format_context(spec, self.tokenizer.token_to_id))
+        self.render = spec.format.bind(format_context(spec, (self.fast or self.tokenizer).token_to_id))
         self.masked = spec.format.masks_loss
         special = spec.format.adds_special_tokens
         self.bos = spec.bos_id if special else None
         self.eos = spec.eos_id if special else None
         self.min_len, self.max_len = spec.format.length_limits()
+
+    @functools.cached_property
+    def tokenizer(self) -> Any:
+        """The Hugging Face ``tokenizers.Tokenizer``: the backend itself, or (with ``fastokens``) for character offsets."""
+        return load_reference(self.spec.tokenizer_json)
+
+    def sample_texts(self, chunk: RawChunk, max_chars: int) -> list[str]:
+        """The texts this encoder would tokenize for a chunk's records, cut to about ``max_chars`` characters in all:
+        what a backend check compares."""
+        texts: list[str] = []
+        room = max_chars
+        for raw in chunk.records:
+            try:
+                doc = self._document(raw)
+            except BadRecordError:
+                continue
+            for piece in doc.pieces if isinstance(doc, Rendered) else ():
+                if isinstance(piece, str) and room > 0:
+                    texts.append(piece[:room])
+                    room -= len(texts[-1])
+            if room <= 0:
+                break
+        return texts
 
     def encode(self, chunk: RawChunk) -> EncodedChunk:
         out = EncodedChunk(chunk.start, len(chunk.records), np.empty(0, self.dtype), np.empty(0, np.int64))
@@ -116,8 +142,11 @@ class DocumentEncoder:
             out.records += 1
             docs.append(doc)
             where.append(chunk.start + offset)
-        bodies = self._tokenize_documents(docs)
-        self._assemble(out, docs, bodies, where)
+        if not self.masked and all(isinstance(d, Rendered) and d.char_targets is None and len(d.pieces) == 1
+                                   and isinstance(d.pieces[0], str) for d in docs):
+            self._assemble_plain(out, docs, *self._tokenize([d.pieces[0] for d in docs]), where)  # type: ignore[arg-type, union-attr]
+        else:
+            self._assemble(out, docs, self._tokenize_documents(docs), where)
         out.skipped.sort(key=lambda s: s[0])
         return out
 
@@ -154,10 +183,13 @@ class DocumentEncoder:
         return arr.astype(self.dtype)
 
     def _tokenize_documents(self, docs: list[Rendered | np.ndarray]) -> list[list[Any]]:
-        """Every document's pieces as token ids; a document marked by characters (chat) also gets its token offsets."""
+        """Every document's pieces as token ids; a document marked by characters (chat) also gets its token offsets, from
+        ``tokenizers`` whatever the backend (``fastokens`` does not track offsets)."""
         texts = [p for d in docs if isinstance(d, Rendered) and d.char_targets is None for p in d.pieces if isinstance(p, str)]
         marked = [d.pieces[0] for d in docs if isinstance(d, Rendered) and d.char_targets is not None]
-        plain = iter(self._tokenize(texts))
+        flat, bounds = self._tokenize(texts)
+        ends = iter(bounds[1:].tolist())
+        start = 0
         with_offsets = iter(self.tokenizer.encode_batch(marked, add_special_tokens=False) if marked else [])
         bodies: list[list[Any]] = []
         for doc in docs:
@@ -166,32 +198,73 @@ class DocumentEncoder:
             elif doc.char_targets is not None:
                 bodies.append([next(with_offsets)])
             else:
-                bodies.append([next(plain) if isinstance(p, str) else p for p in doc.pieces])
+                body: list[Any] = []
+                for piece in doc.pieces:
+                    if isinstance(piece, str):
+                        end = next(ends)
+                        body.append(flat[start:end])
+                        start = end
+                    else:
+                        body.append(piece)
+                bodies.append(body)
         return bodies
 
-    def _tokenize(self, texts: list[str]) -> list[list[int] | np.ndarray]:
-        """Each text's token ids: a list for a text of at most ``long_doc_chars`` characters, an array of the spec's dtype
-        for a longer one when splitting is exact. Texts and pieces are tokenized together, ``LONG_DOC_BATCH_CHARS`` at a
-        time, so a long text's memory grows by the dtype's width a token, not by a Python int and an ``Encoding``."""
+    def _tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The texts' token ids, one after another in an array of the spec's dtype, text ``i``'s at
+        ``flat[bounds[i]:bounds[i + 1]]``. Texts longer than ``long_doc_chars`` are split where splitting is exact, and
+        pieces are tokenized ``LONG_DOC_BATCH_CHARS`` at a time, so a long text costs the dtype's width a token, not a
+        Python int and an ``Encoding``."""
         limit = self.spec.long_doc_chars
         if not self.split_long or all(len(t) <= limit for t in texts):
-            return [e.ids for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
-        parts: dict[int, list[np.ndarray]] = {i: [] for i, text in enumerate(texts) if len(text) > limit}
-        ids: dict[int, list[int] | np.ndarray] = {}
+            return self._ids(texts)
         pieces = ((i, piece) for i, text in enumerate(texts) for piece in split_text(text, limit))
+        arrays: list[np.ndarray] = []
+        counts = np.zeros(len(texts), np.int64)
         for batch in _bounded_batches(pieces, LONG_DOC_BATCH_CHARS):
-            for (i, _), piece_ids in zip(batch, self._batch_ids(batch, parts)):
-                if i in parts:
-                    parts[i].append(piece_ids)
-                else:
-                    ids[i] = piece_ids
-        return [np.concatenate(parts[i]) if i in parts else ids[i] for i in range(len(texts))]
+            flat, bounds = self._ids([piece for _, piece in batch])
+            arrays.append(flat)
+            np.add.at(counts, [i for i, _ in batch], np.diff(bounds))
+        return (np.concatenate(arrays) if arrays else np.empty(0, self.dtype)), np.concatenate(([0], np.cumsum(counts)))
 
-    def _batch_ids(self, batch: list[tuple[int, str]], long: Container[int]) -> list[list[int] | np.ndarray]:
-        """Token ids of each ``(text index, piece)``: an array for a piece of a ``long`` text, else a list. The batch's
-        ``Encoding``s are freed on return, before the next batch is tokenized."""
-        encoded = self.tokenizer.encode_batch_fast([piece for _, piece in batch], add_special_tokens=False)
-        return [np.asarray(e.ids, self.dtype) if i in long else e.ids for (i, _), e in zip(batch, encoded)]
+    def _ids(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``_tokenize`` without splitting: one call of the spec's backend, special tokens in the text recognised, none
+        added."""
+        if self.fast is not None:
+            ids, bounds = fast_ids(self.fast, texts)
+            return ids.astype(self.dtype), bounds
+        ids = [e.ids for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+        bounds = np.zeros(len(ids) + 1, np.int64)
+        np.cumsum([len(i) for i in ids], out=bounds[1:])
+        return np.fromiter(itertools.chain.from_iterable(ids), self.dtype, count=int(bounds[-1])), bounds
+
+    def _assemble_plain(self, out: EncodedChunk, docs: list[Rendered], flat: np.ndarray, bounds: np.ndarray, where: list[int]) -> None:
+        """``_assemble`` for documents of one text each and no loss masks (plain text, the bulk of most corpora), in a few
+        array operations instead of a few per document."""
+        body = np.diff(bounds)
+        lengths = body + (self.bos is not None) + (self.eos is not None)
+        keep = np.ones(len(docs), bool)
+        if self.max_len is not None:
+            keep &= lengths <= self.max_len
+        if self.min_len is not None:
+            keep &= lengths >= self.min_len
+        if not keep.all():
+            for n in np.flatnonzero(~keep).tolist():
+                out.skipped.append((where[n], *self._length_problem(int(lengths[n]))))  # type: ignore[misc]
+            flat, body, lengths = flat[np.repeat(keep, body)], body[keep], lengths[keep]
+        ends = np.cumsum(lengths)
+        out.lengths = lengths
+        out.tokens = np.empty(int(ends[-1]) if len(ends) else 0, self.dtype)
+        special = np.zeros(len(out.tokens), bool)
+        if self.bos is not None:
+            special[ends - lengths] = True
+            out.tokens[ends - lengths] = self.bos
+        if self.eos is not None:
+            special[ends - 1] = True
+            out.tokens[ends - 1] = self.eos
+        out.tokens[~special] = flat
+        kept = [d for d, k in zip(docs, keep.tolist()) if k]
+        out.chars += sum(d.chars for d in kept)
+        out.utf8_bytes += sum(d.utf8_bytes for d in kept)
 
     def _assemble(self, out: EncodedChunk, docs: list[Rendered | np.ndarray], bodies: list[list[Any]], where: list[int]) -> None:
         """Concatenate the kept documents' tokens (with BOS/EOS), their spans, and skip those the length limits refuse."""

@@ -134,8 +134,10 @@ def _missing(name: str, path: str) -> str:
     return f"no such local file or directory {path}{where}; {parent} holds no {part!r}{near}"
 
 
+@functools.lru_cache(maxsize=8)
 def describe_tokenizer(name_or_path: str) -> TokenizerInfo:
-    """Load a tokenizer and describe it (fingerprint, vocabulary size, special ids, BOS/EOS habits)."""
+    """Load a tokenizer and describe it (fingerprint, vocabulary size, special ids, BOS/EOS habits); kept, as the
+    tokenizer itself is, per name."""
     tok = load_tokenizer(name_or_path)
     backend = tok.backend_tokenizer
     backend_json = backend.to_str()

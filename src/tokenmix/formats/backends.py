@@ -1,0 +1,171 @@
+"""Which library turns text into token ids: ``fastokens`` where it gives exactly the ids Hugging Face ``tokenizers``
+gives, ``tokenizers`` (the reference) otherwise.
+
+``fastokens`` reads the same ``tokenizer.json`` and encodes a batch into one flat buffer, about 20x faster than
+``tokenizers``' ``encode_batch_fast`` on byte-level BPE; it does not load every tokenizer (no NFKC, Metaspace or
+WordPiece, for instance) and does not track character offsets. Exactness is checked rather than assumed: before a
+build, a sample of its input and a set of probes (every added token written inside text, whitespace, Unicode) are
+encoded by both, and any difference keeps the build on ``tokenizers``. The backend never enters a cache's identity:
+the ids are the same, so caches built either way are byte-identical.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+TokenizerBackend = Literal["auto", "fastokens", "tokenizers"]
+FAST = "fastokens"
+REFERENCE = "tokenizers"
+
+_PROBES = (
+    "Hello, world! It's 2026-11-23; x=1+2*3.",
+    "  leading spaces, trailing tabs\t\t\nnew lines\r\n\n\n  and   runs   of   spaces  ",
+    "Ünïcödé: naïve café, ﬁ ligature, ① ２, ÀÉÎ, ß, İ, Ω, 中文字符, 日本語のテキスト, 한국어, العربية, עברית",
+    "emoji 😀👍🏽 🇫🇷 family 👨‍👩‍👧, zero\u200bwidth, soft\u00adhyphen, nbsp\u00a0here, combining e\u0301",
+    "def f(x):\n    return {'a': [1, 2, 3]}  # code\n\tindented\n",
+    "1234567890 3.14159 1,000,000 0xDEADBEEF",
+)
+"""Texts every backend check encodes, besides the sample of the input and the added tokens written inside text."""
+
+
+class FastBackendUnavailable(RuntimeError):
+    """``fastokens`` cannot load this tokenizer (or is not installed)."""
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend a build uses, and why (for the log and ``stats.json``)."""
+
+    name: str
+    reason: str
+
+
+_MAX_LOADED = 4
+_loaded: dict[str, Future] = {}
+_loaded_lock = threading.Lock()
+
+
+def preload_fast(tokenizer_json: str) -> Future:
+    """Start loading the ``fastokens.Tokenizer`` of a serialized tokenizer in a background thread (it takes about 0.15 s),
+    so that the load overlaps the work before a build needs it; a tokenizer already loaded or loading is not loaded again.
+    The thread is not a daemon: native code still running when the interpreter exits would abort it."""
+    with _loaded_lock:
+        future = _loaded.get(tokenizer_json)
+        if future is None:
+            if len(_loaded) >= _MAX_LOADED:
+                _loaded.pop(next(iter(_loaded)))
+            future = _loaded[tokenizer_json] = Future()
+            threading.Thread(target=_load_into, args=(tokenizer_json, future), name="tokenmix-fastokens-load").start()
+    return future
+
+
+def load_fast(tokenizer_json: str) -> Any:
+    """The ``fastokens.Tokenizer`` of a serialized Hugging Face tokenizer (loaded once per process), or
+    ``FastBackendUnavailable`` saying why there is none."""
+    return preload_fast(tokenizer_json).result()
+
+
+def forget_loaded() -> None:
+    """Drop the loaded ``fastokens`` tokenizers, so that the next build loads its own (a benchmark's cold start)."""
+    with _loaded_lock:
+        _loaded.clear()
+
+
+def _load_into(tokenizer_json: str, future: Future) -> None:
+    try:
+        import fastokens
+    except ImportError as e:
+        future.set_exception(FastBackendUnavailable(f"fastokens is not installed ({e})"))
+        return
+    try:
+        future.set_result(fastokens.Tokenizer.from_json_str(tokenizer_json))
+    except (ValueError, RuntimeError) as e:
+        future.set_exception(FastBackendUnavailable(f"fastokens cannot load this tokenizer: {e}"))
+
+
+def fast_ids(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The texts' token ids from a ``fastokens.Tokenizer``, one after another (``uint32``), text ``i``'s at
+    ``ids[bounds[i]:bounds[i + 1]]``: special tokens recognised in the text and none added, as ``tokenizers``'
+    ``encode(text, add_special_tokens=False)`` gives them."""
+    ids, offsets = tokenizer.encode_batch_flat(texts, add_special_tokens=False)
+    return np.frombuffer(ids, np.uint32), np.frombuffer(offsets, np.uint64).astype(np.int64)
+
+
+@functools.lru_cache(maxsize=4)
+def probe_texts(tokenizer_json: str) -> tuple[str, ...]:
+    """The fixed probes, and each added token (special or not) written inside text, alone and next to words."""
+    added = [t["content"] for t in json.loads(tokenizer_json).get("added_tokens", []) if t.get("content")]
+    inside = [f"text {a} more text{a}tail\n{a}" for a in added]
+    return (*_PROBES, *inside, "".join(added))
+
+
+@functools.lru_cache(maxsize=4)
+def load_reference(tokenizer_json: str) -> Any:
+    """The ``tokenizers.Tokenizer`` of a serialized Hugging Face tokenizer, kept per definition."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(tokenizer_json)
+
+
+def first_difference(tokenizer_json: str, fast: Any, texts: list[str], expected: list[Any] | None = None) -> str | None:
+    """Where ``fastokens`` and ``tokenizers`` first disagree on ``texts`` or on the probes, or None when they never do;
+    ``expected`` is ``tokenizers``' encoding of ``texts`` where it is already known."""
+    return _difference(tokenizer_json, fast, texts, "the sample of the input", expected) or _probe_difference(tokenizer_json)
+
+
+@functools.lru_cache(maxsize=4)
+def _probe_difference(tokenizer_json: str) -> str | None:
+    """``first_difference`` on the probes alone: the same for every build with this tokenizer, so found once."""
+    return _difference(tokenizer_json, load_fast(tokenizer_json), list(probe_texts(tokenizer_json)), "the probe texts")
+
+
+def _difference(tokenizer_json: str, fast: Any, texts: list[str], what: str, expected: list[Any] | None = None) -> str | None:
+    if expected is None:
+        expected = load_reference(tokenizer_json).encode_batch_fast(texts, add_special_tokens=False)
+    ids, bounds = fast_ids(fast, texts)
+    for n, (text, want, a, b) in enumerate(zip(texts, expected, bounds[:-1].tolist(), bounds[1:].tolist())):
+        got = ids[a:b]
+        if not np.array_equal(np.asarray(want.ids, np.int64), got.astype(np.int64)):
+            at = next((i for i, (x, y) in enumerate(zip(want.ids, got.tolist())) if x != y), min(len(want.ids), len(got)))
+            return (f"text {n} of {what} ({text[:40]!r}...) differs at token {at}: "
+                    f"tokenizers gives {want.ids[at:at + 3]}, fastokens {got[at:at + 3].tolist()}")
+    return None
+
+
+def choose_backend(tokenizer_json: str, requested: TokenizerBackend, sample: list[str]) -> BackendChoice:
+    """The backend to build with: ``requested`` when it is one, else ``fastokens`` when it loads this tokenizer and
+    gives the reference's ids on ``sample`` and the probes, else ``tokenizers``.
+
+    A forced ``fastokens`` that cannot load the tokenizer raises ``FastBackendUnavailable``; one that differs on the
+    sample is used all the same, with a warning that its caches will not match ``tokenizers``' ids.
+    """
+    if requested == REFERENCE:
+        return BackendChoice(REFERENCE, "build.tokenizer_backend: tokenizers")
+    preload_fast(tokenizer_json)
+    expected = load_reference(tokenizer_json).encode_batch_fast(sample, add_special_tokens=False)  # while fastokens loads
+    try:
+        fast = load_fast(tokenizer_json)
+    except FastBackendUnavailable as e:
+        if requested == FAST:
+            raise FastBackendUnavailable(f"build.tokenizer_backend: fastokens, but {e}. Fix: set build.tokenizer_backend: auto "
+                                         "(or tokenizers) to build with Hugging Face tokenizers") from None
+        return BackendChoice(REFERENCE, str(e))
+    difference = first_difference(tokenizer_json, fast, sample, expected)
+    if difference is None:
+        checked = f"{len(sample)} sampled texts and the probes encode identically"
+        return BackendChoice(FAST, "build.tokenizer_backend: fastokens; " + checked if requested == FAST else checked)
+    if requested == FAST:
+        logger.warning("build.tokenizer_backend: fastokens is forced although it differs from tokenizers: %s. The cache will "
+                       "not hold the ids Hugging Face tokenizers gives; set build.tokenizer_backend: auto to be safe", difference)
+        return BackendChoice(FAST, "build.tokenizer_backend: fastokens (forced; differs from tokenizers: " + difference + ")")
+    return BackendChoice(REFERENCE, "fastokens differs from tokenizers: " + difference)

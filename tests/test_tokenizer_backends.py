@@ -1,0 +1,214 @@
+"""The tokenizer backend seam: ``fastokens`` where it gives exactly ``tokenizers``' ids, ``tokenizers`` otherwise.
+
+Caches built with either backend are byte-identical, on the bundled corpus (and the full shared corpus where it is
+present), with every format, and with tokenizers trained here of the kinds users bring (byte-level BPE, BPE with an
+NFKC normalizer, Unigram, WordPiece, added special tokens written in the text). Where ``fastokens`` cannot load a
+tokenizer or gives other ids, the build falls back to ``tokenizers`` and says why, in the log and in stats.json.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from helpers import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes, read_jsonl_zst, write_jsonl
+from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+from tokenmix import (
+    BuildOptions,
+    FimLmDatasetFormat,
+    LMDatasetSourceConfig,
+    LMMixtureDatasetConfig,
+    SupervisedLmDatasetFormat,
+    TextLmDatasetFormat,
+    TokenCache,
+    build_caches,
+)
+from tokenmix.formats.backends import FastBackendUnavailable, choose_backend
+
+SOURCES = ("linux_doc", "python_doc", "webster")
+SHARED_CORPUS = REPO.parent / "shared" / "corpus"
+SPECIALS = ("<|endoftext|>", "<|pad|>", "[SPECIAL]")
+"""Added special tokens of the trained tokenizers; the test documents write them inside their text."""
+
+
+def _texts() -> list[str]:
+    return [r["text"] for s in SOURCES for r in read_jsonl_zst(DEMO_CORPUS / s / "train-00-of-02.jsonl.zst")[:60]]
+
+
+def _records() -> list[dict[str, str]]:
+    """Real documents, some with special tokens written in them, Unicode that normalizers change, and odd spacing."""
+    texts = _texts()[:90]
+    texts += [f"before {SPECIALS[0]} after", f"{SPECIALS[2]}glued{SPECIALS[0]}", "ﬁne ligatures ①２ ÀÉÎ naïve", "tabs\tand  double  spaces\n"]
+    return [{"text": t} for t in texts]
+
+
+def _save(tokenizer: Tokenizer, path: Path) -> str:
+    """A tokenizer directory ``AutoTokenizer`` loads, with ``<|endoftext|>`` as its EOS."""
+    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=SPECIALS[0], pad_token=SPECIALS[1]).save_pretrained(path)
+    return str(path)
+
+
+def _trained(kind: str, path: Path) -> str:
+    unk = "[UNK]"
+    special = [unk, *SPECIALS]
+    if kind == "byte_level_bpe":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        trainer = trainers.BpeTrainer(vocab_size=1500, special_tokens=list(SPECIALS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    elif kind == "bpe_nfkc":
+        tok = Tokenizer(models.BPE(unk_token=unk))
+        tok.normalizer = normalizers.NFKC()
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        trainer = trainers.BpeTrainer(vocab_size=1500, special_tokens=special)
+    elif kind == "unigram":
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=1500, special_tokens=special, unk_token=unk)
+    elif kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token=unk))
+        tok.normalizer = normalizers.BertNormalizer()
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        trainer = trainers.WordPieceTrainer(vocab_size=1500, special_tokens=special)
+    elif kind == "bpe_dropout":  # a BPE that merges at random: no second encoder can reproduce its ids
+        tok = Tokenizer(models.BPE(dropout=0.5))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        trainer = trainers.BpeTrainer(vocab_size=1500, special_tokens=list(SPECIALS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    else:
+        raise ValueError(kind)
+    tok.train_from_iterator(_texts(), trainer)
+    tok.add_special_tokens([AddedToken(s, special=True) for s in SPECIALS])
+    return _save(tok, path / kind)
+
+
+def _config(tmp_path: Path, name: str, tokenizer: str, sources: dict[str, list[str]], backend: str, fmt=None,
+            **build) -> LMMixtureDatasetConfig:
+    return LMMixtureDatasetConfig(
+        tokenizer=tokenizer,
+        cache_dir=str(tmp_path / name),
+        configs={s: LMDatasetSourceConfig(train_urls=urls, format=fmt or TextLmDatasetFormat()) for s, urls in sources.items()},
+        build=BuildOptions(tokenizer_backend=backend, **build),
+    )
+
+
+def _build_each_backend(tmp_path: Path, tokenizer: str, sources: dict[str, list[str]], **build) -> dict[str, dict]:
+    """Build the same sources with each backend choice; returns each build's statistics per source."""
+    return {backend: {s: stats for (s, _), stats in build_caches(_config(tmp_path, backend, tokenizer, sources, backend, **build),
+                                                                  progress=False).items()}
+            for backend in ("tokenizers", "auto", "fastokens")}
+
+
+def _assert_identical(tmp_path: Path, sources: dict[str, list[str]]) -> None:
+    for source in sources:
+        reference = cache_bytes(str(tmp_path / "tokenizers" / source / "train"))
+        for backend in ("auto", "fastokens"):
+            assert cache_bytes(str(tmp_path / backend / source / "train")) == reference, (backend, source)
+
+
+def _backend(stats: dict) -> dict:
+    return stats["build"]["tokenizer_backend"]
+
+
+def test_caches_built_with_either_backend_are_byte_identical_on_the_bundled_corpus(tmp_path):
+    sources = {s: sorted(glob.glob(str(DEMO_CORPUS / s / "train-*"))) for s in SOURCES}
+    stats = _build_each_backend(tmp_path, TOKENIZER, sources, num_workers=2)
+    _assert_identical(tmp_path, sources)
+    for source in SOURCES:
+        assert _backend(stats["tokenizers"][source])["name"] == "tokenizers"
+        assert _backend(stats["auto"][source])["name"] == "fastokens"
+        assert "encode identically" in _backend(stats["auto"][source])["reason"]
+        assert _backend(stats["fastokens"][source])["name"] == "fastokens"
+        assert stats["auto"][source]["tokens"] == stats["tokenizers"][source]["tokens"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SHARED_CORPUS.is_dir(), reason="the full shared corpus is not beside this checkout")
+def test_caches_built_with_either_backend_are_byte_identical_on_the_shared_corpus(tmp_path):
+    sources = {s: sorted(glob.glob(str(SHARED_CORPUS / s / "train-*"))) for s in SOURCES}
+    _build_each_backend(tmp_path, TOKENIZER, sources)
+    _assert_identical(tmp_path, sources)
+
+
+@pytest.mark.parametrize("fmt", [SupervisedLmDatasetFormat(separate_with="<|endoftext|>"), FimLmDatasetFormat(fim_rate=0.7)],
+                         ids=["supervised", "fim"])
+def test_formats_made_of_pieces_encode_them_with_the_fast_backend_to_the_same_bytes(tmp_path, fmt):
+    texts = _texts()
+    if isinstance(fmt, SupervisedLmDatasetFormat):
+        records = [{"prompt": a[:300], "response": b[:300]} for a, b in zip(texts[::2], texts[1::2])]
+    else:
+        records = [{"text": t} for t in texts]
+    url = write_jsonl(tmp_path / "records.jsonl", records)
+    stats = {}
+    for backend in ("tokenizers", "auto"):
+        config = _config(tmp_path, backend, TOKENIZER, {"s": [url]}, backend, fmt, num_workers=2)
+        stats[backend] = build_caches(config, progress=False)[("s", "train")]
+    assert _backend(stats["auto"])["name"] == "fastokens"
+    assert stats["auto"]["loss_valid_tokens"] == stats["tokenizers"]["loss_valid_tokens"] > 0
+    assert cache_bytes(str(tmp_path / "auto" / "s" / "train")) == cache_bytes(str(tmp_path / "tokenizers" / "s" / "train"))
+
+
+def test_special_tokens_written_in_the_text_come_out_as_hugging_face_encodes_them(tmp_path, hf_tokenizer):
+    texts = ["a document that mentions <|endoftext|> inside it", "<|endoftext|>", "two<|endoftext|><|endoftext|>glued"]
+    url = write_jsonl(tmp_path / "special.jsonl", [{"text": t} for t in texts])
+    for backend in ("fastokens", "tokenizers"):
+        build_caches(_config(tmp_path, backend, TOKENIZER, {"s": [url]}, backend, num_workers=0), progress=False)
+        cache = TokenCache(str(tmp_path / backend / "s" / "train"))
+        expected = [hf_tokenizer.encode(t, add_special_tokens=False) + [hf_tokenizer.eos_token_id] for t in texts]
+        assert [cache[i].tolist() for i in range(len(texts))] == expected
+        assert expected[1] == [0, 0]  # the text's own <|endoftext|> is the special id, not its characters
+
+
+@pytest.mark.parametrize("kind", ["byte_level_bpe", "bpe_nfkc", "unigram", "wordpiece"])
+def test_tokenizers_trained_here_build_identical_caches_and_fall_back_where_fastokens_cannot_load_them(tmp_path, kind, caplog):
+    tokenizer = _trained(kind, tmp_path)
+    url = write_jsonl(tmp_path / "records.jsonl.zst", _records())
+    with caplog.at_level(logging.INFO, logger="tokenmix.cache.builder"):
+        stats = {backend: build_caches(_config(tmp_path, backend, tokenizer, {"s": [url]}, backend, num_workers=2), progress=False)
+                 for backend in ("tokenizers", "auto")}
+    assert cache_bytes(str(tmp_path / "auto" / "s" / "train")) == cache_bytes(str(tmp_path / "tokenizers" / "s" / "train"))
+    chosen = _backend(stats["auto"][("s", "train")])
+    said = [r for r in caplog.records if "encoding with" in r.getMessage() and "/auto/" in r.getMessage()]
+    assert len(said) == 1
+    if kind == "byte_level_bpe":
+        assert chosen["name"] == "fastokens"
+    else:
+        assert chosen["name"] == "tokenizers" and "fastokens cannot load this tokenizer" in chosen["reason"]
+        assert said[0].levelno == logging.WARNING and chosen["reason"] in said[0].getMessage()
+        with pytest.raises(FastBackendUnavailable, match="build.tokenizer_backend: auto"):
+            build_caches(_config(tmp_path, "forced", tokenizer, {"s": [url]}, "fastokens", num_workers=0), progress=False)
+
+
+def test_a_fast_backend_that_gives_other_ids_is_not_used_and_the_log_says_where_it_differs(tmp_path, caplog):
+    tokenizer = _trained("bpe_dropout", tmp_path)
+    url = write_jsonl(tmp_path / "records.jsonl", _records())
+    with caplog.at_level(logging.INFO, logger="tokenmix.cache.builder"):
+        stats = build_caches(_config(tmp_path, "auto", tokenizer, {"s": [url]}, "auto", num_workers=0), progress=False)
+    chosen = _backend(stats[("s", "train")])
+    assert chosen["name"] == "tokenizers" and chosen["reason"].startswith("fastokens differs from tokenizers: text ")
+    assert "differs at token" in chosen["reason"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "encoding with tokenizers" in r.getMessage()]
+    assert len(warnings) == 1 and "fastokens differs" in warnings[0]
+
+
+def test_the_check_compares_a_sample_of_the_input_and_every_added_token_inside_text():
+    spec = json.loads(Path(TOKENIZER, "tokenizer.json").read_text())
+    tokenizer_json = json.dumps(spec)
+    choice = choose_backend(tokenizer_json, "auto", ["some sampled text", "and more"])
+    assert choice.name == "fastokens" and choice.reason.startswith("2 sampled texts")
+    from tokenmix.formats.backends import probe_texts
+
+    probes = probe_texts(tokenizer_json)
+    for token in spec["added_tokens"]:
+        assert any(token["content"] in p and p != token["content"] for p in probes), token["content"]
+    assert choose_backend(tokenizer_json, "tokenizers", []).name == "tokenizers"
+
+
+def test_the_backend_option_is_checked_where_the_config_is_read():
+    with pytest.raises(ValueError, match="build.tokenizer_backend must be one of auto, fastokens, tokenizers"):
+        BuildOptions(tokenizer_backend="fast")  # type: ignore[arg-type]
+    assert TextLmDatasetFormat().identity() == TextLmDatasetFormat().identity()  # the backend is no part of the format
