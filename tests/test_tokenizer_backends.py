@@ -15,10 +15,13 @@ from pathlib import Path
 
 import pytest
 from helpers import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes, read_jsonl_zst, write_jsonl
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from tokenmix import (
     BuildOptions,
+    ChatLmDatasetFormat,
     FimLmDatasetFormat,
     LMDatasetSourceConfig,
     LMMixtureDatasetConfig,
@@ -27,10 +30,25 @@ from tokenmix import (
     TokenCache,
     build_caches,
 )
-from tokenmix.formats.backends import FastBackendUnavailable, choose_backend
+from tokenmix.formats.backends import (
+    BackendChoice,
+    FastBackendUnavailable,
+    char_offsets,
+    choose_backend,
+    fast_ids,
+    load_fast,
+    load_reference,
+    probe_texts,
+    token_byte_lengths,
+)
 
 SOURCES = ("linux_doc", "python_doc", "webster")
 SHARED_CORPUS = REPO.parent / "shared" / "corpus"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}<|assistant|>\n"
+    "{% generation %}{{ m['content'] }}{{ eos_token }}{% endgeneration %}\n"
+    "{% else %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endif %}{% endfor %}"
+)
 SPECIALS = ("<|endoftext|>", "<|pad|>", "[SPECIAL]")
 """Added special tokens of the trained tokenizers; the test documents write them inside their text."""
 
@@ -121,7 +139,8 @@ def test_caches_built_with_either_backend_are_byte_identical_on_the_bundled_corp
     for source in SOURCES:
         assert _backend(stats["tokenizers"][source])["name"] == "tokenizers"
         assert _backend(stats["auto"][source])["name"] == "fastokens"
-        assert "encode identically" in _backend(stats["auto"][source])["reason"]
+        assert _backend(stats["auto"][source])["reason"].endswith(" and the probes encode identically")
+        assert " records sampled from " in _backend(stats["auto"][source])["reason"]
         assert _backend(stats["fastokens"][source])["name"] == "fastokens"
         assert stats["auto"][source]["tokens"] == stats["tokenizers"][source]["tokens"] > 0
 
@@ -189,23 +208,48 @@ def test_a_fast_backend_that_gives_other_ids_is_not_used_and_the_log_says_where_
     with caplog.at_level(logging.INFO, logger="tokenmix.cache.builder"):
         stats = build_caches(_config(tmp_path, "auto", tokenizer, {"s": [url]}, "auto", num_workers=0), progress=False)
     chosen = _backend(stats[("s", "train")])
-    assert chosen["name"] == "tokenizers" and chosen["reason"].startswith("fastokens differs from tokenizers: text ")
-    assert "differs at token" in chosen["reason"]
+    assert chosen["name"] == "tokenizers" and chosen["reason"].startswith("fastokens differs from tokenizers: ")
+    assert "tokenizers gives [" in chosen["reason"] and ", fastokens [" in chosen["reason"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "encoding with tokenizers" in r.getMessage()]
     assert len(warnings) == 1 and "fastokens differs" in warnings[0]
 
 
-def test_the_check_compares_a_sample_of_the_input_and_every_added_token_inside_text():
+def test_the_check_covers_every_added_token_written_inside_text_and_the_sample():
     spec = json.loads(Path(TOKENIZER, "tokenizer.json").read_text())
     tokenizer_json = json.dumps(spec)
-    choice = choose_backend(tokenizer_json, "auto", ["some sampled text", "and more"])
-    assert choice.name == "fastokens" and choice.reason.startswith("2 sampled texts")
-    from tokenmix.formats.backends import probe_texts
-
     probes = probe_texts(tokenizer_json)
     for token in spec["added_tokens"]:
         assert any(token["content"] in p and p != token["content"] for p in probes), token["content"]
-    assert choose_backend(tokenizer_json, "tokenizers", []).name == "tokenizers"
+    choice = choose_backend(tokenizer_json, "auto", lambda: None, "2 records sampled from x")
+    assert choice.name == "fastokens" and choice.reason == "2 records sampled from x and the probes encode identically"
+    differing = choose_backend(tokenizer_json, "auto", lambda: "tokens differ at 7", "2 records sampled from x")
+    assert differing == BackendChoice("tokenizers", "fastokens differs from tokenizers: tokens differ at 7")
+    assert choose_backend(tokenizer_json, "tokenizers", lambda: None, "").name == "tokenizers"
+
+
+def test_chat_loss_spans_come_out_the_same_with_fastokens_ids_and_offsets_derived_from_them(tmp_path):
+    texts = _texts()
+    conversations = [[{"role": "user", "content": a[:200] + " ﬁ ① 😀"}, {"role": "assistant", "content": " " + b[:400] + "\n  é"},
+                      {"role": "user", "content": "<|endoftext|> more"}, {"role": "assistant", "content": "ok 👍🏽"}]
+                     for a, b in zip(texts[::2], texts[1::2])]
+    url = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in conversations])
+    fmt = ChatLmDatasetFormat(chat_template=CHAT_TEMPLATE)
+    stats = {backend: build_caches(_config(tmp_path, backend, TOKENIZER, {"s": [url]}, backend, fmt, num_workers=0), progress=False)[("s", "train")]
+             for backend in ("tokenizers", "auto")}
+    assert _backend(stats["auto"])["name"] == "fastokens"
+    assert stats["auto"]["loss_valid_tokens"] == stats["tokenizers"]["loss_valid_tokens"] > 0
+    assert cache_bytes(str(tmp_path / "auto" / "s" / "train")) == cache_bytes(str(tmp_path / "tokenizers" / "s" / "train"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), min_size=1, max_size=80))
+def test_character_offsets_derived_from_byte_level_ids_are_tokenizers_offsets(text):
+    tokenizer_json = Path(TOKENIZER, "tokenizer.json").read_text()
+    reference = load_reference(tokenizer_json).encode(text, add_special_tokens=False)
+    ids, _ = fast_ids(load_fast(tokenizer_json), [text])
+    assert ids.tolist() == reference.ids
+    offsets = char_offsets(ids, text, token_byte_lengths(tokenizer_json))
+    assert offsets is not None and offsets.tolist() == [list(o) for o in reference.offsets]
 
 
 def test_the_backend_option_is_checked_where_the_config_is_read():

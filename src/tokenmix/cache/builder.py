@@ -47,13 +47,13 @@ from tokenmix.cache.stats import STATS_FILE, compute_stats
 from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, CacheWriteError, JaggedArray, JsonDocuments, storage_cause, unwritable
 from tokenmix.formats.backends import FAST, REFERENCE, BackendChoice, TokenizerBackend, choose_backend, preload_fast
 from tokenmix.formats.base import FILTER_REASONS
-from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
-from tokenmix.sources.shards import DIGEST_MASK, RawChunk, Shard, ShardReadError
+from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec, chunk_difference
+from tokenmix.sources.shards import DIGEST_MASK, RawChunk, Shard, ShardReadError, approx_size
 
 logger = logging.getLogger(__name__)
 
-BACKEND_SAMPLE_CHARS = 64_000
-"""Characters of the first shard's text that both tokenizer backends encode before a build chooses between them."""
+BACKEND_SAMPLE_BYTES = 64 << 10
+"""Input bytes of the first shard left to read that both tokenizer backends encode before a build chooses between them."""
 
 
 @dataclass(frozen=True)
@@ -238,22 +238,43 @@ class CacheBuilder:
         self.spec = dataclasses.replace(self.spec, backend=self._backend.result().name)
 
     def _choose_backend(self, ledger: CacheLedger) -> BackendChoice:
-        """Pick the tokenizer backend on a sample of the first shard left to read (its first chunk)."""
-        sample: list[str] = []
-        if self.options.tokenizer_backend == "auto":
-            sampler = DocumentEncoder(dataclasses.replace(self.spec, backend=REFERENCE))
-            for shard, progress in zip(self.shards, ledger.shards):
-                if not progress.finished:
-                    try:
-                        first = next(iter(shard.read(progress.position, self.options.chunk_bytes)), None)
-                    except ShardReadError:
-                        continue  # the build reports it where it reads the shard
-                    sample = [] if first is None else sampler.sample_texts(first, BACKEND_SAMPLE_CHARS)
-                    break
-        choice = choose_backend(self.spec.tokenizer_json, self.options.tokenizer_backend, sample)
+        """Pick the tokenizer backend on the first ``BACKEND_SAMPLE_BYTES`` of the first shard left to read: encoded by
+        both backends into what the cache would hold, they must agree for ``fastokens`` to be used."""
+        sample, sampled = None, "no sample"
+        if self.options.tokenizer_backend != REFERENCE:
+            sample, sampled = self._backend_sample(ledger)
+        expected = DocumentEncoder(dataclasses.replace(self.spec, backend=REFERENCE)).encode(sample) if sample else None
+
+        def sample_difference() -> str | None:
+            if sample is None or expected is None:
+                return None
+            return chunk_difference(expected, DocumentEncoder(dataclasses.replace(self.spec, backend=FAST)).encode(sample))
+
+        choice = choose_backend(self.spec.tokenizer_json, self.options.tokenizer_backend, sample_difference, sampled)
         log = logger.info if choice.name == FAST or self.options.tokenizer_backend == REFERENCE else logger.warning
         log("%s: encoding with %s (%s)", self.location, choice.name, choice.reason)
         return choice
+
+    def _backend_sample(self, ledger: CacheLedger) -> tuple[RawChunk | None, str]:
+        """The first records of the first shard left to read that can be read, and what they are (for the log)."""
+        for shard, progress in zip(self.shards, ledger.shards):
+            if progress.finished:
+                continue
+            try:
+                first = next(iter(shard.read(progress.position, BACKEND_SAMPLE_BYTES)), None)
+            except ShardReadError:
+                continue  # the build reports it where it reads the shard
+            if first is None:
+                continue
+            records, room = [], BACKEND_SAMPLE_BYTES
+            for record in first.records:
+                size = approx_size(record)
+                if size <= room or not records and size <= 16 * BACKEND_SAMPLE_BYTES:  # a very long document waits for the build
+                    records.append(record)
+                    room -= size
+            if records:
+                return RawChunk(first.start, records), f"{len(records)} records sampled from {shard.name}"
+        return None, "no sample (no record short enough for one)"
 
     def _remaining_bytes(self, ledger: CacheLedger) -> int | None:
         sizes = [shard.size_bytes() for shard, p in zip(self.shards, ledger.shards) if not p.finished]

@@ -3,9 +3,11 @@ gives, ``tokenizers`` (the reference) otherwise.
 
 ``fastokens`` reads the same ``tokenizer.json`` and encodes a batch into one flat buffer, about 20x faster than
 ``tokenizers``' ``encode_batch_fast`` on byte-level BPE; it does not load every tokenizer (no NFKC, Metaspace or
-WordPiece, for instance) and does not track character offsets. Exactness is checked rather than assumed: before a
-build, a sample of its input and a set of probes (every added token written inside text, whitespace, Unicode) are
-encoded by both, and any difference keeps the build on ``tokenizers``. The backend never enters a cache's identity:
+WordPiece, for instance) and does not report character offsets. Exactness is checked rather than assumed: before a
+build, a sample of its input (encoded into what the cache would hold: ids, lengths, loss spans) and a set of probes
+(every added token written inside text, whitespace, Unicode) are encoded by both, and any difference keeps the build
+on ``tokenizers``. Character offsets, which chat loss masks need, are derived from the ids for byte-level BPE
+(``token_byte_lengths``), and checked the same way. The backend never enters a cache's identity:
 the ids are the same, so caches built either way are byte-identical.
 """
 
@@ -15,6 +17,7 @@ import functools
 import json
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -102,6 +105,41 @@ def fast_ids(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=4)
+def token_byte_lengths(tokenizer_json: str) -> np.ndarray | None:
+    """How many bytes of text each token id stands for, where every token is a byte sequence (byte-level BPE without a
+    normalizer, byte fallback or word affixes); None for other tokenizers. With it a token's character offsets follow
+    from the ids alone, which ``fastokens`` does not report."""
+    spec = json.loads(tokenizer_json)
+    model = spec.get("model") or {}
+    steps = [spec.get("pre_tokenizer") or {}]
+    steps += steps[0].get("pretokenizers", []) if steps[0].get("type") == "Sequence" else []
+    if (spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("byte_fallback")
+            or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix")
+            or not any(step.get("type") == "ByteLevel" for step in steps)):
+        return None
+    added = {t["id"]: len(t["content"].encode("utf-8")) for t in spec.get("added_tokens", [])}
+    vocab = model.get("vocab") or {}
+    lengths = np.zeros(max([*vocab.values(), *added, -1]) + 1, np.int64)
+    for token, i in vocab.items():
+        lengths[i] = len(token)  # one character of the byte-level alphabet per byte
+    for i, n in added.items():
+        lengths[i] = n
+    return lengths
+
+
+def char_offsets(ids: np.ndarray, text: str, byte_lengths: np.ndarray) -> np.ndarray | None:
+    """Each token's ``[start, end)`` in characters of ``text`` (a token covering part of a character covers all of it),
+    as ``tokenizers`` reports offsets; None when the tokens' bytes do not add up to the text's."""
+    raw = np.frombuffer(text.encode("utf-8", "surrogatepass"), np.uint8)
+    sizes = byte_lengths[ids]
+    if not len(ids) or sizes.min() <= 0 or int(sizes.sum()) != len(raw):
+        return None
+    char_of_byte = np.cumsum((raw & 0xC0) != 0x80) - 1
+    ends = np.cumsum(sizes)
+    return np.stack([char_of_byte[ends - sizes], char_of_byte[ends - 1] + 1], axis=1)
+
+
+@functools.lru_cache(maxsize=4)
 def probe_texts(tokenizer_json: str) -> tuple[str, ...]:
     """The fixed probes, and each added token (special or not) written inside text, alone and next to words."""
     added = [t["content"] for t in json.loads(tokenizer_json).get("added_tokens", []) if t.get("content")]
@@ -117,52 +155,46 @@ def load_reference(tokenizer_json: str) -> Any:
     return Tokenizer.from_str(tokenizer_json)
 
 
-def first_difference(tokenizer_json: str, fast: Any, texts: list[str], expected: list[Any] | None = None) -> str | None:
-    """Where ``fastokens`` and ``tokenizers`` first disagree on ``texts`` or on the probes, or None when they never do;
-    ``expected`` is ``tokenizers``' encoding of ``texts`` where it is already known."""
-    return _difference(tokenizer_json, fast, texts, "the sample of the input", expected) or _probe_difference(tokenizer_json)
-
-
 @functools.lru_cache(maxsize=4)
-def _probe_difference(tokenizer_json: str) -> str | None:
-    """``first_difference`` on the probes alone: the same for every build with this tokenizer, so found once."""
-    return _difference(tokenizer_json, load_fast(tokenizer_json), list(probe_texts(tokenizer_json)), "the probe texts")
+def probe_difference(tokenizer_json: str) -> str | None:
+    """Where ``fastokens`` and ``tokenizers`` first disagree on the probes, or None: the same for every build with this
+    tokenizer, so found once per process."""
+    return _difference(tokenizer_json, load_fast(tokenizer_json), list(probe_texts(tokenizer_json)))
 
 
-def _difference(tokenizer_json: str, fast: Any, texts: list[str], what: str, expected: list[Any] | None = None) -> str | None:
-    if expected is None:
-        expected = load_reference(tokenizer_json).encode_batch_fast(texts, add_special_tokens=False)
+def _difference(tokenizer_json: str, fast: Any, texts: list[str]) -> str | None:
+    expected = load_reference(tokenizer_json).encode_batch_fast(texts, add_special_tokens=False)
     ids, bounds = fast_ids(fast, texts)
     for n, (text, want, a, b) in enumerate(zip(texts, expected, bounds[:-1].tolist(), bounds[1:].tolist())):
         got = ids[a:b]
         if not np.array_equal(np.asarray(want.ids, np.int64), got.astype(np.int64)):
             at = next((i for i, (x, y) in enumerate(zip(want.ids, got.tolist())) if x != y), min(len(want.ids), len(got)))
-            return (f"text {n} of {what} ({text[:40]!r}...) differs at token {at}: "
+            return (f"probe text {n} ({text[:40]!r}...) differs at token {at}: "
                     f"tokenizers gives {want.ids[at:at + 3]}, fastokens {got[at:at + 3].tolist()}")
     return None
 
 
-def choose_backend(tokenizer_json: str, requested: TokenizerBackend, sample: list[str]) -> BackendChoice:
+def choose_backend(tokenizer_json: str, requested: TokenizerBackend, sample_difference: Callable[[], str | None],
+                   sampled: str) -> BackendChoice:
     """The backend to build with: ``requested`` when it is one, else ``fastokens`` when it loads this tokenizer and
-    gives the reference's ids on ``sample`` and the probes, else ``tokenizers``.
+    gives the reference's results on the probes and on a sample of the input (``sample_difference()``: where the
+    sample's encodings differ, or None; ``sampled`` says what the sample was), else ``tokenizers``.
 
-    A forced ``fastokens`` that cannot load the tokenizer raises ``FastBackendUnavailable``; one that differs on the
-    sample is used all the same, with a warning that its caches will not match ``tokenizers``' ids.
+    A forced ``fastokens`` that cannot load the tokenizer raises ``FastBackendUnavailable``; one that differs is used
+    all the same, with a warning that its caches will not hold ``tokenizers``' ids.
     """
     if requested == REFERENCE:
         return BackendChoice(REFERENCE, "build.tokenizer_backend: tokenizers")
-    preload_fast(tokenizer_json)
-    expected = load_reference(tokenizer_json).encode_batch_fast(sample, add_special_tokens=False)  # while fastokens loads
     try:
-        fast = load_fast(tokenizer_json)
+        load_fast(tokenizer_json)
     except FastBackendUnavailable as e:
         if requested == FAST:
             raise FastBackendUnavailable(f"build.tokenizer_backend: fastokens, but {e}. Fix: set build.tokenizer_backend: auto "
                                          "(or tokenizers) to build with Hugging Face tokenizers") from None
         return BackendChoice(REFERENCE, str(e))
-    difference = first_difference(tokenizer_json, fast, sample, expected)
+    difference = probe_difference(tokenizer_json) or sample_difference()
     if difference is None:
-        checked = f"{len(sample)} sampled texts and the probes encode identically"
+        checked = f"{sampled} and the probes encode identically"
         return BackendChoice(FAST, "build.tokenizer_backend: fastokens; " + checked if requested == FAST else checked)
     if requested == FAST:
         logger.warning("build.tokenizer_backend: fastokens is forced although it differs from tokenizers: %s. The cache will "

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tokenmix.formats.backends import FAST, REFERENCE, fast_ids, load_fast, load_reference
+from tokenmix.formats.backends import FAST, REFERENCE, char_offsets, fast_ids, load_fast, load_reference, token_byte_lengths
 from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Rendered
 from tokenmix.formats.long_docs import exact_split_supported, split_text
 from tokenmix.sources.shards import PlainText, RawChunk
@@ -92,6 +92,7 @@ class DocumentEncoder:
     def __init__(self, spec: EncoderSpec):
         self.spec = spec
         self.fast = load_fast(spec.tokenizer_json) if spec.backend == FAST else None
+        self.byte_lengths = token_byte_lengths(spec.tokenizer_json) if self.fast is not None else None
         self.split_long = exact_split_supported(spec.tokenizer_json)
         self.dtype = np.dtype(spec.dtype)
         self.render = spec.format.bind(format_context(spec, (self.fast or self.tokenizer).token_to_id))
@@ -105,24 +106,6 @@ class DocumentEncoder:
     def tokenizer(self) -> Any:
         """The Hugging Face ``tokenizers.Tokenizer``: the backend itself, or (with ``fastokens``) for character offsets."""
         return load_reference(self.spec.tokenizer_json)
-
-    def sample_texts(self, chunk: RawChunk, max_chars: int) -> list[str]:
-        """The texts this encoder would tokenize for a chunk's records, cut to about ``max_chars`` characters in all:
-        what a backend check compares."""
-        texts: list[str] = []
-        room = max_chars
-        for raw in chunk.records:
-            try:
-                doc = self._document(raw)
-            except BadRecordError:
-                continue
-            for piece in doc.pieces if isinstance(doc, Rendered) else ():
-                if isinstance(piece, str) and room > 0:
-                    texts.append(piece[:room])
-                    room -= len(texts[-1])
-            if room <= 0:
-                break
-        return texts
 
     def encode(self, chunk: RawChunk) -> EncodedChunk:
         out = EncodedChunk(chunk.start, len(chunk.records), np.empty(0, self.dtype), np.empty(0, np.int64))
@@ -183,14 +166,13 @@ class DocumentEncoder:
         return arr.astype(self.dtype)
 
     def _tokenize_documents(self, docs: list[Rendered | np.ndarray]) -> list[list[Any]]:
-        """Every document's pieces as token ids; a document marked by characters (chat) also gets its token offsets, from
-        ``tokenizers`` whatever the backend (``fastokens`` does not track offsets)."""
+        """Every document's pieces as token ids; a document marked by characters (chat) gets its ids and their offsets."""
         texts = [p for d in docs if isinstance(d, Rendered) and d.char_targets is None for p in d.pieces if isinstance(p, str)]
         marked = [d.pieces[0] for d in docs if isinstance(d, Rendered) and d.char_targets is not None]
         flat, bounds = self._tokenize(texts)
         ends = iter(bounds[1:].tolist())
         start = 0
-        with_offsets = iter(self.tokenizer.encode_batch(marked, add_special_tokens=False) if marked else [])
+        with_offsets = iter(self._with_offsets(marked))
         bodies: list[list[Any]] = []
         for doc in docs:
             if not isinstance(doc, Rendered):
@@ -208,6 +190,28 @@ class DocumentEncoder:
                         body.append(piece)
                 bodies.append(body)
         return bodies
+
+    def _with_offsets(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each text's token ids and their ``[start, end)`` character offsets: from ``fastokens``' ids where every token
+        is a byte sequence, else (and for a text whose bytes do not add up) from ``tokenizers``."""
+        if not texts:
+            return []
+        if self.fast is None or self.byte_lengths is None:
+            return [(np.asarray(e.ids, np.int64), np.asarray(e.offsets, np.int64).reshape(-1, 2))
+                    for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        flat, bounds = fast_ids(self.fast, texts)
+        out = []
+        for text, a, b in zip(texts, bounds[:-1].tolist(), bounds[1:].tolist()):
+            offsets = char_offsets(flat[a:b], text, self.byte_lengths)
+            if offsets is None:
+                out.extend(self._with_offsets_of_reference(text))
+            else:
+                out.append((flat[a:b], offsets))
+        return out
+
+    def _with_offsets_of_reference(self, text: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        e = self.tokenizer.encode(text, add_special_tokens=False)
+        return [(np.asarray(e.ids, np.int64), np.asarray(e.offsets, np.int64).reshape(-1, 2))]
 
     def _tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The texts' token ids, one after another in an array of the spec's dtype, text ``i``'s at
@@ -305,8 +309,8 @@ class DocumentEncoder:
     def _document_parts(self, doc: Rendered, body: list[Any]) -> tuple[list[Any], list[tuple[int, int]]]:
         """A rendered document's token parts in order (BOS, pieces, EOS) and its target spans (when masking)."""
         if doc.char_targets is not None:
-            encoding = body[0]
-            return [encoding.ids], _token_spans(encoding.offsets, doc.char_targets) if self.masked else []
+            ids, offsets = body[0]
+            return [ids], _token_spans(offsets, doc.char_targets) if self.masked else []
         head = [[self.bos]] if self.bos is not None else []
         tail = [[self.eos]] if self.eos is not None else []
         parts = head + body + tail
@@ -334,6 +338,23 @@ class DocumentEncoder:
         return None
 
 
+def chunk_difference(reference: EncodedChunk, other: EncodedChunk) -> str | None:
+    """Where two encodings of the same chunk first differ in what the cache would hold (documents, tokens, loss spans,
+    skipped records), or None."""
+    if reference.skipped != other.skipped:
+        return f"the records skipped differ: {reference.skipped[:2]} with tokenizers, {other.skipped[:2]} with fastokens"
+    for name in ("lengths", "tokens", "spans", "span_counts"):
+        want, got = getattr(reference, name), getattr(other, name)
+        if np.array_equal(want, got):
+            continue
+        n = min(len(want), len(got))
+        unequal = np.flatnonzero(want[:n] != got[:n])
+        at = int(unequal[0]) if len(unequal) else n
+        where = f" (document {int(np.searchsorted(np.cumsum(reference.lengths), at, side='right'))})" if name == "tokens" else ""
+        return f"{name} differ at {at}{where}: tokenizers gives {want[at:at + 3].tolist()}, fastokens {got[at:at + 3].tolist()}"
+    return None
+
+
 def _bounded_batches(pieces: Iterator[tuple[int, str]], max_chars: int) -> Iterator[list[tuple[int, str]]]:
     """Consecutive ``(text index, piece)`` pairs in lists of at most ``max_chars`` characters; a longer piece goes alone."""
     batch: list[tuple[int, str]] = []
@@ -348,11 +369,11 @@ def _bounded_batches(pieces: Iterator[tuple[int, str]], max_chars: int) -> Itera
         yield batch
 
 
-def _token_spans(offsets: list[tuple[int, int]], char_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Token ranges overlapping character spans, merged where they touch (offsets ascend, as a BPE's do)."""
-    if not offsets:
+def _token_spans(bounds: np.ndarray, char_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Token ranges overlapping character spans, merged where they touch (``bounds``: each token's ``[start, end)``
+    characters, ascending, as a BPE's are)."""
+    if not len(bounds):
         return []
-    bounds = np.asarray(offsets, np.int64)
     out: list[tuple[int, int]] = []
     for a, b in sorted(char_spans):
         first = int(np.searchsorted(bounds[:, 1], a, side="right"))
