@@ -15,6 +15,7 @@
    staged chunks back, decompress, write at their offsets, await), in tokens/s: how many tokenizing
    workers one driver keeps up with.
 4. Peak RSS of each cluster worker process after the builds.
+5. Each cluster build's per-worker rates as the builder logs them (tokens/s of each worker while its tasks ran).
 
 Prints a markdown table for docs/benchmarks.md.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
+import logging
 import os
 import platform
 import resource
@@ -124,7 +126,23 @@ def driver_append_rate(config, scratch: str) -> float:
     return tokens / (time.perf_counter() - started)
 
 
+class _WorkerRates(logging.Handler):
+    """Keeps the builder's per-worker rate lines (``tokenmix.cache.progress``)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "while busy" in record.getMessage():
+            self.lines.append(record.getMessage())
+
+
 def main() -> None:
+    rates = _WorkerRates()
+    progress_logger = logging.getLogger("tokenmix.cache.progress")
+    progress_logger.addHandler(rates)
+    progress_logger.setLevel(logging.INFO)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", default=str(REPO.parent / "shared" / "corpus"))
     parser.add_argument("--tokenizer", default=str(REPO / "data" / "tokenizer"))
@@ -187,6 +205,9 @@ def main() -> None:
     print(f"\ndriver append of staged shards (one core): {append / 1e6:.1f} M tokens/s")
     for name, values in rss.items():
         print(f"{name} worker peak RSS: " + ", ".join(f"{v:.0f} MiB" for v in values))
+    print("\nper-worker rates logged by the cluster builds (the last repeat's):")
+    for line in rates.lines[-2 * len(sources):]:
+        print("  " + line)
 
 
 if __name__ == "__main__":
