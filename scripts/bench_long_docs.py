@@ -3,7 +3,8 @@
 Builds a document of ``--mb`` megabytes from the corpus' texts (joined with blank lines), writes it as one
 JSON-lines record, then in fresh processes, alternating, best of ``--repeats``:
 
-- ``build``: ``DocumentEncoder.encode`` of the record's chunk, as a cache-building worker runs it;
+- ``build``: ``DocumentEncoder.encode`` of the record's chunk, as a cache build runs it, with ``tokenizers``;
+- ``build-fast``: the same with the ``fastokens`` backend;
 - ``raw``: ``Tokenizer.encode_batch_fast([text])`` on the same text, the whole document at once (the limit).
 
 Each process reports its peak resident memory (``VmHWM``) and its encode time. The ids are compared once.
@@ -24,15 +25,15 @@ import tempfile
 import zstandard
 
 WORKER = r"""
-import json, sys, time, numpy as np
+import dataclasses, json, sys, time, numpy as np
 from tokenmix import TextLmDatasetFormat, TokenizationConfig
 from tokenmix.formats.encoder import DocumentEncoder
 from tokenmix.sources import FileShard
 
 mode, path, tokenizer, out = sys.argv[1:5]
-if mode == "build":
+if mode.startswith("build"):
     spec, _ = TokenizationConfig(tokenizer=tokenizer, enforce_eos=False).encoder_spec(TextLmDatasetFormat(), "bench")
-    encoder = DocumentEncoder(spec)
+    encoder = DocumentEncoder(dataclasses.replace(spec, backend="fastokens" if mode == "build-fast" else "tokenizers"))
     chunk = next(iter(FileShard(path).read()))
     started = time.perf_counter()
     ids = encoder.encode(chunk).tokens
@@ -87,16 +88,19 @@ def main() -> None:
         print(f"document: {size / 1e6:.1f} MB of UTF-8 text")
         best: dict[str, dict] = {}
         for _ in range(args.repeats):
-            for mode in ("build", "raw"):
+            for mode in ("build", "build-fast", "raw"):
                 result = run(mode, doc, args.tokenizer, os.path.join(scratch, f"{mode}.npy"))
-                print(f"  {mode:<5} {result['seconds']:6.1f} s  peak {result['peak_mib']:7.0f} MiB  {result['tokens']:,} tokens")
+                print(f"  {mode:<10} {result['seconds']:6.1f} s  peak {result['peak_mib']:7.0f} MiB  {result['tokens']:,} tokens")
                 if mode not in best or result["seconds"] < best[mode]["seconds"]:
                     best[mode] = {**result, "peak_mib": min(result["peak_mib"], best.get(mode, result)["peak_mib"])}
-        same = np.array_equal(np.load(os.path.join(scratch, "build.npy")), np.load(os.path.join(scratch, "raw.npy")))
-    build, raw = best["build"], best["raw"]
-    print(f"ids identical: {same}")
-    print(f"| {size / 1e6:.0f} MB | {build['seconds']:.1f} s | {raw['seconds']:.1f} s | {raw['seconds'] / build['seconds']:.2f}x | "
-          f"{build['peak_mib']:.0f} MiB | {raw['peak_mib']:.0f} MiB |")
+        raw_ids = np.load(os.path.join(scratch, "raw.npy"))
+        same = {m: np.array_equal(np.load(os.path.join(scratch, f"{m}.npy")), raw_ids) for m in ("build", "build-fast")}
+    raw = best["raw"]
+    print(f"ids identical to raw: {same}")
+    for mode in ("build", "build-fast"):
+        build = best[mode]
+        print(f"| {size / 1e6:.0f} MB | {mode} | {build['seconds']:.1f} s | {raw['seconds']:.1f} s | {raw['seconds'] / build['seconds']:.2f}x | "
+              f"{build['peak_mib']:.0f} MiB | {raw['peak_mib']:.0f} MiB |")
 
 
 if __name__ == "__main__":
