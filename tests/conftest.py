@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any
 
 import pytest
@@ -11,6 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # the mesh tests want 8 fake CPU devices; the flag only works before JAX starts, and conftest runs first
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# remembered tokenizer descriptions go to a directory of this test session, not the user's ~/.cache
+os.environ.setdefault("TOKENMIX_CACHE_DIR", tempfile.mkdtemp(prefix="tokenmix-test-cache-"))
 
 from helpers import DEMO_CORPUS, TOKENIZER, GrowingCache, read_jsonl_zst  # noqa: E402
 

@@ -78,11 +78,12 @@ from typing import TYPE_CHECKING
 from tokenmix._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from tokenmix.cache.builder import BadInputError, BuildOptions, ShardTaskError
+    from tokenmix.cache.builder import BadInputError, ShardTaskError
     from tokenmix.cache.cluster import MissingExtraError
     from tokenmix.cache.executor import DaskExecutorConfig, LocalExecutorConfig, RayExecutorConfig
     from tokenmix.cache.ledger import CacheMismatchError, ShardChangedError, ShardListMismatchError
     from tokenmix.cache.lock import CacheLockedError, LockLostError
+    from tokenmix.cache.options import BuildOptions
     from tokenmix.cache.reader import CacheNotFoundError, TokenCache
     from tokenmix.cache.store import CacheWriteError
     from tokenmix.config.caches import build_caches, open_cache

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING
 from tokenmix._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from tokenmix.cache.builder import BadInputError, BuildOptions, CacheBuilder, ShardTaskError
+    from tokenmix.cache.builder import BadInputError, CacheBuilder, ShardTaskError
     from tokenmix.cache.chunk_cache import ChunkCache
     from tokenmix.cache.cluster import ClusterExecutor, MissingExtraError
     from tokenmix.cache.executor import DaskExecutorConfig, ExecutorConfig, LocalExecutorConfig, RayExecutorConfig
     from tokenmix.cache.ledger import CacheLedger, CacheMismatchError, ShardChangedError, ShardListMismatchError
     from tokenmix.cache.lock import BuildLock, CacheLockedError, LockLostError, build_lock
+    from tokenmix.cache.options import BuildOptions
     from tokenmix.cache.plans import stored_plans
     from tokenmix.cache.pool import EncoderPool
     from tokenmix.cache.reader import CacheNotFoundError, TokenCache

@@ -6,15 +6,12 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tokenmix.cache.builder import CacheBuilder
-from tokenmix.cache.pool import EncoderPool
-from tokenmix.cache.progress import TqdmProgress
 from tokenmix.cache.reader import TokenCache
-from tokenmix.formats.encoder import EncoderSpec
-from tokenmix.sources.shards import Shard
 
 if TYPE_CHECKING:
     from tokenmix.config.mixture import DataConfig
+    from tokenmix.formats.encoder import EncoderSpec
+    from tokenmix.sources.shards import Shard
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +46,10 @@ def cache_targets(config: DataConfig, sources: list[str] | None = None) -> list[
 
 def build_caches(config: DataConfig, sources: list[str] | None = None, progress: bool = True) -> dict[tuple[str, str], dict[str, Any]]:
     """Build (or resume, or extend) every cache of the config; returns statistics per (source, split)."""
+    from tokenmix.cache.builder import CacheBuilder  # here: reading a config and opening its caches need no builder
+    from tokenmix.cache.pool import EncoderPool
+    from tokenmix.cache.progress import TqdmProgress
+
     results = {}
     with config.build.executor.open(config.build.num_workers) as executor:
         if isinstance(executor, EncoderPool) and config.build.tokenizer_backend == "tokenizers":
@@ -67,5 +68,5 @@ def open_cache(config: DataConfig, source: str, split: str = "train") -> TokenCa
     available = config.sources()
     if source not in available:
         raise KeyError(f"unknown source {source!r}; the config defines {sorted(available)}")
-    _, identity = config.encoder_spec(available[source].format, f"source {source!r}")
+    identity = config.cache_identity(available[source].format, f"source {source!r}")
     return TokenCache(config.cache_location(source, split), expected_identity=identity)

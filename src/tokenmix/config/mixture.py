@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tokenmix.cache.builder import BuildOptions
+from tokenmix.cache.options import BuildOptions
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import join_location
 from tokenmix.config.caches import open_cache

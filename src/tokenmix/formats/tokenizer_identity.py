@@ -1,0 +1,123 @@
+"""What a cache's identity needs of a tokenizer, known without loading it once its files have been described.
+
+Opening a cache checks that it was made with the config's tokenizer, which needs the tokenizer's fingerprint,
+vocabulary size and special ids. Describing a tokenizer loads it through ``transformers`` (about 0.8 s from a cold
+start, most of it the import); a reader that only opens caches should not pay that. So every description of a
+local tokenizer directory is remembered in a small file keyed by a digest of the directory's tokenizer files and of
+the ``tokenizers``/``transformers`` installations that described it; an open whose key matches reads that file instead.
+Changing any tokenizer file, or upgrading either library, changes the key. Hub ids are described in full each time
+(their files live in the hub cache under names this module does not resolve).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from dataclasses import asdict, dataclass
+from importlib.util import find_spec
+from pathlib import Path
+
+from tokenmix.formats.tokenizer import TokenizerInfo, describe_tokenizer
+
+logger = logging.getLogger(__name__)
+
+_FORMAT = 1
+"""Version of the remembered description's layout; part of the key."""
+_TOKENIZER_FILES = re.compile(
+    r"(tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab.*|merges\.txt|.*\.model|.*\.tiktoken|chat_template.*|config\.json)"
+)
+"""Files of a tokenizer directory that ``AutoTokenizer`` may read (``config.json`` chooses the tokenizer class)."""
+
+
+@dataclass(frozen=True)
+class TokenizerIdentity:
+    """The part of a tokenizer's description a cache's identity is made of."""
+
+    fingerprint: str
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int | None
+    pad_id: int | None
+    adds_bos: bool
+    adds_eos: bool
+
+    @classmethod
+    def of(cls, info: TokenizerInfo) -> TokenizerIdentity:
+        return cls(info.fingerprint, info.vocab_size, info.bos_id, info.eos_id, info.pad_id, info.adds_bos, info.adds_eos)
+
+
+def tokenizer_identity(name_or_path: str) -> TokenizerIdentity:
+    """The identity of a tokenizer: remembered, when its files were described before on this machine, else described
+    (loading it) and remembered."""
+    key = _files_key(name_or_path)
+    if key is not None:
+        known = _recall(key)
+        if known is not None:
+            return known
+    return remember(name_or_path, describe_tokenizer(name_or_path))
+
+
+def remember(name_or_path: str, info: TokenizerInfo) -> TokenizerIdentity:
+    """Keep a fresh description of a local tokenizer directory for later opens; returns its identity."""
+    identity = TokenizerIdentity.of(info)
+    key = _files_key(name_or_path)
+    if key is not None:
+        _store(key, identity)
+    return identity
+
+
+def descriptions_dir() -> Path:
+    """Where descriptions are kept: ``$TOKENMIX_CACHE_DIR/tokenizers``, else under ``$XDG_CACHE_HOME`` or ``~/.cache``."""
+    root = os.environ.get("TOKENMIX_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tokenmix")
+    return Path(root) / "tokenizers"
+
+
+def _files_key(name_or_path: str) -> str | None:
+    """A digest of a local tokenizer directory's files and of the libraries that describe them; None for a hub id."""
+    path = os.path.abspath(os.path.expanduser(name_or_path))
+    if not os.path.isdir(path):
+        return None
+    digest = hashlib.sha256(f"{_FORMAT}\0{_installed('tokenizers')}\0{_installed('transformers')}".encode())
+    found = False
+    for name in sorted(os.listdir(path)):
+        file = os.path.join(path, name)
+        if _TOKENIZER_FILES.fullmatch(name) and os.path.isfile(file):
+            found = True
+            digest.update(name.encode() + b"\0")
+            with open(file, "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+    return digest.hexdigest() if found else None
+
+
+def _installed(package: str) -> str:
+    """Which installation of a package this is, without importing it (``importlib.metadata`` costs 30 ms a package):
+    where its ``__init__`` lies, its size and modification time, which an upgrade or reinstall changes."""
+    spec = find_spec(package)
+    if spec is None or spec.origin is None:
+        return "absent"
+    stat = os.stat(spec.origin)
+    return f"{spec.origin}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _recall(key: str) -> TokenizerIdentity | None:
+    try:
+        return TokenizerIdentity(**json.loads((descriptions_dir() / f"{key}.json").read_text()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError) as e:  # unreadable or from another layout: describe again
+        logger.debug("ignoring the remembered tokenizer description %s: %s", key, e)
+        return None
+
+
+def _store(key: str, identity: TokenizerIdentity) -> None:
+    target = descriptions_dir() / f"{key}.json"
+    scratch = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch.write_text(json.dumps(asdict(identity), sort_keys=True))
+        os.replace(scratch, target)
+    except OSError as e:  # a read-only home: every open describes the tokenizer, as before
+        logger.debug("could not remember the tokenizer description in %s: %s", target.parent, e)

@@ -1,0 +1,95 @@
+"""Opening caches without loading the tokenizer: its description is remembered per digest of its files, so a reader
+imports no ``transformers``; a changed tokenizer file is noticed, and an unwritable description cache costs only time."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from helpers import DEMO_CORPUS, REPO, TOKENIZER
+
+from tokenmix import CacheMismatchError, LMDatasetSourceConfig, LMMixtureDatasetConfig, TextLmDatasetFormat, build_caches, open_cache
+from tokenmix.formats.tokenizer import describe_tokenizer
+from tokenmix.formats.tokenizer_identity import TokenizerIdentity, descriptions_dir, tokenizer_identity
+
+OPEN_IN_A_FRESH_PROCESS = textwrap.dedent("""
+    import json, sys
+    import tokenmix
+    config = tokenmix.load_data_config(sys.argv[1])
+    cache = tokenmix.open_cache(config, "webster", "train")
+    batch = config.train_set(128).get_batch([0, 1, 2])
+    print(json.dumps({"rows": cache.num_rows(), "transformers": "transformers" in sys.modules}))
+""")
+
+
+def _config(tmp_path, tokenizer: str) -> LMMixtureDatasetConfig:
+    urls = [str(DEMO_CORPUS / "webster" / "train-00-of-02.jsonl.zst")]
+    return LMMixtureDatasetConfig(tokenizer=tokenizer, cache_dir=str(tmp_path / "cache"),
+                                  configs={"webster": LMDatasetSourceConfig(train_urls=urls)})
+
+
+def _open_in_a_fresh_process(tmp_path, config: LMMixtureDatasetConfig, description_dir) -> dict:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"tokenizer": config.tokenizer, "cache_dir": config.cache_dir,
+                                "configs": {"webster": {"train_urls": config.configs["webster"].train_urls}}}))
+    env = {**os.environ, "TOKENMIX_CACHE_DIR": str(description_dir)}
+    out = subprocess.run([sys.executable, "-c", OPEN_IN_A_FRESH_PROCESS, str(path)], cwd=REPO, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_after_a_build_a_fresh_process_opens_the_cache_without_importing_transformers(tmp_path):
+    config = _config(tmp_path, TOKENIZER)
+    build_caches(config, progress=False)
+    remembered = _open_in_a_fresh_process(tmp_path, config, os.environ["TOKENMIX_CACHE_DIR"])
+    assert remembered["rows"] > 0 and remembered["transformers"] is False
+    first_time = _open_in_a_fresh_process(tmp_path, config, tmp_path / "empty")  # nothing remembered: describes it once
+    assert first_time["rows"] == remembered["rows"] and first_time["transformers"] is True
+    assert len(list((tmp_path / "empty" / "tokenizers").glob("*.json"))) == 1
+
+
+def test_the_remembered_identity_is_the_description_and_gives_the_builds_cache_identity(tmp_path):
+    identity = tokenizer_identity(TOKENIZER)
+    assert identity == TokenizerIdentity.of(describe_tokenizer(TOKENIZER))
+    config = _config(tmp_path, TOKENIZER)
+    assert config.cache_identity(TextLmDatasetFormat(), "t") == config.encoder_spec(TextLmDatasetFormat(), "t")[1]
+
+
+def test_a_changed_tokenizer_file_is_noticed_and_its_caches_refused(tmp_path):
+    tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(TOKENIZER, tokenizer)
+    config = _config(tmp_path, str(tokenizer))
+    build_caches(config, progress=False)
+    before = tokenizer_identity(str(tokenizer))
+    spec = json.loads((tokenizer / "tokenizer.json").read_text())
+    spec["added_tokens"].append({**spec["added_tokens"][-1], "id": len(spec["model"]["vocab"]), "content": "<|new|>"})
+    (tokenizer / "tokenizer.json").write_text(json.dumps(spec))
+    describe_tokenizer.cache_clear()  # this process loaded the old files; a new process would load the new ones
+    from tokenmix.formats.tokenizer import _from_pretrained
+
+    _from_pretrained.cache_clear()
+    after = tokenizer_identity(str(tokenizer))
+    assert after.fingerprint != before.fingerprint and after.vocab_size == before.vocab_size + 1
+    with pytest.raises(CacheMismatchError):
+        open_cache(config, "webster", "train")
+
+
+def test_an_unwritable_description_cache_only_costs_the_description(tmp_path, monkeypatch):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the directory should be")
+    monkeypatch.setenv("TOKENMIX_CACHE_DIR", str(blocked))
+    assert not descriptions_dir().is_dir()
+    assert tokenizer_identity(TOKENIZER) == TokenizerIdentity.of(describe_tokenizer(TOKENIZER))
+
+
+def test_a_hub_id_is_never_looked_up_in_the_description_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENMIX_CACHE_DIR", str(tmp_path / "descriptions"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="could not be loaded"):
+        tokenizer_identity("no-such-org/no-such-tokenizer")
+    assert not (tmp_path / "descriptions").exists()
