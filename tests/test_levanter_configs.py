@@ -139,3 +139,49 @@ def test_the_cli_builds_from_a_config_with_an_include(tmp_path):
                              "--build.num_workers", "0"], cwd=REPO, capture_output=True, text=True, timeout=170)
     assert result.returncode == 0, result.stderr[-3000:]
     assert tokenmix.TokenCache(str(tmp_path / "cache" / "train")).is_finished()
+
+
+def _budget_config(tmp_path, **fields) -> tokenmix.LMMixtureDatasetConfig:
+    doc = {"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "cache"),
+           "configs": {s: {"train_urls": demo_urls(s)} for s in ("webster", "python_doc")}, **fields}
+    return tokenmix.load_data_config(doc)
+
+
+def test_simulated_epoching_keeps_a_random_stable_share_of_each_source(tmp_path):
+    full = _budget_config(tmp_path)
+    tokenmix.build_caches(full, progress=False)
+    budgeted = _budget_config(tmp_path, target_budget=400, experiment_budget=100)
+    train, whole = budgeted.train_set(256), full.train_set(256)
+    for name in ("webster", "python_doc"):
+        subset, source = train.source(name).base, whole.source(name).base
+        assert len(subset) == int(len(source) * 0.25) > 0
+        rows = {tuple(r) for r in source.get_batch(range(len(source))).tokens.tolist()}
+        kept = [tuple(r) for r in subset.get_batch(range(len(subset))).tokens.tolist()]
+        assert set(kept) <= rows and len(set(kept)) == len(kept)  # distinct examples of the source
+        assert kept != [tuple(r) for r in source.get_batch(range(len(subset))).tokens.tolist()]  # a random share, not a prefix
+        again = budgeted.train_set(256).source(name).base
+        assert again.get_batch(range(len(again))).tokens.tolist() == subset.get_batch(range(len(subset))).tokens.tolist()
+    assert train.get_batch(range(64)).tokens.shape == (64, 256)
+
+
+def test_max_train_batches_keeps_that_many_first_size_batches_of_a_source(tmp_path):
+    config = _budget_config(tmp_path, max_train_batches={"webster": 3}, batch_size=[[0, 4], [10, 8]])
+    tokenmix.build_caches(config, progress=False)
+    train = config.train_set(256)
+    assert len(train.source("webster").base) == 12
+    assert train.source("python_doc").base.final_len() > 12  # only the sources named are cut
+    too_many = _budget_config(tmp_path, max_train_batches={"webster": 10**6}, batch_size=4)
+    with pytest.raises(ValueError, match=r"max_train_batches: source 'webster' would keep 4000000 of its \d+ training examples"):
+        too_many.train_set(256)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"target_budget": 10}, "target_budget and experiment_budget go together"),
+    ({"target_budget": 10, "experiment_budget": 20}, "at most target_budget"),
+    ({"target_budget": 10, "experiment_budget": 5, "max_train_batches": {"webster": 1}, "batch_size": 2}, "cannot be combined"),
+    ({"max_train_batches": {"webster": 1}}, "set `batch_size`"),
+    ({"max_train_batches": {"wiki": 1}, "batch_size": 2}, "unknown source 'wiki'"),
+])
+def test_budget_fields_are_checked_as_levanter_checks_them(tmp_path, fields, message):
+    with pytest.raises(ValueError, match=message):
+        _budget_config(tmp_path, **fields)

@@ -26,6 +26,7 @@ from tokenmix.datasets.mixture import STOP_STRATEGIES, MixtureDataset, normalize
 from tokenmix.datasets.order import check_shuffle
 from tokenmix.datasets.packed import PackedDataset
 from tokenmix.datasets.permutation import derive_key
+from tokenmix.datasets.subset import ExampleSubset
 from tokenmix.datasets.token_seq import TokenSeqDataset
 from tokenmix.loader.batch_schedule import BatchSchedule
 
@@ -61,6 +62,13 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     """Per source without validation URLs: hold out documents holding this many ``seq_len`` sequences."""
     validation_fraction: dict[str, float] | None = None
     """Per source without validation URLs: hold out this fraction of its tokens (whole documents)."""
+    target_budget: int | None = None
+    """Levanter's simulated epoching, with ``experiment_budget``: each source keeps a random
+    ``experiment_budget / target_budget`` of its training examples, so a short run repeats its data as often as a
+    run of the target budget would."""
+    experiment_budget: int | None = None
+    max_train_batches: dict[str, int] | None = None
+    """Per source: keep a random ``max_train_batches[source] x`` the first batch size of its training examples."""
 
     def __post_init__(self) -> None:
         names = list(self.configs)
@@ -87,6 +95,27 @@ class LMMixtureDatasetConfig(TokenizationConfig):
                 limit = " and below 1" if field_name == "validation_fraction" else ""
                 if not value > 0 or (limit and value >= 1):
                     raise ValueError(f"{field_name}[{name!r}] must be positive{limit}, got {value}")
+        self._check_budgets()
+
+    def _check_budgets(self) -> None:
+        """Levanter's rules for ``target_budget``/``experiment_budget`` and ``max_train_batches``."""
+        budgets = (self.target_budget, self.experiment_budget)
+        if (budgets[0] is None) != (budgets[1] is None):
+            raise ValueError("target_budget and experiment_budget go together (simulated epoching): set both, or neither")
+        if budgets[0] is not None:
+            if not 0 < budgets[1] <= budgets[0]:  # type: ignore[operator]
+                raise ValueError(f"experiment_budget must be positive and at most target_budget, got {budgets[1]} > {budgets[0]}")
+            if self.max_train_batches or self.num_validation_sequences:
+                raise ValueError("simulated epoching (target_budget, experiment_budget) cannot be combined with max_train_batches "
+                                 "or num_validation_sequences, as in Levanter; keep one")
+        for name, batches in (self.max_train_batches or {}).items():
+            if name not in self.configs:
+                raise ValueError(f"max_train_batches: unknown source {name!r}; the config defines {sorted(self.configs)}")
+            if batches < 1:
+                raise ValueError(f"max_train_batches[{name!r}] must be at least 1, got {batches}")
+        if self.max_train_batches and self.batch_schedule() is None:
+            raise ValueError("max_train_batches counts batches of the first batch size: set `batch_size` (or, in a training "
+                             "config, trainer.train_batch_size)")
 
     def sources(self) -> dict[str, LMDatasetSourceConfig]:
         return dict(self.configs)
@@ -149,16 +178,32 @@ class LMMixtureDatasetConfig(TokenizationConfig):
         """The training mixture of ``seq_len``-token examples; ``key`` overrides the config's ``seed``."""
         schedule = self.weight_schedule()
         training = [n for n in self.configs if any(w.get(n, 0) > 0 for _, w in schedule)]
-        datasets = {n: self._train_dataset(n, seq_len, i) for i, n in enumerate(self.configs) if n in training}
+        seed = self.seed if key is None else int(np.asarray(key).ravel()[-1])
+        datasets = {n: self._budgeted(n, self._train_dataset(n, seq_len, i), seed) for i, n in enumerate(self.configs) if n in training}
         weights = [(start, {n: w.get(n, 0.0) for n in datasets}) for start, w in schedule]
         return MixtureDataset(
             datasets,
             weights if len(weights) > 1 else weights[0][1],
             block_size=self.mixture_block_size,
-            seed=self.seed if key is None else int(np.asarray(key).ravel()[-1]),
+            seed=seed,
             shuffle=self.shuffle,
             stop_strategy=self.stop_strategy,  # type: ignore[arg-type]
         )
+
+    def _budgeted(self, name: str, dataset: Dataset, seed: int) -> Dataset:
+        """A source's training examples cut to its simulated budget or ``max_train_batches`` (a random subset)."""
+        if self.target_budget is not None and self.experiment_budget is not None:
+            count = int(_length(dataset) * self.experiment_budget / self.target_budget)
+        elif name in (self.max_train_batches or {}):
+            count = self.max_train_batches[name] * self.batch_schedule().batch_size(0)  # type: ignore[index, union-attr]
+        else:
+            return dataset
+        why = "max_train_batches" if self.target_budget is None else "target_budget and experiment_budget (simulated epoching)"
+        if not 0 < count <= _length(dataset):
+            raise ValueError(f"{why}: source {name!r} would keep {count} of its {_length(dataset)} training examples; "
+                             f"it must keep between 1 and {_length(dataset)}")
+        logger.info("%s: keeping %d of its %d training examples (%s)", name, count, _length(dataset), why)
+        return ExampleSubset(dataset, count, derive_key("subset", name, seed))
 
     def validation_sets(self, seq_len: int) -> dict[str, Dataset]:
         """Per source, its validation examples: its validation split, or the documents held out of training."""
@@ -195,3 +240,9 @@ class LMDatasetConfig(LMDatasetSourceConfig, TokenizationConfig):
 
 
 DataConfig = LMMixtureDatasetConfig | LMDatasetConfig
+
+
+def _length(dataset: Dataset) -> int:
+    """A dataset's final length, waiting for its cache to finish (a subset of it needs the whole)."""
+    n = dataset.final_len()
+    return n if n is not None else dataset.wait_until_final(why="keeping a subset of its examples needs its length")
