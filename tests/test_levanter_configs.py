@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import DEMO_CORPUS, REPO, TOKENIZER, demo_urls, read_jsonl_zst
 
@@ -185,3 +186,30 @@ def test_max_train_batches_keeps_that_many_first_size_batches_of_a_source(tmp_pa
 def test_budget_fields_are_checked_as_levanter_checks_them(tmp_path, fields, message):
     with pytest.raises(ValueError, match=message):
         _budget_config(tmp_path, **fields)
+
+
+def test_ignore_token_id_takes_no_loss_where_that_id_is_predicted_as_levanter_does(tmp_path):
+    plain = _budget_config(tmp_path)
+    tokenmix.build_caches(plain, progress=False)
+    eos = 0
+    ignoring = _budget_config(tmp_path, ignore_token_id=eos)
+    levanter_default = _budget_config(tmp_path, ignore_token_id=-100)
+    picks = np.arange(200)
+    want = plain.train_set(256).get_batch(picks)
+    got = ignoring.train_set(256).get_batch(picks)
+    assert np.array_equal(got.tokens, want.tokens)
+    predicts_eos = np.zeros_like(want.loss_mask)
+    predicts_eos[:, :-1] = want.tokens[:, 1:] == eos
+    assert predicts_eos.any() and np.array_equal(got.loss_mask, want.loss_mask & ~predicts_eos)
+    assert np.array_equal(levanter_default.train_set(256).get_batch(picks).loss_mask, want.loss_mask)
+    validation = ignoring.validation_sets(256)
+    assert validation == {} or all(isinstance(ds, tokenmix.Dataset) for ds in validation.values())
+
+
+def test_permutation_type_takes_levanters_names(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="tokenmix.config.mixture"):
+        assert _budget_config(tmp_path, permutation_type="linear").permutation_type == "linear"
+    assert any("keyed Feistel permutation" in r.getMessage() for r in caplog.records)
+    assert _budget_config(tmp_path, permutation_type="feistel").permutation_type == "feistel"
+    with pytest.raises(ValueError, match="permutation_type"):
+        _budget_config(tmp_path, permutation_type="random")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from tokenmix.config.levanter import CacheOptions, note_cache_options
 from tokenmix.config.sources import LMDatasetSourceConfig
 from tokenmix.config.tokenization import TokenizationConfig
 from tokenmix.datasets.base import Dataset
+from tokenmix.datasets.ignored_targets import IgnoredTargets
 from tokenmix.datasets.mixture import STOP_STRATEGIES, MixtureDataset, normalize_schedule
 from tokenmix.datasets.order import check_shuffle
 from tokenmix.datasets.packed import PackedDataset
@@ -69,6 +71,10 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     experiment_budget: int | None = None
     max_train_batches: dict[str, int] | None = None
     """Per source: keep a random ``max_train_batches[source] x`` the first batch size of its training examples."""
+    ignore_token_id: int | None = None
+    """Levanter's field: no position is trained to predict this token id (Levanter's default, -100, is no id at all)."""
+    permutation_type: Literal["feistel", "linear"] | None = None
+    """Levanter's choice of shuffle permutation: accepted; tokenmix shuffles with its own keyed Feistel permutation."""
 
     def __post_init__(self) -> None:
         names = list(self.configs)
@@ -96,6 +102,11 @@ class LMMixtureDatasetConfig(TokenizationConfig):
                 if not value > 0 or (limit and value >= 1):
                     raise ValueError(f"{field_name}[{name!r}] must be positive{limit}, got {value}")
         self._check_budgets()
+        if self.permutation_type == "linear":
+            logger.info("permutation_type: linear is read as tokenmix's shuffle, a keyed Feistel permutation: Levanter's linear "
+                        "permutation is a cheaper, less random stand-in for it, and the example order differs from Levanter's anyway")
+        elif self.permutation_type not in (None, "feistel"):
+            raise ValueError(f"permutation_type must be feistel or linear (Levanter's names), got {self.permutation_type!r}")
 
     def _check_budgets(self) -> None:
         """Levanter's rules for ``target_budget``/``experiment_budget`` and ``max_train_batches``."""
@@ -144,7 +155,14 @@ class LMMixtureDatasetConfig(TokenizationConfig):
         return [(schedule.offset(step), w) for step, w in stages]
 
     def _examples(self, name: str, cache: TokenCache, seq_len: int, source_id: int, documents: np.ndarray | None = None) -> Dataset:
-        """A source's examples: packed documents, or windows of its token stream (see ``packing_options``)."""
+        """A source's examples: packed documents, or windows of its token stream (see ``packing_options``), trained on
+        nowhere they would predict ``ignore_token_id``."""
+        examples = self._source_examples(name, cache, seq_len, source_id, documents)
+        if self.ignore_token_id is None or not 0 <= self.ignore_token_id < (1 << 32):
+            return examples
+        return IgnoredTargets(examples, self.ignore_token_id)
+
+    def _source_examples(self, name: str, cache: TokenCache, seq_len: int, source_id: int, documents: np.ndarray | None) -> Dataset:
         packing = self.configs[name].packing_options()
         if packing is None:
             return TokenSeqDataset(cache, seq_len, source_id, documents=documents)
