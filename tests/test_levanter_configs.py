@@ -213,3 +213,27 @@ def test_permutation_type_takes_levanters_names(tmp_path, caplog):
     assert _budget_config(tmp_path, permutation_type="feistel").permutation_type == "feistel"
     with pytest.raises(ValueError, match="permutation_type"):
         _budget_config(tmp_path, permutation_type="random")
+
+
+def test_single_turn_chat_is_the_first_exchange_as_a_supervised_prompt_and_completion(tmp_path):
+    conversations = [[{"role": "system", "content": "be brief"}, {"role": "user", "content": f"question {i}?"},
+                      {"role": "assistant", "content": f"answer {i}."}, {"role": "user", "content": "and then?"},
+                      {"role": "assistant", "content": "nothing more"}] for i in range(20)]
+    conversations.append([{"role": "user", "content": "no answer"}])
+    chat_url = tmp_path / "chat.jsonl"
+    chat_url.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations))
+    pairs_url = tmp_path / "pairs.jsonl"
+    pairs_url.write_text("".join(json.dumps({"prompt": f"question {i}?", "response": f"answer {i}."}) + "\n" for i in range(20)))
+    config = tokenmix.load_data_config({
+        "tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "cache"), "build": {"on_error": "skip", "num_workers": 0},
+        "configs": {"chat": {"train_urls": [str(chat_url)], "format": {"type": "chat", "single_turn": True}},
+                    "pairs": {"train_urls": [str(pairs_url)], "format": {"type": "supervised"}}}})
+    stats = tokenmix.build_caches(config, progress=False)
+    assert stats[("chat", "train")]["skipped_by_reason"] == {"missing_field": 1}
+    chat, pairs = (tokenmix.open_cache(config, name) for name in ("chat", "pairs"))
+    assert [r.tolist() for r in chat.get_rows(range(20))] == [r.tolist() for r in pairs.get_rows(range(20))]
+    assert chat.loss_spans(0, 20)[1].tolist() == pairs.loss_spans(0, 20)[1].tolist()
+    templated = tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "other"), "configs": {"c": {
+        "train_urls": [str(chat_url)], "format": {"type": "chat", "single_turn": True, "chat_template": "{{ messages }}"}}}})
+    with pytest.raises(ValueError, match="source 'c': format chat: single_turn takes no chat_template"):
+        tokenmix.build_caches(templated, progress=False)

@@ -11,6 +11,10 @@ else (system and user turns, role headers) is masked. The template places its ow
 A template that cannot mark assistant turns is refused when the config is resolved (before any
 record); a conversation in which it marks nothing (no assistant turn) is a bad record,
 ``no_assistant_span``.
+
+``single_turn: true`` is Levanter's other reading: the first user message and the first assistant message
+become a prompt and a completion, with no template, exactly as the ``supervised`` format would take them
+(BOS/EOS as configured, ``mask_user_turns`` masking the prompt); later turns are left out.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, RecordRenderer, Rendered, record_field, text_size
+from tokenmix.formats.supervised import SupervisedLmDatasetFormat
 from tokenmix.formats.tokenizer import import_transformers
 
 logger = logging.getLogger(__name__)
@@ -43,15 +48,30 @@ class ChatLmDatasetFormat(LmDatasetFormatBase):
     """Train only on the assistant turns; false trains on every token (and needs no generation marks)."""
     pack: bool = True
     """Levanter's switch: pack several conversations into each sequence (false: one per sequence)."""
+    single_turn: bool = False
+    """Levanter's switch: the first user and assistant messages as a prompt and a completion, no template."""
 
-    adds_special_tokens = False
     dataset_options = ("pack",)
+
+    @property
+    def adds_special_tokens(self) -> bool:  # type: ignore[override]
+        """A template places its own BOS/EOS; a single turn is a prompt and a completion, which get them."""
+        return self.single_turn
 
     @property
     def masks_loss(self) -> bool:
         return self.mask_user_turns
 
+    def identity(self) -> dict[str, Any]:
+        """The base identity, without ``single_turn`` when it is off: caches made before the option existed keep theirs."""
+        identity = super().identity()
+        if not self.single_turn:
+            del identity["single_turn"]
+        return identity
+
     def bind(self, context: FormatContext) -> RecordRenderer:
+        if self.single_turn:
+            return self._bind_single_turn(context)
         template = self.chat_template or context.chat_template
         if not template:
             raise ValueError(
@@ -88,6 +108,24 @@ class ChatLmDatasetFormat(LmDatasetFormatBase):
             if not spans:
                 raise BadRecordError("no_assistant_span", "the chat template marked no assistant text in this conversation (no assistant turn?)")
             return Rendered([text], None, spans, *size)
+
+        return render_record
+
+    def _bind_single_turn(self, context: FormatContext) -> RecordRenderer:
+        if self.chat_template is not None:
+            raise ValueError("format chat: single_turn takes no chat_template (as in Levanter: the first user and assistant "
+                             "messages are a prompt and a completion); remove chat_template or set single_turn: false")
+        as_supervised = SupervisedLmDatasetFormat(input_field="prompt", output_field="response", mask_inputs=self.mask_user_turns)
+        render = as_supervised.bind(context)
+
+        def render_record(record: dict[str, Any]) -> Rendered:
+            messages = self._messages(record)
+            turns = {}
+            for role in ("user", "assistant"):
+                turns[role] = next((m["content"] for m in messages if m["role"] == role), None)
+                if turns[role] is None:
+                    raise BadRecordError("missing_field", f"{self.messages_field!r} has no {role} message (single_turn needs one of each)")
+            return render({"prompt": turns["user"], "response": turns["assistant"]})
 
         return render_record
 
