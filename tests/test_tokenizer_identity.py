@@ -15,7 +15,7 @@ from helpers import DEMO_CORPUS, REPO, TOKENIZER
 
 from tokenmix import CacheMismatchError, LMDatasetSourceConfig, LMMixtureDatasetConfig, TextLmDatasetFormat, build_caches, open_cache
 from tokenmix.formats.tokenizer import describe_tokenizer
-from tokenmix.formats.tokenizer_identity import TokenizerIdentity, descriptions_dir, tokenizer_identity
+from tokenmix.formats.tokenizer_identity import descriptions_dir, tokenizer_identity
 
 OPEN_IN_A_FRESH_PROCESS = textwrap.dedent("""
     import json, sys
@@ -55,7 +55,7 @@ def test_after_a_build_a_fresh_process_opens_the_cache_without_importing_transfo
 
 def test_the_remembered_identity_is_the_description_and_gives_the_builds_cache_identity(tmp_path):
     identity = tokenizer_identity(TOKENIZER)
-    assert identity == TokenizerIdentity.of(describe_tokenizer(TOKENIZER))
+    assert identity == describe_tokenizer(TOKENIZER).identity()
     config = _config(tmp_path, TOKENIZER)
     assert config.cache_identity(TextLmDatasetFormat(), "t") == config.encoder_spec(TextLmDatasetFormat(), "t")[1]
 
@@ -84,7 +84,7 @@ def test_an_unwritable_description_cache_only_costs_the_description(tmp_path, mo
     blocked.write_text("a file where the directory should be")
     monkeypatch.setenv("TOKENMIX_CACHE_DIR", str(blocked))
     assert not descriptions_dir().is_dir()
-    assert tokenizer_identity(TOKENIZER) == TokenizerIdentity.of(describe_tokenizer(TOKENIZER))
+    assert tokenizer_identity(TOKENIZER) == describe_tokenizer(TOKENIZER).identity()
 
 
 def test_a_hub_id_is_never_looked_up_in_the_description_cache(tmp_path, monkeypatch):

@@ -11,8 +11,8 @@ from typing import Any
 
 from tokenmix.formats.base import LmDatasetFormatBase
 from tokenmix.formats.encoder import PRETOKENIZED_KEY, EncoderSpec, format_context, token_dtype
-from tokenmix.formats.tokenizer import describe_tokenizer, load_tokenizer
-from tokenmix.formats.tokenizer_identity import TokenizerIdentity, remember, tokenizer_identity
+from tokenmix.formats.tokenizer import TokenizerIdentity, describe_tokenizer, load_tokenizer
+from tokenmix.formats.tokenizer_identity import remember, tokenizer_identity
 
 
 @dataclass(frozen=True)

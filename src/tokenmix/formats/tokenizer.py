@@ -8,6 +8,7 @@ change to what it produces gets a different one.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import hashlib
@@ -41,12 +42,10 @@ class TokenizerLoadError(ValueError):
 
 
 @dataclass(frozen=True)
-class TokenizerInfo:
-    """What the cache needs to know about a tokenizer, picklable for worker processes."""
+class TokenizerIdentity:
+    """The part of a tokenizer's description a cache's identity is made of: what opening a cache checks."""
 
-    name_or_path: str
     fingerprint: str
-    backend_json: str
     vocab_size: int
     bos_id: int | None
     eos_id: int | None
@@ -55,9 +54,21 @@ class TokenizerInfo:
     """Whether the tokenizer's own post-processor puts a BOS at the start of a sequence."""
     adds_eos: bool
     """Whether the tokenizer's own post-processor puts an EOS at the end of a sequence."""
+
+
+@dataclass(frozen=True)
+class TokenizerInfo(TokenizerIdentity):
+    """What the cache needs to know about a tokenizer, picklable for worker processes."""
+
+    name_or_path: str
+    backend_json: str
     special_tokens: tuple[tuple[str, str], ...] = ()
     """Named special tokens (``bos_token``, ``eos_token``, ...) as a chat template sees them."""
     chat_template: str | None = None
+
+    def identity(self) -> TokenizerIdentity:
+        """The identity part alone (what ``tokenizer_identity.py`` remembers)."""
+        return TokenizerIdentity(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TokenizerIdentity)})
 
 
 _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")

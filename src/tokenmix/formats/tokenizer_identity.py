@@ -16,11 +16,11 @@ import json
 import logging
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from importlib.util import find_spec
 from pathlib import Path
 
-from tokenmix.formats.tokenizer import TokenizerInfo, describe_tokenizer
+from tokenmix.formats.tokenizer import TokenizerIdentity, TokenizerInfo, describe_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -30,23 +30,6 @@ _TOKENIZER_FILES = re.compile(
     r"(tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab.*|merges\.txt|.*\.model|.*\.tiktoken|chat_template.*|config\.json)"
 )
 """Files of a tokenizer directory that ``AutoTokenizer`` may read (``config.json`` chooses the tokenizer class)."""
-
-
-@dataclass(frozen=True)
-class TokenizerIdentity:
-    """The part of a tokenizer's description a cache's identity is made of."""
-
-    fingerprint: str
-    vocab_size: int
-    bos_id: int | None
-    eos_id: int | None
-    pad_id: int | None
-    adds_bos: bool
-    adds_eos: bool
-
-    @classmethod
-    def of(cls, info: TokenizerInfo) -> TokenizerIdentity:
-        return cls(info.fingerprint, info.vocab_size, info.bos_id, info.eos_id, info.pad_id, info.adds_bos, info.adds_eos)
 
 
 def tokenizer_identity(name_or_path: str) -> TokenizerIdentity:
@@ -62,7 +45,7 @@ def tokenizer_identity(name_or_path: str) -> TokenizerIdentity:
 
 def remember(name_or_path: str, info: TokenizerInfo) -> TokenizerIdentity:
     """Keep a fresh description of a local tokenizer directory for later opens; returns its identity."""
-    identity = TokenizerIdentity.of(info)
+    identity = info.identity()
     key = _files_key(name_or_path)
     if key is not None:
         _store(key, identity)
