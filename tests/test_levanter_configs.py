@@ -237,3 +237,24 @@ def test_single_turn_chat_is_the_first_exchange_as_a_supervised_prompt_and_compl
         "train_urls": [str(chat_url)], "format": {"type": "chat", "single_turn": True, "chat_template": "{{ messages }}"}}}})
     with pytest.raises(ValueError, match="source 'c': format chat: single_turn takes no chat_template"):
         tokenmix.build_caches(templated, progress=False)
+
+
+def test_newer_levanter_top_level_fields_load_with_their_meaning(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="tokenmix.config.mixture"):
+        config = _budget_config(tmp_path, train_weights=None, auto_build_caches=False, block_cross_document_attention=True)
+    assert config.train_weights == {} and config.weight_schedule() == [(0, {"webster": 1.0, "python_doc": 1.0})]  # equal weights
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "auto_build_caches: False is accepted" in said and "block_cross_document_attention: True is accepted" in said
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_shuffle_before_trainval_split_chooses_random_or_final_documents(tmp_path, shuffle):
+    config = _budget_config(tmp_path, num_validation_sequences={"webster": 4}, shuffle_before_trainval_split=shuffle)
+    tokenmix.build_caches(config, progress=False)
+    cache = tokenmix.open_cache(config, "webster")
+    held = config._held_out("webster", cache, 256)
+    rows = cache.num_rows()
+    tokens = int(np.diff(cache.row_bounds(0, rows))[held].sum())
+    assert tokens >= 4 * 256
+    final = np.arange(rows - len(held), rows)
+    assert np.array_equal(held, final) != shuffle  # unshuffled: the last documents, as Levanter's split keeps its last

@@ -1,6 +1,6 @@
 """Choosing held-out validation documents from a training cache: pure index math, no I/O.
 
-Documents are taken in a seeded pseudo-random order until they hold the requested number of tokens;
+Documents are taken in a seeded pseudo-random order (or from the end) until they hold the requested number of tokens;
 everything else stays in training, so the two sets never share a document (or a token).
 """
 
@@ -11,12 +11,13 @@ import numpy as np
 from tokenmix.datasets.permutation import FeistelPermutation
 
 
-def held_out_documents(doc_lengths: np.ndarray, tokens_wanted: int, key: int) -> np.ndarray:
-    """Sorted row numbers of the held-out documents: the fewest, in seeded order, holding ``tokens_wanted``."""
+def held_out_documents(doc_lengths: np.ndarray, tokens_wanted: int, key: int, shuffle: bool = True) -> np.ndarray:
+    """Sorted row numbers of the held-out documents: the fewest, in seeded order (``shuffle``) or from the end of the
+    cache (not: Levanter's unshuffled split keeps its last sequences), holding ``tokens_wanted``."""
     n = len(doc_lengths)
     if tokens_wanted <= 0 or n == 0:
         return np.zeros(0, np.int64)
-    order = FeistelPermutation(n, key)(np.arange(n))
+    order = FeistelPermutation(n, key)(np.arange(n)) if shuffle else np.arange(n - 1, -1, -1)
     covered = np.cumsum(doc_lengths[order])
     if covered[-1] <= tokens_wanted:
         raise ValueError(f"holding out {tokens_wanted} tokens would take all {int(covered[-1])} tokens of the source")

@@ -44,9 +44,9 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     build: BuildOptions = field(default_factory=BuildOptions)
     cache_options: CacheOptions | None = None
     """Levanter's cache-builder options: accepted, and logged as having no effect here."""
-    train_weights: dict[str, float] | list[tuple[int, dict[str, float]]] = field(default_factory=dict)
+    train_weights: dict[str, float] | list[tuple[int, dict[str, float]]] | None = field(default_factory=dict)
     """A weight per source, or ``[[start_step, {source: weight}], ...]`` stages (steps, not examples);
-    missing sources weigh 0, a source with weight 0 everywhere is evaluation-only; empty: equal weights."""
+    missing sources weigh 0, a source with weight 0 everywhere is evaluation-only; empty or null: equal weights."""
     batch_size: int | list[tuple[int, int]] | None = None
     """Training batch size, or a ramp ``[[start_step, batch_size], ...]`` as the loader takes it; turns stage start
     steps into example indices (needed with stages), through the same schedule the loader uses."""
@@ -75,9 +75,19 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     """Levanter's field: no position is trained to predict this token id (Levanter's default, -100, is no id at all)."""
     permutation_type: Literal["feistel", "linear"] | None = None
     """Levanter's choice of shuffle permutation: accepted; tokenmix shuffles with its own keyed Feistel permutation."""
+    shuffle_before_trainval_split: bool = True
+    """With ``num_validation_sequences``: hold out randomly chosen documents (true), or the last ones (false), as Levanter."""
+    auto_build_caches: bool | None = None
+    """Newer Levanter: whether opening a missing cache builds it. Accepted: opening never builds here (``build_caches``
+    or ``tokenmix build-cache`` does), so a missing cache is an error either way."""
+    block_cross_document_attention: bool | None = None
+    """Newer Levanter: whether attention stops at document boundaries. Accepted: every tokenmix batch carries the
+    segment ids that blocking needs, and whether to block is the model's choice."""
 
     def __post_init__(self) -> None:
         names = list(self.configs)
+        if self.train_weights is None:
+            object.__setattr__(self, "train_weights", {})  # Levanter's newer schema: null means equal weights
         note_cache_options(self.cache_options)
         if self.shuffle_buffer_size is not None and self.shuffle != self.shuffle_buffer_size:
             logger.info("shuffle_buffer_size %d (older Levanter) is read as shuffle: %d: each source shuffled within eras of "
@@ -102,6 +112,12 @@ class LMMixtureDatasetConfig(TokenizationConfig):
                 if not value > 0 or (limit and value >= 1):
                     raise ValueError(f"{field_name}[{name!r}] must be positive{limit}, got {value}")
         self._check_budgets()
+        for field_name, why in (("auto_build_caches", "opening a cache never builds it here; build_caches or `tokenmix build-cache` "
+                                 "builds missing caches"),
+                                ("block_cross_document_attention", "every batch carries segment ids, and a model blocks "
+                                 "attention across documents with them or not")):
+            if getattr(self, field_name) is not None:
+                logger.info("%s: %s is accepted; %s", field_name, getattr(self, field_name), why)
         if self.permutation_type == "linear":
             logger.info("permutation_type: linear is read as tokenmix's shuffle, a keyed Feistel permutation: Levanter's linear "
                         "permutation is a cheaper, less random stand-in for it, and the example order differs from Levanter's anyway")
@@ -190,7 +206,7 @@ class LMMixtureDatasetConfig(TokenizationConfig):
         bounds = cache.row_bounds(0, cache.num_rows())
         wanted = max(sequences * seq_len if sequences else 0, int(np.ceil(fraction * bounds[-1])) if fraction else 0)
         # keyed by the source name alone: every run and seed validates on the same documents
-        return held_out_documents(np.diff(bounds), wanted, derive_key("holdout", name))
+        return held_out_documents(np.diff(bounds), wanted, derive_key("holdout", name), self.shuffle_before_trainval_split)
 
     def train_set(self, seq_len: int, key: int | None = None) -> MixtureDataset:
         """The training mixture of ``seq_len``-token examples; ``key`` overrides the config's ``seed``."""
