@@ -258,3 +258,15 @@ def test_shuffle_before_trainval_split_chooses_random_or_final_documents(tmp_pat
     assert tokens >= 4 * 256
     final = np.arange(rows - len(held), rows)
     assert np.array_equal(held, final) != shuffle  # unshuffled: the last documents, as Levanter's split keeps its last
+
+
+def test_simulated_epoch_subset_seed_chooses_the_kept_examples_whatever_the_training_seed(tmp_path):
+    tokenmix.build_caches(_budget_config(tmp_path), progress=False)
+
+    def kept(**fields) -> list:
+        subset = _budget_config(tmp_path, target_budget=4, experiment_budget=1, **fields).train_set(256).source("webster").base
+        return subset.get_batch(range(len(subset))).tokens.tolist()
+
+    assert kept(simulated_epoch_subset_seed=7, seed=1) == kept(simulated_epoch_subset_seed=7, seed=2)
+    assert kept(simulated_epoch_subset_seed=7) != kept(simulated_epoch_subset_seed=8)
+    assert kept(seed=1) != kept(seed=2)

@@ -69,6 +69,8 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     ``experiment_budget / target_budget`` of its training examples, so a short run repeats its data as often as a
     run of the target budget would."""
     experiment_budget: int | None = None
+    simulated_epoch_subset_seed: int | None = None
+    """Newer Levanter: the seed choosing the examples simulated epoching keeps; unset, the training seed chooses them."""
     max_train_batches: dict[str, int] | None = None
     """Per source: keep a random ``max_train_batches[source] x`` the first batch size of its training examples."""
     ignore_token_id: int | None = None
@@ -237,7 +239,8 @@ class LMMixtureDatasetConfig(TokenizationConfig):
             raise ValueError(f"{why}: source {name!r} would keep {count} of its {_length(dataset)} training examples; "
                              f"it must keep between 1 and {_length(dataset)}")
         logger.info("%s: keeping %d of its %d training examples (%s)", name, count, _length(dataset), why)
-        return ExampleSubset(dataset, count, derive_key("subset", name, seed))
+        subset_seed = seed if self.simulated_epoch_subset_seed is None or self.target_budget is None else self.simulated_epoch_subset_seed
+        return ExampleSubset(dataset, count, derive_key("subset", name, subset_seed))
 
     def validation_sets(self, seq_len: int) -> dict[str, Dataset]:
         """Per source, its validation examples: its validation split, or the documents held out of training."""
