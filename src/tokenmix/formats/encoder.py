@@ -197,21 +197,13 @@ class DocumentEncoder:
         if not texts:
             return []
         if self.fast is None or self.byte_lengths is None:
-            return [(np.asarray(e.ids, np.int64), np.asarray(e.offsets, np.int64).reshape(-1, 2))
-                    for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+            return [_ids_and_offsets(e) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
         flat, bounds = fast_ids(self.fast, texts)
         out = []
         for text, a, b in zip(texts, bounds[:-1].tolist(), bounds[1:].tolist()):
             offsets = char_offsets(flat[a:b], text, self.byte_lengths)
-            if offsets is None:
-                out.extend(self._with_offsets_of_reference(text))
-            else:
-                out.append((flat[a:b], offsets))
+            out.append(_ids_and_offsets(self.tokenizer.encode(text, add_special_tokens=False)) if offsets is None else (flat[a:b], offsets))
         return out
-
-    def _with_offsets_of_reference(self, text: str) -> list[tuple[np.ndarray, np.ndarray]]:
-        e = self.tokenizer.encode(text, add_special_tokens=False)
-        return [(np.asarray(e.ids, np.int64), np.asarray(e.offsets, np.int64).reshape(-1, 2))]
 
     def _tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The texts' token ids, one after another in an array of the spec's dtype, text ``i``'s at
@@ -336,6 +328,11 @@ class DocumentEncoder:
         if self.min_len is not None and length < self.min_len:
             return "too_short", f"{length} tokens, fewer than min_sequence_len {self.min_len}"
         return None
+
+
+def _ids_and_offsets(encoding: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A ``tokenizers`` encoding's ids and ``[start, end)`` character offsets as arrays."""
+    return np.asarray(encoding.ids, np.int64), np.asarray(encoding.offsets, np.int64).reshape(-1, 2)
 
 
 def chunk_difference(reference: EncodedChunk, other: EncodedChunk) -> str | None:

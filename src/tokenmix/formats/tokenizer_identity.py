@@ -11,6 +11,7 @@ Changing any tokenizer file, or upgrading either library, changes the key. Hub i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -63,16 +64,26 @@ def _files_key(name_or_path: str) -> str | None:
     path = os.path.abspath(os.path.expanduser(name_or_path))
     if not os.path.isdir(path):
         return None
-    digest = hashlib.sha256(f"{_FORMAT}\0{_installed('tokenizers')}\0{_installed('transformers')}".encode())
-    found = False
+    files = []
     for name in sorted(os.listdir(path)):
         file = os.path.join(path, name)
         if _TOKENIZER_FILES.fullmatch(name) and os.path.isfile(file):
-            found = True
-            digest.update(name.encode() + b"\0")
-            with open(file, "rb") as f:
-                digest.update(hashlib.sha256(f.read()).digest())
-    return digest.hexdigest() if found else None
+            stat = os.stat(file)
+            files.append((name, stat.st_size, stat.st_mtime_ns))
+    if not files:
+        return None
+    digest = hashlib.sha256(f"{_FORMAT}\0{_installed('tokenizers')}\0{_installed('transformers')}".encode())
+    for name, size, mtime in files:
+        digest.update(name.encode() + b"\0" + _file_digest(os.path.join(path, name), size, mtime))
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _file_digest(path: str, size: int, mtime_ns: int) -> bytes:
+    """SHA-256 of a file's bytes, read again only when its size or modification time changes (a tokenizer.json is
+    megabytes, and every open asks)."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).digest()
 
 
 def _installed(package: str) -> str:
