@@ -99,7 +99,7 @@ class CacheBuilder:
         self.location = location
         self.shards = list(shards)
         self.spec = spec
-        self.identity = identity
+        self.identity = {**identity, **options.layout_identity()}
         self.options = options
         self.progress = progress
         self.info = info or {}
@@ -139,7 +139,7 @@ class CacheBuilder:
         if self.options.tokenizer_backend != REFERENCE:
             preload_fast(self.spec.tokenizer_json)  # while the arrays are opened and the first chunks read
         try:
-            array = JaggedArray.open(self.location, TOKENS_ARRAY, self.spec.dtype, create=True)
+            array = JaggedArray.open(self.location, TOKENS_ARRAY, self.spec.dtype, create=True, compressed=self.options.compression == "zstd")
             if self.spec.format.masks_loss:
                 self._spans = JaggedArray.open(self.location, LOSS_SPANS_ARRAY, "int64", create=True)
                 self._span_values = int(self._spans.row_ends(ledger.rows - 1, ledger.rows)[0]) if ledger.rows else 0

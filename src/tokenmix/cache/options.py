@@ -1,5 +1,6 @@
-"""How a cache is built (``build:`` in a data config): workers, error policy, commits, the executor, the lock and the
-tokenizer backend. None of these change a cache's contents, so none enters its identity.
+"""How a cache is built (``build:`` in a data config): workers, error policy, commits, the executor, the lock, the
+tokenizer backend and the compression of stored tokens. None of these change a cache's contents, so none enters its
+identity but the compression, which changes how it is stored and read (``layout_identity``).
 
 Apart from the builder, so that a config can be read, and its caches opened, without importing the building code.
 """
@@ -7,11 +8,13 @@ Apart from the builder, so that a config can be read, and its caches opened, wit
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from tokenmix.cache.executor import ExecutorConfig, LocalExecutorConfig
 from tokenmix.cache.lock import LockKind
 from tokenmix.formats.backends import TokenizerBackend
+
+Compression = Literal["zstd", "none"]
 
 
 @dataclass(frozen=True)
@@ -45,10 +48,22 @@ class BuildOptions:
     """Which library encodes text: ``auto`` takes ``fastokens`` (about 20x faster) where it gives Hugging Face
     ``tokenizers``' ids on a sample of the input, else ``tokenizers``; ``fastokens`` or ``tokenizers`` forces one.
     Caches built either way are byte-identical; ``stats.json`` records which was used and why."""
+    compression: Compression = "zstd"
+    """How stored token chunks are compressed: ``zstd`` (level 1; about 0.6x the bytes of uncompressed uint16 tokens, the
+    right choice on object storage and network disks) or ``none``, for local NVMe, where a random read then costs only
+    the bytes it returns and no decompression (docs/benchmarks.md). Recorded in the cache's identity: a cache is never
+    read as other than the config says; changing it means a new cache_dir or deleting the cache."""
+
+    def layout_identity(self) -> dict[str, Any]:
+        """What a cache's identity adds for its storage layout: nothing for the default, so caches made before the
+        option existed keep their identity."""
+        return {} if self.compression == "zstd" else {"compression": self.compression}
 
     def __post_init__(self) -> None:
         if self.tokenizer_backend not in get_args(TokenizerBackend):
             raise ValueError(f"build.tokenizer_backend must be one of {', '.join(get_args(TokenizerBackend))}, got {self.tokenizer_backend!r}")
+        if self.compression not in get_args(Compression):
+            raise ValueError(f"build.compression must be one of {', '.join(get_args(Compression))}, got {self.compression!r}")
         if self.lock_timeout_s is not None and not self.lock_timeout_s >= 0:
             raise ValueError(f"build.lock_timeout_s must be >= 0 seconds, or null to wait as long as it takes; got {self.lock_timeout_s}")
         if not self.lock_lease_s > 0:

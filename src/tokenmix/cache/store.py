@@ -26,11 +26,17 @@ LOSS_SPANS_ARRAY = "loss_spans"
 """Per document, the ``[start, end)`` token ranges trained on (relative to the document), as flat int64
 pairs; present only in caches of formats that mask the loss (identity key ``loss_spans``)."""
 CAPACITY = 1 << 48
-DATA_CHUNK = 1 << 18
-OFFSETS_CHUNK = 1 << 16
+DATA_SHARD, DATA_INNER = 1 << 20, 1 << 12
+"""Tokens per stored object (a zarr3 shard: the unit of a write) and per chunk inside it (the unit of a read): a random
+2048-token read touches one or two 8 KiB chunks, not a 512 KiB one, and a store holds few objects. 2^12 by measurement
+(docs/design/cache.md): with zstd, 2^13 reads 20% slower and 2^11 25% faster for 4% more bytes; the build is the same."""
+OFFSETS_SHARD, OFFSETS_INNER = 1 << 16, 1 << 10
 
 _CONTEXT = ts.Context()
 """One context for the process, so ``memory://`` caches are shared by every opener in it."""
+_REMOTE_READ_CONTEXT = ts.Context({"cache_pool": {"total_bytes_limit": 64 << 20}})
+"""Where tensorstore reads caches on object storage: its cache pool keeps the shard indexes it has read (and recent
+chunks), so that an exact read costs one request, not two (``docs/benchmarks.md``)."""
 
 
 class CacheWriteError(OSError):
@@ -121,27 +127,47 @@ class JsonDocuments:
         return sorted(k.decode("utf-8") for k in self._kv.list().result())
 
 
-def _array_spec(location: str, sub: str, dtype: str, chunk: int, level: int | None) -> dict[str, Any]:
+def _array_spec(location: str, sub: str, dtype: str, shard: int, inner: int, level: int | None) -> dict[str, Any]:
+    """A new 1-d array of ``shard``-element objects, each a zarr3 shard of ``inner``-element chunks compressed apart."""
     codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
     if level is not None:
         codecs.append({"name": "zstd", "configuration": {"level": level}})
+    index_codecs = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
     return {
         "driver": "zarr3",
         "kvstore": _subspec(location, sub),
         "metadata": {
             "shape": [CAPACITY],
             "data_type": dtype,
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk]}},
-            "codecs": codecs,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [shard]}},
+            "codecs": [{"name": "sharding_indexed",
+                        "configuration": {"chunk_shape": [inner], "codecs": codecs, "index_codecs": index_codecs,
+                                          "index_location": "start"}}],
             "fill_value": 0,
         },
     }
 
 
+def _open_array(location: str, sub: str, dtype: str, shard: int, inner: int, create: bool, compressed: bool = True) -> ts.TensorStore:
+    """An existing array with the layout it was made with (caches of every tokenmix layout open), or, with ``create``, a
+    new one in today's layout (zstd level 1 chunks, or uncompressed ones)."""
+    remote_read = not create and urlparse(location).scheme in ("gs", "s3")
+    try:
+        array = ts.open({"driver": "zarr3", "kvstore": _subspec(location, sub)}, context=_REMOTE_READ_CONTEXT if remote_read else _CONTEXT,
+                        open=True).result()
+    except ValueError as e:
+        if not create or "NOT_FOUND" not in str(e):
+            raise
+        return ts.open(_array_spec(location, sub, dtype, shard, inner, 1 if compressed else None), context=_CONTEXT, create=True).result()
+    if array.dtype.numpy_dtype != np.dtype(dtype):
+        raise ValueError(f"{join_location(location, sub)} holds {array.dtype.numpy_dtype} values, not {dtype}")
+    return array
+
+
 class _ChunkAligned:
-    """Appends to a 1-d zarr array in whole chunks: values wait in memory until their chunk is full, so each chunk is
-    compressed and written once instead of once per append (a partial chunk is read back, merged and recompressed).
-    ``flush`` writes the partial last chunk too, keeping it, so that the values can be committed."""
+    """Appends to a 1-d zarr array in whole stored objects (shards): values wait in memory until their object is full,
+    so each is compressed and written once instead of once per append (a partial object is read back, merged and
+    recompressed). ``flush`` writes the partial last one too, keeping it, so that the values can be committed."""
 
     def __init__(self, array: ts.TensorStore, chunk: int, start: int):
         self.array = array
@@ -175,6 +201,11 @@ class _ChunkAligned:
         return [self.array[self.start : self.end].write(self.waiting[0])]
 
 
+def _write_unit(array: ts.TensorStore) -> int:
+    """Elements per stored object: what a write should cover whole (a shard, or a plain chunk in older caches)."""
+    return int(array.chunk_layout.write_chunk.shape[0])
+
+
 class JaggedArray:
     """Rows of tokens stored as ``data`` + ``offsets`` zarr3 arrays under ``location/name``."""
 
@@ -185,12 +216,11 @@ class JaggedArray:
         self._ends: _ChunkAligned | None = None
 
     @classmethod
-    def open(cls, location: str, name: str, dtype: str, create: bool = False) -> JaggedArray:
-        """Open (or, with ``create``, create if absent) the jagged array ``name`` at ``location``."""
-        mode = {"create": True, "open": True} if create else {"open": True}
-        data = ts.open(_array_spec(location, f"{name}/data", dtype, DATA_CHUNK, 1), context=_CONTEXT, **mode)
-        offsets = ts.open(_array_spec(location, f"{name}/offsets", "int64", OFFSETS_CHUNK, 1), context=_CONTEXT, **mode)
-        return cls(data.result(), offsets.result())
+    def open(cls, location: str, name: str, dtype: str, create: bool = False, compressed: bool = True) -> JaggedArray:
+        """Open (or, with ``create``, create if absent) the jagged array ``name`` at ``location``; ``compressed`` says
+        how new values are stored (row ends are always compressed)."""
+        data = _open_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, create, compressed)
+        return cls(data, _open_array(location, f"{name}/offsets", "int64", OFFSETS_SHARD, OFFSETS_INNER, create))
 
     @property
     def dtype(self) -> np.dtype:
@@ -208,12 +238,12 @@ class JaggedArray:
         if len(tokens):
             if self._tokens is None or self._tokens.end != first_token:
                 futures.extend(self._tokens.flush() if self._tokens is not None else [])
-                self._tokens = _ChunkAligned(self.data, DATA_CHUNK, first_token)
+                self._tokens = _ChunkAligned(self.data, _write_unit(self.data), first_token)
             futures.extend(self._tokens.append(tokens))
         if len(lengths):
             if self._ends is None or self._ends.end != first_row + 1:
                 futures.extend(self._ends.flush() if self._ends is not None else [])
-                self._ends = _ChunkAligned(self.offsets, OFFSETS_CHUNK, first_row + 1)
+                self._ends = _ChunkAligned(self.offsets, _write_unit(self.offsets), first_row + 1)
             futures.extend(self._ends.append(ends))
         return futures
 

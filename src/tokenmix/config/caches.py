@@ -68,5 +68,5 @@ def open_cache(config: DataConfig, source: str, split: str = "train") -> TokenCa
     available = config.sources()
     if source not in available:
         raise KeyError(f"unknown source {source!r}; the config defines {sorted(available)}")
-    identity = config.cache_identity(available[source].format, f"source {source!r}")
+    identity = {**config.cache_identity(available[source].format, f"source {source!r}"), **config.build.layout_identity()}
     return TokenCache(config.cache_location(source, split), expected_identity=identity)
