@@ -1,4 +1,4 @@
-"""The build lock on an object store: an S3-compatible server (moto's, a real server process on 127.0.0.1) behind
+"""The build lock and exact reads on an object store: an S3-compatible server (moto's, a real server process on 127.0.0.1) behind
 tensorstore's own s3 driver, reached through ``AWS_ENDPOINT_URL`` as any S3-compatible store is."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from helpers import REPO, TOKENIZER, check_lease_lifecycle, demo_urls
@@ -85,3 +86,25 @@ def test_two_builders_of_one_s3_cache_build_it_once(s3, tmp_path):
     rows = range(reference.num_rows())
     assert [r.tolist() for r in built.get_rows(rows)] == [r.tolist() for r in reference.get_rows(rows)]
     assert built.ledger.to_json()["shards"] == reference.ledger.to_json()["shards"]
+
+
+@pytest.mark.parametrize("object_reads", ["tensorstore", "fsspec"])
+def test_exact_reads_of_an_s3_cache_match_the_local_cache(s3, tmp_path, monkeypatch, object_reads):
+    from helpers import build
+
+    from tokenmix.cache import store
+    from tokenmix.cache.chunk_cache import ChunkCache
+
+    monkeypatch.setattr(store, "DATA_SHARD", 1 << 14)  # several complete shards and a partial last one
+    monkeypatch.setattr(store, "DATA_INNER", 1 << 10)
+    remote, local = f"s3://{BUCKET}/reads-{time.time_ns()}/web", str(tmp_path / "web")
+    for location in (remote, local):
+        build(location, demo_urls("webster"))
+    windows = {}
+    for name, location in (("remote", remote), ("local", local)):
+        cache = tokenmix.TokenCache(location, chunk_cache=ChunkCache(0), object_reads=object_reads)
+        assert (cache._exact is not None) == (name == "local" or object_reads == "fsspec")
+        ds = tokenmix.TokenSeqDataset(cache, 1000)
+        windows[name] = ds.get_batch(np.random.default_rng(0).permutation(len(ds))).tokens
+    assert cache.num_tokens() > 4 * (1 << 14)
+    assert np.array_equal(windows["remote"], windows["local"])

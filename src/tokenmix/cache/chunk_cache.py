@@ -1,9 +1,11 @@
 """A process-wide, byte-bounded LRU of decompressed token chunks.
 
-Caches store tokens in compressed chunks of 2^18 tokens, so a random read of one 2048-token example
-costs a whole chunk's decompression. Keeping recently used chunks decompressed makes repeated and
-nearby reads a memory copy. Committed tokens never change, so a cached chunk stays valid; a chunk
-read while the cache was still building is kept with the prefix that was committed then.
+Where a cache fits in it, reads go through blocks of at least 2^18 tokens (``reader.BLOCK_TOKENS``) kept
+decompressed, so repeated and nearby reads are a memory copy; where it does not, reads are exact and this
+cache is not used (``TokenCache.caches_blocks``). Caches claim room in it as they are read, first come first
+served, so that the sources of a mixture that together exceed it do not evict each other's blocks on every
+batch. Committed tokens never change, so a cached block stays valid; a block read while the cache was still
+building is kept with the prefix that was committed then.
 """
 
 from __future__ import annotations
@@ -24,7 +26,29 @@ class ChunkCache:
         self.max_bytes = max_bytes
         self._chunks: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
         self._bytes = 0
+        self._claims: dict[str, tuple[int, set[int]]] = {}
+        """location -> (bytes it claimed, the readers holding the claim)"""
         self._lock = threading.Lock()
+
+    def claim(self, location: str, nbytes: int, holder: int) -> bool:
+        """Whether the blocks of the cache at ``location``, ``nbytes`` of tokens so far, are kept here: yes while they
+        fit beside those of the caches that claimed room before it (a cache that outgrows its room loses it).
+        ``holder`` names the reader asking; the room is given back when every holder of it has ``release``d it."""
+        with self._lock:
+            size, holders = self._claims.pop(location, (0, set()))
+            others = sum(n for n, _ in self._claims.values())
+            if 0 < nbytes <= self.max_bytes - others:
+                self._claims[location] = (max(size, nbytes), holders | {holder})
+                return True
+            return False
+
+    def release(self, location: str, holder: int) -> None:
+        """``holder`` no longer reads ``location``."""
+        with self._lock:
+            size, holders = self._claims.get(location, (0, set()))
+            holders.discard(holder)
+            if not holders:
+                self._claims.pop(location, None)
 
     def get(self, location: str, wanted: dict[int, int]) -> dict[int, np.ndarray]:
         """The cached chunks of ``location`` among ``wanted`` (chunk -> tokens it must hold), in one lookup."""

@@ -6,28 +6,56 @@ the end of the build, and reads many rows in one go by issuing every read before
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import tensorstore as ts
 
 from tokenmix._waiting import poll_until
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
+from tokenmix.cache.shard_reads import reads_for
 from tokenmix.cache.stats import STATS_FILE
-from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments
+from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments, join_location
 
 
 class CacheNotFoundError(FileNotFoundError):
     """No cache (no ledger) at the location."""
 
 
+BLOCK_TOKENS = 1 << 18
+"""The least a chunk-cache block holds. Stored chunks are small (2^13 tokens, for exact reads); caching them one by one
+would cost a lookup per few thousand tokens, so the cache keeps blocks of 2^18, as it did when those were stored whole."""
+
+OBJECT_READS_ENV = "TOKENMIX_OBJECT_READS"
+"""How exact reads of a cache on object storage (gs://, s3://) fetch its bytes, unless a reader is told: ``tensorstore``
+(its own drivers, the default) or ``fsspec`` (gcsfs, s3fs). Local caches are always read straight from their files."""
+
+
+_REMOTE_READS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="tokenmix-object-reads")
+"""Exact reads of caches on object storage wait on the network, so each runs in a thread: the sources of a batch, and
+the batches a loader reads ahead, fetch at once."""
+
+
 class TokenCache:
     """Random access to the committed documents of one cache."""
 
-    def __init__(self, location: str, expected_identity: dict[str, Any] | None = None, chunk_cache: ChunkCache = SHARED):
+    def __init__(self, location: str, expected_identity: dict[str, Any] | None = None, chunk_cache: ChunkCache = SHARED,
+                 object_reads: str | None = None):
+        """``object_reads``: how exact reads of a cache on object storage fetch bytes, ``tensorstore`` or ``fsspec``;
+        None takes ``$TOKENMIX_OBJECT_READS``, else ``tensorstore``."""
+        object_reads = object_reads or os.environ.get(OBJECT_READS_ENV, "tensorstore")
+        if object_reads not in ("tensorstore", "fsspec"):
+            raise ValueError(f"object_reads (TOKENMIX_OBJECT_READS) must be tensorstore or fsspec, got {object_reads!r}")
         self.location = location
         self._chunk_cache = chunk_cache
+        self._claimed: tuple[int, ...] | None = None
+        """The committed tokens the chunk cache last gave room for, and its size then (empty: refused; None: never
+        asked)."""
         self._docs = JsonDocuments(location)
         ledger = self._read_ledger()
         if expected_identity is not None:
@@ -35,7 +63,11 @@ class TokenCache:
         self.identity = ledger.identity
         self.fingerprint = ledger.fingerprint
         self._array = JaggedArray.open(location, TOKENS_ARRAY, ledger.identity["dtype"])
-        self._chunk = int(self._array.data.chunk_layout.read_chunk.shape[0])
+        stored = int(self._array.data.chunk_layout.read_chunk.shape[0])
+        self._chunk = stored * max(1, BLOCK_TOKENS // stored)
+        self._itemsize = self._array.dtype.itemsize
+        self._exact = reads_for(self._array.data.spec().to_json()["metadata"], join_location(location, TOKENS_ARRAY, "data"), object_reads)
+        self._read_unit = stored if self._exact is not None else int(self._array.data.chunk_layout.write_chunk.shape[0])
         self._spans = JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64") if self.has_loss_spans else None
 
     def _read_ledger(self) -> CacheLedger:
@@ -126,8 +158,45 @@ class TokenCache:
 
     @property
     def chunk_tokens(self) -> int:
-        """Tokens per stored chunk: the unit of a read and of the chunk cache."""
+        """Tokens per block: the unit of the chunk cache (whole stored chunks, at least ``BLOCK_TOKENS``); reads are cut
+        where blocks end."""
         return self._chunk
+
+    def caches_blocks(self, committed_tokens: int) -> bool:
+        """Whether reads go through the chunk cache: when it can hold this cache's committed tokens beside the caches
+        that claimed room in it first, so that repeated reads are memory copies. Otherwise a block read would
+        decompress a whole block for each range and be evicted before it is read again, so ranges are read exactly
+        (``read_ranges``)."""
+        asked = (committed_tokens, self._chunk_cache.max_bytes)
+        if asked == self._claimed:  # room once given is kept while the cache does not grow (nor the chunk cache shrink)
+            return True
+        if self._claimed is None:
+            weakref.finalize(self, self._chunk_cache.release, self.location, id(self))
+        granted = self._chunk_cache.claim(self.location, committed_tokens * self._itemsize, id(self))
+        self._claimed = asked if granted else ()
+        return granted
+
+    @property
+    def read_unit(self) -> int:
+        """Tokens per unit of an exact read: ``read_ranges`` takes ranges that stay inside one."""
+        return self._read_unit
+
+    def read_ranges(self, begin: np.ndarray, size: np.ndarray, committed_tokens: int) -> Callable[[], list[np.ndarray]]:
+        """Start reading token ranges ``[begin, begin + size)`` exactly, each inside one ``read_unit`` and below
+        ``committed_tokens``; returns a function that waits and gives each range's tokens.
+
+        The stored bytes are read directly where this layout and store allow (``shard_reads.py``: a chunk that several
+        ranges touch is read and decompressed once), else through tensorstore in one storage batch."""
+        if self._exact is not None and self._exact.remote:
+            fetching = _REMOTE_READS.submit(self._exact.read, begin, size, committed_tokens)
+            return fetching.result
+        if self._exact is not None:
+            tokens = self._exact.read(begin, size, committed_tokens)
+            return lambda: tokens
+        data = self._array.data
+        with ts.Batch() as batch:
+            reads = [data[b : b + m].read(batch=batch) for b, m in zip(begin.tolist(), size.tolist())]
+        return lambda: [np.asarray(r.result()) for r in reads]
 
     def read_chunks(self, chunks: Iterable[int], committed_tokens: int) -> Callable[[], dict[int, np.ndarray]]:
         """Start reading whole chunks of the token stream (their committed part, below ``committed_tokens``).

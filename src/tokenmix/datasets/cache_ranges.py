@@ -1,8 +1,9 @@
 """Reading ranges of a cache's token stream into a batch: what every dataset over a cache does.
 
-Ranges are cut where stored chunks end, every missing chunk of a batch is read at once, and each range
-is copied straight into the batch; loss masks follow the loss spans a masking format stored; a subset
-of documents (held-out validation) is checked once, when a dataset takes it.
+Ranges are cut where chunk-cache blocks end, every read of a batch is issued at once (whole blocks through the
+chunk cache where it can hold the cache, else the exact ranges), and each range is copied straight into the
+batch; loss masks follow the loss spans a masking format stored; a subset of documents (held-out validation) is
+checked once, when a dataset takes it.
 """
 
 from __future__ import annotations
@@ -56,18 +57,29 @@ def split_at_chunks(begin: np.ndarray, size: np.ndarray, chunk: int) -> tuple[np
 
 
 def copy_ranges(cache: TokenCache, begin: np.ndarray, size: np.ndarray, dest: np.ndarray, out: TokenBatch, committed: int) -> Callable[[], None]:
-    """Start reading cache token ranges, each inside one stored chunk; the returned function waits and copies
-    range ``r`` to ``out.tokens`` (flat) at ``dest[r]``.
+    """Start reading cache token ranges, each inside one block (``cache.chunk_tokens``); the returned function waits and
+    copies range ``r`` to ``out.tokens`` (flat) at ``dest[r]``.
 
-    Whole chunks are read (all missing ones at once) through the process-wide chunk cache, and each range
-    is copied straight from its chunk into the batch: no intermediate arrays.
+    Where the chunk cache can hold the cache, whole blocks are read (all missing ones at once) through it and each range
+    is copied straight from its block; otherwise each range is read exactly (``TokenCache.read_ranges``), so that a
+    corpus far larger than the chunk cache costs what it reads, not a block per range.
     """
+    if not cache.caches_blocks(committed):
+        sub, piece_begin, piece_size = split_at_chunks(begin, size, cache.read_unit)
+        where, sizes = (dest[sub] + piece_begin - begin[sub]).tolist(), piece_size.tolist()
+        reads = cache.read_ranges(piece_begin, piece_size, committed)
+
+        def finish_exact() -> None:
+            flat = out.tokens.reshape(-1)
+            for w, m, tokens in zip(where, sizes, reads()):
+                flat[w : w + m] = tokens
+
+        return finish_exact
+    where, sizes = dest.tolist(), size.tolist()
     chunk_tokens = cache.chunk_tokens
     chunk = begin // chunk_tokens
     chunks = cache.read_chunks(np.unique(chunk).tolist(), committed)
-    where = dest.tolist()
     within = (begin - chunk * chunk_tokens).tolist()
-    sizes = size.tolist()
     chunk_ids = chunk.tolist()
 
     def finish() -> None:

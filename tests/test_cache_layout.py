@@ -1,0 +1,161 @@
+"""The cache layout: zarr3 shards of small compressed chunks, caches of the previous layout still open, resume and
+extend, and exact reads (a corpus the chunk cache cannot hold) give the very batches block reads give."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorstore as ts
+from helpers import TOKENIZER, build, cache_bytes, demo_urls
+
+from tokenmix import PackedDataset, TokenCache, TokenSeqDataset
+from tokenmix.cache import store
+from tokenmix.cache.chunk_cache import ChunkCache
+
+PAD = 1
+
+
+def _legacy_arrays(location: str) -> None:
+    """The arrays as tokenmix made them before shards: one zstd chunk of 2^18 tokens (2^16 row ends) per object."""
+    for sub, dtype, chunk in (("input_ids/data", "uint16", 1 << 18), ("input_ids/offsets", "int64", 1 << 16)):
+        ts.open({"driver": "zarr3", "kvstore": store._subspec(location, sub), "metadata": {
+            "shape": [store.CAPACITY], "data_type": dtype, "fill_value": 0,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk]}},
+            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd", "configuration": {"level": 1}}]}},
+            create=True).result()
+
+
+def _rows(location: str) -> list[list[int]]:
+    cache = TokenCache(location)
+    return [r.tolist() for r in cache.get_rows(range(cache.num_rows()))]
+
+
+def test_tokens_are_stored_in_shards_of_small_separately_compressed_chunks(tmp_path):
+    location = str(tmp_path / "c")
+    build(location, demo_urls("linux_doc"))
+    meta = json.loads((tmp_path / "c" / "input_ids" / "data" / "zarr.json").read_text())
+    assert meta["chunk_grid"]["configuration"]["chunk_shape"] == [store.DATA_SHARD]
+    (sharding,) = meta["codecs"]
+    assert sharding["name"] == "sharding_indexed" and sharding["configuration"]["chunk_shape"] == [store.DATA_INNER]
+    assert [c["name"] for c in sharding["configuration"]["codecs"]] == ["bytes", "zstd"]
+    objects = list((tmp_path / "c" / "input_ids" / "data" / "c").iterdir())
+    assert len(objects) == -(-TokenCache(location).num_tokens() // store.DATA_SHARD)
+
+
+def test_a_cache_of_the_previous_layout_opens_resumes_and_extends_in_its_own_layout(tmp_path):
+    urls = demo_urls("linux_doc")
+    legacy, current = str(tmp_path / "legacy"), str(tmp_path / "current")
+    _legacy_arrays(legacy)
+    build(legacy, urls[:1])
+    build(legacy, urls)  # a shard appended to the source's list: the build extends the cache
+    build(current, urls)
+    assert _rows(legacy) == _rows(current)
+    assert TokenCache(legacy)._array.data.chunk_layout.read_chunk.shape == (1 << 18,)
+    assert TokenCache(current)._array.data.chunk_layout.read_chunk.shape == (store.DATA_INNER,)
+    assert set(cache_bytes(legacy)) != set(cache_bytes(current))  # the same rows in two layouts
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["windows", "packed"])
+def test_exact_reads_give_the_batches_block_reads_give(tmp_path, packed):
+    location = str(tmp_path / "c")
+    build(location, demo_urls("python_doc"))
+    caches = {"blocks": TokenCache(location), "exact": TokenCache(location, chunk_cache=ChunkCache(0))}
+    assert caches["blocks"].caches_blocks(caches["blocks"].num_tokens())
+    assert not caches["exact"].caches_blocks(caches["exact"].num_tokens())
+    datasets = {k: PackedDataset(c, 3000, pad_id=PAD, long_documents="split", persist=False) if packed else TokenSeqDataset(c, 3000)
+                for k, c in caches.items()}
+    picks = np.random.default_rng(0).permutation(len(datasets["blocks"]))
+    batches = {k: ds.get_batch(picks) for k, ds in datasets.items()}
+    for field in ("tokens", "loss_mask", "segment_ids"):
+        assert np.array_equal(getattr(batches["exact"], field), getattr(batches["blocks"], field)), field
+
+
+@pytest.fixture
+def small_shards(monkeypatch):
+    """Shards of 2^12 tokens holding chunks of 2^9: a demo cache spans many complete shards and a partial last one."""
+    monkeypatch.setattr(store, "DATA_SHARD", 1 << 12)
+    monkeypatch.setattr(store, "DATA_INNER", 1 << 9)
+
+
+def _every_window(cache: TokenCache, seq_len: int = 700) -> np.ndarray:
+    ds = TokenSeqDataset(cache, seq_len)
+    return ds.get_batch(np.random.default_rng(1).permutation(len(ds))).tokens
+
+
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_exact_reads_of_many_shards_match_the_stored_tokens(tmp_path, small_shards, compression):
+    location = str(tmp_path / "c")
+    build(location, demo_urls("webster"), compression=compression)
+    codecs = json.loads((tmp_path / "c" / "input_ids" / "data" / "zarr.json").read_text())["codecs"][0]["configuration"]["codecs"]
+    assert [c["name"] for c in codecs] == (["bytes", "zstd"] if compression == "zstd" else ["bytes"])
+    exact = TokenCache(location, chunk_cache=ChunkCache(0))
+    assert exact._exact is not None and exact.read_unit == 1 << 9
+    assert exact.num_tokens() > 20 * (1 << 12)
+    assert np.array_equal(_every_window(exact), _every_window(TokenCache(location)))
+
+
+def test_a_reader_open_while_the_cache_grows_sees_the_rewritten_last_shard(tmp_path, small_shards):
+    urls = demo_urls("python_doc")
+    location, reference = str(tmp_path / "c"), str(tmp_path / "ref")
+    build(location, urls[:1])
+    reader = TokenCache(location, chunk_cache=ChunkCache(0))
+    first = _every_window(reader)  # maps the partial last shard
+    build(location, urls)  # the same cache extended: its last shard is rewritten, then more follow
+    build(reference, urls)
+    grown = _every_window(reader)
+    assert len(grown) > len(first)
+    assert np.array_equal(grown, _every_window(TokenCache(reference)))
+
+
+def test_a_damaged_shard_index_is_reported_with_the_shard_and_the_fix(tmp_path, small_shards):
+    location = str(tmp_path / "c")
+    build(location, demo_urls("linux_doc"))
+    shard = tmp_path / "c" / "input_ids" / "data" / "c" / "1"
+    raw = bytearray(shard.read_bytes())
+    raw[5] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    cache = TokenCache(location, chunk_cache=ChunkCache(0))
+    with pytest.raises(OSError, match=r"index of shard c/1 is damaged.*rebuild"):
+        cache.read_ranges(np.array([(1 << 12) + 3]), np.array([10]), cache.num_tokens())
+
+
+def test_compression_is_part_of_the_identity(tmp_path):
+    from tokenmix import load_data_config
+    from tokenmix.cache.ledger import CacheMismatchError
+    from tokenmix.config.caches import build_caches, open_cache
+
+    config_path = tmp_path / "c.yaml"
+    config_path.write_text(json.dumps({"tokenizer": str(TOKENIZER), "cache_dir": str(tmp_path / "caches"),
+                                       "configs": {"web": {"train_urls": demo_urls("webster")[:1]}}, "build": {"compression": "none"}}))
+    config = load_data_config(str(config_path))
+    build_caches(config, progress=False)
+    assert open_cache(config, "web").identity["compression"] == "none"
+    with pytest.raises(CacheMismatchError, match=r"compression: cache has 'none', config asks for None[\s\S]*delete the cache"):
+        open_cache(load_data_config(str(config_path), ["--build.compression", "zstd"]), "web")
+    with pytest.raises(ValueError, match=r"c.yaml.*build.compression.*'lz4'.*zstd, none"):
+        load_data_config(str(config_path), ["--build.compression", "lz4"])
+
+
+def test_a_chunk_cache_made_smaller_stops_holding_blocks_of_a_cache_it_held(tmp_path):
+    location = str(tmp_path / "c")
+    build(location, demo_urls("python_doc"))
+    chunks = ChunkCache()
+    cache = TokenCache(location, chunk_cache=chunks)
+    committed = cache.num_tokens()
+    assert cache.caches_blocks(committed)
+    chunks.max_bytes = 0
+    assert not cache.caches_blocks(committed)
+
+
+def test_sources_claim_chunk_cache_room_first_come_and_give_it_back(tmp_path):
+    locations = [str(tmp_path / name) for name in ("a", "b")]
+    for location in locations:
+        build(location, demo_urls("python_doc"))
+    size = TokenCache(locations[0]).num_tokens() * 2
+    chunks = ChunkCache(int(size * 1.5))
+    first, second = (TokenCache(location, chunk_cache=chunks) for location in locations)
+    assert first.caches_blocks(first.num_tokens()) and not second.caches_blocks(second.num_tokens())
+    del first
+    assert second.caches_blocks(second.num_tokens())
