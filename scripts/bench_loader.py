@@ -9,7 +9,8 @@ best of each counts (the 2-core VMs share hosts). Reports:
 * time to first batch: build the mixture and the loader and take the first batch (caches ready, JAX
   already started);
 * steady tokens/s of the loader (consumer blocks until each batch is on the devices), with and
-  without fingerprints, and of the bare dataset (``get_batch``), each as a ratio to the memmap gather;
+  without fingerprints, and without prefetch (read and placed in the consumer's thread, as the limit is), and of the
+  bare dataset (``get_batch``), each as a ratio to the memmap gather;
 * the memmap gather plus placing its rows on the mesh as the loader places its four arrays
   (``jax.make_array_from_process_local_data``): the limit for a loader on this mesh, JAX's own cost
   included;
@@ -75,9 +76,9 @@ def main() -> None:
     tokens = steps * args.batch * args.seq_len
     index = np.arange(start_step * args.batch, (start_step + steps) * args.batch)
 
-    def stream(fingerprint: bool) -> Callable[[], None]:
+    def stream(fingerprint: bool, prefetch: int = 2) -> Callable[[], None]:
         def run() -> None:
-            with DataLoader(train, args.batch, mesh, MAPPING, fingerprint=fingerprint) as ld:
+            with DataLoader(train, args.batch, mesh, MAPPING, fingerprint=fingerprint, prefetch=prefetch) as ld:
                 for sb, _ in zip(ld.iter_from_step(start_step), range(steps)):
                     jax.block_until_ready(sb.batch)
         return run
@@ -106,7 +107,8 @@ def main() -> None:
                 jax.block_until_ready(jax.make_array_from_process_local_data(
                     [token_sharding, token_sharding, token_sharding, row_sharding], arrays, [shape, shape, shape, shape[:1]]))
 
-        runs = {"loader": stream(False), "loader + fingerprints": stream(True), "dataset.get_batch": dataset, "memmap gather": memmap,
+        runs = {"loader": stream(False), "loader + fingerprints": stream(True), "loader, prefetch 0": stream(False, 0),
+                "dataset.get_batch": dataset, "memmap gather": memmap,
                 "memmap gather + placement": memmap_placed}
         best: dict[str, tuple[float, float]] = {}
         for _ in range(args.repeats):
