@@ -12,12 +12,14 @@ import pytest
 import yaml
 from helpers import TOKENIZER, build, cache_bytes, encoder_for, with_format, write_jsonl, write_lines
 
+import tokenmix
 from tokenmix import (
     BadInputError,
     CacheMismatchError,
     ChatLmDatasetFormat,
     FimLmDatasetFormat,
     LMMixtureDatasetConfig,
+    PrebuiltLmDatasetFormat,
     SupervisedLmDatasetFormat,
     TextLmDatasetFormat,
     TokenCache,
@@ -287,6 +289,70 @@ def test_pretokenized_records_in_a_masked_format_train_on_every_token(tmp_path):
     cache, stats = built(tmp_path, SupervisedLmDatasetFormat(), [{"input_ids": [5, 6, 7]}, GOOD["supervised"][0]])
     assert cache[0].tolist() == [5, 6, 7] and target_mask(cache, 0).all()
     assert not target_mask(cache, 1).all() and target_mask(cache, 1)[-1]
+
+
+# prebuilt (newer Levanter)
+
+
+def test_prebuilt_records_are_stored_as_given_and_train_where_their_loss_weights_say(tmp_path):
+    fmt = PrebuiltLmDatasetFormat(input_ids_key="ids", loss_weights_key="w")
+    records = [{"ids": [10, 11, 12, 13, 14], "w": [0, 0, 1, 1, 0]}, {"ids": [7, 8], "w": [1.0, 1.0], "extra": "kept aside"}]
+    cache, stats = built(tmp_path, fmt, records)
+    assert cache[0].tolist() == [10, 11, 12, 13, 14] and cache[1].tolist() == [7, 8]  # no BOS/EOS added, as Levanter
+    # the loss at position i predicts token i + 1: weights [0, 0, 1, 1, 0] train tokens 13 and 14
+    assert target_mask(cache, 0).tolist() == [False, False, False, True, True]
+    assert target_mask(cache, 1).tolist() == [True, True]
+    plain, _ = built(tmp_path, PrebuiltLmDatasetFormat(), [{"input_ids": [3, 4, 5]}], name="plain")
+    assert plain[0].tolist() == [3, 4, 5] and not plain.has_loss_spans
+
+
+@pytest.mark.parametrize("record, problem", [
+    ({"ids": [1, 2], "w": [0.5, 1]}, "loss weights must be 0 or 1"),
+    ({"ids": [1, 2], "w": [1]}, "has 1 weights for 2 tokens"),
+    ({"ids": [1, 99999], "w": [1, 1]}, "ids outside"),
+    ({"ids": [], "w": []}, "non-empty list of integers"),
+])
+def test_prebuilt_records_that_cannot_be_stored_are_bad_records(tmp_path, record, problem):
+    url = write_jsonl(tmp_path / "bad.jsonl", [record])
+    with pytest.raises(Exception, match=problem):
+        build(str(tmp_path / "c"), [url], PrebuiltLmDatasetFormat(input_ids_key="ids", loss_weights_key="w"))
+
+
+def test_a_prebuilt_source_makes_one_example_per_record_unless_it_packs(tmp_path):
+    url = write_jsonl(tmp_path / "p.jsonl", [{"input_ids": list(range(2, 2 + n))} for n in (5, 3, 7)])
+    config = tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "c"),
+                                        "configs": {"p": {"train_urls": [url], "format": {"type": "prebuilt"}}}})
+    build_caches(config, progress=False)
+    batch = config.train_set(6).source("p").base.get_batch([0, 1, 2])
+    assert batch.tokens.tolist() == [[2, 3, 4, 5, 6, 1], [2, 3, 4, 1, 1, 1], [2, 3, 4, 5, 6, 7]]
+
+
+# chat: newer Levanter's per-record fields
+
+
+def test_chat_reads_a_records_system_prompt_and_template_variables(tmp_path, hf_tokenizer):
+    template = ("{% for m in messages %}<|{{ m['role'] }}|>{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}"
+                "{% endgeneration %}{% else %}{{ m['content'] }}{% endif %}\n{% endfor %}{% if persona %}persona: {{ persona }}{% endif %}")
+    fmt = ChatLmDatasetFormat(chat_template=template, system_prompt="system")
+    records = [{"messages": CHAT[:2], "system": "Be brief.", "chat_template_kwargs": {"persona": "terse", "add_generation_prompt": True}},
+               {"messages": CHAT[:2], "system": {"content": "Be kind."}},
+               {"messages": CHAT[:2]}]
+    cache, _ = built(tmp_path, fmt, records)
+    hf = hf_tokenizer
+    texts = [hf.decode(cache[i].tolist()) for i in range(3)]
+    assert texts[0] == "<|system|>Be brief.<|user|>Hi<|assistant|>Hello!persona: terse"  # trim_blocks, as Hugging Face renders
+    assert texts[1] == "<|system|>Be kind.<|user|>Hi<|assistant|>Hello!"
+    assert texts[2] == "<|user|>Hi<|assistant|>Hello!"
+    assert hf.decode(cache[0][target_mask(cache, 0)].tolist()) == "Hello!"
+    ignoring = ChatLmDatasetFormat(chat_template=template, chat_template_kwargs=None)
+    assert ignoring.identity() != ChatLmDatasetFormat(chat_template=template).identity()
+    assert "system_prompt" not in ignoring.identity() and fmt.identity()["system_prompt"] == "system"
+
+
+def test_template_variables_may_not_override_how_the_template_is_applied(tmp_path):
+    url = write_jsonl(tmp_path / "c.jsonl", [{"messages": CHAT, "chat_template_kwargs": {"tokenize": True}}])
+    with pytest.raises(Exception, match="may not set 'tokenize'"):
+        build(str(tmp_path / "c"), [url], ChatLmDatasetFormat(chat_template=TEMPLATE))
 
 
 # the cache

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tokenmix import Dataset, MixtureDataset, TokenBatch
 from tokenmix.datasets import FeistelPermutation, Pending, SourceOrder
 from tokenmix.datasets.base import as_indices
+from tokenmix.datasets.block_shuffle import BlockShuffle, block_shuffled
 from tokenmix.datasets.mixture_layout import _STATES_KEPT, BlockAllocator
 from tokenmix.datasets.segments import document_segments
 
@@ -418,3 +419,20 @@ def test_document_segments_match_a_per_token_count(data, length, total):
         doc = np.searchsorted(doc_starts, np.arange(start, start + length), side="right")
         assert np.array_equal(segment_ids[row], doc - doc[0])
         assert np.array_equal(loss_mask[row], np.append(doc[1:] == doc[:-1], False))
+
+
+@given(st.integers(1, 3000), st.integers(1, 40), st.integers(1, 9), st.integers(0, 2**32))
+@settings(max_examples=200, deadline=None)
+def test_block_shuffle_is_a_bijection_that_reads_whole_blocks_per_window_and_keeps_the_tail_last(length, block, window, key):
+    shape = BlockShuffle(block, window)
+    order = block_shuffled(np.arange(length), length, shape, key)
+    assert sorted(order.tolist()) == list(range(length))
+    full, tail = divmod(length, block)
+    for w in range(-(-(full + (tail > 0)) // window)):
+        positions = order[w * block * window : (w + 1) * block * window]
+        body = positions[positions < full * block]
+        assert len(np.unique(body // block)) * block == len(body)  # whole full blocks, nothing split
+    if tail:
+        assert sorted(order[full * block :].tolist()) == list(range(full * block, length))
+    again = block_shuffled(np.arange(length)[::-1], length, shape, key)
+    assert np.array_equal(again, order[::-1])  # a per-index function: any subset of positions, any order

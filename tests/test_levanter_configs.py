@@ -25,7 +25,7 @@ LEVANTER = Path(__file__).parent / "data" / "levanter"
 
 def test_every_levanter_config_kept_here_loads():
     paths = sorted(LEVANTER.rglob("*.yaml"))
-    assert len(paths) == 8
+    assert len(paths) == 9
     for path in paths:
         tokenmix.load_data_config(path)
 
@@ -270,3 +270,13 @@ def test_simulated_epoch_subset_seed_chooses_the_kept_examples_whatever_the_trai
     assert kept(simulated_epoch_subset_seed=7, seed=1) == kept(simulated_epoch_subset_seed=7, seed=2)
     assert kept(simulated_epoch_subset_seed=7) != kept(simulated_epoch_subset_seed=8)
     assert kept(seed=1) != kept(seed=2)
+
+
+def test_a_chat_source_mixed_with_text_sources_packs_its_conversations_as_levanter_does():
+    config = tokenmix.load_data_config(LEVANTER / "gpt2_small_fast_mix_chat.yaml")
+    assert config.batch_size == 256 and config.train_weights == {"owt": 0.6, "wikitext": 0.3, "tulu": 0.1}
+    tulu = config.configs["tulu"]
+    assert tulu.id == "allenai/tulu-3-sft-mixture" and isinstance(tulu.format, tokenmix.ChatLmDatasetFormat)
+    assert tulu.format.messages_field == "messages" and tulu.format.mask_user_turns
+    assert tulu.packing_options().max_segments_per_example == 64  # chat packs by default, 64 segments
+    assert config.configs["owt"].packing_options() is None and len(config.configs["owt"].shards("train")) == 128

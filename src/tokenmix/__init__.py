@@ -33,6 +33,7 @@ Formats (``format: {type: ...}``)
     SupervisedLmDatasetFormat   A prompt and a completion per record; loss only on the completion and its EOS.
     ChatLmDatasetFormat         A conversation per record; loss only on what the template marks as generated (the assistant turns).
     FimLmDatasetFormat          Text in one field, fill-in-the-middle transformed with probability ``fim_rate``.
+    PrebuiltLmDatasetFormat     Token ids given by each record, with optional 0/1 loss weights.
 
 Caches
     build_caches                Build (or resume, or extend) every cache of the config; returns statistics per (source, split).
@@ -98,6 +99,7 @@ if TYPE_CHECKING:
     from tokenmix.formats.base import BadRecordError, LmDatasetFormatBase
     from tokenmix.formats.chat import ChatLmDatasetFormat
     from tokenmix.formats.fim import FimLmDatasetFormat
+    from tokenmix.formats.prebuilt import PrebuiltLmDatasetFormat
     from tokenmix.formats.supervised import SupervisedLmDatasetFormat
     from tokenmix.formats.text import TextLmDatasetFormat
     from tokenmix.formats.tokenizer import TokenizerLoadError
@@ -137,6 +139,7 @@ __all__ = [
     "NoShardsError",
     "PackedDataset",
     "PackingConfig",
+    "PrebuiltLmDatasetFormat",
     "RayExecutorConfig",
     "ShardChangedError",
     "ShardListMismatchError",

@@ -1,7 +1,7 @@
 """Reading a data config from a YAML file or a mapping, with command-line overrides, into config objects.
 
-The document is a mixture config (it has ``configs:``), a single-dataset config, or either of those
-under a ``data:`` key (as in a Levanter training config; its other sections are ignored). A YAML file
+The document is a mixture config (it has ``configs:``, or newer Levanter's ``components:``), a single-dataset config,
+or either of those under a ``data:`` key (as in a Levanter training config; its other sections are ignored). A YAML file
 may pull in others with ``!include path`` (or merge one with ``<<: !include path``), each path taken
 relative to the file that names it, as draccus and Levanter resolve them. The document is decoded by
 draccus straight from the mapping: nothing is written to disk.
@@ -10,8 +10,12 @@ draccus straight from the mapping: nothing is written to disk.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import difflib
 import logging
 import os
+import re
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,7 +45,7 @@ def load_data_config(config: str | os.PathLike[str] | Mapping[str, Any], overrid
         doc = _read_yaml(where)
     if isinstance(doc.get("data"), dict):
         doc = _with_trainer_batch_size(doc["data"], doc.get("trainer"))
-    cls: type[DataConfig] = LMMixtureDatasetConfig if "configs" in doc else LMDatasetConfig
+    cls: type[DataConfig] = LMMixtureDatasetConfig if "configs" in doc or "components" in doc else LMDatasetConfig
     try:
         for key, value in parse_overrides(overrides or ()):
             _set_path(doc, key, value)
@@ -55,7 +59,7 @@ def _with_trainer_batch_size(data: dict[str, Any], trainer: Any) -> dict[str, An
     or Levanter's schedule ``[{start, value}, ...]``) when the section sets none, as Levanter turns weight stages into
     examples with the trainer's batch size."""
     size = trainer.get("train_batch_size") if isinstance(trainer, dict) else None
-    if "configs" not in data or "batch_size" in data or size is None:
+    if ("configs" not in data and "components" not in data) or "batch_size" in data or size is None:
         return data
     if isinstance(size, list) and all(isinstance(s, dict) and set(s) == {"start", "value"} for s in size):
         size = [[s["start"], s["value"]] for s in size]
@@ -117,9 +121,51 @@ def _read_yaml(path: str) -> dict[str, Any]:
 
 def _explain(error: BaseException) -> str:
     """The error with the one at the bottom of its chain: draccus wraps a config's own message (which names
-    the field and the fix) in "Couldn't instantiate class ...", and names the field of a bad value only outside."""
+    the field and the fix) in "Couldn't instantiate class ...", and names the field of a bad value only outside.
+    An unknown field or choice gets the closest valid name."""
     inner = error
     while (inner.__cause__ or inner.__context__) is not None:
         inner = inner.__cause__ or inner.__context__  # type: ignore[assignment]
     outer, detail = str(error).strip(), str(inner).strip()
-    return outer if inner is error or detail in outer else f"{outer.rstrip('.')}: {detail}"
+    text = outer if inner is error or detail in outer else f"{outer.rstrip('.')}: {detail}"
+    return text + _closest(text)
+
+
+def _closest(message: str) -> str:
+    """" Did you mean ...?" for the unknown fields or choice names a draccus message names, or nothing."""
+    names = _config_names()
+    hints = []
+    for fields, owner in re.findall(r"The fields? `([^`]+)` (?:are|is) not valid for (\w+)", message):
+        for name in (f.strip() for f in fields.split(",")):
+            close = difflib.get_close_matches(name, names.get(owner, ()), n=1)
+            if close and f"{name} -> {close[0]}" not in hints:
+                hints.append(f"{name} -> {close[0]}")
+    for choice, owner in re.findall(r"Couldn't find a choice class for '([^']+)' in <class '[\w.]+\.(\w+)'>", message):
+        close = difflib.get_close_matches(choice, names.get(owner, ()), n=1)
+        hints.append(f"{choice} -> {close[0]}" if close else f"{choice}: choose among {', '.join(sorted(names.get(owner, ())))}")
+    return f" (did you mean: {'; '.join(hints)}?)" if hints else ""
+
+
+def _config_names() -> dict[str, tuple[str, ...]]:
+    """Per config class reachable from the data configs: its field names, or for a choice type its choice names."""
+    names: dict[str, tuple[str, ...]] = {}
+    pending: list[Any] = [LMMixtureDatasetConfig, LMDatasetConfig]
+    while pending:
+        cls = pending.pop()
+        if not isinstance(cls, type) or cls.__name__ in names:
+            continue
+        choices = cls.get_known_choices() if issubclass(cls, draccus.ChoiceRegistry) else {}
+        if choices and cls not in choices.values():  # a choice type: its names are the choices'
+            names[cls.__name__] = tuple(choices)
+            pending.extend(choices.values())
+            continue
+        if dataclasses.is_dataclass(cls):
+            names[cls.__name__] = tuple(f.name for f in dataclasses.fields(cls))
+            for hint in typing.get_type_hints(cls).values():
+                pending.extend(_classes_in(hint))
+    return names
+
+
+def _classes_in(hint: Any) -> list[type]:
+    args = typing.get_args(hint)
+    return [hint] if not args and isinstance(hint, type) else [c for a in args for c in _classes_in(a)]

@@ -18,11 +18,13 @@ from tokenmix.cache.options import BuildOptions
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import join_location
 from tokenmix.config.caches import open_cache
+from tokenmix.config.components import DatasetComponentBase, resolve_components
 from tokenmix.config.holdout import held_out_documents, kept_documents
 from tokenmix.config.levanter import CacheOptions, note_cache_options
 from tokenmix.config.sources import LMDatasetSourceConfig
 from tokenmix.config.tokenization import TokenizationConfig
 from tokenmix.datasets.base import Dataset
+from tokenmix.datasets.block_shuffle import BlockShuffle
 from tokenmix.datasets.ignored_targets import IgnoredTargets
 from tokenmix.datasets.mixture import STOP_STRATEGIES, MixtureDataset, normalize_schedule
 from tokenmix.datasets.order import check_shuffle
@@ -40,6 +42,9 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     """Named sources sharing a tokenizer and a cache directory, mixed by weight into a training set."""
 
     configs: dict[str, LMDatasetSourceConfig] = field(default_factory=dict)
+    components: dict[str, DatasetComponentBase] = field(default_factory=dict)
+    """Newer Levanter's schema, instead of ``configs``: resolved into ``configs`` (and ``train_weights``) when the config
+    is made, after which it is empty (``config/components.py``)."""
     cache_dir: str = "cache/"
     build: BuildOptions = field(default_factory=BuildOptions)
     cache_options: CacheOptions | None = None
@@ -52,8 +57,9 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     steps into example indices (needed with stages), through the same schedule the loader uses."""
     mixture_block_size: int = 2048
     """Examples per block; every block holds its exact per-source counts."""
-    shuffle: bool | int = True
-    """Per-source order: true = full shuffle per epoch, false = in order, an int = shuffle within eras of that many."""
+    shuffle: bool | int | BlockShuffle = True
+    """Per-source order: true = full shuffle per epoch, false = in order, an int = shuffle within eras of that many,
+    ``{io_block_size, window_blocks}`` = newer Levanter's block shuffle (``datasets/block_shuffle.py``)."""
     shuffle_buffer_size: int | None = None
     """Older Levanter: shuffle through a buffer of this many examples; read as ``shuffle:`` eras of that many, the same
     bound on how far an example moves."""
@@ -87,6 +93,12 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     segment ids that blocking needs, and whether to block is the model's choice."""
 
     def __post_init__(self) -> None:
+        if self.components:
+            if self.configs:
+                raise ValueError("give `configs` (Levanter's older schema) or `components` (its newer one), not both")
+            configs, weights = resolve_components(self.components, self.train_weights, self.cache_dir)
+            for name, value in (("configs", configs), ("train_weights", weights), ("components", {})):
+                object.__setattr__(self, name, value)
         names = list(self.configs)
         if self.train_weights is None:
             object.__setattr__(self, "train_weights", {})  # Levanter's newer schema: null means equal weights
@@ -241,6 +253,11 @@ class LMMixtureDatasetConfig(TokenizationConfig):
         logger.info("%s: keeping %d of its %d training examples (%s)", name, count, _length(dataset), why)
         subset_seed = seed if self.simulated_epoch_subset_seed is None or self.target_budget is None else self.simulated_epoch_subset_seed
         return ExampleSubset(dataset, count, derive_key("subset", name, subset_seed))
+
+    def tagged_validation_sets(self, seq_len: int) -> list[tuple[str, Dataset, list[str]]]:
+        """Per source, its validation examples and the names its loss is reported under: its ``tags`` and its own name
+        (Levanter's ``tagged_eval_sets``)."""
+        return [(name, ds, [*(self.configs[name].tags or []), name]) for name, ds in self.validation_sets(seq_len).items()]
 
     def validation_sets(self, seq_len: int) -> dict[str, Dataset]:
         """Per source, its validation examples: its validation split, or the documents held out of training."""

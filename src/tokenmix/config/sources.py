@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import tokenmix.formats  # noqa: F401  (registers every format, so `format: {type: ...}` can name any of them)
 from tokenmix.datasets.order import check_shuffle
 from tokenmix.datasets.packing import LongDocuments, check_packing
-from tokenmix.formats.base import LmDatasetFormatBase
+from tokenmix.formats.base import LmDatasetFormatBase, Pack
 from tokenmix.formats.text import TextLmDatasetFormat
 from tokenmix.sources.hf import HfDatasetShard, available_splits
 from tokenmix.sources.shards import FileShard, Shard
@@ -37,6 +37,21 @@ class PackingConfig:
     def __post_init__(self) -> None:
         check_packing(self.max_segments_per_example, self.long_documents)
         check_shuffle(self.shuffle, "packing")
+
+
+def packing_for(pack: Pack, stream: bool) -> PackingConfig | None:
+    """Levanter's ``pack`` as packing: whole documents (at most 64, or ``pack``, a example), one document a example
+    (``pad``, or false for formats of separate examples), or None, windows of the token stream (unset, or false for
+    a ``stream`` format: text)."""
+    if pack is None or (pack is False and stream):
+        return None
+    if pack is True:
+        return PackingConfig()
+    if pack is False or pack == "pad":
+        return PackingConfig(max_segments_per_example=1)
+    if isinstance(pack, int) and pack >= 1:
+        return PackingConfig(max_segments_per_example=pack)
+    raise ValueError(f"pack must be true, false, pad or a positive number of documents per example, got {pack!r}")
 
 
 @dataclass(frozen=True)
@@ -77,9 +92,7 @@ class LMDatasetSourceConfig:
         if self.packing is not None:
             return self.packing
         pack = getattr(self.format, "pack", None)
-        if pack is None:
-            return None
-        return PackingConfig() if pack else PackingConfig(max_segments_per_example=1)
+        return packing_for(self.format.default_pack if pack is None else pack, isinstance(self.format, TextLmDatasetFormat))
 
     def shards(self, split: str) -> list[Shard]:
         """The shards of a split, in order (empty when the source has no such split)."""

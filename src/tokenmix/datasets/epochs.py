@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
-from tokenmix.datasets.order import Shuffle, SourceOrder, check_shuffle
+from tokenmix.datasets.order import Shuffle, SourceOrder, check_shuffle, needs_length, resolvable
 
 UNBOUNDED = 2**62
 """The length reported by datasets that never end."""
@@ -50,10 +50,7 @@ class EpochedDataset(Dataset):
         n = self.base.final_len()
         if n is not None:
             return UNBOUNDED if self.epochs is None else n * self.epochs
-        if self.shuffle is True:
-            return 0
-        have = self.base.current_len()
-        return have if self.shuffle is False else have // self.shuffle * self.shuffle
+        return resolvable(self.shuffle, self.base.current_len())
 
     def length(self, why: str = "") -> int:
         """Examples per epoch, waiting for the base to finish if it has not."""
@@ -65,8 +62,8 @@ class EpochedDataset(Dataset):
         if self._final_order is not None:
             return self._final_order
         n = self.base.final_len()
-        if n is None and self.shuffle is True:
-            n = self.length("a full shuffle needs the source's length")
+        if n is None and needs_length(self.shuffle):
+            n = self.length("a full or block shuffle needs the source's length")
         if n is None:
             provisional = SourceOrder(None, self.key, self.shuffle)
             need = provisional.needed_length(draws)

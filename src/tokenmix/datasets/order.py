@@ -1,8 +1,9 @@
 """The order a source's examples are read in, across epochs: pure index math, no I/O.
 
 The k-th example drawn from a source of ``length`` examples belongs to epoch ``k // length``; inside an
-epoch it is either read in place, through a full permutation, or through permutations of consecutive
-eras of ``era_length`` examples (useful while a cache is still growing). Each epoch (and each era) has
+epoch it is either read in place, through a full permutation, through permutations of consecutive
+eras of ``era_length`` examples (useful while a cache is still growing), or through a block shuffle
+(``block_shuffle.py``). Each epoch (and each era) has
 its own key, so every epoch is read in a fresh order.
 """
 
@@ -13,16 +14,33 @@ from functools import lru_cache
 
 import numpy as np
 
+from tokenmix.datasets.block_shuffle import BlockShuffle, block_shuffled
 from tokenmix.datasets.permutation import FeistelPermutation, derive_key
 
-Shuffle = bool | int
-"""False: in order; True: a full permutation per epoch; an int: permute within eras of that many examples."""
+Shuffle = bool | int | BlockShuffle
+"""False: in order; True: a full permutation per epoch; an int: permute within eras of that many examples; a
+``BlockShuffle``: blocks permuted, then examples within windows of blocks."""
 
 
 def check_shuffle(shuffle: Shuffle, where: str) -> None:
-    """Reject a shuffle setting that is neither a bool nor a positive era length."""
+    """Reject a shuffle setting that is neither a bool, a positive era length nor a block shuffle."""
+    if isinstance(shuffle, BlockShuffle):
+        return
     if not isinstance(shuffle, bool) and (not isinstance(shuffle, int) or shuffle < 1):
-        raise ValueError(f"{where}: `shuffle` must be true, false or a positive era length, got {shuffle!r}")
+        raise ValueError(f"{where}: `shuffle` must be true, false, a positive era length or a block shuffle "
+                         f"({{io_block_size, window_blocks}}), got {shuffle!r}")
+
+
+def needs_length(shuffle: Shuffle) -> bool:
+    """Whether the order can only be known with the source's final length (a full or block shuffle)."""
+    return shuffle is True or isinstance(shuffle, BlockShuffle)
+
+
+def resolvable(shuffle: Shuffle, have: int) -> int:
+    """How many positions of a still-growing source's order can be resolved with ``have`` examples."""
+    if shuffle is False:
+        return have
+    return 0 if needs_length(shuffle) else have // shuffle * shuffle  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -36,8 +54,8 @@ class SourceOrder:
 
     def __post_init__(self) -> None:
         check_shuffle(self.shuffle, "source order")
-        if self.length is None and self.shuffle is True:
-            raise ValueError("a full shuffle needs the source's final length")
+        if self.length is None and needs_length(self.shuffle):
+            raise ValueError("a full or block shuffle needs the source's final length")
         if self.length is not None and self.length < 1:
             raise ValueError(f"a source needs at least one example, got length {self.length}")
 
@@ -52,7 +70,7 @@ class SourceOrder:
         if k.size == 0:
             return 0
         top = int(k.max()) + 1
-        if isinstance(self.shuffle, bool):
+        if isinstance(self.shuffle, bool | BlockShuffle):
             return top
         return -(-top // self.shuffle) * self.shuffle
 
@@ -65,6 +83,12 @@ class SourceOrder:
             epoch, within = np.divmod(k, self.length)
         if self.shuffle is False:
             return within.copy()
+        if isinstance(self.shuffle, BlockShuffle):
+            out = np.empty_like(within)
+            for e in np.unique(epoch).tolist():
+                members = epoch == e
+                out[members] = block_shuffled(within[members], self.length, self.shuffle, derive_key(self.key, "epoch", e))  # type: ignore[arg-type]
+            return out
         era_len = self.length if self.shuffle is True else self.shuffle
         era, offset = np.divmod(within, era_len)
         if self.shuffle is True and (epoch.size == 0 or epoch.min() == epoch.max()):

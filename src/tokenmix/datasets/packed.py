@@ -30,7 +30,7 @@ from tokenmix.cache.reader import TokenCache
 from tokenmix.datasets.base import DirectDataset, TokenBatch
 from tokenmix.datasets.cache_ranges import checked_subset, copy_ranges, keep_targets, split_at_chunks
 from tokenmix.datasets.documents import CacheDocuments
-from tokenmix.datasets.order import Shuffle, SourceOrder, check_shuffle
+from tokenmix.datasets.order import Shuffle, SourceOrder, check_shuffle, resolvable
 from tokenmix.datasets.packing import LongDocuments, check_packing, document_pieces, next_fit
 from tokenmix.datasets.segments import expand_counts
 
@@ -134,9 +134,7 @@ class PackedDataset(DirectDataset):
         if self._subset is not None:
             return len(self._subset)
         rows = self._docs.rows
-        if self._docs.finished or self.shuffle is False:
-            return rows
-        return 0 if self.shuffle is True else rows // self.shuffle * self.shuffle
+        return rows if self._docs.finished else resolvable(self.shuffle, rows)
 
     def _order(self, positions: np.ndarray) -> np.ndarray:
         """The cache rows at positions of the document order."""

@@ -1,4 +1,4 @@
-"""Records to token ids and loss-mask spans: the formats (``text``, ``supervised``, ``chat``, ``fim``),
+"""Records to token ids and loss-mask spans: the formats (``text``, ``supervised``, ``chat``, ``fim``, ``prebuilt``),
 the tokenizer's description, and the encoder the cache builder's workers run.
 
 Importing the package registers every format on ``LmDatasetFormatBase``, so ``format: {type: ...}`` in
@@ -8,13 +8,14 @@ YAML can name any of them.
 from typing import TYPE_CHECKING
 
 from tokenmix._lazy import lazy_exports
-from tokenmix.formats import chat, fim, supervised, text  # noqa: F401  (registration)
+from tokenmix.formats import chat, fim, prebuilt, supervised, text  # noqa: F401  (registration)
 
 if TYPE_CHECKING:
     from tokenmix.formats.base import FILTER_REASONS, BadRecordError, FormatContext, LmDatasetFormatBase, Rendered
     from tokenmix.formats.chat import ChatLmDatasetFormat
     from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
     from tokenmix.formats.fim import FimLmDatasetFormat
+    from tokenmix.formats.prebuilt import PrebuiltLmDatasetFormat
     from tokenmix.formats.supervised import SupervisedLmDatasetFormat
     from tokenmix.formats.text import TextLmDatasetFormat
     from tokenmix.formats.tokenizer import TokenizerInfo, TokenizerLoadError, describe_tokenizer, load_tokenizer
@@ -29,6 +30,7 @@ __all__ = [
     "FimLmDatasetFormat",
     "FormatContext",
     "LmDatasetFormatBase",
+    "PrebuiltLmDatasetFormat",
     "Rendered",
     "SupervisedLmDatasetFormat",
     "TextLmDatasetFormat",

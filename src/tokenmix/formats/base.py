@@ -12,7 +12,7 @@ import abc
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import draccus
 
@@ -68,6 +68,11 @@ class FormatContext:
 
 RecordRenderer = Callable[[dict[str, Any]], Rendered]
 
+Pack = bool | int | Literal["pad"] | None
+"""Levanter's ``pack`` (a dataset option, not part of what a cache holds): true packs whole documents into examples (at
+most 64 a example), an int packs at most that many, ``pad`` puts one document in each example (padded), false cuts a
+text stream into windows (one document per example for formats of separate examples), None is the format's default."""
+
 
 @dataclass(frozen=True)
 class LmDatasetFormatBase(abc.ABC, draccus.ChoiceRegistry):
@@ -75,6 +80,11 @@ class LmDatasetFormatBase(abc.ABC, draccus.ChoiceRegistry):
 
     adds_special_tokens: ClassVar[bool] = True
     """Whether BOS/EOS (``enforce_bos``/``enforce_eos``) go around each document; a chat template places its own."""
+    reads_token_ids: ClassVar[bool] = False
+    """Whether the format reads records' token ids itself (``prebuilt``), rather than the encoder taking any record with an
+    ``input_ids`` field as already tokenized."""
+    default_pack: ClassVar[Pack] = None
+    """How examples are made when ``pack`` is unset (Levanter's defaults): windows of the token stream."""
     dataset_options: ClassVar[tuple[str, ...]] = ()
     """Fields that choose how the cache is read (e.g. Levanter's ``pack``), not what it holds: left out of
     the cache identity."""

@@ -12,6 +12,11 @@ A template that cannot mark assistant turns is refused when the config is resolv
 record); a conversation in which it marks nothing (no assistant turn) is a bad record,
 ``no_assistant_span``.
 
+Newer Levanter's per-record fields are read too: ``system_prompt`` names a field holding a system prompt (a string, or
+a message mapping with ``content``) put before the messages as a ``system`` message, and ``chat_template_kwargs`` (by
+default the field ``chat_template_kwargs``, when a record has it) a mapping of extra variables for the template (a
+``chat_template`` among them replaces the template for that record; ``add_generation_prompt`` is ignored).
+
 ``single_turn: true`` is Levanter's other reading: the first user message and the first assistant message
 become a prompt and a completion, with no template, exactly as the ``supervised`` format would take them
 (BOS/EOS as configured, ``mask_user_turns`` masking the prompt); later turns are left out.
@@ -24,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, RecordRenderer, Rendered, record_field, text_size
+from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Pack, RecordRenderer, Rendered, record_field, text_size
 from tokenmix.formats.supervised import SupervisedLmDatasetFormat
 from tokenmix.formats.tokenizer import import_transformers
 
@@ -46,12 +51,18 @@ class ChatLmDatasetFormat(LmDatasetFormatBase):
     """Jinja chat template; None uses the tokenizer's."""
     mask_user_turns: bool = True
     """Train only on the assistant turns; false trains on every token (and needs no generation marks)."""
-    pack: bool = True
-    """Levanter's switch: pack several conversations into each sequence (false: one per sequence)."""
+    pack: Pack = True
+    """Levanter's switch: pack several conversations into each sequence (true or null, or at most this many), or one a
+    sequence (false or ``pad``)."""
     single_turn: bool = False
     """Levanter's switch: the first user and assistant messages as a prompt and a completion, no template."""
+    system_prompt: str | None = None
+    """Newer Levanter: the field holding a record's system prompt, put first as a ``system`` message (unset: none)."""
+    chat_template_kwargs: str | None = "chat_template_kwargs"
+    """Newer Levanter: the field holding a record's extra template variables (a mapping); null reads none."""
 
     dataset_options = ("pack",)
+    default_pack = True
 
     @property
     def adds_special_tokens(self) -> bool:  # type: ignore[override]
@@ -63,10 +74,12 @@ class ChatLmDatasetFormat(LmDatasetFormatBase):
         return self.mask_user_turns
 
     def identity(self) -> dict[str, Any]:
-        """The base identity, without ``single_turn`` when it is off: caches made before the option existed keep theirs."""
+        """The base identity, without ``single_turn`` and ``system_prompt`` when they are off: caches made before the
+        options existed keep theirs, but for ``chat_template_kwargs``, which changes what records carrying it render."""
         identity = super().identity()
-        if not self.single_turn:
-            del identity["single_turn"]
+        for option in ("single_turn", "system_prompt"):
+            if not getattr(self, option):
+                del identity[option]
         return identity
 
     def bind(self, context: FormatContext) -> RecordRenderer:
@@ -87,18 +100,19 @@ class ChatLmDatasetFormat(LmDatasetFormatBase):
         render_template = _renderer()
         special = dict(context.special_tokens)
 
-        def render(messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
-            rendered, spans = render_template(
-                conversations=[messages], chat_template=template, return_assistant_tokens_mask=self.mask_user_turns, **special
-            )
+        def render(messages: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> tuple[str, list[tuple[int, int]]]:
+            variables = {"tools": None, **special, **(extra or {})}
+            rendered, spans = render_template(conversations=[messages], chat_template=variables.pop("chat_template", template),
+                                              return_assistant_tokens_mask=self.mask_user_turns, **variables)
             return rendered[0], [tuple(s) for s in spans[0]] if self.mask_user_turns else []
 
         self._check_template(render)
 
         def render_record(record: dict[str, Any]) -> Rendered:
-            messages = self._messages(record)
+            messages = self._system(record) + self._messages(record)
+            extra = self._template_variables(record)
             try:
-                text, spans = render(messages)
+                text, spans = render(messages, extra)
             except Exception as e:  # noqa: BLE001 - any failure inside a user's template is this record's problem
                 raise BadRecordError("template_error", f"the chat template failed on this conversation: {type(e).__name__}: {e}") from None
             size = text_size(*(m["content"] for m in messages))
@@ -145,6 +159,32 @@ class ChatLmDatasetFormat(LmDatasetFormatBase):
                 "format chat: the chat template's {% generation %} block marks nothing in a plain user/assistant exchange, "
                 f"so assistant turns could not be trained on. Put it around the assistant's content (see {_DOCS})"
             )
+
+    def _system(self, record: dict[str, Any]) -> list[dict[str, Any]]:
+        """The record's system prompt as a message list (empty without one), as Levanter reads ``system_prompt``."""
+        if self.system_prompt is None or record.get(self.system_prompt) is None:
+            return []
+        value = record[self.system_prompt]
+        if isinstance(value, dict):
+            if not isinstance(value.get("content"), str):
+                raise BadRecordError("missing_field", f"{self.system_prompt!r} is a mapping without a string 'content'")
+            return [{**value, "role": "system"}]
+        if not isinstance(value, str):
+            raise BadRecordError("wrong_type", f"{self.system_prompt!r} is {type(value).__name__}, not a string or a message")
+        return [{"role": "system", "content": value}]
+
+    def _template_variables(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record's extra template variables (``chat_template_kwargs``), checked as Levanter checks them."""
+        if self.chat_template_kwargs is None or record.get(self.chat_template_kwargs) is None:
+            return {}
+        value = record[self.chat_template_kwargs]
+        if not isinstance(value, dict):
+            raise BadRecordError("wrong_type", f"{self.chat_template_kwargs!r} must be a mapping of template variables, not "
+                                               f"{type(value).__name__}")
+        for forbidden in ("tokenize", "return_assistant_tokens_mask", "return_dict", "return_message_spans"):
+            if forbidden in value:
+                raise BadRecordError("wrong_type", f"{self.chat_template_kwargs!r} may not set {forbidden!r}")
+        return {k: v for k, v in value.items() if k != "add_generation_prompt"}
 
     def _messages(self, record: dict[str, Any]) -> list[dict[str, Any]]:
         messages = record_field(record, self.messages_field, "messages_field")

@@ -148,7 +148,7 @@ class DocumentEncoder:
             raw = _parse_json_line(raw)
         if not isinstance(raw, dict):
             raise BadRecordError("wrong_type", f"record is a JSON {type(raw).__name__}, not an object")
-        if PRETOKENIZED_KEY in raw:
+        if PRETOKENIZED_KEY in raw and not self.spec.format.reads_token_ids:
             return self._pretokenized(raw[PRETOKENIZED_KEY])
         return self.render(raw)
 

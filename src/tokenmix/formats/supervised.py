@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, RecordRenderer, Rendered, record_field, text_size
+from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Pack, RecordRenderer, Rendered, record_field, text_size
 
 
 @LmDatasetFormatBase.register_subclass("supervised")
@@ -36,10 +36,12 @@ class SupervisedLmDatasetFormat(LmDatasetFormatBase):
     """Skip (and count as ``too_long``) examples of more tokens than this, BOS, separator and EOS included."""
     min_sequence_len: int | None = None
     """Skip (and count as ``too_short``) examples of fewer tokens than this."""
-    pack: bool = True
-    """Levanter's switch: pack several examples into each sequence (false: one example per sequence)."""
+    pack: Pack = True
+    """Levanter's switch: pack several examples into each sequence (true, or at most this many), or one a sequence
+    (false or ``pad``)."""
 
     dataset_options = ("pack",)
+    default_pack = True
 
     def __post_init__(self) -> None:
         for name in ("max_seq_length", "min_sequence_len"):

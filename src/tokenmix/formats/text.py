@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, RecordRenderer, Rendered, record_field, text_size
+from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Pack, RecordRenderer, Rendered, record_field, text_size
 
 
 @LmDatasetFormatBase.register_subclass("text")
@@ -14,6 +14,11 @@ class TextLmDatasetFormat(LmDatasetFormatBase):
     """Plain text in one field of each record (a list of strings is joined with blank lines)."""
 
     text_key: str = "text"
+    pack: Pack = None
+    """Newer Levanter: pack whole documents into examples (true, or at most this many a example; ``pad``: one a example)
+    instead of cutting the token stream into windows (unset or false)."""
+
+    dataset_options = ("pack",)
 
     def extract_text(self, record: dict[str, Any]) -> str:
         """The document text of a record, or ``BadRecordError`` naming why there is none."""
