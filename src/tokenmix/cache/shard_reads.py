@@ -156,10 +156,10 @@ class ShardedReads:
         if isinstance(self.source, LocalShards):
             for s in shards:
                 entry = have[s]
-                if entry is None or entry[0] is not None or not complete[s]:  # unknown, or partial when last seen
-                    inode, data = self.source.get(f"c/{s}", None if entry is None or entry[2] is None else (entry[0], entry[2]))
-                    if entry is None or data is not entry[2]:
-                        have[s] = (None if complete[s] else inode, self._index(data, s), data)
+                if entry is None or entry[0] is not None:  # unknown, or partial when last seen
+                    inode, data = self.source.get(f"c/{s}", None if entry is None else (entry[0], entry[2]))  # type: ignore[arg-type]
+                    index = entry[1] if entry is not None and data is entry[2] else self._index(data, s)
+                    have[s] = (None if complete[s] else inode, index, data)
         else:
             # a partial shard is read whole and kept while the committed tokens stay the same: any version of it
             # stored since holds those tokens, so what was read keeps serving them
