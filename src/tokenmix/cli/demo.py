@@ -16,12 +16,12 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from tokenmix import LMMixtureDatasetConfig, build_caches, load_data_config
 from tokenmix.cli.build_cache import summary_table
 from tokenmix.cli.console import make_console
+from tokenmix.loader.cpu_devices import use_fake_cpu_devices
 
 logger = logging.getLogger(__name__)
 
 DEMO_CONFIG = os.path.join("config", "demo.yaml")
 DEMO_DEVICES = 8
-DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
 def run(argv: list[str]) -> int:
@@ -49,17 +49,6 @@ def run(argv: list[str]) -> int:
     if isinstance(config, LMMixtureDatasetConfig):
         stream_batches(config, args.seq_len, args.batch_size, args.batches, console)
     return 0
-
-
-def use_fake_cpu_devices(count: int) -> None:
-    """Ask JAX for ``count`` CPU devices and the CPU platform alone, unless the environment says otherwise.
-
-    Only effective before JAX starts, hence no module-level JAX import here or in ``cli.main``.
-    """
-    flags = os.environ.get("XLA_FLAGS", "")
-    if DEVICE_COUNT_FLAG not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {DEVICE_COUNT_FLAG}={count}".strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 def stream_batches(config: LMMixtureDatasetConfig, seq_len: int, batch_size: int, batches: int, console: Console) -> None:
