@@ -25,7 +25,7 @@ LEVANTER = Path(__file__).parent / "data" / "levanter"
 
 def test_every_levanter_config_kept_here_loads():
     paths = sorted(LEVANTER.rglob("*.yaml"))
-    assert len(paths) == 9
+    assert len(paths) == 10
     for path in paths:
         tokenmix.load_data_config(path)
 
@@ -280,3 +280,16 @@ def test_a_chat_source_mixed_with_text_sources_packs_its_conversations_as_levant
     assert tulu.format.messages_field == "messages" and tulu.format.mask_user_turns
     assert tulu.packing_options().max_segments_per_example == 64  # chat packs by default, 64 segments
     assert config.configs["owt"].packing_options() is None and len(config.configs["owt"].shards("train")) == 128
+
+
+def test_the_supervised_example_of_levanters_guide_reads_its_fields(caplog):
+    source = tokenmix.load_data_config(LEVANTER / "supervised_source_from_docs.yaml")
+    assert isinstance(source, tokenmix.LMDatasetConfig) and source.cache_location("default", "train") == "gs://bucket/cache/train"
+    assert source.format == tokenmix.SupervisedLmDatasetFormat(input_field="prompt", output_field="answer", separate_with="\n")
+    assert source.packing_options().max_segments_per_example == 64  # supervised packs by default
+
+
+def test_the_chat_field_levanters_guide_misnames_is_refused_with_the_right_name():
+    doc = {"tokenizer": TOKENIZER, "configs": {"tulu": {"id": "allenai/tulu-3-sft-mixture", "format": {"type": "chat", "messages_key": "messages"}}}}
+    with pytest.raises(tokenmix.ConfigError, match="messages_key -> messages_field"):
+        tokenmix.load_data_config(doc)

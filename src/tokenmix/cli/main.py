@@ -9,6 +9,8 @@ COMMANDS = {
     "build-cache": ("tokenmix.cli.build_cache", "Build (or resume, or extend) the caches of a data config."),
     "inspect": ("tokenmix.cli.inspect_cache", "Show a cache's ledger and statistics and decode sample documents."),
     "demo": ("tokenmix.cli.demo", "Build the bundled demo mixture's caches and print their statistics."),
+    "train": ("tokenmix.cli.train_lm", "Train a tiny transformer on a mixture: per-source eval, checkpoints, exact resume."),
+    "plot": ("tokenmix.cli.plot_schedule", "Draw a mixture config's schedule (each source's share by step) as a PNG."),
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import logging
 import os
 import re
@@ -42,16 +43,16 @@ def load_data_config(config: str | os.PathLike[str] | Mapping[str, Any], overrid
         where, doc = "the data config", copy.deepcopy(dict(config))
     else:
         where = os.fspath(config)
-        doc = _read_yaml(where)
+        doc = read_yaml(where)
     if isinstance(doc.get("data"), dict):
         doc = _with_trainer_batch_size(doc["data"], doc.get("trainer"))
     cls: type[DataConfig] = LMMixtureDatasetConfig if "configs" in doc or "components" in doc else LMDatasetConfig
     try:
         for key, value in parse_overrides(overrides or ()):
-            _set_path(doc, key, value)
+            set_path(doc, key, value)
         return draccus.decode(cls, doc)
     except (draccus.utils.ParsingError, TypeError, ValueError) as e:
-        raise ConfigError(f"{where} does not parse as {cls.__name__}: {_explain(e)}") from None
+        raise ConfigError(f"{where} does not parse as {cls.__name__}: {explain_error(e)}") from None
 
 
 def _with_trainer_batch_size(data: dict[str, Any], trainer: Any) -> dict[str, Any]:
@@ -91,7 +92,7 @@ def parse_overrides(args: Sequence[str]) -> list[tuple[str, Any]]:
     return pairs
 
 
-def _set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
+def set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     node = doc
     for part in parents:
@@ -102,7 +103,7 @@ def _set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _read_yaml(path: str) -> dict[str, Any]:
+def read_yaml(path: str) -> dict[str, Any]:
     """The YAML document at ``path``, with its ``!include``s resolved (relative to the file that names each)."""
     try:
         with open(path) as f:
@@ -119,21 +120,21 @@ def _read_yaml(path: str) -> dict[str, Any]:
     return doc
 
 
-def _explain(error: BaseException) -> str:
+def explain_error(error: BaseException, roots: tuple[type, ...] = (LMMixtureDatasetConfig, LMDatasetConfig)) -> str:
     """The error with the one at the bottom of its chain: draccus wraps a config's own message (which names
     the field and the fix) in "Couldn't instantiate class ...", and names the field of a bad value only outside.
-    An unknown field or choice gets the closest valid name."""
+    An unknown field or choice gets the closest valid name among the config classes reachable from ``roots``."""
     inner = error
     while (inner.__cause__ or inner.__context__) is not None:
         inner = inner.__cause__ or inner.__context__  # type: ignore[assignment]
     outer, detail = str(error).strip(), str(inner).strip()
     text = outer if inner is error or detail in outer else f"{outer.rstrip('.')}: {detail}"
-    return text + _closest(text)
+    return text + _closest(text, roots)
 
 
-def _closest(message: str) -> str:
+def _closest(message: str, roots: tuple[type, ...]) -> str:
     """" Did you mean ...?" for the unknown fields or choice names a draccus message names, or nothing."""
-    names = _config_names()
+    names = _config_names(roots)
     hints = []
     for fields, owner in re.findall(r"The fields? `([^`]+)` (?:are|is) not valid for (\w+)", message):
         for name in (f.strip() for f in fields.split(",")):
@@ -146,10 +147,11 @@ def _closest(message: str) -> str:
     return f" (did you mean: {'; '.join(hints)}?)" if hints else ""
 
 
-def _config_names() -> dict[str, tuple[str, ...]]:
-    """Per config class reachable from the data configs: its field names, or for a choice type its choice names."""
+@functools.lru_cache(maxsize=8)
+def _config_names(roots: tuple[type, ...]) -> dict[str, tuple[str, ...]]:
+    """Per config class reachable from ``roots``: its field names, or for a choice type its choice names."""
     names: dict[str, tuple[str, ...]] = {}
-    pending: list[Any] = [LMMixtureDatasetConfig, LMDatasetConfig]
+    pending: list[Any] = list(roots)
     while pending:
         cls = pending.pop()
         if not isinstance(cls, type) or cls.__name__ in names:

@@ -1,0 +1,29 @@
+"""``tokenmix plot``: draw a mixture config's schedule (each source's share of the examples by step) as a PNG,
+before any training; a training config's data section is drawn with its trainer's batch sizes.
+
+    tokenmix plot --config_path config/demo.yaml --steps 1000 --out schedule.png
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tokenmix.cli.console import make_console
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tokenmix plot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config_path", required=True, help="a mixture config, or a training config with a data section")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--out", default="schedule.png")
+    args, overrides = parser.parse_known_args(argv)
+    from tokenmix.config.loading import load_data_config
+    from tokenmix.config.mixture import LMMixtureDatasetConfig
+    from tokenmix.train.plots import plot_schedule
+
+    config = load_data_config(args.config_path, overrides)
+    if not isinstance(config, LMMixtureDatasetConfig):
+        make_console().print(f"{args.config_path} is a single-source config: it has no mixture schedule to draw")
+        return 1
+    make_console().print(f"wrote {plot_schedule(config, args.steps, args.out)}")
+    return 0

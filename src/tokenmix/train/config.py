@@ -1,0 +1,90 @@
+"""A training launch's config: ``data`` (any data config ``build-cache`` takes, Levanter-shaped ones included),
+``trainer`` and ``model``, from one YAML file with draccus-style ``--section.field value`` overrides."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import draccus
+
+from tokenmix.config.loading import ConfigError, explain_error, load_data_config, parse_overrides, read_yaml, set_path
+from tokenmix.config.mixture import LMMixtureDatasetConfig
+from tokenmix.train.model import ModelConfig
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """How the model is trained (``trainer:``); Levanter's names where it has them."""
+
+    num_train_steps: int = 60
+    train_batch_size: int | list[tuple[int, int]] = 16
+    """An int, or a ramp ``[[start_step, size], ...]``: the loader's batch sizes, and what turns weight stages in
+    steps into examples."""
+    seq_len: int = 128
+    mesh: dict[str, int] = field(default_factory=lambda: {"data": -1, "model": 1})
+    """Mesh axes and sizes, ``data`` (the batch) and ``model`` (heads and MLP units); -1 takes the devices left."""
+    cpu_devices: int | None = None
+    """On a machine without accelerators: this many fake CPU devices (set before JAX starts), for meshes on a laptop."""
+    learning_rate: float = 3e-3
+    weight_decay: float = 0.1
+    warmup_steps: int = 10
+    seed: int = 0
+    """Initial parameters (the data order is the data config's ``seed``)."""
+    steps_per_eval: int = 20
+    """Evaluate on every source's validation set every this many steps (and after the last)."""
+    max_eval_batches: int = 4
+    eval_batch_size: int | None = None
+    """None: the first training batch size."""
+    checkpoint_dir: str = "runs/train_lm"
+    """Where checkpoints, ``metrics.jsonl`` and ``train.png`` go; a run finding a checkpoint there resumes from it."""
+    steps_per_checkpoint: int = 20
+    prefetch: int = 2
+    fingerprint: bool = True
+    """Log each batch's fingerprint (what a resumed run must reproduce)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_train_steps", "seq_len", "steps_per_eval", "steps_per_checkpoint", "max_eval_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be at least 1, got {getattr(self, name)}")
+        unknown = set(self.mesh) - {"data", "model"}
+        if unknown:
+            raise ValueError(f"trainer.mesh: axes {sorted(unknown)} are not used; name `data` and `model`")
+
+    def first_batch_size(self) -> int:
+        size = self.train_batch_size
+        return size if isinstance(size, int) else int(size[0][1])
+
+
+@dataclass(frozen=True)
+class TrainLmConfig:
+    """``data`` + ``trainer`` + ``model``."""
+
+    data: LMMixtureDatasetConfig
+    trainer: TrainerConfig
+    model: ModelConfig
+
+
+def load_train_config(path: str, overrides: Sequence[str] = ()) -> TrainLmConfig:
+    """The training config at ``path`` (``!include`` resolved, as for data configs), with ``--data.x``,
+    ``--trainer.x`` and ``--model.x`` overrides. The data section takes the trainer's batch size for its weight
+    stages when it sets none (as Levanter does)."""
+    doc: dict[str, Any] = read_yaml(path)
+    unknown = sorted(set(doc) - {"data", "trainer", "model"})
+    if unknown:
+        raise ConfigError(f"{path}: sections {unknown} are not read by the training launch; it takes data, trainer and model")
+    for key, value in parse_overrides(overrides):
+        set_path(doc, key, value)
+    trainer_doc, model_doc = doc.get("trainer") or {}, doc.get("model") or {}
+    try:
+        trainer = draccus.decode(TrainerConfig, trainer_doc)
+        model = draccus.decode(ModelConfig, model_doc)
+    except (draccus.utils.ParsingError, TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: {explain_error(e, (TrainerConfig, ModelConfig))}") from None
+    data_doc = dict(doc.get("data") or {})
+    data_doc.setdefault("batch_size", trainer.train_batch_size)
+    data = load_data_config(data_doc)
+    if not isinstance(data, LMMixtureDatasetConfig):
+        raise ConfigError(f"{path}: the data section must be a mixture (configs: or components:), so that each source is evaluated")
+    return TrainLmConfig(data, trainer, model)

@@ -1,0 +1,30 @@
+"""Launching a training run from a config file: fake CPU devices when asked for, the run, its picture."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenmix.loader.cpu_devices import use_fake_cpu_devices
+from tokenmix.train.config import TrainLmConfig, load_train_config
+
+
+def launch(config_path: str, overrides: Sequence[str] = ()) -> tuple[TrainLmConfig, object, str]:
+    """Train (or resume) the run ``config_path`` describes; returns the config, the ``TrainResult`` and the path of the
+    run's picture (``train.png`` in its directory)."""
+    config = load_train_config(config_path, overrides)
+    if config.trainer.cpu_devices:
+        use_fake_cpu_devices(config.trainer.cpu_devices)  # before JAX starts its backend
+    from tokenmix.train.loop import train
+    from tokenmix.train.plots import plot_run
+
+    result = train(config)
+    return config, result, plot_run(config.data, config.trainer.checkpoint_dir)
+
+
+def summary(result, run_dir: str, picture: str) -> list[str]:
+    """What a finished run reports, line by line."""
+    lines = [f"trained steps {result.first_step} to {result.first_step + result.steps}: final training loss {result.final_loss:.3f}; "
+             f"waiting for data took {100 * result.data_wait_share:.2f}% of step time"]
+    lines += [f"  validation loss {name:<12} {loss:.3f}" for name, loss in result.validation.items()]
+    lines.append(f"checkpoint, metrics.jsonl and {picture.rsplit('/', 1)[-1]} are in {run_dir}")
+    return lines

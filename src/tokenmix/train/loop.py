@@ -1,0 +1,180 @@
+"""The training launch: build the caches if missing, train the tiny model on the loader's sharded batches, evaluate
+every source's validation set, checkpoint, and resume exactly where a run stopped.
+
+A checkpoint holds the parameters, the optimizer state and the step; the loader resumes with ``iter_from_step`` (no
+batch before it is read or replayed), so a run stopped at step k and resumed sees the very batches an uninterrupted run
+sees (their fingerprints are logged to prove it). ``metrics.jsonl`` in the run directory gets one line per step and per
+evaluation; ``train.png`` draws them (``plots.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from tokenmix.config.caches import build_caches, open_cache
+from tokenmix.loader.loader import DataLoader
+from tokenmix.train.config import TrainLmConfig
+from tokenmix.train.model import TinyLM, loss_and_count, shard_params
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint"
+METRICS = "metrics.jsonl"
+
+
+@dataclass
+class TrainResult:
+    """What a run did: the steps it trained (from where it started), its last training loss, the last validation loss
+    per source, each step's fingerprint, the final parameters, and the share of step time spent waiting for data."""
+
+    first_step: int
+    steps: int
+    final_loss: float
+    validation: dict[str, float]
+    fingerprints: dict[int, str | None]
+    model: TinyLM
+    data_wait_share: float
+
+
+def make_mesh(config: TrainLmConfig) -> Mesh:
+    """The ``(data, model)`` mesh the trainer asks for, over this machine's devices (-1: the devices left)."""
+    devices = jax.devices()
+    sizes = dict(config.trainer.mesh)
+    model = sizes.get("model", 1)
+    data = sizes.get("data", -1)
+    if data == -1:
+        data = len(devices) // model
+    if data * model > len(devices) or data < 1 or model < 1:
+        raise ValueError(f"trainer.mesh {sizes} needs {data * model} devices; this machine has {len(devices)} "
+                         "(set trainer.cpu_devices on a machine without accelerators)")
+    # a plain Mesh: its axes are automatic, so XLA places the model's intermediate values itself
+    return Mesh(np.array(devices[: data * model]).reshape(data, model), ("data", "model"))
+
+
+def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
+    """Run (or resume) the training launch ``config`` describes; ``stop_after`` stops once this run has trained that
+    many steps (a job given a time slice), checkpointing there, so that a later run resumes from it."""
+    trainer, data = config.trainer, config.data
+    run_dir = trainer.checkpoint_dir
+    os.makedirs(run_dir, exist_ok=True)
+    build_caches(data, progress=False)
+    mesh = make_mesh(config)
+    train_set = data.train_set(trainer.seq_len)
+    vocab = int(open_cache(data, train_set.names[0]).identity["vocab_size"])
+    model = shard_params(TinyLM.init(config.model, vocab, jax.random.PRNGKey(trainer.seed)), mesh)
+    optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, trainer.learning_rate, trainer.warmup_steps,
+                                                               max(trainer.num_train_steps, trainer.warmup_steps + 1)),
+                            weight_decay=trainer.weight_decay)
+    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+    start = 0
+    restored = _restore(run_dir, (model, opt_state))
+    if restored is not None:
+        start, (model, opt_state) = restored
+        logger.info("resuming %s at step %d", run_dir, start)
+
+    @eqx.filter_jit
+    def step_fn(model: TinyLM, opt_state: Any, batch: dict[str, jax.Array]) -> tuple[TinyLM, Any, jax.Array]:
+        def loss_fn(m: TinyLM) -> jax.Array:
+            total, count = loss_and_count(m, batch["tokens"], batch["loss_mask"], batch["segment_ids"], batch["positions"])
+            return total / jnp.maximum(count, 1.0)
+
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
+        updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+        return eqx.apply_updates(model, updates), opt_state, loss
+
+    validation = data.validation_sets(trainer.seq_len)
+    eval_size = trainer.eval_batch_size or trainer.first_batch_size()
+    mapping = {"batch": "data"}
+    fingerprints: dict[int, str | None] = {}
+    wait = busy = 0.0
+    loss = jnp.nan
+    last_eval: dict[str, float] = {}
+    with DataLoader(train_set, trainer.train_batch_size, mesh, mapping, prefetch=trainer.prefetch, fingerprint=trainer.fingerprint,
+                    positions=True) as loader, open(os.path.join(run_dir, METRICS), "a") as log:
+        iterator = loader.iter_from_step(start)
+        step = start
+        end = trainer.num_train_steps if stop_after is None else min(trainer.num_train_steps, start + stop_after)
+        while step < end:
+            began = time.perf_counter()
+            step_batch = next(iterator)
+            fetched = time.perf_counter()
+            model, opt_state, loss = step_fn(model, opt_state, step_batch.batch.arrays())
+            loss = float(loss)  # waits for the step: what the step cost, apart from waiting for data
+            done = time.perf_counter()
+            if step > start:  # the first step compiles
+                wait += fetched - began
+                busy += done - began
+            fingerprints[step] = step_batch.fingerprint
+            counts = np.bincount(np.asarray(step_batch.batch.source_ids.array), minlength=len(train_set.names))
+            _write(log, {"kind": "train", "step": step, "loss": loss, "examples": step_batch.size, "seconds": done - began,
+                         "data_wait_s": fetched - began, "fingerprint": step_batch.fingerprint,
+                         "sources": {n: int(c) for n, c in zip(train_set.names, counts)}})
+            step += 1
+            if step % trainer.steps_per_eval == 0 or step == trainer.num_train_steps:
+                last_eval = evaluate(model, validation, eval_size, trainer.max_eval_batches, mesh)
+                _write(log, {"kind": "eval", "step": step, "loss": last_eval})
+                logger.info("step %d: train loss %.3f, validation %s", step, loss, {k: round(v, 3) for k, v in last_eval.items()})
+            if step % trainer.steps_per_checkpoint == 0 or step == end:
+                _save(run_dir, step, (model, opt_state))
+    share = wait / busy if busy else 0.0
+    logger.info("trained steps %d to %d; waiting for data took %.2f%% of step time", start, end, 100 * share)
+    return TrainResult(start, end - start, float(loss), last_eval, fingerprints, model, share)
+
+
+def evaluate(model: TinyLM, validation: dict, batch_size: int, max_batches: int, mesh: Mesh) -> dict[str, float]:
+    """Mean next-token loss over the first ``max_batches`` batches of each source's validation set."""
+    eval_fn = eqx.filter_jit(lambda m, b: loss_and_count(m, b["tokens"], b["loss_mask"], b["segment_ids"], b["positions"]))
+    out = {}
+    for name, dataset in validation.items():
+        total = count = 0.0
+        with DataLoader(dataset, batch_size, mesh, {"batch": "data"}, prefetch=0, positions=True) as loader:
+            steps = loader.num_steps()
+            if not steps:
+                logger.warning("validation set of %s has fewer than %d examples: not evaluated", name, batch_size)
+                continue
+            for step_batch, _ in zip(loader, range(min(steps, max_batches))):
+                t, c = eval_fn(model, step_batch.batch.arrays())
+                total, count = total + float(t), count + float(c)
+        out[name] = total / max(count, 1.0)
+    return out
+
+
+def _write(log, record: dict[str, Any]) -> None:
+    log.write(json.dumps(record) + "\n")
+    log.flush()
+
+
+def _save(run_dir: str, step: int, state: Any) -> None:
+    """Parameters and optimizer state, then the step, each written whole and renamed into place."""
+    path = os.path.join(run_dir, CHECKPOINT)
+    eqx.tree_serialise_leaves(path + ".eqx.tmp", state)
+    os.replace(path + ".eqx.tmp", path + ".eqx")
+    with open(path + ".json.tmp", "w") as f:
+        json.dump({"step": step}, f)
+    os.replace(path + ".json.tmp", path + ".json")
+
+
+def _restore(run_dir: str, like: Any) -> tuple[int, Any] | None:
+    """The step and state of the run directory's checkpoint, placed as ``like`` is; None without one."""
+    path = os.path.join(run_dir, CHECKPOINT)
+    if not os.path.exists(path + ".json"):
+        return None
+    with open(path + ".json") as f:
+        step = int(json.load(f)["step"])
+    state = eqx.tree_deserialise_leaves(path + ".eqx", like)
+    def place(new: Any, old: Any) -> Any:  # parameters go back to their mesh; the optimizer's scalars stay uncommitted
+        return jax.device_put(new, old.sharding) if isinstance(getattr(old, "sharding", None), NamedSharding) else jnp.asarray(new)
+
+    return step, jax.tree_util.tree_map(place, state, like)

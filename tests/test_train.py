@@ -1,0 +1,110 @@
+"""The training launch (issue 21): the loader's batches train a model on a (data 4, model 2) mesh of fake CPU devices,
+every source is evaluated, a stopped run resumes to the very batches and parameters of an uninterrupted one, and
+attention never crosses a document boundary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+from helpers import REPO
+
+from tokenmix.train.config import TrainerConfig, TrainLmConfig, load_train_config
+from tokenmix.train.loop import train
+from tokenmix.train.model import ModelConfig, TinyLM
+from tokenmix.train.plots import plot_run, read_metrics, scheduled_weights
+
+TINY = {"hidden_dim": 64, "num_layers": 1, "num_heads": 2, "max_position": 256}
+
+
+def _config(tmp_path, run: str, **trainer) -> TrainLmConfig:
+    doc = {
+        "data": {**yaml.safe_load((REPO / "config" / "demo.yaml").read_text()), "cache_dir": str(tmp_path / "caches")},
+        "trainer": {"num_train_steps": 24, "train_batch_size": 8, "seq_len": 64, "mesh": {"data": 4, "model": 2}, "learning_rate": 0.01,
+                    "warmup_steps": 4, "steps_per_eval": 12, "max_eval_batches": 2, "steps_per_checkpoint": 6,
+                    "checkpoint_dir": str(tmp_path / run), **trainer},
+        "model": TINY,
+    }
+    for source in doc["data"]["configs"].values():
+        for key in ("train_urls", "validation_urls"):
+            source[key] = [str(REPO / url) for url in source[key]]
+    path = tmp_path / f"{run}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_train_config(str(path))
+
+
+def test_a_few_dozen_steps_lower_the_loss_and_every_source_is_evaluated(tmp_path):
+    config = _config(tmp_path, "run", num_train_steps=36)
+    result = train(config)
+    steps, evals = read_metrics(config.trainer.checkpoint_dir)
+    losses = [r["loss"] for r in steps]
+    assert len(losses) == 36 and np.mean(losses[-6:]) < np.mean(losses[:6]) - 1.0
+    assert [e["step"] for e in evals] == [12, 24, 36]
+    assert set(result.validation) == {"linux_doc", "python_doc", "webster"}
+    assert all(evals[-1]["loss"][n] < evals[0]["loss"][n] for n in result.validation)
+    assert sum(sum(r["sources"].values()) == 8 for r in steps) == 36 and all(r["fingerprint"] for r in steps)
+    assert 0 <= result.data_wait_share < 0.5
+    picture = plot_run(config.data, config.trainer.checkpoint_dir)
+    assert open(picture, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_stopped_and_resumed_sees_the_batches_and_reaches_the_parameters_of_an_uninterrupted_one(tmp_path):
+    whole = train(_config(tmp_path, "whole"))
+    stopped = _config(tmp_path, "stopped")
+    first = train(stopped, stop_after=9)  # checkpoints at 6 and at 9, where it stops
+    assert first.steps == 9
+    resumed = train(stopped)
+    assert resumed.first_step == 9 and resumed.steps == 15
+    assert {s: resumed.fingerprints[s] for s in range(9, 24)} == {s: whole.fingerprints[s] for s in range(9, 24)}
+    assert {s: first.fingerprints[s] for s in range(9)} == {s: whole.fingerprints[s] for s in range(9)}
+    for a, b in zip(jax.tree_util.tree_leaves(resumed.model), jax.tree_util.tree_leaves(whole.model)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert resumed.final_loss == pytest.approx(whole.final_loss, rel=1e-5)
+    logged = [json.loads(line) for line in open(tmp_path / "stopped" / "metrics.jsonl")]
+    assert [r["step"] for r in logged if r["kind"] == "train"] == list(range(24))
+
+
+def test_a_document_never_attends_to_the_one_before_it_in_the_window():
+    model = TinyLM.init(ModelConfig(**TINY), 500, jax.random.PRNGKey(0))
+    rng = np.random.default_rng(0)
+    first, second = rng.integers(0, 500, 20), rng.integers(0, 500, 12)
+    other_first = rng.integers(0, 500, 20)
+    segments = jnp.asarray([[0] * 20 + [1] * 12])
+    positions = jnp.asarray([list(range(20)) + list(range(12))])
+    window = model(jnp.asarray([np.concatenate([first, second])]), segments, positions)
+    changed = model(jnp.asarray([np.concatenate([other_first, second])]), segments, positions)
+    alone = model(jnp.asarray([second]), jnp.zeros((1, 12), jnp.int32), jnp.arange(12)[None])
+    np.testing.assert_array_equal(np.asarray(window[0, 20:]), np.asarray(changed[0, 20:]))  # exactly: masked out
+    np.testing.assert_allclose(np.asarray(window[0, 20:]), np.asarray(alone[0]), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(np.asarray(window[0, :20]), np.asarray(changed[0, :20]))
+
+
+def test_the_schedule_picture_follows_the_stages_in_steps(tmp_path):
+    config = _config(tmp_path, "plot")
+    data = replace(config.data, train_weights=[(0, {"linux_doc": 1.0}), (10, {"linux_doc": 0.5, "webster": 0.5})], batch_size=8)
+    steps, weights = scheduled_weights(data, 20)
+    assert weights["linux_doc"][:10].tolist() == [1.0] * 10 and weights["linux_doc"][10:].tolist() == [0.5] * 10
+    assert weights["webster"][10:].tolist() == [0.5] * 10
+    out = tmp_path / "schedule.png"
+    config_path = tmp_path / "plot.yaml"
+    subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "plot", "--config_path", str(config_path), "--steps", "100",
+                    "--out", str(out)], check=True, cwd=REPO, capture_output=True)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_trainer_fields_are_checked_naming_the_field(tmp_path):
+    with pytest.raises(ValueError, match="trainer.seq_len must be at least 1"):
+        TrainerConfig(seq_len=0)
+    with pytest.raises(ValueError, match=r"trainer.mesh: axes \['tensor'\] are not used"):
+        TrainerConfig(mesh={"data": 1, "tensor": 2})
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"data": {}, "trainer": {"num_train_step": 3}}))
+    with pytest.raises(ValueError, match="num_train_step -> num_train_steps"):
+        load_train_config(str(path))
