@@ -19,6 +19,7 @@ import yaml
 from helpers import REPO, TOKENIZER, build, cache_bytes, check_lease_lifecycle, demo_urls, read_jsonl_zst, write_jsonl
 
 import tokenmix
+from tokenmix.cache import store
 from tokenmix.cache.lock import LOCK_FILE, CacheLockedError, build_lock
 
 WORKER = Path(__file__).parent / "build_worker.py"
@@ -294,3 +295,19 @@ def test_storage_refusing_writes_keeps_the_committed_rows_and_a_rerun_resumes(tm
     assert "committed rows are kept" in message and "re-run the build, which resumes" in message
     build_all(config)
     assert cache_bytes(str(tmp_path / "cache" / "web" / "train")) == reference["listed"]
+
+
+def test_a_write_cut_short_by_a_kill_leaves_nothing_once_the_build_resumes(tmp_path, monkeypatch):
+    """Tensorstore writes an object to ``<key>.__lock`` and renames it: a kill in between leaves that file (seen after
+    a SIGKILL in ``test_crash_resume.py``). A later write of the same key replaces it, but an object no write touches
+    again keeps it; the next build (holding the build lock, so no write is in flight) removes every one."""
+    monkeypatch.setattr(store, "DATA_SHARD", 1 << 12)  # many shards: the first is complete, never written again
+    monkeypatch.setattr(store, "DATA_INNER", 1 << 9)
+    urls = demo_urls("python_doc")
+    location, reference = tmp_path / "c", tmp_path / "ref"
+    build(str(location), urls[:1])
+    shard = location / "input_ids" / "data" / "c" / "0"
+    (shard.parent / "0.__lock").write_bytes(shard.read_bytes()[:100])  # as a kill mid-write leaves it
+    build(str(location), urls)
+    build(str(reference), urls)
+    assert cache_bytes(str(location)) == cache_bytes(str(reference))

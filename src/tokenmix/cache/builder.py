@@ -45,7 +45,16 @@ from tokenmix.cache.shard_task import (
     staged_chunks,
 )
 from tokenmix.cache.stats import STATS_FILE, compute_stats
-from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, CacheWriteError, JaggedArray, JsonDocuments, storage_cause, unwritable
+from tokenmix.cache.store import (
+    LOSS_SPANS_ARRAY,
+    TOKENS_ARRAY,
+    CacheWriteError,
+    JaggedArray,
+    JsonDocuments,
+    remove_interrupted_writes,
+    storage_cause,
+    unwritable,
+)
 from tokenmix.formats.backends import FAST, REFERENCE, BackendChoice, choose_backend, preload_fast
 from tokenmix.formats.base import FILTER_REASONS
 from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec, chunk_difference
@@ -136,6 +145,9 @@ class CacheBuilder:
                 if refreshed:
                     self._docs.write(LEDGER_FILE, ledger.to_json())
                 return stats
+        removed = remove_interrupted_writes(self.location)
+        if removed:
+            logger.info("%s: removed %d partial objects that writes of a killed build left", self.location, removed)
         if self.options.tokenizer_backend != REFERENCE:
             preload_fast(self.spec.tokenizer_json)  # while the arrays are opened and the first chunks read
         try:

@@ -101,6 +101,26 @@ def _subspec(location: str, sub: str) -> dict[str, Any]:
     return spec
 
 
+INTERRUPTED_WRITE_SUFFIX = ".__lock"
+"""Tensorstore's file driver writes an object to ``<key>.__lock`` and renames it into place: a process killed between
+the two leaves that file behind."""
+
+
+def remove_interrupted_writes(location: str) -> int:
+    """Delete the partial objects writes cut short left under a local cache (only a builder holding the cache's build
+    lock may call this: no other write can be in flight). Returns how many there were."""
+    spec = kvstore_spec(location)
+    if spec["driver"] != "file":
+        return 0
+    removed = 0
+    for root, _, files in os.walk(spec["path"]):
+        for name in files:
+            if name.endswith(INTERRUPTED_WRITE_SUFFIX):
+                os.remove(os.path.join(root, name))
+                removed += 1
+    return removed
+
+
 def open_kvstore(location: str) -> ts.KvStore:
     """The key-value store of a location: keys are paths relative to it, and each write replaces a key atomically."""
     return ts.KvStore.open(kvstore_spec(location), context=_CONTEXT).result()
