@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
 METRICS = "metrics.jsonl"
 
+_eval_loss = eqx.filter_jit(loss_and_count)
+"""Compiled once per process (per batch shape), not at every evaluation."""
+
 
 @dataclass
 class TrainResult:
@@ -135,7 +138,6 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
 
 def evaluate(model: TinyLM, validation: dict, batch_size: int, max_batches: int, mesh: Mesh) -> dict[str, float]:
     """Mean next-token loss over the first ``max_batches`` batches of each source's validation set."""
-    eval_fn = eqx.filter_jit(lambda m, b: loss_and_count(m, b["tokens"], b["loss_mask"], b["segment_ids"], b["positions"]))
     out = {}
     for name, dataset in validation.items():
         total = count = 0.0
@@ -145,7 +147,8 @@ def evaluate(model: TinyLM, validation: dict, batch_size: int, max_batches: int,
                 logger.warning("validation set of %s has fewer than %d examples: not evaluated", name, batch_size)
                 continue
             for step_batch, _ in zip(loader, range(min(steps, max_batches))):
-                t, c = eval_fn(model, step_batch.batch.arrays())
+                b = step_batch.batch.arrays()
+                t, c = _eval_loss(model, b["tokens"], b["loss_mask"], b["segment_ids"], b["positions"])
                 total, count = total + float(t), count + float(c)
         out[name] = total / max(count, 1.0)
     return out
