@@ -2,11 +2,12 @@
 local disk.
 
     python scripts/bench_object_reads.py [--config_path config/shared_corpus.yaml] [--latency_ms 20] [--batches 50]
-                                         [--prefetch 8] [--compression zstd] [--server moto|s3rver]
+                                         [--prefetch 8] [--read_ahead 0] [--compression zstd] [--server moto|s3rver]
 
 Builds the config's caches on local disk, copies them to an S3-compatible server (a real server process on 127.0.0.1:
 moto's from the dev install, or s3rver from npm, twice as fast here), and reads shuffled 64 x 2048 batches of the
-three-source mixture through ``DataLoader`` (prefetch ``--prefetch`` batches, one CPU device) with the chunk cache off,
+three-source mixture through ``DataLoader`` (prefetch ``--prefetch`` batches, the reads of ``--read_ahead`` later steps
+started early, one CPU device) with the chunk cache off,
 as a corpus far larger than it would be read:
 
 - from local disk (the limit);
@@ -122,6 +123,7 @@ def main() -> None:
     parser.add_argument("--latency_ms", type=float, default=20.0)
     parser.add_argument("--batches", type=int, default=50)
     parser.add_argument("--prefetch", type=int, default=8)
+    parser.add_argument("--read_ahead", type=int, default=0)
     parser.add_argument("--compression", default="zstd", choices=("zstd", "none"))
     parser.add_argument("--server", default="moto", choices=("moto", "s3rver"),
                         help="moto (pip, ~300 small requests/s here) or s3rver (npm, ~600 small requests/s here)")
@@ -155,7 +157,7 @@ def main() -> None:
                 requests, fetched = proxy.requests, proxy.bytes_returned
                 started = time.perf_counter()
                 tokens = []
-                with DataLoader(train, batch, mesh, {"batch": "data"}, prefetch=args.prefetch) as loader:
+                with DataLoader(train, batch, mesh, {"batch": "data"}, prefetch=args.prefetch, read_ahead=args.read_ahead) as loader:
                     for step_batch, _ in zip(loader.iter_from_step(0), range(args.batches)):
                         tokens.append(np.asarray(step_batch.batch.tokens.array))
                 elapsed = time.perf_counter() - started
@@ -170,7 +172,7 @@ def main() -> None:
             server.wait(timeout=30)
     limit = results["local disk"][0]
     print(f"{args.batches} shuffled batches of {batch} x {seq_len} from {args.server}, chunk cache off, compression {args.compression}, "
-          f"prefetch {args.prefetch}, {args.latency_ms:g} ms per request:")
+          f"prefetch {args.prefetch}, read_ahead {args.read_ahead}, {args.latency_ms:g} ms per request:")
     for label, (rate, opened, open_requests, per_token, per_batch) in results.items():
         remote_part = f", {per_token:.2f} bytes fetched per token read, {per_batch:.0f} requests per batch" if label != "local disk" else ""
         print(f"  {label:<24} {rate / 1e6:7.2f} M tokens/s ({rate / limit:.3f}x local disk); opened in {opened:.2f} s "

@@ -250,10 +250,11 @@ class FailingDataset(Wrapped):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("prefetch", [0, 3])
-def test_read_errors_reach_the_consumer_naming_step_sources_and_indices(train, prefetch):
+@pytest.mark.parametrize("prefetch, read_ahead", [(0, 0), (3, 0), (2, 4)])
+def test_read_errors_reach_the_consumer_naming_step_sources_and_indices(train, prefetch, read_ahead):
+    """A read started ahead of its step that fails fails that step, not the one that started it."""
     mesh = jax.make_mesh((4, 2), ("data", "model"))
-    loader = DataLoader(FailingDataset(train, 3 * 16 + 5, 3 * 16 + 6), 16, mesh, {"batch": "data"}, prefetch=prefetch)
+    loader = DataLoader(FailingDataset(train, 3 * 16 + 5, 3 * 16 + 6), 16, mesh, {"batch": "data"}, prefetch=prefetch, read_ahead=read_ahead)
     it = iter(loader)
     assert [next(it).step for _ in range(3)] == [0, 1, 2]
     with pytest.raises(LoaderError) as info:
@@ -271,6 +272,34 @@ def test_read_errors_reach_the_consumer_naming_step_sources_and_indices(train, p
     with pytest.raises(StopIteration):
         next(it)
     assert not loader_threads()
+
+
+class RecordedDataset(Wrapped):
+    """Records the first index of every read, in the order reads start."""
+
+    def __init__(self, base):
+        super().__init__(base)
+        self.started: list[int] = []
+
+    def read(self, indices) -> Pending[TokenBatch]:
+        self.started.append(int(np.asarray(indices)[0]))
+        return self.base.read(indices)
+
+
+@pytest.mark.timeout(60)
+def test_read_ahead_starts_later_steps_reads_before_a_step_is_awaited_and_changes_no_batch(train):
+    mesh = jax.make_mesh((8,), ("data",))
+    recorded = RecordedDataset(train)
+    with DataLoader(recorded, 16, mesh, {"batch": "data"}, prefetch=0, read_ahead=3, fingerprint=True) as ahead, \
+            DataLoader(train, [(0, 16), (2, 32)], mesh, {"batch": "data"}, prefetch=0, fingerprint=True) as plain:
+        it = iter(ahead)
+        first = next(it)
+        assert first.step == 0 and recorded.started == [0, 16, 32, 48]  # steps 1-3 started before step 0 was awaited
+        next(it)
+        assert recorded.started == [0, 16, 32, 48, 64]  # each later step starts one more, none twice
+        assert [sb.fingerprint for sb, _ in zip(iter(ahead), range(6))] == [ahead.batch(s).fingerprint for s in range(6)]
+        with DataLoader(train, [(0, 16), (2, 32)], mesh, {"batch": "data"}, prefetch=1, read_ahead=2, fingerprint=True) as ramp:
+            assert [sb.fingerprint for sb, _ in zip(ramp, range(5))] == [plain.batch(s).fingerprint for s in range(5)]
 
 
 @pytest.mark.timeout(60)

@@ -17,6 +17,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 
 import haliax as hax
@@ -26,7 +27,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from tokenmix._waiting import POLL_MAX_S, POLL_START_S
-from tokenmix.datasets.base import Dataset, TokenBatch
+from tokenmix.datasets.base import Dataset, Pending, TokenBatch
 from tokenmix.loader.batch import LmBatch, StepBatch
 from tokenmix.loader.batch_schedule import BatchSchedule, BatchSizeSpec
 from tokenmix.loader.fingerprint import combine, row_digests
@@ -70,7 +71,9 @@ class DataLoader:
     axis over those mesh axes; ``"position": "model"`` also splits the sequence; mesh axes it does not
     name hold replicas (read once per process all the same). Other keys are ignored, so a model's whole
     mapping can be passed. ``prefetch`` is how many finished batches may wait ahead of the consumer
-    (0: read in ``next()``). ``positions=True`` adds ``LmBatch.positions``, each token's position within
+    (0: read in ``next()``). ``read_ahead`` starts the reads of that many later steps before a step's own read is
+    awaited, so that reads waiting on a network (caches on object storage) overlap; local reads do their work when
+    started, so there it only delays the batch at hand (leave it 0). ``positions=True`` adds ``LmBatch.positions``, each token's position within
     its document (segment), for packed examples and rotary embeddings; off, it is None and costs nothing.
     ``fingerprint=True`` adds ``StepBatch.fingerprint`` (a per-row hash while
     reading, and on several processes one all-gather of 16 bytes per row); off, it costs nothing.
@@ -88,6 +91,7 @@ class DataLoader:
         axis_mapping: AxisMapping,
         *,
         prefetch: int = 2,
+        read_ahead: int = 0,
         fingerprint: bool = False,
         positions: bool = False,
         batch_axis: str = "batch",
@@ -95,11 +99,14 @@ class DataLoader:
     ):
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be an int >= 0 (batches kept ready ahead of the training loop), got {prefetch!r}")
+        if not isinstance(read_ahead, int) or read_ahead < 0:
+            raise ValueError(f"read_ahead must be an int >= 0 (later steps whose reads start early), got {read_ahead!r}")
         self.dataset = dataset
         self.schedule = BatchSchedule.of(batch_size)
         self.mesh = mesh
         self.axis_mapping = dict(axis_mapping)
         self.prefetch = prefetch
+        self.read_ahead = read_ahead
         self.fingerprint = fingerprint
         self.positions = positions
         self.batch_axis = batch_axis
@@ -180,18 +187,41 @@ class DataLoader:
 
     # --- the worker's side (the prefetch thread, or the caller with prefetch=0) ---
 
-    def _produce(self, step: int, stop: threading.Event) -> _Placed | object:
+    def _produce(self, step: int, stop: threading.Event, ahead: dict[int, Pending | Exception] | None = None) -> _Placed | object:
+        """Step ``step``'s placed batch, or ``END``. With ``ahead`` (an iterator's reads started early, by step), the reads
+        of the next ``read_ahead`` steps are started before this one is awaited; a read started early that failed fails
+        its own step."""
         size, offset = self.schedule.batch_size(step), self.schedule.offset(step)
         layout = self._layout(size)
         indices = offset + layout.rows
         try:
-            if not self._wait_for(step, offset + size, stop):
-                return END
-            data = self.dataset.read(indices).result()
+            started = ahead.pop(step, None) if ahead is not None else None
+            if started is None:
+                if not self._wait_for(step, offset + size, stop):
+                    return END
+                started = self.dataset.read(indices)
+            if ahead is not None:
+                self._read_ahead(step, ahead)
+            if isinstance(started, Exception):
+                raise started
+            data = started.result()
             digests = row_digests(data) if self.fingerprint else None
             return _Placed(step, offset, layout, self._place(layout, data), digests)
         except Exception as e:
             raise self._load_error(step, indices, e) from e
+
+    def _read_ahead(self, step: int, ahead: dict[int, Pending | Exception]) -> None:
+        """Start the reads of steps after ``step`` (up to ``read_ahead`` of them) whose examples exist already."""
+        for later in range(step + 1, step + 1 + self.read_ahead):
+            if later in ahead:
+                continue
+            end = self.schedule.offset(later) + self.schedule.batch_size(later)
+            if self._ready(end) is not True:
+                return
+            try:
+                ahead[later] = self.dataset.read(self.schedule.offset(later) + self._layout(self.schedule.batch_size(later)).rows)
+            except Exception as e:  # noqa: BLE001 - raised by that step, not this one
+                ahead[later] = e
 
     def _place(self, layout: BatchLayout, data: TokenBatch) -> LmBatch:
         """The global arrays from this process's rows (in ``layout.rows`` order), one transfer per device shard."""
@@ -277,7 +307,9 @@ class BatchIterator(Iterator[StepBatch]):
 
     def __init__(self, loader: DataLoader, start: int):
         self._loader = loader
-        prefetcher: Prefetcher[_Placed] = Prefetcher(loader._produce, start, loader.prefetch, name=f"tokenmix-loader-from-step-{start}")
+        ahead: dict[int, Pending | Exception] = {}
+        prefetcher: Prefetcher[_Placed] = Prefetcher(partial(loader._produce, ahead=ahead), start, loader.prefetch,
+                                                     name=f"tokenmix-loader-from-step-{start}")
         self._prefetcher = prefetcher
         self._finalizer = weakref.finalize(self, prefetcher.close)  # the thread holds no reference to self
 
