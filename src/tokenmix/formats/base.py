@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import draccus
+import numpy as np
 
 FILTER_REASONS = frozenset({"too_long", "too_short"})
 """Skip reasons that are a format's deliberate filters (counted and logged), not bad input: they never
@@ -119,6 +120,19 @@ class LmDatasetFormatBase(abc.ABC, draccus.ChoiceRegistry):
         """What goes into the cache fingerprint: the format's name and every option that changes its tokens."""
         options = {k: v for k, v in dataclasses.asdict(self).items() if k not in self.dataset_options}
         return {"type": self.get_choice_name(type(self)), **options}
+
+
+def token_ids(value: Any, key: str, vocab_size: int) -> np.ndarray:
+    """A record's list of token ids as int64, or ``BadRecordError`` (``wrong_type``, ``empty_document``,
+    ``token_out_of_range``) naming the field ``key``."""
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise BadRecordError("wrong_type", f"{key!r} must be a non-empty list of integers")
+    if not value:
+        raise BadRecordError("empty_document", f"{key!r} is empty: it must be a non-empty list of integers")
+    ids = np.asarray(value, dtype=np.int64)
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise BadRecordError("token_out_of_range", f"{key!r} holds ids outside [0, {vocab_size}): min {ids.min()}, max {ids.max()}")
+    return ids
 
 
 def record_field(record: dict[str, Any], key: str, option: str) -> Any:

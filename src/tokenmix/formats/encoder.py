@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 
 from tokenmix.formats.backends import FAST, REFERENCE, char_offsets, fast_ids, load_fast, load_reference, token_byte_lengths
-from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Rendered
+from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Rendered, token_ids
 from tokenmix.formats.long_docs import exact_split_supported, split_text
 from tokenmix.sources.shards import PlainText, RawChunk
 
@@ -153,17 +153,7 @@ class DocumentEncoder:
         return self.render(raw)
 
     def _pretokenized(self, ids: Any) -> np.ndarray:
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise BadRecordError("wrong_type", f"{PRETOKENIZED_KEY!r} must be a list of integers")
-        if not ids:
-            raise BadRecordError("empty_document", f"{PRETOKENIZED_KEY!r} is empty")
-        arr = np.asarray(ids, dtype=np.int64)
-        if arr.min() < 0 or arr.max() >= self.spec.vocab_size:
-            raise BadRecordError(
-                "token_out_of_range",
-                f"{PRETOKENIZED_KEY!r} holds ids outside [0, {self.spec.vocab_size}): min {arr.min()}, max {arr.max()}",
-            )
-        return arr.astype(self.dtype)
+        return token_ids(ids, PRETOKENIZED_KEY, self.spec.vocab_size).astype(self.dtype)
 
     def _tokenize_documents(self, docs: list[Rendered | np.ndarray]) -> list[list[Any]]:
         """Every document's pieces as token ids; a document marked by characters (chat) gets its ids and their offsets."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Pack, RecordRenderer, Rendered, record_field
+from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Pack, RecordRenderer, Rendered, record_field, token_ids
 
 
 @LmDatasetFormatBase.register_subclass("prebuilt")
@@ -42,10 +42,7 @@ class PrebuiltLmDatasetFormat(LmDatasetFormatBase):
         vocab = context.vocab_size
 
         def render(record: dict[str, Any]) -> Rendered:
-            ids = _int_list(record_field(record, self.input_ids_key, "input_ids_key"), self.input_ids_key)
-            if ids.min() < 0 or ids.max() >= vocab:
-                raise BadRecordError("token_out_of_range", f"{self.input_ids_key!r} holds ids outside [0, {vocab}): "
-                                                           f"min {ids.min()}, max {ids.max()}")
+            ids = token_ids(record_field(record, self.input_ids_key, "input_ids_key"), self.input_ids_key, vocab)
             if self.loss_weights_key is None:
                 return Rendered([ids.tolist()])
             weights = np.asarray(record_field(record, self.loss_weights_key, "loss_weights_key"), dtype=np.float64)
@@ -64,8 +61,3 @@ class PrebuiltLmDatasetFormat(LmDatasetFormatBase):
 
         return render
 
-
-def _int_list(value: Any, key: str) -> np.ndarray:
-    if not isinstance(value, list) or not value or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        raise BadRecordError("wrong_type" if value else "empty_document", f"{key!r} must be a non-empty list of integers")
-    return np.asarray(value, np.int64)
