@@ -215,11 +215,11 @@ class DataLoader:
         for later in range(step + 1, step + 1 + self.read_ahead):
             if later in ahead:
                 continue
-            end = self.schedule.offset(later) + self.schedule.batch_size(later)
-            if self._ready(end) is not True:
+            offset, size = self.schedule.offset(later), self.schedule.batch_size(later)
+            if self._ready(offset + size) is not True:
                 return
             try:
-                ahead[later] = self.dataset.read(self.schedule.offset(later) + self._layout(self.schedule.batch_size(later)).rows)
+                ahead[later] = self.dataset.read(offset + self._layout(size).rows)
             except Exception as e:  # noqa: BLE001 - raised by that step, not this one
                 ahead[later] = e
 
