@@ -1,7 +1,8 @@
 """The package's shape: imports run one way through the stages, and no module imports itself back through a cycle.
 
-Stages, lowest first: sources -> formats -> cache -> datasets -> loader -> config -> the public face
-(tokenmix/__init__.py) -> train (the example training launch) -> cli. A module imports from its own stage or a lower one; ``_lazy`` and
+Stages, lowest first: sources -> formats -> cache -> datasets -> loader -> config -> curate (beside the flow: it uses
+the readers of sources, the executors of cache and the YAML loading of config, and no stage of the flow uses it) -> the
+public face (tokenmix/__init__.py) -> train (the example training launch) -> cli. A module imports from its own stage or a lower one; ``_lazy`` and
 ``_waiting`` are private helpers below every stage. Imports inside functions count (they run when
 called); imports under ``if TYPE_CHECKING:`` count for the stage order but not for cycles (they never run).
 """
@@ -17,8 +18,8 @@ import pytest
 from helpers import REPO
 
 SRC = REPO / "src"
-RANK = {"_lazy": 0, "_waiting": 0, "sources": 1, "formats": 2, "cache": 3, "datasets": 4, "loader": 5, "config": 6, "": 7, "train": 8,
-        "cli": 9}
+RANK = {"_lazy": 0, "_waiting": 0, "sources": 1, "formats": 2, "cache": 3, "datasets": 4, "loader": 5, "config": 6, "curate": 7, "": 8,
+        "train": 9, "cli": 10}
 """Stage of each top-level name under tokenmix ("" is the package itself, its public face)."""
 
 

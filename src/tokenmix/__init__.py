@@ -55,6 +55,12 @@ Loader (DataLoader, StepBatch, LmBatch and LoaderError import JAX)
     LmBatch                     A global batch on the mesh: haliax NamedArrays, sharded as the loader's axis mapping says.
     batch_fingerprint           The fingerprint of a whole batch held in one place (what the loader computes from its shards).
 
+Curation (before tokenizing; NeMo Curator's calls and its heuristic filters by name: ``tokenmix.curate``)
+    load_curation_config        A pipeline from a YAML file (or a mapping), with draccus-style overrides (``--output.path /tmp/out``).
+    run_curation                Run (or resume) a pipeline; returns what ``curation_stats.json`` holds.
+    CurationConfig              A curation pipeline (``tokenmix curate --config_path pipeline.yaml``).
+    DocumentDataset             A lazy collection of documents over sharded files, with the stages to run on them.
+
 Errors
     ConfigError                 A data config that cannot be used; the message names the file and field, and what to change.
     NoShardsError               A URL pattern matched no file.
@@ -70,6 +76,8 @@ Errors
     ShardChangedError           An input shard is not what the cache was built from: its size, modification time or ETag changed.
     CacheLockedError            Another builder holds the cache's build lock; the message names it (host, pid, start time).
     LockLostError               This builder's lease on the cache was taken over by another builder; it stopped before its next commit.
+    CurationError               A pipeline that cannot run as configured; the message names the field and what to change.
+    CurationInputError          A bad record or an unreadable shard under ``on_error: raise``; the message names the file and the line.
     CacheWriteError             The cache's storage refused a write (permissions, a full disk, ...); the message says what is kept and what to do.
     LoaderError                 Loading a step failed (waiting for, reading or placing its examples); the message names the step.
 """
@@ -92,6 +100,9 @@ if TYPE_CHECKING:
     from tokenmix.config.mixture import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig
     from tokenmix.config.sources import LMDatasetSourceConfig, PackingConfig
     from tokenmix.config.tokenization import TokenizationConfig
+    from tokenmix.curate.document_dataset import DocumentDataset
+    from tokenmix.curate.pipeline import CurationConfig, CurationError, load_curation_config, run_curation
+    from tokenmix.curate.shard_io import CurationInputError
     from tokenmix.datasets.base import Dataset, TokenBatch
     from tokenmix.datasets.mixture import MixtureDataset, SourceUsage
     from tokenmix.datasets.packed import PackedDataset
@@ -121,10 +132,14 @@ __all__ = [
     "CacheWriteError",
     "ChatLmDatasetFormat",
     "ConfigError",
+    "CurationConfig",
+    "CurationError",
+    "CurationInputError",
     "DaskExecutorConfig",
     "DataConfig",
     "DataLoader",
     "Dataset",
+    "DocumentDataset",
     "FimLmDatasetFormat",
     "LMDatasetConfig",
     "LMDatasetSourceConfig",
@@ -132,8 +147,8 @@ __all__ = [
     "LmBatch",
     "LmDatasetFormatBase",
     "LoaderError",
-    "LockLostError",
     "LocalExecutorConfig",
+    "LockLostError",
     "MissingExtraError",
     "MixtureDataset",
     "NoShardsError",
@@ -156,7 +171,9 @@ __all__ = [
     "TokenizerLoadError",
     "batch_fingerprint",
     "build_caches",
+    "load_curation_config",
     "load_data_config",
     "open_cache",
+    "run_curation",
 ]
 _exports, __getattr__, __dir__ = lazy_exports(__name__, __file__)

@@ -6,6 +6,7 @@ import logging
 import sys
 
 COMMANDS = {
+    "curate": ("tokenmix.cli.curate", "Run (or resume) a curation pipeline: filter, modify, deduplicate, blend, shuffle raw shards."),
     "build-cache": ("tokenmix.cli.build_cache", "Build (or resume, or extend) the caches of a data config."),
     "inspect": ("tokenmix.cli.inspect_cache", "Show a cache's ledger and statistics and decode sample documents."),
     "demo": ("tokenmix.cli.demo", "Build the bundled demo mixture's caches and print their statistics."),

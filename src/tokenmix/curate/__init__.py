@@ -1,0 +1,118 @@
+"""Curation, before tokenizing: sharded document pipelines that read, filter, modify, deduplicate, blend, shuffle and
+write, resumably, on this machine or on Ray or Dask. A curated directory feeds ``build-cache`` as it is.
+
+Two faces over one engine (``pipeline.py``): a ``CurationConfig`` (YAML, ``tokenmix curate``), and NeMo Curator's
+``DocumentDataset`` calls (``read_json``, ``ScoreFilter(WordCountFilter(min_words=80))(dataset)``, ``blend_datasets``,
+``Shuffle``, ``to_json``), with NeMo's names for the heuristic filters and modifiers.
+"""
+
+from typing import TYPE_CHECKING
+
+from tokenmix._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from tokenmix.curate.document_dataset import DocumentDataset, Shuffle, blend_datasets
+    from tokenmix.curate.filters import DocumentFilter, FunctionFilter
+    from tokenmix.curate.heuristics import (
+        BoilerPlateStringFilter,
+        BulletsFilter,
+        CharLengthFilter,
+        CommonEnglishWordsFilter,
+        EllipsisFilter,
+        LongWordFilter,
+        MeanWordLengthFilter,
+        NonAlphaNumericFilter,
+        NumbersFilter,
+        ParenthesesFilter,
+        PornographicUrlsFilter,
+        PunctuationFilter,
+        RepeatedLinesByCharFilter,
+        RepeatedLinesFilter,
+        RepeatedParagraphsByCharFilter,
+        RepeatedParagraphsFilter,
+        RepeatingDuplicateNGramsFilter,
+        RepeatingTopNGramsFilter,
+        SubstringFilter,
+        SymbolsToWordsFilter,
+        UrlsFilter,
+        WhiteSpaceFilter,
+        WordCountFilter,
+        WordsWithoutAlphabetsFilter,
+    )
+    from tokenmix.curate.modifiers import (
+        DocumentModifier,
+        FunctionModifier,
+        UnicodeFix,
+        UnicodeNormalize,
+        WhitespaceNormalize,
+        WikitextDetokenize,
+    )
+    from tokenmix.curate.pipeline import (
+        BlendConfig,
+        CurationConfig,
+        CurationError,
+        CurationOutput,
+        CurationSource,
+        ShuffleConfig,
+        load_curation_config,
+        run_curation,
+    )
+    from tokenmix.curate.remaining import get_batched_files, get_remaining_files
+    from tokenmix.curate.shard_io import CurationInputError
+    from tokenmix.curate.stages import AddId, ExactDedup, FieldFilter, Modify, ScoreFilter, Stage
+
+__all__ = [
+    "AddId",
+    "BlendConfig",
+    "BoilerPlateStringFilter",
+    "BulletsFilter",
+    "CharLengthFilter",
+    "CommonEnglishWordsFilter",
+    "CurationConfig",
+    "CurationError",
+    "CurationInputError",
+    "CurationOutput",
+    "CurationSource",
+    "DocumentDataset",
+    "DocumentFilter",
+    "DocumentModifier",
+    "EllipsisFilter",
+    "ExactDedup",
+    "FieldFilter",
+    "FunctionFilter",
+    "FunctionModifier",
+    "LongWordFilter",
+    "MeanWordLengthFilter",
+    "Modify",
+    "NonAlphaNumericFilter",
+    "NumbersFilter",
+    "ParenthesesFilter",
+    "PornographicUrlsFilter",
+    "PunctuationFilter",
+    "RepeatedLinesByCharFilter",
+    "RepeatedLinesFilter",
+    "RepeatedParagraphsByCharFilter",
+    "RepeatedParagraphsFilter",
+    "RepeatingDuplicateNGramsFilter",
+    "RepeatingTopNGramsFilter",
+    "ScoreFilter",
+    "Shuffle",
+    "ShuffleConfig",
+    "Stage",
+    "SubstringFilter",
+    "SymbolsToWordsFilter",
+    "UnicodeFix",
+    "UnicodeNormalize",
+    "UrlsFilter",
+    "WhiteSpaceFilter",
+    "WhitespaceNormalize",
+    "WikitextDetokenize",
+    "WordCountFilter",
+    "WordsWithoutAlphabetsFilter",
+    "blend_datasets",
+    "get_batched_files",
+    "get_remaining_files",
+    "load_curation_config",
+    "run_curation",
+]
+_exports, __getattr__, __dir__ = lazy_exports(__name__, __file__)

@@ -1,0 +1,1018 @@
+"""NeMo Curator's heuristic document filters (Gopher, Rae et al. 2021, and C4), scoring a whole batch of texts at once.
+
+The scores follow ``nemo_curator/filters/heuristic_filter.py``: a word is a run of non-whitespace characters
+(``str.split()``; NeMo splits Chinese and Japanese with jieba and MeCab, which is not done here), a line is a
+``\\n``-separated piece that is not blank, a paragraph a ``\\n\\n``-separated piece, a length counts characters.
+
+The common filters work on the texts' UTF-8 bytes with numpy, a few passes over one buffer for the whole batch:
+no byte of a multi-byte character is below 0x80, so an ASCII character class is counted byte by byte, and the few
+non-ASCII characters a definition names (Unicode spaces, bullets, ``…``) are found by their byte sequences. That is
+exact and several times faster than per-document Python or Arrow's regex kernels; line-based scores use Arrow's
+string kernels, and the n-gram and repetition scores loop over the documents in Python.
+
+Where NeMo divides by zero (a text without words or lines), the score is the one that removes the document, as
+NeMo's own convention for empty texts does: 1.0 for a ratio that must stay low, 0.0 for one that must stay high.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import compress, count
+from operator import ne
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tokenmix.curate.filters import DocumentFilter, bounds_keep
+
+WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+"""The characters ``str.split()`` and ``str.strip()`` treat as whitespace (``str.isspace``); Arrow's
+``utf8_trim_whitespace`` uses the same set."""
+
+ELLIPSIS_MARKS = ("...", "[...]", "\u2026", "(...)", "[\u2026]", "-\u00bb", "read more..", "read more")
+"""NeMo's ellipsis marks: a word that is one counts as a symbol, a line that ends with one (lowercased) as an ellipsis line."""
+
+BULLETS = "\u2022\u2023\u2043\u204c\u204d\u2219\u25cb\u25cf\u25d8\u25e6\u29be\u29bf"
+"""NeMo's bullet characters (C4): a line whose first non-space character is one is a bullet line."""
+
+END_MARKS = ".?!\"'"
+"""Characters that end a line of prose (C4's punctuation rule); none is special inside a regex character class."""
+
+COMMON_ENGLISH_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
+"""Gopher's stop words; matched in lowercase only, so that shouting in capitals does not count."""
+
+POLICY_SUBSTRINGS = (
+    "terms of use",
+    "privacy policy",
+    "cookie policy",
+    "uses cookies",
+    "privacy overview",
+    "use of cookies",
+    "use cookies",
+    "privacy & cookies policy",
+    "privacy and cookies policy",
+    "this website uses cookies to improve your experience while you navigate through the website. out of these cookies, the cookies "
+    "that are categorized as necessary are stored on your browser as they are essential for the working of basic functionalities of "
+    "the website. we also use third-party cookies that help us analyze and understand how you use this website. these cookies will be "
+    "stored in your browser only with your consent. you also have the option to opt-out of these cookies. but opting out of some of "
+    "these cookies may have an effect on your browsing experience.",
+    "necessary cookies are absolutely essential for the website to function properly. this category only includes cookies that "
+    "ensures basic functionalities and security features of the website. these cookies do not store any personal information.",
+    "any cookies that may not be particularly necessary for the website to function and is used specifically to collect user personal "
+    "data via analytics, ads, other embedded contents are termed as non-necessary cookies. it is mandatory to procure user consent prior "
+    "to running these cookies on your website.",
+    "this site uses cookies, including for analytics, personalization, and advertising purposes. for more information or to change "
+    "your cookie settings, click here.",
+    "if you continue to browse this site without changing your cookie settings, you agree to this use. acceptread more",
+)
+"""NeMo's boilerplate strings (after C4), lowercase: a paragraph that contains one (lowercased) is boilerplate."""
+
+URL_PATTERN = r"https?://[!$-_a-z]+"
+"""NeMo's URL regex written as one character class: ``[$-_]`` already holds the digits, capitals, ``@.&+*(),%``."""
+
+_ALPHANUMERIC = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789\n?!,."
+_SPACE_CHARS = "\t\n\r\b "
+_PARENTHESES = "{}[]()\u27e8\u27e9"
+_DIGITS = "0123456789"
+_HASH_RUNS = re.compile("#+")
+_CIRCLED_LETTERS = ((0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189))
+_MOST_COMPARED_RANGES = 3
+"""An ASCII class of more ranges than this is looked up in a 256-entry table (one pass, slower than a comparison)."""
+_FIRST_WORDS = 64
+"""Words ``common_english_words`` looks at first; it doubles the chunk until it has counted enough."""
+_LONGEST_WALK = 64
+"""Bytes ``all_unmarked`` walks all candidate words together; the few longer ones are then checked one by one."""
+_SPARSE_MARKS = 64
+"""``per_word`` places marks one by one (a binary search each) when fewer than one byte in this many is marked, and
+takes a running sum over all bytes otherwise."""
+_LOOP_TEXTS_FROM_BYTES = 1024
+"""Per-text sums loop over the texts (one ``count_nonzero`` each) when they average at least this many bytes, and
+take one ``reduceat`` pass otherwise: the loop costs about a microsecond a text, the pass about half a nanosecond a byte."""
+
+
+def _ratio_check(field: str, value: float) -> None:
+    if not 0 <= value <= 1:
+        raise ValueError(f"filter.{field} must be between 0 and 1, got {value}")
+
+
+def _at_least(field: str, value: float, low: float) -> None:
+    if value < low:
+        raise ValueError(f"filter.{field} must be >= {low}, got {value}")
+
+
+def _literal(text: str) -> str:
+    """``text`` as an RE2 pattern that matches it literally."""
+    return rf"\Q{text}\E"
+
+
+def _as_utf8(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
+        texts = texts.cast(pa.large_string())
+    return texts
+
+
+def _finish(values: np.ndarray, texts: pa.Array) -> pa.Array:
+    """Scores as an Arrow array, null where the text is null."""
+    return pa.array(values, mask=np.asarray(texts.is_null(), dtype=bool) if texts.null_count else None)
+
+
+class _Utf8:
+    """A batch of texts as one numpy array of UTF-8 bytes and each text's byte range (null texts are empty)."""
+
+    def __init__(self, texts: pa.Array | pa.ChunkedArray) -> None:
+        texts = _as_utf8(texts)
+        self.texts = texts
+        if texts.null_count:
+            texts = pc.fill_null(texts, "")
+        _, offsets_buffer, data_buffer = texts.buffers()
+        width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
+        offsets = np.zeros(1, np.int64)
+        if len(texts):
+            offsets = np.frombuffer(offsets_buffer, dtype=width)[texts.offset : texts.offset + len(texts) + 1].astype(np.int64)
+        self.bounds = offsets - offsets[0]
+        size = int(self.bounds[-1])
+        self.data = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0] : offsets[0] + size] if size else np.zeros(0, np.uint8)
+        self.ascii = not size or int(self.data.max()) < 0x80
+        self.nonempty_starts = self.bounds[:-1][self.bounds[:-1] < self.bounds[1:]]
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def char_counts(self) -> np.ndarray:
+        """Characters per text."""
+        return np.asarray(pc.fill_null(pc.utf8_length(self.texts), 0), dtype=np.int64)
+
+    def count_positions(self, positions: np.ndarray) -> np.ndarray:
+        """How many of the byte ``positions`` fall in each text."""
+        return np.bincount(np.searchsorted(self.bounds, positions, side="right") - 1, minlength=len(self))
+
+    def text_end(self, position: int) -> int:
+        """Where the text that holds byte ``position`` ends."""
+        return int(self.bounds[np.searchsorted(self.bounds, position, side="right")])
+
+    def finish(self, values: np.ndarray) -> pa.Array:
+        """The scores as an Arrow array, null where the text is null."""
+        return _finish(values, self.texts)
+
+    def sum_per_text(self, mask: np.ndarray) -> np.ndarray:
+        """How many of each text's bytes ``mask`` marks."""
+        if len(self) and len(self.data) >= _LOOP_TEXTS_FROM_BYTES * len(self):
+            bounds = self.bounds.tolist()
+            return np.fromiter((np.count_nonzero(mask[s:e]) for s, e in zip(bounds[:-1], bounds[1:])), dtype=np.int64, count=len(self))
+        sums = np.zeros(len(self), dtype=np.int64)
+        if len(self.nonempty_starts):
+            sums[self.bounds[:-1] < self.bounds[1:]] = np.add.reduceat(mask, self.nonempty_starts, dtype=np.int64)
+        return sums
+
+    def _occurrences(self, chars: list[str]) -> list[tuple[np.ndarray, int]]:
+        """Where the non-ASCII ``chars`` occur: (start positions, bytes) per group of characters that share a first
+        byte and a length, whose other bytes are looked up in one table."""
+        groups: dict[tuple[int, int], list[bytes]] = {}
+        for char in chars:
+            encoded = char.encode()
+            groups.setdefault((encoded[0], len(encoded)), []).append(encoded)
+        found = []
+        for (lead, width), members in groups.items():
+            positions = np.flatnonzero(self.data == lead)
+            payload = np.zeros(len(positions), dtype=np.int64)
+            for k in range(1, width):
+                payload = payload << 6 | (self.data[positions + k] & 0x3F)
+            table = np.zeros(1 << 6 * (width - 1), dtype=bool)
+            table[[_payload(e[1:]) for e in members]] = True
+            found.append((positions[table[payload]], width))
+        return found
+
+    def char_mask(self, chars: str, whole: bool = False) -> np.ndarray:
+        """Marks the first byte of every occurrence of any of ``chars`` (every byte of it with ``whole``)."""
+        data = self.data
+        ranges = _ranges(sorted(ord(c) for c in chars if ord(c) < 0x80))
+        if len(ranges) > _MOST_COMPARED_RANGES:
+            table = np.zeros(256, dtype=bool)
+            table[[ord(c) for c in chars if ord(c) < 0x80]] = True
+            mask = table[data]
+        else:
+            mask = np.zeros(len(data), dtype=bool)
+            for low, high in ranges:
+                mask |= data == low if low == high else (data - np.uint8(low)) <= np.uint8(high - low)
+        if not self.ascii:
+            for positions, width in self._occurrences([c for c in chars if ord(c) >= 0x80]):
+                for k in range(width if whole else 1):
+                    mask[positions + k] = True
+        return mask
+
+    def first_bytes_of_texts(self, mask: np.ndarray, value: np.ndarray) -> None:
+        """Sets ``mask`` at each non-empty text's first byte to ``value`` there (to undo a shift across texts)."""
+        mask[self.nonempty_starts] = value[self.nonempty_starts]
+
+
+def _payload(continuation: bytes) -> int:
+    """The 6 bits each continuation byte of a UTF-8 character carries, in order."""
+    value = 0
+    for byte in continuation:
+        value = value << 6 | byte & 0x3F
+    return value
+
+
+def _ranges(codes: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for code in codes:
+        if out and out[-1][1] == code - 1:
+            out[-1] = (out[-1][0], code)
+        else:
+            out.append((code, code))
+    return out
+
+
+class _Words:
+    """The whitespace-separated words of a batch: how many each text has, where each starts and ends, their bytes."""
+
+    def __init__(self, u: _Utf8) -> None:
+        self.u = u
+        self.space = u.char_mask(WHITESPACE, whole=True)
+        self.starts_mask = np.empty(len(self.space), dtype=bool)
+        if len(self.space):
+            self.starts_mask[0] = not self.space[0]
+            np.greater(self.space[:-1], self.space[1:], out=self.starts_mask[1:])
+            u.first_bytes_of_texts(self.starts_mask, ~self.space)
+        self.counts = u.sum_per_text(self.starts_mask)
+
+    @cached_property
+    def starts(self) -> np.ndarray:
+        """Byte position of every word's first byte, in order."""
+        return np.flatnonzero(self.starts_mask)
+
+    @cached_property
+    def ends(self) -> np.ndarray:
+        """Byte position of every word's last byte, in order."""
+        ends = np.empty(len(self.space), dtype=bool)
+        if len(self.space):
+            np.greater(self.space[1:], self.space[:-1], out=ends[:-1])
+            ends[-1] = not self.space[-1]
+            last = self.u.bounds[1:][self.u.bounds[:-1] < self.u.bounds[1:]] - 1
+            ends[last] = ~self.space[last]
+        return np.flatnonzero(ends)
+
+    @cached_property
+    def byte_lengths(self) -> np.ndarray:
+        """UTF-8 bytes in each word."""
+        return self.ends - self.starts + 1
+
+    def per_word(self, mask: np.ndarray) -> np.ndarray:
+        """How many bytes ``mask`` marks in each word (``mask`` marks no whitespace)."""
+        if np.count_nonzero(mask) * _SPARSE_MARKS < len(mask):
+            word = np.searchsorted(self.starts, np.flatnonzero(mask), side="right") - 1
+            return np.bincount(word, minlength=len(self.starts))
+        before = np.cumsum(mask, dtype=np.int64 if len(mask) >= 2**31 else np.int32)
+        return before[self.ends] - before[self.starts] + mask[self.starts]
+
+    def nonspace_chars(self) -> np.ndarray:
+        """Marks the first byte of every character that is not whitespace."""
+        nonspace = ~self.space
+        if not self.u.ascii:
+            nonspace &= (self.u.data & 0xC0) != 0x80
+        return nonspace
+
+    def char_lengths(self) -> np.ndarray:
+        """Characters in each word."""
+        if self.u.ascii:
+            return self.byte_lengths
+        return self.byte_lengths - self.per_word(((self.u.data & 0xC0) == 0x80) & ~self.space)
+
+    def per_text(self, values: np.ndarray, reduce: np.ufunc, empty: float) -> np.ndarray:
+        """``reduce`` of each text's word values; ``empty`` for a text without words."""
+        out = np.full(len(self.counts), empty, dtype=np.result_type(values.dtype, type(empty)))
+        has = self.counts > 0
+        if has.any():
+            first = np.concatenate(([0], np.cumsum(self.counts)[:-1]))
+            out[has] = reduce.reduceat(values, first[has])
+        return out
+
+    @cached_property
+    def breaks(self) -> np.ndarray:
+        """Whether a word cannot go on at each byte position (one past the end too): whitespace or a text's start."""
+        breaks = np.ones(len(self.space) + 1, dtype=bool)
+        breaks[:-1] = self.space
+        breaks[self.u.bounds] = True
+        return breaks
+
+    def all_unmarked(self, marked: np.ndarray) -> np.ndarray:
+        """Start positions of the words none of whose bytes ``marked`` marks. Only words that begin unmarked are
+        candidates; they are walked a byte at a time, all together, until a break (no mark: found) or a mark (not),
+        and the few still undecided after ``_LONGEST_WALK`` bytes are checked whole, one by one."""
+        positions = np.flatnonzero(self.starts_mask & ~marked)
+        found = [np.zeros(0, dtype=np.int64)]
+        offset = 1
+        while len(positions) and offset <= _LONGEST_WALK:
+            at = positions + offset
+            ended = self.breaks[at]
+            found.append(positions[ended])
+            positions = positions[~ended & ~marked[np.minimum(at, len(marked) - 1)]]
+            offset += 1
+        if len(positions):
+            ends = self.ends[np.searchsorted(self.starts, positions)]
+            found.append(np.array([s for s, e in zip(positions.tolist(), ends.tolist()) if not marked[s : e + 1].any()], dtype=np.int64))
+        return np.concatenate(found)
+
+    def one_of(self, options: tuple[str, ...] | frozenset[str]) -> np.ndarray:
+        """Start positions of the words that are exactly one of ``options`` (each at most 8 UTF-8 bytes, no whitespace)."""
+        data, starts = self.u.data, self.starts
+        encoded = [option.encode() for option in options]
+        firsts = np.zeros(256, dtype=bool)
+        firsts[[e[0] for e in encoded]] = True
+        index = np.flatnonzero(firsts[data[starts]])
+        candidates = starts[index]
+        following = np.where(index + 1 < len(starts), starts[np.minimum(index + 1, len(starts) - 1)], len(data))
+        windows = _windows(data, candidates)
+        found = []
+        for e in encoded:
+            hit = (windows & np.uint64((1 << 8 * len(e)) - 1)) == np.uint64(int.from_bytes(e, "little"))
+            after = candidates[hit] + len(e)
+            # the bytes match and a break follows; a word start in between would mean they ran on into the next text
+            found.append(candidates[hit][self.breaks[after] & (following[hit] >= after)])
+        return np.concatenate(found)
+
+
+def _windows(data: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The 8 bytes from each position as a little-endian integer (zero bytes past the end of ``data``)."""
+    out = np.zeros(len(positions), dtype=np.uint64)
+    inside = positions <= len(data) - 8
+    if len(data) >= 8:
+        out[inside] = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))[positions[inside]]
+    for i in np.flatnonzero(~inside):
+        out[i] = int.from_bytes(data[positions[i] :].tobytes(), "little")
+    return out
+
+
+def _divide(numerator: np.ndarray, denominator: np.ndarray, empty: float) -> np.ndarray:
+    """``numerator / denominator``, and ``empty`` where the denominator is 0."""
+    out = np.full(len(denominator), empty, dtype=np.float64)
+    np.divide(numerator, denominator, out=out, where=denominator > 0)
+    return out
+
+
+def _char_ratio(texts: pa.Array, chars: str) -> pa.Array:
+    """The share of each text's characters that are in ``chars`` (1.0 for an empty text, as NeMo)."""
+    u = _Utf8(texts)
+    return u.finish(_divide(u.sum_per_text(u.char_mask(chars)), u.char_counts(), 1.0))
+
+
+def _lines(texts: pa.Array) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """The non-blank lines of the texts, stripped, with the index of each one's text, and the line count per text."""
+    pieces = pc.split_pattern(texts, "\n")
+    stripped = pc.utf8_trim_whitespace(pc.list_flatten(pieces))
+    nonblank = pc.greater(pc.utf8_length(stripped), 0)
+    parents = np.asarray(pc.filter(pc.list_parent_indices(pieces), nonblank), dtype=np.int64)
+    return pc.filter(stripped, nonblank), parents, np.bincount(parents, minlength=len(texts))
+
+
+def _line_ratio(texts: pa.Array, pattern: str, candidates: str | None) -> pa.Array:
+    """The share of each text's non-blank lines whose stripped text matches ``pattern`` (1.0 without lines); only
+    texts that match ``candidates`` anywhere are split into lines, the others have no such line."""
+    texts = _as_utf8(texts)
+    has_text = np.asarray(pc.fill_null(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(texts)), 0), False), dtype=bool)
+    scores = np.where(has_text, 0.0, 1.0)
+    chosen = np.flatnonzero(np.asarray(pc.fill_null(pc.match_substring_regex(texts, candidates), False), dtype=bool) if candidates else has_text)
+    if len(chosen):
+        lines, parents, counts = _lines(texts.take(pa.array(chosen)))
+        hits = np.asarray(pc.match_substring_regex(lines, pattern), dtype=bool)
+        scores[chosen] = _divide(np.bincount(parents[hits], minlength=len(chosen)), counts, 1.0)
+    return _finish(scores, texts)
+
+
+def _per_text(texts: pa.Array, score: Callable[[str], float], integers: bool = False) -> pa.Array:
+    """A score computed in Python for each non-null text."""
+    values = [None if text is None else score(text) for text in _as_utf8(texts).to_pylist()]
+    return pa.array(values, type=pa.int64() if integers else pa.float64())
+
+
+@DocumentFilter.register_subclass("word_count")
+@dataclass(frozen=True)
+class WordCountFilter(DocumentFilter):
+    """Number of whitespace-separated words: drops stubs and giant dumps that are rarely prose."""
+
+    min_words: int = 50
+    """Fewest words a kept document has."""
+    max_words: int | None = 100000
+    """Most words a kept document has; unset: no upper bound."""
+
+    def __post_init__(self) -> None:
+        _at_least("min_words", self.min_words, 0)
+        if self.max_words is not None and self.max_words < self.min_words:
+            raise ValueError(f"filter.max_words must be >= min_words ({self.min_words}), got {self.max_words}")
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        u = _Utf8(texts)
+        return u.finish(_Words(u).counts)
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, self.min_words, self.max_words)
+
+
+@DocumentFilter.register_subclass("char_length")
+@dataclass(frozen=True)
+class CharLengthFilter(DocumentFilter):
+    """Number of characters (code points): bounds a document's size where words are not a good unit."""
+
+    min_chars: int = 0
+    """Fewest characters a kept document has."""
+    max_chars: int | None = None
+    """Most characters a kept document has; unset: no upper bound."""
+
+    def __post_init__(self) -> None:
+        _at_least("min_chars", self.min_chars, 0)
+        if self.max_chars is not None and self.max_chars < self.min_chars:
+            raise ValueError(f"filter.max_chars must be >= min_chars ({self.min_chars}), got {self.max_chars}")
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        return pc.utf8_length(_as_utf8(texts)).cast(pa.int64())
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, self.min_chars, self.max_chars)
+
+
+@DocumentFilter.register_subclass("mean_word_length")
+@dataclass(frozen=True)
+class MeanWordLengthFilter(DocumentFilter):
+    """Mean characters per word (0 without words): very short or long means point to lists, code or gibberish (Gopher)."""
+
+    min_mean_word_length: float = 3.0
+    """Lowest mean word length a kept document has."""
+    max_mean_word_length: float = 10.0
+    """Highest mean word length a kept document has."""
+
+    def __post_init__(self) -> None:
+        _at_least("min_mean_word_length", self.min_mean_word_length, 0)
+        if self.max_mean_word_length < self.min_mean_word_length:
+            raise ValueError(
+                f"filter.max_mean_word_length must be >= min_mean_word_length ({self.min_mean_word_length}), got {self.max_mean_word_length}"
+            )
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        u = _Utf8(texts)
+        words = _Words(u)
+        return u.finish(_divide(u.sum_per_text(words.nonspace_chars()), words.counts, 0.0))
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, self.min_mean_word_length, self.max_mean_word_length)
+
+
+@DocumentFilter.register_subclass("non_alpha_numeric")
+@dataclass(frozen=True)
+class NonAlphaNumericFilter(DocumentFilter):
+    """Share of characters outside ASCII letters, digits and ``\\n?!,.``: markup, tables and symbol soup (Gopher)."""
+
+    max_non_alpha_numeric_to_text_ratio: float = 0.25
+    """Highest share a kept document has."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("max_non_alpha_numeric_to_text_ratio", self.max_non_alpha_numeric_to_text_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        u = _Utf8(texts)
+        chars = u.char_counts()
+        return u.finish(_divide(chars - u.sum_per_text(u.char_mask(_ALPHANUMERIC)), chars, 1.0))
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, None, self.max_non_alpha_numeric_to_text_ratio)
+
+
+@DocumentFilter.register_subclass("symbols_to_words")
+@dataclass(frozen=True)
+class SymbolsToWordsFilter(DocumentFilter):
+    """Share of words that are an ellipsis mark or mostly ``#`` (more ``#`` runs than half the word's length):
+    hashtag spam and truncated teasers (Gopher)."""
+
+    max_symbol_to_word_ratio: float = 0.1
+    """Highest share a kept document has."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("max_symbol_to_word_ratio", self.max_symbol_to_word_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        u = _Utf8(texts)
+        words = _Words(u)
+        symbols = [words.one_of(tuple(mark for mark in ELLIPSIS_MARKS if not any(c in WHITESPACE for c in mark)))]
+        hashes = np.flatnonzero(u.data == ord("#"))
+        if len(hashes):
+            starts = words.starts
+            with_hash = np.unique(np.searchsorted(starts, hashes, side="right") - 1)
+            for start, limit in zip(starts[with_hash].tolist(), np.append(starts, len(u.data))[with_hash + 1].tolist()):
+                word = u.data[start : min(limit, u.text_end(start))].tobytes().decode().split(maxsplit=1)[0]
+                if 2 * len(_HASH_RUNS.findall(word)) > len(word):
+                    symbols.append(np.array([start]))
+        return u.finish(_divide(u.count_positions(np.concatenate(symbols)), words.counts, 1.0))
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, None, self.max_symbol_to_word_ratio)
+
+
+@DocumentFilter.register_subclass("numbers")
+@dataclass(frozen=True)
+class NumbersFilter(DocumentFilter):
+    """Share of characters that are ASCII digits: tables, logs and number dumps."""
+
+    max_number_to_text_ratio: float = 0.15
+    """Highest share a kept document has."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("max_number_to_text_ratio", self.max_number_to_text_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        return _char_ratio(texts, _DIGITS)
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, None, self.max_number_to_text_ratio)
+
+
+@DocumentFilter.register_subclass("urls")
+@dataclass(frozen=True)
+class UrlsFilter(DocumentFilter):
+    """Share of characters inside ``http(s)://`` URLs: link farms and navigation pages."""
+
+    max_url_to_text_ratio: float = 0.2
+    """Highest share a kept document has."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("max_url_to_text_ratio", self.max_url_to_text_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        u = _Utf8(texts)
+        chars = u.char_counts()
+        rest = np.asarray(pc.fill_null(pc.utf8_length(pc.replace_substring_regex(u.texts, URL_PATTERN, "")), 0), dtype=np.int64)
+        return u.finish(_divide(chars - rest, chars, 1.0))
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, None, self.max_url_to_text_ratio)
+
+
+@DocumentFilter.register_subclass("bullets")
+@dataclass(frozen=True)
+class BulletsFilter(DocumentFilter):
+    """Share of non-blank lines that start with a bullet character: menus and link lists (Gopher)."""
+
+    max_bullet_lines_ratio: float = 0.9
+    """Highest share a kept document has."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("max_bullet_lines_ratio", self.max_bullet_lines_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        return _line_ratio(texts, f"^[{BULLETS}]", f"[{BULLETS}]")
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, None, self.max_bullet_lines_ratio)
+
+
+@DocumentFilter.register_subclass("white_space")
+@dataclass(frozen=True)
+class WhiteSpaceFilter(DocumentFilter):
+    """Share of characters that are space, tab, newline, carriage return or backspace: layout rather than text."""
+
+    max_white_space_ratio: float = 0.25
+    """Highest share a kept document has."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("max_white_space_ratio", self.max_white_space_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        return _char_ratio(texts, _SPACE_CHARS)
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, None, self.max_white_space_ratio)
+
+
+@DocumentFilter.register_subclass("parentheses")
+@dataclass(frozen=True)
+class ParenthesesFilter(DocumentFilter):
+    """Share of characters that are brackets ``()[]{}⟨⟩``: code, markup and citation clutter."""
+
+    max_parentheses_ratio: float = 0.1
+    """Highest share a kept document has."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("max_parentheses_ratio", self.max_parentheses_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        return _char_ratio(texts, _PARENTHESES)
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, None, self.max_parentheses_ratio)
+
+
+@DocumentFilter.register_subclass("long_word")
+@dataclass(frozen=True)
+class LongWordFilter(DocumentFilter):
+    """Characters in the longest word (0 without words): minified code, base64 and other unbroken blobs (C4)."""
+
+    max_word_length: int = 1000
+    """Longest word a kept document has."""
+
+    def __post_init__(self) -> None:
+        _at_least("max_word_length", self.max_word_length, 0)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        u = _Utf8(texts)
+        words = _Words(u)
+        return u.finish(words.per_text(words.char_lengths(), np.maximum, 0))
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, None, self.max_word_length)
+
+
+@DocumentFilter.register_subclass("boilerplate_string")
+@dataclass(frozen=True)
+class BoilerPlateStringFilter(DocumentFilter):
+    """Share of paragraphs that hold a cookie or policy notice (1.0 with "lorem ipsum" anywhere): pages that are
+    mostly site furniture (after C4)."""
+
+    max_boilerplate_string_ratio: float = 0.4
+    """Highest share a kept document has."""
+    remove_if_at_top_or_bottom: bool = True
+    """Count boilerplate paragraphs at the top or bottom too (NeMo takes this setting but always counts them); false:
+    a leading or trailing run of them (a banner, a footer) does not count, unless every paragraph is boilerplate."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("max_boilerplate_string_ratio", self.max_boilerplate_string_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        texts = _as_utf8(texts)
+        policy = "|".join(map(_literal, POLICY_SUBSTRINGS))
+        scores = np.zeros(len(texts), dtype=np.float64)
+        lowered = pc.utf8_lower(texts)
+        chosen = np.flatnonzero(np.asarray(pc.fill_null(pc.match_substring_regex(lowered, f"lorem ipsum|{policy}"), False), dtype=bool))
+        if len(chosen):
+            # str.lower() turns İ into i and a combining dot where Arrow's has a plain i: one match fewer, never more
+            lowered = pc.utf8_lower(pc.replace_substring(texts.take(pa.array(chosen)), "\u0130", "i\u0307"))
+            paragraphs = pc.split_pattern(lowered, "\n\n")
+            boiler = np.asarray(pc.match_substring_regex(pc.list_flatten(paragraphs), policy), dtype=bool)
+            offsets = np.asarray(paragraphs.offsets, dtype=np.int64)
+            if self.remove_if_at_top_or_bottom:
+                counts = np.add.reduceat(boiler, offsets[:-1], dtype=np.int64)
+            else:
+                counts = np.array([_inner_count(boiler[s:e]) for s, e in zip(offsets[:-1], offsets[1:])], dtype=np.int64)
+            lorem = np.asarray(pc.match_substring(lowered, "lorem ipsum"), dtype=bool)
+            scores[chosen] = np.where(lorem, 1.0, counts / np.diff(offsets))
+        return _finish(scores, texts)
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, None, self.max_boilerplate_string_ratio)
+
+
+def _inner_count(flags: np.ndarray) -> int:
+    """Flagged paragraphs, leaving out a leading and a trailing run of them unless all are flagged."""
+    if flags.all():
+        return len(flags)
+    first = int(np.argmin(flags))
+    last = len(flags) - int(np.argmin(flags[::-1]))
+    return int(np.count_nonzero(flags[first:last]))
+
+
+def _repeated_lines(text: str) -> list[str]:
+    return [line for line in text.split("\n") if line.strip()]
+
+
+@DocumentFilter.register_subclass("repeated_lines")
+@dataclass(frozen=True)
+class RepeatedLinesFilter(DocumentFilter):
+    """Distinct non-blank lines over all of them (0 without lines): repeated navigation and template lines (Gopher)."""
+
+    max_repeated_line_fraction: float = 0.7
+    """Lowest fraction of distinct lines a kept document has (NeMo's name; the score must be at least this)."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("max_repeated_line_fraction", self.max_repeated_line_fraction)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        def distinct(text: str) -> float:
+            lines = _repeated_lines(text)
+            return len(set(lines)) / len(lines) if lines else 0.0
+
+        return _per_text(texts, distinct)
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, self.max_repeated_line_fraction, None)
+
+
+@DocumentFilter.register_subclass("repeated_paragraphs")
+@dataclass(frozen=True)
+class RepeatedParagraphsFilter(DocumentFilter):
+    """Distinct paragraphs over all of them: pages built of a repeated block (Gopher)."""
+
+    max_repeated_paragraphs_ratio: float = 0.7
+    """Lowest fraction of distinct paragraphs a kept document has (NeMo's name; the score must be at least this)."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("max_repeated_paragraphs_ratio", self.max_repeated_paragraphs_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        def distinct(text: str) -> float:
+            paragraphs = text.split("\n\n")
+            return len(set(paragraphs)) / len(paragraphs)
+
+        return _per_text(texts, distinct)
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, self.max_repeated_paragraphs_ratio, None)
+
+
+@DocumentFilter.register_subclass("repeated_lines_by_char")
+@dataclass(frozen=True)
+class RepeatedLinesByCharFilter(DocumentFilter):
+    """Characters in the distinct non-blank lines over characters in all of them (0 without lines): repetition
+    weighted by length, so that long repeated lines weigh more (Gopher)."""
+
+    max_repeated_lines_char_ratio: float = 0.8
+    """Lowest ratio a kept document has (NeMo's name; the score must be at least this)."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("max_repeated_lines_char_ratio", self.max_repeated_lines_char_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        def distinct_chars(text: str) -> float:
+            lines = _repeated_lines(text)
+            return sum(map(len, set(lines))) / sum(map(len, lines)) if lines else 0.0
+
+        return _per_text(texts, distinct_chars)
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, self.max_repeated_lines_char_ratio, None)
+
+
+@DocumentFilter.register_subclass("repeated_paragraphs_by_char")
+@dataclass(frozen=True)
+class RepeatedParagraphsByCharFilter(DocumentFilter):
+    """Characters in the distinct paragraphs over characters in all of them (0 when the paragraphs have none):
+    repetition weighted by length (Gopher)."""
+
+    max_repeated_paragraphs_char_ratio: float = 0.8
+    """Lowest ratio a kept document has (NeMo's name; the score must be at least this)."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("max_repeated_paragraphs_char_ratio", self.max_repeated_paragraphs_char_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        def distinct_chars(text: str) -> float:
+            paragraphs = text.split("\n\n")
+            total = sum(map(len, paragraphs))
+            return sum(map(len, set(paragraphs))) / total if total else 0.0
+
+        return _per_text(texts, distinct_chars)
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, self.max_repeated_paragraphs_char_ratio, None)
+
+
+def _ngrams(words: list[str], n: int) -> zip[tuple[str, ...]]:
+    return zip(*(words[k:] for k in range(n)))
+
+
+@DocumentFilter.register_subclass("repeating_top_ngrams")
+@dataclass(frozen=True)
+class RepeatingTopNGramsFilter(DocumentFilter):
+    """Share of characters taken by the most frequent word n-gram (its space-joined text removed from the document;
+    1.0 with fewer than n words): text that says one phrase over and over (Gopher; 2-, 3-, 4-grams at 0.20, 0.18, 0.16)."""
+
+    n: int = 2
+    """Words per n-gram."""
+    max_repeating_ngram_ratio: float = 0.2
+    """Highest share a kept document has."""
+
+    def __post_init__(self) -> None:
+        _at_least("n", self.n, 1)
+        _ratio_check("max_repeating_ngram_ratio", self.max_repeating_ngram_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        n = self.n
+
+        def top_share(text: str) -> float:
+            words = text.split()
+            if len(words) < n:
+                return 1.0
+            # the first seen of the most frequent: NeMo takes whichever its set of n-grams yields first, which
+            # changes with Python's hash seed
+            ((gram, _),) = Counter(_ngrams(words, n)).most_common(1)
+            top = " ".join(gram)
+            return (len(text) - len(text.replace(top, ""))) / len(text)
+
+        return _per_text(texts, top_share)
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, None, self.max_repeating_ngram_ratio)
+
+
+@DocumentFilter.register_subclass("repeating_duplicate_ngrams")
+@dataclass(frozen=True)
+class RepeatingDuplicateNGramsFilter(DocumentFilter):
+    """Share of characters in words covered by a repeat of an earlier word n-gram (words plus one space between
+    covered neighbours; 1.0 with fewer than n words): boilerplate repeated at length (Gopher; 5- to 10-grams at
+    0.15 down to 0.10)."""
+
+    n: int = 2
+    """Words per n-gram."""
+    max_repeating_duplicate_ngram_ratio: float = 0.2
+    """Highest share a kept document has."""
+
+    def __post_init__(self) -> None:
+        _at_least("n", self.n, 1)
+        _ratio_check("max_repeating_duplicate_ngram_ratio", self.max_repeating_duplicate_ngram_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        n = self.n
+
+        def duplicate_share(text: str) -> float:
+            words = text.split()
+            if len(words) < n:
+                return 1.0
+            first_seen: dict[tuple[str, ...], int] = {}
+            firsts = map(first_seen.setdefault, _ngrams(words, n), count())
+            covered_to = chars = 0
+            # n-gram i repeats an earlier one where its first index is not i; the words it covers that an earlier
+            # repeat did not are added, with the spaces before them (NeMo's count)
+            for i in compress(count(), map(ne, firsts, count())):
+                first_new = max(i, covered_to)
+                chars += sum(map(len, words[first_new : i + n])) + min(i + n - first_new, n - 1)
+                covered_to = i + n
+            return chars / len(text)
+
+        return _per_text(texts, duplicate_share)
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, None, self.max_repeating_duplicate_ngram_ratio)
+
+
+@DocumentFilter.register_subclass("punctuation")
+@dataclass(frozen=True)
+class PunctuationFilter(DocumentFilter):
+    """Share of non-blank lines that do not end in ``. ? ! " '`` (1.0 without lines): menus, titles and fragments (C4)."""
+
+    max_num_sentences_without_endmark_ratio: float = 0.85
+    """Highest share a kept document has."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("max_num_sentences_without_endmark_ratio", self.max_num_sentences_without_endmark_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        return _line_ratio(texts, f"[^{END_MARKS}]$", None)
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, None, self.max_num_sentences_without_endmark_ratio)
+
+
+@DocumentFilter.register_subclass("ellipsis")
+@dataclass(frozen=True)
+class EllipsisFilter(DocumentFilter):
+    """Share of non-blank lines that end in an ellipsis mark ("...", "…", "read more", ...; 1.0 without lines):
+    teaser and snippet pages (C4)."""
+
+    max_num_lines_ending_with_ellipsis_ratio: float = 0.3
+    """Highest share a kept document has."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("max_num_lines_ending_with_ellipsis_ratio", self.max_num_lines_ending_with_ellipsis_ratio)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        # the marks have no letters but "read more", and no character other than A-Z lowercases to its letters
+        marks = "|".join(f"(?i:{_literal(mark)})" for mark in ELLIPSIS_MARKS)
+        return _line_ratio(texts, f"(?:{marks})$", marks)
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, None, self.max_num_lines_ending_with_ellipsis_ratio)
+
+
+@DocumentFilter.register_subclass("common_english_words")
+@dataclass(frozen=True)
+class CommonEnglishWordsFilter(DocumentFilter):
+    """Number of words that are one of Gopher's lowercase stop words (the, be, to, of, and, that, have, with): prose
+    in English has them, lists, code and other languages do not."""
+
+    min_num_common_words: int = 2
+    """Fewest such words a kept document has."""
+    stop_at_false: bool = True
+    """Stop counting at ``min_num_common_words`` (NeMo's default; the score is then at most that, and a text of
+    English is decided from its first words); false: the full count."""
+
+    def __post_init__(self) -> None:
+        _at_least("min_num_common_words", self.min_num_common_words, 0)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        enough = self.min_num_common_words if self.stop_at_false else None
+        return _per_text(texts, lambda text: _count_common_words(text, enough), integers=True)
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, self.min_num_common_words, None)
+
+
+def _count_common_words(text: str, enough: int | None) -> int:
+    """Common English words in ``text``, counting no further than ``enough``: the words are split off a growing
+    chunk at a time, so that a text that has enough early is not split whole."""
+    if enough is None:
+        return sum(map(COMMON_ENGLISH_WORDS.__contains__, text.split()))
+    count, chunk = 0, _FIRST_WORDS
+    while text and count < enough:
+        words = text.split(maxsplit=chunk)
+        text = words.pop() if len(words) > chunk else ""
+        count += sum(map(COMMON_ENGLISH_WORDS.__contains__, words))
+        chunk *= 2
+    return min(count, enough)
+
+
+def _is_alphabetic(code: int) -> bool:
+    char = chr(code)
+    return char.isalpha() or unicodedata.category(char) == "Nl" or any(low <= code <= high for low, high in _CIRCLED_LETTERS)
+
+
+@DocumentFilter.register_subclass("words_without_alphabets")
+@dataclass(frozen=True)
+class WordsWithoutAlphabetsFilter(DocumentFilter):
+    """Share of words with at least one alphabetic character (0 without words): number tables, symbol runs,
+    encoded data (Gopher). Alphabetic: a letter (``str.isalpha``), a letter number or a circled Latin letter."""
+
+    min_words_with_alphabets: float = 0.8
+    """Lowest share a kept document has."""
+
+    def __post_init__(self) -> None:
+        _ratio_check("min_words_with_alphabets", self.min_words_with_alphabets)
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        u = _Utf8(texts)
+        words = _Words(u)
+        alphabetic = ((u.data | np.uint8(0x20)) - np.uint8(ord("a"))) < np.uint8(26)
+        if not u.ascii:
+            leads = np.flatnonzero(u.data >= 0xC0)
+            codes = _decode(u.data, leads)
+            table = np.zeros(0x110000, dtype=bool)
+            table[codes] = True
+            distinct = np.flatnonzero(table)
+            table[distinct] = [_is_alphabetic(code) for code in distinct.tolist()]
+            alphabetic[leads] = table[codes]
+        return u.finish(_divide(words.counts - u.count_positions(words.all_unmarked(alphabetic)), words.counts, 0.0))
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, self.min_words_with_alphabets, None)
+
+
+def _decode(data: np.ndarray, leads: np.ndarray) -> np.ndarray:
+    """The code points of the multi-byte characters that start at ``leads``."""
+    first = data[leads]
+    codes = np.empty(len(leads), dtype=np.int64)
+    for width, low, high in ((2, 0xC0, 0xE0), (3, 0xE0, 0xF0), (4, 0xF0, 0x100)):
+        chosen = np.flatnonzero((first >= low) & (first < high))
+        at = leads[chosen]
+        value = (data[at] & (0x7F >> width)).astype(np.int64)
+        for k in range(1, width):
+            value = value << 6 | (data[at + k] & 0x3F)
+        codes[chosen] = value
+    return codes
+
+
+@DocumentFilter.register_subclass("pornographic_urls")
+@dataclass(frozen=True)
+class PornographicUrlsFilter(DocumentFilter):
+    """1 if a URL in the text contains "porn", else 0: a cheap adult-content signal."""
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        # NeMo looks for "porn" in each URL match; a URL run that reaches "porn" after http(s):// is the same thing
+        found = pc.match_substring_regex(_as_utf8(texts), URL_PATTERN.removesuffix("+") + "*porn")
+        return found.cast(pa.int64())
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, None, 0)
+
+
+@DocumentFilter.register_subclass("substring")
+@dataclass(frozen=True)
+class SubstringFilter(DocumentFilter):
+    """1 if the text has ``substring`` at ``position``, else 0: keeps documents that carry a marker (a prefix, a tag)."""
+
+    substring: str = ""
+    """The text to look for."""
+    position: Literal["prefix", "suffix", "any"] = "any"
+    """Where: at the start, at the end, or anywhere."""
+
+    def __post_init__(self) -> None:
+        if not self.substring:
+            raise ValueError("filter.substring: give the text to look for")
+        if self.position not in ("prefix", "suffix", "any"):
+            raise ValueError(f"filter.position must be one of prefix, suffix, any, got {self.position!r}")
+
+    def score(self, texts: pa.Array) -> pa.Array:
+        texts = _as_utf8(texts)
+        if self.position == "prefix":
+            found = pc.starts_with(texts, self.substring)
+        elif self.position == "suffix":
+            found = pc.ends_with(texts, self.substring)
+        else:
+            found = pc.match_substring(texts, self.substring)
+        return found.cast(pa.int64())
+
+    def keep(self, scores: pa.Array) -> np.ndarray:
+        return bounds_keep(scores, 1, None)

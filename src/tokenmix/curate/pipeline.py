@@ -1,0 +1,621 @@
+"""A curation pipeline: its config, and the engine that runs it shard by shard, resumably, locally or on Ray or Dask.
+
+A pipeline reads named sources (lists of shards), runs its stages over every record, and writes the result: each
+input shard back under its own name (``output.write_to_filename``), or N partitions, in order or shuffled, with an
+optional offline blend in front. It runs in passes, each a set of independent tasks:
+
+1. map passes: one task per input shard runs the record stages and writes the shard out. ``exact_dedup`` splits the
+   stages into two map passes, with the driver deciding duplicates from hashes in between (``exact_dedup.py``).
+2. when writing partitions: a scatter pass (one task per shard: each record, each blend copy, to its bucket) and a
+   gather pass (one task per partition, a bucket at a time: bounded memory) (``scatter.py``, ``blend.py``).
+
+Every task writes its output under a temporary name and renames it when complete, then writes its statistics; a task
+whose statistics are there is done. So a run killed at any moment and run again redoes only unfinished tasks and
+produces byte-identical output. A pipeline's work goes to ``<output>/.curate/<key>``, the key a hash of the pipeline and
+of its inputs' sizes and modification times (or ETags): work done for another pipeline, or over inputs that have since
+changed, is never reused for this one.
+
+``curation_stats.json`` accounts for every input record: read, bad (by reason), removed by each stage (by reason,
+per source), blended, written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import posixpath
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import draccus
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+from tqdm.auto import tqdm
+
+from tokenmix.cache.executor import ExecutorConfig, LocalExecutorConfig
+from tokenmix.curate import blend as blending
+from tokenmix.curate import exact_dedup, scatter
+from tokenmix.curate.execution import open_executor, run_tasks
+from tokenmix.curate.records import concat
+from tokenmix.curate.shard_io import (
+    OUTPUT_FORMATS,
+    ShardBatches,
+    ShardWriter,
+    local_or_url_join,
+    output_suffix,
+    read_batches,
+    shard_stem,
+)
+from tokenmix.curate.stages import ExactDedup, ShardContext, Stage, text_hashes
+from tokenmix.sources.shards import DEFAULT_CHUNK_BYTES, FileShard
+from tokenmix.sources.urls import expand_urls
+
+logger = logging.getLogger(__name__)
+
+INDEX = "__index"
+"""A record copy's place in the (blended) output sequence, carried from scatter to gather."""
+WORK_DIR = ".curate"
+STATS_FILE = "curation_stats.json"
+
+
+class CurationError(ValueError):
+    """A pipeline that cannot run as configured; the message names the field and what to change."""
+
+
+@dataclass(frozen=True)
+class CurationSource:
+    """One named input: shards by URL pattern (braces, globs; local or fsspec), the field holding the text."""
+
+    name: str
+    paths: list[str]
+    text_field: str = "text"
+
+
+@dataclass(frozen=True)
+class CurationOutput:
+    """Where and how the result is written."""
+
+    path: str
+    format: str = "jsonl.zst"
+    """``jsonl``, ``jsonl.gz``, ``jsonl.zst`` or ``parquet``."""
+    write_to_filename: bool = False
+    """Each input shard's records go to a shard of the same name, ``<path>/<source>/<name><suffix>``: the input's
+    sharding is kept. Off: ``partitions`` files ``<path>/part-00000<suffix>``, ...: needed for blend and shuffle."""
+    partitions: int | None = None
+    """Output files when not writing to file names; unset: as many as input shards."""
+    source_dirs: bool = True
+    """With ``write_to_filename``: each source's shards in a directory of its name (off: all in ``path`` itself, which
+    needs shard names unique across sources)."""
+
+    def __post_init__(self) -> None:
+        if self.format not in OUTPUT_FORMATS:
+            raise CurationError(f"output.format {self.format!r} is not one of {list(OUTPUT_FORMATS)}")
+        if self.partitions is not None and self.partitions < 1:
+            raise CurationError(f"output.partitions must be >= 1, got {self.partitions}")
+
+
+@dataclass(frozen=True)
+class BlendConfig:
+    """An offline blend (NeMo Curator's ``blend_datasets``): source ``s`` gives ``ceil(target_size * w_s / sum w)``
+    records, repeating a source that has fewer (``blend.py``)."""
+
+    target_size: int
+    weights: dict[str, float]
+    seed: int | None = None
+    """Unset: a source's first records make up a partial copy or a cut (NeMo's rule); set: a seeded uniform sample."""
+
+
+@dataclass(frozen=True)
+class ShuffleConfig:
+    """A seeded global shuffle into the output partitions, in two passes with one bucket in memory at a time."""
+
+    seed: int = 0
+    buffer_bytes: int = 256 << 20
+    """About the most record bytes (Arrow) a gather task holds at once; more data means more, smaller buckets."""
+
+
+@dataclass(frozen=True)
+class CurationConfig:
+    """A curation pipeline (``tokenmix curate --config_path pipeline.yaml``)."""
+
+    sources: list[CurationSource]
+    output: CurationOutput
+    stages: list[Stage] = field(default_factory=list)
+    """Record stages in order (``add_id``, ``score_filter``, ``field_filter``, ``modify``, ``exact_dedup``)."""
+    blend: BlendConfig | None = None
+    """Applied after the stages; needs partitioned output."""
+    shuffle: ShuffleConfig | None = None
+    """Applied last; needs partitioned output."""
+    filename_field: str | None = None
+    """Write each record's input shard name to this field (NeMo's ``add_filename``); unset: not written."""
+    on_error: Literal["raise", "skip"] = "raise"
+    """``raise`` stops at the first bad record naming file and line; ``skip`` counts it by reason."""
+    executor: ExecutorConfig = field(default_factory=LocalExecutorConfig)
+    """``{type: local}`` (worker processes), ``{type: ray, address: ...}`` or ``{type: dask, address: ...}``."""
+    num_workers: int | None = None
+    """Local worker processes (one per core when unset; 0 runs tasks in this process), or a local cluster's size."""
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    """Input bytes per batch of records."""
+    keep_intermediate: bool = False
+    """Keep the passes' intermediate shards after a successful run (they are removed by default)."""
+
+    def __post_init__(self) -> None:
+        names = [s.name for s in self.sources]
+        if not names:
+            raise CurationError("sources: give at least one source (name, paths)")
+        if len(set(names)) != len(names):
+            raise CurationError(f"sources: names must be unique, got {names}")
+        for source in self.sources:
+            if not source.paths:
+                raise CurationError(f"sources[{source.name}].paths: give at least one shard URL or pattern")
+        if self.output.write_to_filename and (self.blend is not None or self.shuffle is not None):
+            raise CurationError("output.write_to_filename keeps each input shard's records in a shard of its name, which a blend or a "
+                                "shuffle cannot; set output.write_to_filename: false (and output.partitions) to blend or shuffle")
+        if self.blend is not None:
+            unknown = sorted(set(self.blend.weights) - set(names))
+            if unknown:
+                raise CurationError(f"blend.weights names {unknown}, which are not sources; sources are {names}")
+            blending.blend_counts(self.blend.target_size, [self.blend.weights.get(n, 0.0) for n in names])
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    """An input shard of the pipeline: task ``index`` reads shard ``shard_index`` of source ``source``."""
+
+    index: int
+    source: str
+    source_rank: int
+    shard_index: int
+    url: str
+    text_field: str
+
+
+@dataclass(frozen=True)
+class MapTask:
+    """One shard through one map pass."""
+
+    shard: ShardRef
+    input_url: str
+    from_intermediate: bool
+    stages: list[Stage]
+    first_stage: int
+    removal_urls: list[str]
+    output_url: str
+    output_format: str
+    keep_hidden: bool
+    hash_url: str | None
+    dedup: ExactDedup | None
+    stats_url: str
+    filename_field: str | None
+    on_error: str
+    chunk_bytes: int
+
+
+@dataclass(frozen=True)
+class ScatterTask:
+    """One shard's records (and blend copies) to their buckets."""
+
+    index: int
+    input_url: str
+    plan: blending.SourcePlan
+    first: int
+    seed: int | None
+    buckets: int
+    partitions: int
+    total: int
+    out_dir: str
+    stats_url: str
+
+
+@dataclass(frozen=True)
+class GatherTask:
+    """One output partition from its buckets."""
+
+    partition: int
+    buckets: list[tuple[int, list[str]]]
+    seed: int | None
+    output_url: str
+    output_format: str
+    stats_url: str
+
+
+def run_map_task(task: MapTask) -> dict[str, Any]:
+    """Read a shard (or an intermediate), run the stages, write the output and the hashes; returns the task's stats."""
+    shard = task.shard
+    context = ShardContext(shard.source, shard.source_rank, shard.shard_index, shard.text_field)
+    found = ShardBatches()
+    stage_stats = [{"in": 0, "out": 0, "removed": Counter()} for _ in range(len(task.stages) + (1 if task.removal_urls else 0))]
+    removed = exact_dedup.removed_rows(task.removal_urls, shard.index) if task.removal_urls else None
+    writer = ShardWriter(task.output_url, task.output_format, keep_hidden=task.keep_hidden)
+    hashes: list[np.ndarray] = []
+    written = nbytes = 0
+    try:
+        batches = (_intermediate_batches(task.input_url, found) if task.from_intermediate
+                   else read_batches(task.input_url, shard.text_field, task.filename_field, task.on_error, found, task.chunk_bytes))
+        row = 0
+        for table in batches:
+            offset = 0
+            if removed is not None:
+                rows = np.arange(row, row + table.num_rows)
+                row += table.num_rows
+                keep = ~np.isin(rows, removed)
+                stage_stats[0]["in"] += table.num_rows
+                stage_stats[0]["removed"]["exact_duplicate"] += int((~keep).sum())
+                table = table.filter(pa.array(keep))
+                stage_stats[0]["out"] += table.num_rows
+                offset = 1
+            for i, stage in enumerate(task.stages):
+                stats = stage_stats[i + offset]
+                stats["in"] += table.num_rows
+                if table.num_rows:
+                    table, dropped = stage.apply(table, context)
+                    stats["removed"].update(dropped)
+                stats["out"] += table.num_rows
+            if task.dedup is not None and table.num_rows:
+                hashes.append(text_hashes(table.column(task.dedup.text_field or shard.text_field).combine_chunks(), task.dedup.normalize))
+            writer.write(table)
+            written += table.num_rows
+            nbytes += table.nbytes
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    if task.hash_url is not None:
+        all_hashes = np.concatenate(hashes) if hashes else np.empty((0, 2), dtype=np.uint64)
+        exact_dedup.write_hashes(task.hash_url, all_hashes, np.arange(written, dtype=np.int64))
+    result = {"read": found.read, "bad": dict(found.bad), "stages": [{**s, "removed": dict(s["removed"])} for s in stage_stats],
+              "first_stage": task.first_stage - (1 if task.removal_urls else 0), "written": written, "bytes": nbytes}
+    _write_json(task.stats_url, result)
+    return result
+
+
+def _intermediate_batches(url: str, found: ShardBatches) -> Any:
+    with fsspec.open(url, "rb") as f:
+        parquet = pq.ParquetFile(f)
+        for group in range(parquet.metadata.num_row_groups):
+            table = parquet.read_row_group(group)
+            found.read += table.num_rows
+            yield table
+
+
+def run_scatter_task(task: ScatterTask) -> dict[str, Any]:
+    """Write a shard's record copies into bucket files ``<out_dir>/<task>-<bucket>.parquet``; returns rows per bucket."""
+    with fsspec.open(task.input_url, "rb") as f:
+        table = pq.read_table(f)
+    rows, indices = blending.emitted_indices(task.plan, task.first, table.num_rows)
+    if task.seed is None:
+        buckets = scatter.ordered_buckets(indices, task.total, task.partitions)
+    else:
+        buckets = scatter.shuffled_buckets(indices, task.seed, task.buckets)
+    order = np.argsort(buckets, kind="stable")
+    rows, indices, buckets = rows[order], indices[order], buckets[order]
+    copies = table.take(pa.array(rows)).append_column(INDEX, pa.array(indices, pa.int64()))
+    counts: dict[str, int] = {}
+    bounds = np.flatnonzero(np.diff(buckets)) + 1
+    for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(buckets)], strict=True):
+        if stop <= start:
+            continue
+        bucket = int(buckets[start])
+        writer = ShardWriter(_bucket_url(task.out_dir, task.index, bucket), "parquet", keep_hidden=True)
+        writer.write(copies.slice(start, stop - start))
+        writer.close()
+        counts[str(bucket)] = int(stop - start)
+    result = {"buckets": counts, "written": int(len(rows))}
+    _write_json(task.stats_url, result)
+    return result
+
+
+def _bucket_url(out_dir: str, task: int, bucket: int) -> str:
+    return local_or_url_join(out_dir, f"{task:06d}-{bucket:05d}.parquet")
+
+
+def run_gather_task(task: GatherTask) -> dict[str, Any]:
+    """Write one output partition: its buckets in turn, each in order (or in a seeded random order)."""
+    writer = ShardWriter(task.output_url, task.output_format)
+    written = largest = 0
+    try:
+        for bucket, urls in task.buckets:
+            parts = []
+            for url in urls:
+                with fsspec.open(url, "rb") as f:
+                    parts.append(pq.read_table(f))
+            if not parts:
+                continue
+            table = concat(parts)
+            largest = max(largest, table.nbytes)
+            order = scatter.bucket_order(table.column(INDEX).to_numpy(), task.seed, bucket)
+            table = table.take(pa.array(order))
+            writer.write(table)
+            written += table.num_rows
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    result = {"written": written, "max_bucket_bytes": largest}
+    _write_json(task.stats_url, result)
+    return result
+
+
+def _write_json(url: str, value: Any) -> None:
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    with fs.open(path + ".partial", "wb") as f:
+        f.write(json.dumps(value, indent=1, sort_keys=True).encode())
+    fs.mv(path + ".partial", path)
+
+
+def _read_json(url: str) -> Any | None:
+    fs, path = fsspec.core.url_to_fs(url)
+    if not fs.exists(path):
+        return None
+    with fs.open(path, "rb") as f:
+        return json.loads(f.read())
+
+
+def list_shards(config: CurationConfig) -> list[ShardRef]:
+    """Every input shard, in order: sources in list order, each source's shards as its patterns expand."""
+    shards = []
+    stems: dict[str, str] = {}
+    for rank, source in enumerate(config.sources):
+        urls = expand_urls(source.paths)
+        if config.output.write_to_filename:
+            if config.output.source_dirs:
+                stems = {}
+            for url in urls:
+                stem = shard_stem(url)
+                if stem in stems:
+                    raise CurationError(f"sources[{source.name}]: {stems[stem]} and {url} would both be written as {stem}; with "
+                                        "output.write_to_filename every output shard needs its own name: rename one, or keep "
+                                        "output.source_dirs on when the clash is between sources")
+                stems[stem] = url
+        shards += [ShardRef(len(shards) + i, source.name, rank, i, url, source.text_field) for i, url in enumerate(urls)]
+    return shards
+
+
+def _final_url(output: CurationOutput, shard: ShardRef, suffix: str) -> str:
+    name = shard_stem(shard.url) + suffix
+    return local_or_url_join(output.path, shard.source, name) if output.source_dirs else local_or_url_join(output.path, name)
+
+
+def _fingerprint(config: CurationConfig, shards: list[ShardRef]) -> dict[str, Any]:
+    """What a work directory is for: the pipeline (not where it runs) and each input shard as it is now. Its hash names
+    the work directory, so work done for another pipeline, or over inputs since changed, is never taken for this one's."""
+    described = describe(dataclasses.replace(config, executor=LocalExecutorConfig(), num_workers=None, keep_intermediate=False))
+    inputs = []
+    for shard in shards:
+        try:
+            identity = FileShard(shard.url).identity()
+        except FileNotFoundError:
+            identity = None
+        inputs.append({"url": shard.url, "identity": identity})
+    return {"pipeline": described, "inputs": inputs}
+
+
+def describe(value: Any) -> Any:
+    """A config as plain JSON values: dataclasses as their fields (a draccus choice with its ``type``), functions by
+    import path."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        if isinstance(value, draccus.ChoiceRegistry):
+            out["type"] = type(value).get_choice_name(type(value))
+        for f in dataclasses.fields(value):
+            out[f.name] = describe(getattr(value, f.name))
+        return out
+    if isinstance(value, dict):
+        return {str(k): describe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [describe(v) for v in value]
+    if callable(value):
+        return f"{value.__module__}:{value.__qualname__}"
+    return value
+
+
+def run_curation(config: CurationConfig) -> dict[str, Any]:
+    """Run (or resume) a pipeline; returns what ``curation_stats.json`` holds."""
+    started = time.perf_counter()
+    out = config.output.path
+    shards = list_shards(config)
+    fingerprint = _fingerprint(config, shards)
+    key = xxhash.xxh3_64_hexdigest(json.dumps(fingerprint, sort_keys=True).encode())
+    work = local_or_url_join(out, WORK_DIR, key)
+    if _read_json(local_or_url_join(work, "pipeline.json")) is None:
+        _write_json(local_or_url_join(work, "pipeline.json"), fingerprint)
+    finished = _read_json(local_or_url_join(work, STATS_FILE))
+    if finished is not None:
+        logger.info("%s: this pipeline already ran to completion over these inputs (%s); nothing to do", out, work)
+        return finished
+
+    segments = _segments(config.stages)
+    partitioned = not config.output.write_to_filename
+    suffix = output_suffix(config.output.format)
+    map_results: list[list[dict[str, Any]]] = []
+    removal_urls: list[str] = []
+    with open_executor(config.executor, config.num_workers) as executor:
+        for k, (first_stage, stages, dedup) in enumerate(segments):
+            last = k == len(segments) - 1
+            phase = local_or_url_join(work, f"pass-{k}")
+            tasks = []
+            for shard in shards:
+                final = last and not partitioned
+                output_url = (_final_url(config.output, shard, suffix) if final
+                              else local_or_url_join(phase, "data", f"{shard.index:06d}.parquet"))
+                tasks.append(MapTask(
+                    shard=shard,
+                    input_url=shard.url if k == 0 else local_or_url_join(work, f"pass-{k - 1}", "data", f"{shard.index:06d}.parquet"),
+                    from_intermediate=k > 0, stages=stages, first_stage=first_stage, removal_urls=removal_urls,
+                    output_url=output_url, output_format=config.output.format if final else "parquet", keep_hidden=not final,
+                    hash_url=local_or_url_join(phase, "hashes", f"{shard.index:06d}.parquet") if dedup is not None else None,
+                    dedup=dedup, stats_url=local_or_url_join(phase, "stats", f"{shard.index:06d}.json"),
+                    filename_field=config.filename_field, on_error=config.on_error, chunk_bytes=config.chunk_bytes))
+            map_results.append(_run_phase(executor, run_map_task, tasks, [t.stats_url for t in tasks], f"pass {k + 1}/{len(segments)}",
+                                          records=lambda r: r["read"]))
+            if dedup is not None:
+                total = sum(r["written"] for r in map_results[-1])
+                removal_urls = exact_dedup.decide([t.hash_url for t in tasks if t.hash_url], local_or_url_join(phase, "dedup"), total,
+                                                  dedup.memory_bytes)
+        blend_stats = shuffle_stats = None
+        outputs: list[str]
+        if partitioned:
+            outputs, blend_stats, shuffle_stats = _write_partitions(config, executor, shards, map_results[-1], work, len(segments) - 1)
+        else:
+            outputs = [t.output_url for t in tasks]
+    stats = _statistics(config, shards, map_results, blend_stats, outputs, time.perf_counter() - started)
+    stats["shuffle"] = shuffle_stats
+    _write_json(local_or_url_join(work, STATS_FILE), stats)
+    _write_json(local_or_url_join(out, STATS_FILE), stats)
+    if not config.keep_intermediate:
+        _remove_intermediates(work)
+    return stats
+
+
+def _segments(stages: list[Stage]) -> list[tuple[int, list[Stage], ExactDedup | None]]:
+    """The stages split at each ``exact_dedup``: (index of the first stage, the stages, the dedup that ends it)."""
+    segments = []
+    current: list[Stage] = []
+    first = 0
+    for i, stage in enumerate(stages):
+        if isinstance(stage, ExactDedup):
+            segments.append((first, current, stage))
+            current, first = [], i + 1
+        else:
+            current.append(stage)
+    segments.append((first, current, None))
+    return segments
+
+
+def _run_phase(executor: Any, fn: Any, tasks: list[Any], stats_urls: list[str], label: str,
+               records: Any = None) -> list[dict[str, Any]]:
+    """Run the tasks of one pass that have not finished yet; the stats of every task, in task order."""
+    results: list[dict[str, Any] | None] = [_read_json(url) for url in stats_urls]
+    todo = [i for i, r in enumerate(results) if r is None]
+    if len(todo) < len(tasks):
+        logger.info("%s: %d of %d tasks done by an earlier run", label, len(tasks) - len(todo), len(tasks))
+    started = time.perf_counter()
+    docs = 0
+    with tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=label, unit="task", dynamic_ncols=True) as bar:
+        for j, result in run_tasks(executor, fn, [tasks[i] for i in todo]):
+            results[todo[j]] = result
+            docs += records(result) if records else result.get("written", 0)
+            bar.set_postfix_str(f"{docs / max(time.perf_counter() - started, 1e-9):,.0f} docs/s", refresh=False)
+            bar.update(1)
+    return [r for r in results if r is not None]
+
+
+def _write_partitions(config: CurationConfig, executor: Any, shards: list[ShardRef], results: list[dict[str, Any]], work: str,
+                      last_pass: int) -> tuple[list[str], dict[str, Any] | None, dict[str, Any] | None]:
+    """Blend (when asked), then scatter and gather into the output partitions; the output files, the blend's and the
+    shuffle's statistics."""
+    names = [s.name for s in config.sources]
+    counts = [sum(r["written"] for s, r in zip(shards, results, strict=True) if s.source == name) for name in names]
+    if config.blend is not None:
+        wanted = blending.blend_counts(config.blend.target_size, [config.blend.weights.get(n, 0.0) for n in names])
+        for name, count, want in zip(names, counts, wanted, strict=True):
+            if count == 0 and want > 0:
+                raise CurationError(f"blend.weights gives source {name!r} {want} records, but none of its records are left after the "
+                                    "stages; give it weight 0 or loosen its filters")
+        plans = blending.plan_sources(counts, wanted, config.blend.seed)
+        blend_stats = {name: {"records": c, "blended": w, "whole_copies": p.rounds, "extra": int(len(p.extra))}
+                       for name, c, w, p in zip(names, counts, wanted, plans, strict=True)}
+    else:
+        plans = blending.plan_sources(counts, counts, None)
+        blend_stats = None
+    total = sum(p.wanted for p in plans)
+    partitions = config.output.partitions or len(shards)
+    seed = config.shuffle.seed if config.shuffle is not None else None
+    nbytes = sum(r["bytes"] * (plans[names.index(s.source)].wanted / max(plans[names.index(s.source)].count, 1))
+                 for s, r in zip(shards, results, strict=True))
+    buckets = scatter.bucket_count(int(nbytes), partitions, config.shuffle.buffer_bytes) if config.shuffle is not None else partitions
+    scatter_dir = local_or_url_join(work, "scatter")
+    first: dict[str, int] = dict.fromkeys(names, 0)
+    tasks = []
+    for shard, result in zip(shards, results, strict=True):
+        tasks.append(ScatterTask(shard.index, local_or_url_join(work, f"pass-{last_pass}", "data", f"{shard.index:06d}.parquet"),
+                                 plans[names.index(shard.source)], first[shard.source], seed, buckets, partitions, total,
+                                 local_or_url_join(scatter_dir, "data"), local_or_url_join(scatter_dir, "stats", f"{shard.index:06d}.json")))
+        first[shard.source] += result["written"]
+    scattered = _run_phase(executor, run_scatter_task, tasks, [t.stats_url for t in tasks], "scatter")
+    suffix = output_suffix(config.output.format)
+    gathers = []
+    for p in range(partitions):
+        members = []
+        for bucket in scatter.buckets_of_partition(p, partitions, buckets):
+            urls = [_bucket_url(local_or_url_join(scatter_dir, "data"), t.index, bucket) for t, r in zip(tasks, scattered, strict=True)
+                    if str(bucket) in r["buckets"]]
+            members.append((bucket, urls))
+        gathers.append(GatherTask(p, members, seed, local_or_url_join(config.output.path, f"part-{p:05d}{suffix}"), config.output.format,
+                                  local_or_url_join(work, "gather", "stats", f"{p:06d}.json")))
+    gathered = _run_phase(executor, run_gather_task, gathers, [g.stats_url for g in gathers], "gather")
+    shuffle_stats = None if seed is None else {"seed": seed, "partitions": partitions, "buckets": buckets, "record_bytes": int(nbytes),
+                                                "max_bucket_bytes": max(g["max_bucket_bytes"] for g in gathered)}
+    return [g.output_url for g in gathers], blend_stats, shuffle_stats
+
+
+def _statistics(config: CurationConfig, shards: list[ShardRef], map_results: list[list[dict[str, Any]]],
+                blend_stats: dict[str, Any] | None, outputs: list[str], seconds: float) -> dict[str, Any]:
+    """``curation_stats.json``: per source and stage, records in, out and removed by reason; and the accounting check."""
+    names = [s.name for s in config.sources]
+    per_source = {n: {"read": 0, "bad": Counter(), "after_stages": 0} for n in names}
+    stage_rows: list[dict[str, Any]] = [
+        {"stage": stage.label if not isinstance(stage, ExactDedup) else "exact_dedup", "in": 0, "out": 0, "removed": Counter(),
+         "per_source": {n: {"in": 0, "out": 0, "removed": Counter()} for n in names}}
+        for stage in config.stages]
+    for k, results in enumerate(map_results):
+        for shard, result in zip(shards, results, strict=True):
+            source = per_source[shard.source]
+            if k == 0:
+                source["read"] += result["read"]
+                source["bad"].update(result["bad"])
+            if k == len(map_results) - 1:
+                source["after_stages"] += result["written"]
+            for j, s in enumerate(result["stages"]):
+                row = stage_rows[result["first_stage"] + j]
+                for target in (row, row["per_source"][shard.source]):
+                    target["in"] += s["in"]
+                    target["out"] += s["out"]
+                    target["removed"].update(s["removed"])
+    accounted = True
+    for name in names:
+        src = per_source[name]
+        removed = sum(sum(row["per_source"][name]["removed"].values()) for row in stage_rows)
+        src["removed_by_stages"] = removed
+        if src["read"] - sum(src["bad"].values()) - removed != src["after_stages"]:
+            accounted = False
+            logger.error("source %s: %d read, %d bad, %d removed, but %d left: records are unaccounted for", name, src["read"],
+                         sum(src["bad"].values()), removed, src["after_stages"])
+    written = sum(b["blended"] for b in blend_stats.values()) if blend_stats else sum(s["after_stages"] for s in per_source.values())
+    return json.loads(json.dumps({
+        "sources": per_source, "stages": stage_rows, "blend": blend_stats, "accounted": accounted,
+        "output": {"records": written, "files": len(outputs), "format": config.output.format, "path": config.output.path},
+        "seconds": round(seconds, 3),
+    }))
+
+
+def _remove_intermediates(work: str) -> None:
+    """Remove the records passed between passes; statistics and dedup decisions (small) stay."""
+    fs, path = fsspec.core.url_to_fs(work)
+    for pattern in ("pass-*/data", "pass-*/hashes", "scatter/data"):
+        for target in fs.glob(posixpath.join(path, pattern)):
+            fs.rm(target, recursive=True)
+
+
+def load_curation_config(path: str | os.PathLike[str] | dict[str, Any], overrides: list[str] | None = None) -> CurationConfig:
+    """A pipeline from a YAML file (or a mapping), with draccus-style overrides (``--output.path /tmp/out``)."""
+    import copy
+
+    from tokenmix.config.loading import ConfigError, explain_error, parse_overrides, read_yaml, set_path
+
+    where = "the curation config" if isinstance(path, dict) else os.fspath(path)
+    doc = copy.deepcopy(path) if isinstance(path, dict) else read_yaml(where)
+    try:
+        for key, value in parse_overrides(overrides or ()):
+            set_path(doc, key, value)
+        return draccus.decode(CurationConfig, doc)
+    except (draccus.utils.ParsingError, TypeError, ValueError) as e:
+        raise ConfigError(f"{where} does not parse as a curation pipeline: {explain_error(e, (CurationConfig,))}") from None

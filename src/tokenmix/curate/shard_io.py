@@ -1,0 +1,241 @@
+"""Reading a shard as Arrow batches, and writing a shard so that only a complete one ever has its name.
+
+Reading goes through ``sources.FileShard`` (the cache builder's reader: formats, compression, fsspec, truncation
+checks), a batch of about ``chunk_bytes`` at a time, so memory does not grow with the shard. Parquet shards are read
+by row group, already Arrow. A record that cannot be a document (bad JSON, no text field) is a ``BadRecord``: under
+``on_error: raise`` the error names the file, the line and the fix; under ``skip`` it is counted by reason.
+
+Writing goes to a hidden temporary name beside the target and is renamed when the shard is complete, so a run killed
+at any moment leaves either no output shard or a whole one, and the same input always gives the same bytes (gzip
+without a timestamp, zstd and Parquet with fixed settings).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import posixpath
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Literal
+
+import fsspec
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+
+from tokenmix.curate.records import POSITION, concat, is_hidden, records_table, table_rows
+from tokenmix.sources.shards import DEFAULT_CHUNK_BYTES, FileShard, PlainText, ShardReadError
+
+OutputFormat = Literal["jsonl", "jsonl.gz", "jsonl.zst", "parquet"]
+OUTPUT_FORMATS: tuple[str, ...] = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet")
+INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst", ".ndjson", ".parquet", ".txt", ".txt.gz", ".txt.zst")
+
+
+class CurationInputError(ValueError):
+    """A bad record or an unreadable shard under ``on_error: raise``; the message names the file and the line."""
+
+
+@dataclass
+class ShardBatches:
+    """What reading a shard found besides its records: bad records by reason (``on_error: skip``)."""
+
+    bad: Counter[str] = field(default_factory=Counter)
+    read: int = 0
+    """Records read, bad ones included (blank JSON lines are not records)."""
+
+
+def output_suffix(fmt: str) -> str:
+    """The file suffix of an output format (``.jsonl.zst``)."""
+    return "." + fmt
+
+
+def shard_stem(url: str) -> str:
+    """A shard's base name without its format and compression suffix: ``books_00`` for ``.../books_00.jsonl.zst``."""
+    name = posixpath.basename(url.rstrip("/"))
+    lower = name.lower()
+    for suffix in sorted(INPUT_SUFFIXES, key=len, reverse=True):
+        if lower.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def read_batches(url: str, text_field: str, filename_field: str | None, on_error: str, found: ShardBatches,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[pa.Table]:
+    """The records of one shard, in order, as tables with their positions (and ``filename_field`` set to the shard's
+    base name when given). Bad records are raised or counted in ``found`` as ``on_error`` says."""
+    shard = FileShard(url)
+    batches = _parquet_batches(shard) if shard.kind == "parquet" else _record_batches(shard, text_field, on_error, found, chunk_bytes)
+    name = posixpath.basename(url.rstrip("/"))
+    try:
+        for table in batches:
+            if shard.kind == "parquet":
+                found.read += table.num_rows
+                table = _check_text_column(table, shard, text_field, on_error, found)
+            if filename_field is not None and table.num_rows:
+                table = table.append_column(filename_field, pa.array([name] * table.num_rows, pa.string()))
+            if table.num_rows:
+                yield table
+    except ShardReadError as e:
+        if on_error == "raise":
+            raise CurationInputError(f"{e}\nFix or remove the shard, or set on_error: skip to count it and go on.") from e
+        found.bad[e.reason] += 1
+
+
+def _record_batches(shard: FileShard, text_field: str, on_error: str, found: ShardBatches, chunk_bytes: int) -> Iterator[pa.Table]:
+    for chunk in shard.read(0, chunk_bytes):
+        records: list[dict[str, Any]] = []
+        positions: list[int] = []
+        for position, raw in enumerate(chunk.records, chunk.start):
+            record, reason = _parse(raw, text_field)
+            if record is None and reason is None:
+                continue
+            found.read += 1
+            if reason is not None:
+                if on_error == "raise":
+                    raise CurationInputError(
+                        f"{shard.position_label(position)}: {reason.replace('_', ' ')}; fix the record, set text_field to the field "
+                        "that holds the text, or set on_error: skip to count such records and go on")
+                found.bad[reason] += 1
+                continue
+            records.append(record)
+            positions.append(position)
+        if records:
+            yield records_table(records, positions)
+
+
+def _parse(raw: Any, text_field: str) -> tuple[dict[str, Any] | None, str | None]:
+    """A record from what the shard reader gave, or the reason it is bad; ``(None, None)`` for a blank line."""
+    if isinstance(raw, PlainText):
+        try:
+            return {text_field: raw.decode("utf-8")}, None
+        except UnicodeDecodeError:
+            return None, "invalid_utf8"
+    if isinstance(raw, bytes):
+        if not raw.strip():
+            return None, None
+        try:
+            raw = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None, "malformed_json"
+    if not isinstance(raw, dict):
+        return None, "not_an_object"
+    if not isinstance(raw.get(text_field), str):
+        return None, "missing_text" if raw.get(text_field) is None else "text_not_a_string"
+    return raw, None
+
+
+def _parquet_batches(shard: FileShard) -> Iterator[pa.Table]:
+    try:
+        with fsspec.open(shard.name, "rb") as raw:
+            parquet = pq.ParquetFile(raw)
+            position = 0
+            for group in range(parquet.metadata.num_row_groups):
+                table = parquet.read_row_group(group)
+                yield table.append_column(POSITION, pa.array(range(position, position + table.num_rows), pa.int64()))
+                position += table.num_rows
+    except FileNotFoundError as e:
+        raise ShardReadError(shard.name, 0, "missing_file", str(e)) from e
+    except (OSError, pa.ArrowInvalid) as e:
+        raise ShardReadError(shard.name, 0, "unreadable_file", f"{type(e).__name__}: {e}") from e
+
+
+def _check_text_column(table: pa.Table, shard: FileShard, text_field: str, on_error: str, found: ShardBatches) -> pa.Table:
+    if text_field not in table.column_names or not (pa.types.is_string(table.schema.field(text_field).type)
+                                                    or pa.types.is_large_string(table.schema.field(text_field).type)):
+        reason = "missing_text" if text_field not in table.column_names else "text_not_a_string"
+        if on_error == "raise":
+            raise CurationInputError(f"{shard.name}: column {text_field!r} {'is missing' if reason == 'missing_text' else 'is not text'}; "
+                                     f"columns are {[n for n in table.column_names if not is_hidden(n)]}; set text_field to the text column")
+        found.bad[reason] += table.num_rows
+        return table.slice(0, 0)
+    nulls = table.column(text_field).is_null()
+    count = pa.compute.sum(nulls).as_py() or 0
+    if count:
+        if on_error == "raise":
+            first = table.column(POSITION).filter(nulls)[0].as_py()
+            raise CurationInputError(f"{shard.position_label(first)}: the text field {text_field!r} is null; fix the record or set on_error: skip")
+        found.bad["missing_text"] += count
+        table = table.filter(pa.compute.invert(nulls))
+    return table
+
+
+class ShardWriter:
+    """Writes one output shard under a temporary name; ``close`` renames it to ``url`` once every batch is in.
+
+    ``keep_hidden`` keeps the engine's columns (for the intermediate shards between a pipeline's phases).
+    """
+
+    def __init__(self, url: str, fmt: str, keep_hidden: bool = False):
+        if fmt not in OUTPUT_FORMATS:
+            raise ValueError(f"output format {fmt!r} is not one of {list(OUTPUT_FORMATS)}")
+        self.url, self.fmt, self.keep_hidden = url, fmt, keep_hidden
+        self.fs, self.path = fsspec.core.url_to_fs(url)
+        parent, name = posixpath.split(self.path)
+        self.tmp_path = posixpath.join(parent, f".{name}.partial")
+        self.fs.makedirs(parent, exist_ok=True)
+        self.records = 0
+        self._file: BinaryIO = self.fs.open(self.tmp_path, "wb")
+        self._stream: Any = None
+        self._parquet: pq.ParquetWriter | None = None
+        if fmt == "jsonl.gz":
+            self._stream = gzip.GzipFile(filename="", mode="wb", fileobj=self._file, mtime=0)
+        elif fmt == "jsonl.zst":
+            self._stream = zstandard.ZstdCompressor(level=3).stream_writer(self._file, closefd=False)
+        elif fmt == "jsonl":
+            self._stream = self._file
+
+    def write(self, table: pa.Table) -> None:
+        """Append a batch of records."""
+        if not table.num_rows:
+            return
+        self.records += table.num_rows
+        if self.fmt == "parquet":
+            self._write_parquet(table if self.keep_hidden else table.select([n for n in table.column_names if not is_hidden(n)]))
+            return
+        self._stream.write(b"".join(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE) for row in table_rows(table)))
+
+    def _write_parquet(self, table: pa.Table) -> None:
+        if self._parquet is not None and table.schema.remove_metadata() != self._parquet.schema.remove_metadata():
+            self._parquet.close()
+            self._file.close()
+            with self.fs.open(self.tmp_path, "rb") as f:
+                written = pq.read_table(f)
+            table = concat([written, table])
+            self._file = self.fs.open(self.tmp_path, "wb")
+            self._parquet = None
+        if self._parquet is None:
+            self._parquet = pq.ParquetWriter(self._file, table.schema, compression="zstd", write_statistics=False)
+        self._parquet.write_table(table, row_group_size=max(1, table.num_rows))
+
+    def close(self) -> None:
+        """Finish the file and give it its name."""
+        if self.fmt == "parquet":
+            if self._parquet is None:
+                self._parquet = pq.ParquetWriter(self._file, pa.schema([]), compression="zstd")
+            self._parquet.close()
+        elif self._stream is not self._file:
+            self._stream.close()
+        self._file.close()
+        self.fs.mv(self.tmp_path, self.path)
+
+    def abort(self) -> None:
+        """Give up on the shard: its temporary file is removed, no output shard appears."""
+        try:
+            self._file.close()
+            self.fs.rm(self.tmp_path)
+        except (OSError, ValueError):
+            pass
+
+
+def exists(url: str) -> bool:
+    """Whether a file is there (local path or fsspec URL)."""
+    fs, path = fsspec.core.url_to_fs(url)
+    return bool(fs.exists(path))
+
+
+def local_or_url_join(base: str, *parts: str) -> str:
+    """``base/part/...`` for a local directory or an fsspec URL."""
+    return posixpath.join(base, *parts) if "://" in base else os.path.join(base, *parts)

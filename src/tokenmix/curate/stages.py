@@ -1,0 +1,204 @@
+"""The stages of a curation pipeline that work record by record: ids, filters, modifiers; and the exact-dedup marker.
+
+Each stage is a small frozen dataclass, a draccus choice (``stages: [{type: score_filter, filter: {type: word_count,
+min_words: 50}}, ...]`` in YAML), and usable from Python as it is. ``apply`` takes one Arrow batch of one shard and
+returns the batch it keeps with the number of records removed by reason, which ``curation_stats.json`` adds up.
+
+``exact_dedup`` is the one stage that needs every shard before it can decide; the pipeline splits its run there
+(``pipeline.py``, ``exact_dedup.py``).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import draccus
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+import tokenmix.curate.heuristics  # noqa: F401  (registers the heuristic filters as choices of DocumentFilter)
+from tokenmix.curate.filters import DocumentFilter
+from tokenmix.curate.modifiers import DocumentModifier
+from tokenmix.curate.records import POSITION
+
+
+@dataclass(frozen=True)
+class ShardContext:
+    """Where a batch comes from: its source (name and rank in the pipeline's list) and its shard (index in the source)."""
+
+    source: str
+    source_rank: int
+    shard_index: int
+    text_field: str
+
+
+@dataclass(frozen=True)
+class Stage(draccus.ChoiceRegistry):
+    """One step of a curation pipeline; chosen in YAML with ``{type: ...}``."""
+
+    def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
+        """The records of ``table`` this stage keeps (changed as it changes them), and those removed by reason."""
+        raise NotImplementedError
+
+    @property
+    def label(self) -> str:
+        """How the stage is named in statistics and progress."""
+        return type(self).get_choice_name(type(self))
+
+    def __call__(self, dataset: Any) -> Any:
+        """``stage(dataset)``, as NeMo Curator's modules are called: the ``DocumentDataset`` with this stage applied."""
+        return dataset.apply(self)
+
+
+@Stage.register_subclass("add_id")
+@dataclass(frozen=True)
+class AddId(Stage):
+    """A stable id per record, ``<prefix>-<shard>-<row>`` (as Zyda-2 gives every document an id that says where it came
+    from), so that later stages and later jobs can find a record in its input: the row is its position in the input
+    shard, so ids do not change when earlier filters change."""
+
+    id_field: str = "id"
+    id_prefix: str | None = None
+    """Unset: the source's name."""
+
+    def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
+        prefix = f"{self.id_prefix or context.source}-{context.shard_index:05d}-"
+        positions = table.column(POSITION).to_numpy()
+        ids = pa.array([f"{prefix}{p:09d}" for p in positions.tolist()], pa.string())
+        return _set_column(table, self.id_field, ids), Counter()
+
+
+@Stage.register_subclass("score_filter")
+@dataclass(frozen=True)
+class ScoreFilter(Stage):
+    """Scores each record's text with a filter and keeps those its rule keeps (NeMo Curator's ``ScoreFilter``); the
+    score is written to ``score_field`` when one is given. Removed records count under the filter's name."""
+
+    filter: DocumentFilter
+    text_field: str | None = None
+    """Unset: the source's ``text_field``."""
+    score_field: str | None = None
+    """Where the score is written; unset: not written."""
+    invert: bool = False
+    """Keep what the rule would remove instead."""
+
+    def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
+        texts = table.column(self.text_field or context.text_field).combine_chunks()
+        scores = self.filter.score(texts)
+        if self.score_field is not None:
+            table = _set_column(table, self.score_field, scores)
+        keep = self.filter.keep(scores)
+        if self.invert:
+            keep = ~keep
+        return _keep(table, keep, self.filter.name)
+
+    @property
+    def label(self) -> str:
+        return f"score_filter({self.filter.name}{', inverted' if self.invert else ''})"
+
+
+_OPERATORS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq, "!=": operator.ne}
+
+
+@Stage.register_subclass("field_filter")
+@dataclass(frozen=True)
+class FieldFilter(Stage):
+    """Keeps records whose ``field`` compares true with ``value`` (``int_score >= 3``, Zyda-2's FineWeb-Edu step;
+    a quality label ``== "High"``); records without the field are removed. NeMo Curator's ``Filter`` over a field."""
+
+    field: str = ""
+    op: Literal[">=", ">", "<=", "<", "==", "!="] = ">="
+    value: Any = 0
+
+    def __post_init__(self) -> None:
+        if not self.field:
+            raise ValueError("field_filter.field: name the field to compare, e.g. field: int_score")
+        if self.op not in _OPERATORS:
+            raise ValueError(f"field_filter.op: {self.op!r} is not one of {list(_OPERATORS)}")
+
+    def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
+        if self.field not in table.column_names:
+            return _keep(table, np.zeros(table.num_rows, dtype=bool), self.label)
+        values = table.column(self.field).to_pylist()
+        compare = _OPERATORS[self.op]
+        keep = np.array([v is not None and _compares(compare, v, self.value) for v in values], dtype=bool)
+        return _keep(table, keep, self.label)
+
+    @property
+    def label(self) -> str:
+        return f"{self.field} {self.op} {self.value}"
+
+
+def _compares(compare: Any, value: Any, threshold: Any) -> bool:
+    try:
+        return bool(compare(value, threshold))
+    except TypeError:
+        return False
+
+
+@Stage.register_subclass("modify")
+@dataclass(frozen=True)
+class Modify(Stage):
+    """Rewrites each record's text with a modifier (NeMo Curator's ``Modify``): unicode fixes, detokenizing, whitespace."""
+
+    modifier: DocumentModifier
+    text_field: str | None = None
+    """Unset: the source's ``text_field``."""
+
+    def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
+        name = self.text_field or context.text_field
+        return _set_column(table, name, self.modifier.modify(table.column(name).combine_chunks())), Counter()
+
+    @property
+    def label(self) -> str:
+        return f"modify({self.modifier.name})"
+
+
+@Stage.register_subclass("exact_dedup")
+@dataclass(frozen=True)
+class ExactDedup(Stage):
+    """Removes records whose normalized text another record has, keeping the first by source rank (the sources' list
+    order), then shard, then row. Needs every shard before it can decide, so the pipeline runs it between passes."""
+
+    text_field: str | None = None
+    """Unset: the source's ``text_field``."""
+    normalize: bool = True
+    """Compare texts after Unicode NFC, lower-casing, collapsing whitespace and trimming; off: byte for byte."""
+    memory_bytes: int = 1 << 30
+    """Memory for the hashes held at once while deciding (24 bytes a record); more records are decided in passes."""
+
+    def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
+        raise TypeError("exact_dedup runs between passes of the pipeline, not on one batch")
+
+
+def _set_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    if name in table.column_names:
+        return table.set_column(table.column_names.index(name), name, values)
+    return table.append_column(name, values)
+
+
+def _keep(table: pa.Table, keep: np.ndarray, reason: str) -> tuple[pa.Table, Counter[str]]:
+    removed = int(len(keep) - np.count_nonzero(keep))
+    if not removed:
+        return table, Counter()
+    return table.filter(pa.array(keep)), Counter({reason: removed})
+
+
+def text_hashes(texts: pa.Array, normalize: bool) -> np.ndarray:
+    """128-bit hashes of texts (``[n, 2]`` uint64), after normalization when asked: what exact dedup compares."""
+    import xxhash
+
+    if normalize:
+        texts = pc.utf8_normalize(texts, "NFC")
+        texts = pc.utf8_lower(texts)
+        texts = pc.utf8_trim_whitespace(pc.replace_substring_regex(texts, r"\s+", " "))
+    out = np.empty((len(texts), 2), dtype=np.uint64)
+    for i, text in enumerate(texts.to_pylist()):
+        digest = xxhash.xxh3_128_intdigest((text or "").encode("utf-8"))
+        out[i, 0] = digest >> 64
+        out[i, 1] = digest & 0xFFFFFFFFFFFFFFFF
+    return out

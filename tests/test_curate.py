@@ -1,0 +1,419 @@
+"""The curation stage on real shards: names kept, every record accounted, exact dedup by rank, blend counts, shuffles,
+resume, and NeMo Curator's DocumentDataset calls. (The heuristics themselves: test_curate_heuristics.py.)"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from collections import Counter
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from helpers import DEMO_CORPUS, REPO, read_jsonl_zst
+
+from tokenmix.curate import (
+    AddId,
+    CurationConfig,
+    CurationError,
+    CurationInputError,
+    CurationOutput,
+    CurationSource,
+    DocumentDataset,
+    ExactDedup,
+    FieldFilter,
+    Modify,
+    ScoreFilter,
+    Shuffle,
+    ShuffleConfig,
+    blend_datasets,
+    get_batched_files,
+    get_remaining_files,
+    load_curation_config,
+    run_curation,
+    scatter,
+)
+from tokenmix.curate.filters import DocumentFilter
+from tokenmix.curate.modifiers import DocumentModifier
+from tokenmix.curate.pipeline import BlendConfig
+from tokenmix.curate.shard_io import shard_stem
+
+SOURCES = ("linux_doc", "python_doc", "webster")
+
+
+def _read(path) -> list[dict]:
+    path = str(path)
+    if path.endswith(".parquet"):
+        return pq.read_table(path).to_pylist()
+    with open(path, "rb") as f:
+        raw = f.read()
+    if path.endswith(".zst"):
+        raw = zstandard.ZstdDecompressor().stream_reader(raw).read()
+    elif path.endswith(".gz"):
+        raw = gzip.decompress(raw)
+    return [orjson.loads(line) for line in raw.splitlines() if line.strip()]
+
+
+def _outputs(out) -> dict[str, bytes]:
+    """Every output file (not the work directory, not the stats: those hold timings) by relative path, as bytes."""
+    files = {}
+    for root, dirs, names in os.walk(out):
+        dirs[:] = [d for d in dirs if d != ".curate"]
+        for name in names:
+            if name != "curation_stats.json":
+                path = os.path.join(root, name)
+                files[os.path.relpath(path, out)] = open(path, "rb").read()
+    return files
+
+
+def _word_filter(min_words: int) -> DocumentFilter:
+    return DocumentFilter.get_choice_class("word_count")(min_words=min_words)
+
+
+def _demo_source(name: str) -> CurationSource:
+    return CurationSource(name, [str(DEMO_CORPUS / name / "train-{00..01}-of-02.jsonl.zst")])
+
+
+def test_shard_names_kept_extra_fields_untouched_and_every_record_accounted(tmp_path):
+    shards = tmp_path / "in"
+    shards.mkdir()
+    records = [{"text": (f"document {i} " + "word " * (i % 7)).strip(), "meta": {"n": i, "tags": ["a", "b"]}, "score": i / 3}
+               for i in range(60)]
+    records[5] = {"text": "no meta here at all", "only_here": True}
+    for k in range(3):
+        (shards / f"books_{k:02d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[k * 20:(k + 1) * 20]))
+    books = DocumentDataset.read_json(str(shards), add_filename=True)
+    kept = ScoreFilter(_word_filter(4), score_field="word_count")(books)
+    stats = kept.to_json(str(tmp_path / "out"), write_to_filename=True)
+
+    out = sorted(os.listdir(tmp_path / "out"))
+    assert [n for n in out if not n.startswith(".") and n.endswith(".jsonl")] == ["books_00.jsonl", "books_01.jsonl", "books_02.jsonl"]
+    written = {n: _read(tmp_path / "out" / n) for n in ("books_00.jsonl", "books_01.jsonl", "books_02.jsonl")}
+    for name, rows in written.items():
+        assert {r["filename"] for r in rows} == {name}
+    expected = [r for r in records if len(r["text"].split()) >= 4]
+    got = [r for n in sorted(written) for r in written[n]]
+    assert [{k: v for k, v in r.items() if k not in ("filename", "word_count")} for r in got] == expected
+    assert all(r["word_count"] == len(r["text"].split()) for r in got)
+    assert stats["accounted"]
+    assert stats["sources"]["documents"]["read"] == 60
+    assert stats["stages"][0]["removed"] == {"word_count": 60 - len(expected)}
+    assert stats["output"]["records"] == len(expected)
+
+
+def test_write_to_filename_needs_add_filename(tmp_path):
+    books = DocumentDataset.read_json(str(DEMO_CORPUS / "webster"))
+    with pytest.raises(ValueError, match="add_filename=True"):
+        books.to_json(str(tmp_path / "out"), write_to_filename=True)
+
+
+def test_inputs_of_every_kind_and_outputs_of_every_format_hold_the_same_records(tmp_path):
+    records = [{"text": f"line {i}\nof text", "id": i, "nested": {"x": [i, None]}} for i in range(25)]
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in records[:10]).encode()))
+    pq.write_table(pa.Table.from_pylist(records[10:20]), tmp_path / "b.parquet")
+    (tmp_path / "c.txt").write_text("a whole text file\nis one document")
+    config = CurationConfig(sources=[CurationSource("mixed", [str(tmp_path / "a.jsonl.gz"), str(tmp_path / "b.parquet"), str(tmp_path / "c.txt")])],
+                            output=CurationOutput(str(tmp_path / "x"), "jsonl", write_to_filename=True), num_workers=0)
+    expected = records[:20] + [{"text": "a whole text file\nis one document"}]
+    for fmt in ("jsonl", "jsonl.gz", "jsonl.zst", "parquet"):
+        out = tmp_path / fmt.replace(".", "_")
+        run_curation(CurationConfig(sources=config.sources, output=CurationOutput(str(out), fmt, write_to_filename=True), num_workers=0))
+        got = [r for name in ("a", "b", "c") for r in _read(out / "mixed" / f"{name}.{fmt}")]
+        if fmt == "parquet":
+            got = [{k: v for k, v in r.items() if v is not None or k == "text"} for r in got]
+        assert got == expected, fmt
+
+
+def test_bad_records_raise_naming_file_and_line_or_are_counted(tmp_path):
+    lines = ['{"text": "good one"}', "", '{"text": "bad', '{"no_text": 1}', '[1, 2]', '{"text": "good two"}']
+    (tmp_path / "s.jsonl").write_text("\n".join(lines) + "\n")
+    source = CurationSource("s", [str(tmp_path / "s.jsonl")])
+    with pytest.raises(CurationInputError, match=r"s\.jsonl, line 3: malformed json"):
+        run_curation(CurationConfig(sources=[source], output=CurationOutput(str(tmp_path / "o1")), num_workers=0))
+    stats = run_curation(CurationConfig(sources=[source], output=CurationOutput(str(tmp_path / "o2"), "jsonl"), on_error="skip", num_workers=0))
+    assert stats["sources"]["s"]["read"] == 5 and stats["sources"]["s"]["bad"] == {"malformed_json": 1, "missing_text": 1, "not_an_object": 1}
+    assert stats["accounted"] and stats["output"]["records"] == 2
+
+
+def _planted_sources(tmp_path) -> list[CurationSource]:
+    """Three sources; ``dup-*`` texts appear in several, with case and whitespace changed."""
+    texts = {
+        "high": ["dup-A the same text", "unique high 1", "dup-B shared   by two", "unique high 2", "dup-C internal"],
+        "mid": ["DUP-a   the same TEXT ", "unique mid", "dup-D mid and low", "dup-C internal"],
+        "low": ["dup-b shared by two", "dup-D mid and low", "unique low", "dup-A the same text"],
+    }
+    sources = []
+    for name, docs in texts.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "s0.jsonl").write_text("".join(json.dumps({"text": t, "src": name}) + "\n" for t in docs[:2]))
+        (tmp_path / name / "s1.jsonl").write_text("".join(json.dumps({"text": t, "src": name}) + "\n" for t in docs[2:]))
+        sources.append(CurationSource(name, [str(tmp_path / name / "s{0,1}.jsonl")]))
+    return sources
+
+
+def test_exact_dedup_across_sources_keeps_the_highest_ranked_copy(tmp_path):
+    sources = _planted_sources(tmp_path)
+    stats = run_curation(CurationConfig(sources=sources, stages=[AddId(), ExactDedup()], num_workers=0,
+                                        output=CurationOutput(str(tmp_path / "out"), "jsonl", write_to_filename=True)))
+    kept = {name: [r["text"] for shard in ("s0", "s1") for r in _read(tmp_path / "out" / name / f"{shard}.jsonl")] for name in ("high", "mid", "low")}
+    assert kept["high"] == ["dup-A the same text", "unique high 1", "dup-B shared   by two", "unique high 2", "dup-C internal"]
+    assert kept["mid"] == ["unique mid", "dup-D mid and low"]
+    assert kept["low"] == ["unique low"]
+    dedup = stats["stages"][1]
+    assert dedup["stage"] == "exact_dedup" and dedup["removed"] == {"exact_duplicate": 5}
+    assert {n: s["removed"].get("exact_duplicate", 0) for n, s in dedup["per_source"].items()} == {"high": 0, "mid": 2, "low": 3}
+    ids = [r["id"] for r in _read(tmp_path / "out" / "mid" / "s1.jsonl")]
+    assert ids == ["mid-00001-000000000"]
+    assert stats["accounted"]
+
+
+def test_exact_dedup_decides_in_passes_when_memory_is_short(tmp_path):
+    sources = _planted_sources(tmp_path)
+    out = {}
+    for memory in (1 << 30, 48):
+        stats = run_curation(CurationConfig(sources=sources, stages=[ExactDedup(memory_bytes=memory)], num_workers=0,
+                                            output=CurationOutput(str(tmp_path / f"out{memory}"), "jsonl", partitions=2)))
+        out[memory] = _outputs(tmp_path / f"out{memory}")
+        assert stats["stages"][0]["removed"] == {"exact_duplicate": 5}
+    assert out[48] == out[1 << 30]
+    passes = [n for n in os.listdir(tmp_path / "out48" / ".curate" / os.listdir(tmp_path / "out48" / ".curate")[0] / "pass-0" / "dedup")]
+    assert len(passes) > 1
+
+
+def test_blend_counts_are_exact_with_oversampling_and_seeded(tmp_path):
+    sources = [_demo_source(s) for s in SOURCES]
+    docs = {s: [r["text"] for i in range(2) for r in read_jsonl_zst(DEMO_CORPUS / s / f"train-0{i}-of-02.jsonl.zst")] for s in SOURCES}
+    target = 401
+    weights = {"linux_doc": 1.0, "python_doc": 1.0, "webster": 2.0}
+    wanted = {"linux_doc": 101, "python_doc": 101, "webster": 201}  # ceil(401 * w / 4): 100.25, 100.25, 200.5
+    over = "python_doc"
+    assert wanted[over] > len(docs[over]) and wanted["webster"] < len(docs["webster"]), "the test needs both an oversampled and a cut source"
+    results = {}
+    for run, seed in enumerate((None, 7, 7)):
+        out = tmp_path / f"blend-{run}"
+        stats = run_curation(CurationConfig(sources=sources, stages=[AddId()], blend=BlendConfig(target, weights, seed), num_workers=0,
+                                            output=CurationOutput(str(out), "jsonl", partitions=3)))
+        rows = [r for p in range(3) for r in _read(out / f"part-{p:05d}.jsonl")]
+        results[run] = rows
+        assert stats["output"]["records"] == len(rows) == sum(wanted.values())
+        for s in SOURCES:
+            mine = [r for r in rows if r["id"].startswith(s + "-")]
+            count = len(docs[s])
+            rounds, extra = divmod(wanted[s], count)
+            assert len(mine) == wanted[s] == stats["blend"][s]["blended"]
+            times = Counter(r["id"] for r in mine)
+            expected_times = {k: v for k, v in {rounds: count - extra, rounds + 1: extra}.items() if v and k}
+            assert dict(Counter(times.values())) == expected_times
+            if seed is None:
+                assert [r["text"] for r in mine[:min(count, wanted[s])]] == docs[s][:min(count, wanted[s])]
+        repeated = [r["text"] for r in rows if r["id"].startswith(over + "-")]
+        rounds, extra = divmod(wanted[over], len(docs[over]))
+        assert repeated[:rounds * len(docs[over])] == docs[over] * rounds
+        if seed is None:
+            assert repeated[rounds * len(docs[over]):] == docs[over][:extra]
+    assert results[1] == results[2]
+    assert results[1] != results[0]
+
+
+def test_shuffle_is_a_seeded_permutation_with_memory_bounded_by_its_buffer(tmp_path):
+    sources = [_demo_source(s) for s in SOURCES]
+    plain = run_curation(CurationConfig(sources=sources, num_workers=0, output=CurationOutput(str(tmp_path / "plain"), "jsonl", partitions=2)))
+    ordered = [r["text"] for p in range(2) for r in _read(tmp_path / "plain" / f"part-{p:05d}.jsonl")]
+    expected = [r["text"] for s in SOURCES for i in range(2) for r in read_jsonl_zst(DEMO_CORPUS / s / f"train-0{i}-of-02.jsonl.zst")]
+    assert ordered == expected and plain["accounted"]
+    shuffled = {}
+    for seed, buffer in ((1, 1 << 30), (1, 1 << 20), (2, 1 << 20)):
+        out = tmp_path / f"s{seed}-{buffer}"
+        stats = run_curation(CurationConfig(sources=sources, shuffle=ShuffleConfig(seed, buffer), num_workers=0,
+                                            output=CurationOutput(str(out), "jsonl", partitions=2)))
+        texts = [r["text"] for p in range(2) for r in _read(out / f"part-{p:05d}.jsonl")]
+        assert Counter(texts) == Counter(expected) and texts != expected
+        shuffled[(seed, buffer)] = texts
+        gathered = stats["shuffle"]
+        assert gathered["buckets"] == scatter.bucket_count(gathered["record_bytes"], 2, buffer)
+        if buffer == 1 << 20:
+            assert gathered["buckets"] > 2, "the corpus must be larger than the buffer"
+            assert gathered["max_bucket_bytes"] <= 2 * buffer
+    assert shuffled[(1, 1 << 20)] != shuffled[(2, 1 << 20)]
+    again = run_curation(CurationConfig(sources=sources, shuffle=ShuffleConfig(1, 1 << 20), num_workers=0,
+                                        output=CurationOutput(str(tmp_path / "again"), "jsonl", partitions=2)))
+    assert again["accounted"]
+    assert _outputs(tmp_path / "again") == _outputs(tmp_path / "s1-1048576")
+
+
+def test_remaining_and_batched_files(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    for k in range(5):
+        (tmp_path / "in" / f"books_{k:02d}.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "out" / "books_01.jsonl").write_text("")
+    (tmp_path / "out" / "books_03.parquet").write_text("")
+    (tmp_path / "out" / ".books_04.jsonl.partial").write_text("")
+    remaining = get_remaining_files(str(tmp_path / "in"), str(tmp_path / "out"), "jsonl")
+    assert [os.path.basename(p) for p in remaining] == ["books_00.jsonl", "books_02.jsonl", "books_03.jsonl", "books_04.jsonl"]
+    assert [len(b) for b in get_batched_files(str(tmp_path / "in"), str(tmp_path / "out"), "jsonl", batch_size=3)] == [3, 1]
+    assert [os.path.basename(p) for p in get_remaining_files(str(tmp_path / "in"), str(tmp_path / "out"), "jsonl", "parquet")] == [
+        "books_00.jsonl", "books_01.jsonl", "books_02.jsonl", "books_04.jsonl"]
+    for batch in get_batched_files(str(tmp_path / "in"), str(tmp_path / "out2"), "jsonl", batch_size=2):
+        DocumentDataset.read_json(batch, add_filename=True).to_json(str(tmp_path / "out2"), write_to_filename=True, num_workers=0)
+    assert get_remaining_files(str(tmp_path / "in"), str(tmp_path / "out2"), "jsonl") == []
+    assert shard_stem("s3://b/x/books_00.jsonl.zst") == "books_00"
+
+
+def test_nemo_style_blend_and_shuffle_calls(tmp_path):
+    books = DocumentDataset.read_json(str(DEMO_CORPUS / "linux_doc"), name="books")
+    web = DocumentDataset.read_json([str(DEMO_CORPUS / "webster" / "train-00-of-02.jsonl.zst")], name="web")
+    blended = Shuffle(seed=3)(blend_datasets(500, [books, web], [3.0, 1.0]))
+    stats = blended.to_parquet(str(tmp_path / "out"), partitions=2, num_workers=0)
+    assert stats["output"]["records"] == 375 + 125
+    rows = [r for p in range(2) for r in _read(tmp_path / "out" / f"part-{p:05d}.parquet")]
+    assert len(rows) == 500
+    with pytest.raises(ValueError, match="before blending or shuffling"):
+        ScoreFilter(_word_filter(3))(blended)
+    with pytest.raises(ValueError, match="different stages"):
+        blend_datasets(10, [ScoreFilter(_word_filter(3))(books), web], [1, 1])
+    with pytest.raises(CurationError, match="write_to_filename"):
+        CurationConfig(sources=[_demo_source("webster")], output=CurationOutput(str(tmp_path / "x"), write_to_filename=True),
+                       shuffle=ShuffleConfig())
+
+
+def test_field_filter_and_a_user_function(tmp_path):
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps({"text": "x " * i, "int_score": i % 5}) + "\n" for i in range(20)))
+    ds = DocumentDataset.read_json([str(tmp_path / "s.jsonl")])
+    kept = FieldFilter("int_score", ">=", 3)(ds)
+    assert [r["int_score"] for t in kept.iter_batches() for r in t.to_pylist()] == [i % 5 for i in range(20) if i % 5 >= 3]
+    user = DocumentFilter.get_choice_class("function")(score_function="builtins:len", min_score=30)
+    assert sum(t.num_rows for t in ScoreFilter(user)(ds).iter_batches()) == sum(1 for i in range(20) if 2 * i >= 30)
+    with pytest.raises(ValueError, match="filter.score_function: cannot import 'no_such_module'"):
+        DocumentFilter.get_choice_class("function")(score_function="no_such_module:f")
+
+
+def test_a_changed_input_is_curated_again_not_taken_from_earlier_work(tmp_path):
+    (tmp_path / "s.jsonl").write_text('{"text": "one two three four"}\n')
+    config = CurationConfig(sources=[CurationSource("s", [str(tmp_path / "s.jsonl")])], num_workers=0,
+                            stages=[ScoreFilter(_word_filter(3))], output=CurationOutput(str(tmp_path / "out"), "jsonl", write_to_filename=True))
+    assert run_curation(config)["output"]["records"] == 1
+    assert run_curation(config)["output"]["records"] == 1
+    (tmp_path / "s.jsonl").write_text('{"text": "one two"}\n{"text": "one two three"}\n')
+    assert run_curation(config)["output"]["records"] == 1
+    assert _read(tmp_path / "out" / "s" / "s.jsonl") == [{"text": "one two three"}]
+
+
+def test_bundled_pipeline_runs_from_the_cli_and_feeds_build_cache(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "curated"
+    proc = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(REPO / "config" / "curation" / "demo.yaml"),
+                           "--output.path", str(out), "--num_workers", "2"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = json.loads((out / "curation_stats.json").read_text())
+    assert stats["accounted"] and stats["output"]["records"] > 0
+    config = load_curation_config(REPO / "config" / "curation" / "demo.yaml", ["--output.path", str(out)])
+    assert [s.name for s in config.sources] == list(SOURCES)
+    from tokenmix import build_caches, load_data_config
+
+    data = load_data_config({"tokenizer": str(REPO / "data" / "tokenizer"), "cache_dir": str(tmp_path / "cache"),
+                             "configs": {s: {"train_urls": [str(out / s / "*.jsonl.zst")]} for s in SOURCES}})
+    built = build_caches(data)
+    assert sum(st["documents"] for st in built.values()) == stats["output"]["records"]
+
+
+@pytest.fixture(scope="module")
+def copies(tmp_path_factory):
+    """The demo corpus with each shard copied 6 times, for runs long enough to kill and to spread over workers."""
+    root = tmp_path_factory.mktemp("copies")
+    for s in SOURCES:
+        (root / s).mkdir()
+        for c in range(6):
+            for i in range(2):
+                shutil.copyfile(DEMO_CORPUS / s / f"train-0{i}-of-02.jsonl.zst", root / s / f"c{c}-train-0{i}.jsonl.zst")
+    return root
+
+
+def _kill_config(root, out) -> CurationConfig:
+    return CurationConfig(
+        sources=[CurationSource(s, [str(root / s / "*.jsonl.zst")]) for s in SOURCES],
+        stages=[AddId(), Modify(DocumentModifier.get_choice_class("unicode_fix")()), ScoreFilter(_word_filter(20), score_field="words"),
+                ScoreFilter(DocumentFilter.get_choice_class("repeating_top_ngrams")(n=3, max_repeating_ngram_ratio=0.5)), ExactDedup()],
+        shuffle=ShuffleConfig(seed=5, buffer_bytes=4 << 20), output=CurationOutput(str(out), "jsonl.zst", partitions=4), num_workers=2)
+
+
+def test_local_ray_and_dask_give_the_same_bytes(copies, tmp_path):
+    pytest.importorskip("ray")
+    pytest.importorskip("distributed")
+    from tokenmix import DaskExecutorConfig, RayExecutorConfig
+
+    outputs = {}
+    for name, executor in (("local", None), ("ray", RayExecutorConfig()), ("dask", DaskExecutorConfig())):
+        config = _kill_config(copies, tmp_path / name)
+        if executor is not None:
+            config = CurationConfig(**{**config.__dict__, "executor": executor})
+        stats = run_curation(config)
+        assert stats["accounted"]
+        outputs[name] = _outputs(tmp_path / name)
+    assert len(outputs["local"]) == 4
+    assert outputs["ray"] == outputs["local"]
+    assert outputs["dask"] == outputs["local"]
+
+
+def _run_and_kill(config_path, out, delay) -> bool:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(config_path), "--output.path", str(out)],
+                            cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(delay)
+    finished = proc.poll() is not None
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    return finished
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_then_resume_gives_identical_output(copies, tmp_path):
+    import random
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from tokenmix.curate.pipeline import describe
+
+    config_path = tmp_path / "pipeline.yaml"
+    config_path.write_text(yaml.safe_dump(describe(_kill_config(copies, tmp_path / "unused"))))
+    started = time.monotonic()
+    reference = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(config_path), "--output.path",
+                                str(tmp_path / "reference")], cwd=REPO, capture_output=True, text=True)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    took = time.monotonic() - started
+    rng = random.Random(0)
+    out = tmp_path / "killed"
+    kills = 0
+    window = 1.0
+    seen = set()
+    while kills < 4:
+        if _run_and_kill(config_path, out, rng.uniform(0.3, window) * took):
+            shutil.rmtree(out)
+            kills, window, seen = 0, window / 2, set()
+            continue
+        kills += 1
+        work = out / ".curate"
+        seen.add(sum(1 for _, _, files in os.walk(work) for f in files if f.endswith(".json")) if work.exists() else 0)
+    finished = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(config_path), "--output.path", str(out)],
+                              cwd=REPO, capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    print("kills", kills, "reference seconds", round(took, 2), "work files seen after each kill", sorted(seen))
+    assert len(seen) >= 2, "every kill landed at the same point"
+    assert _outputs(out) == _outputs(tmp_path / "reference")
+    assert not [f for _, _, files in os.walk(out) for f in files if f.endswith(".partial")]

@@ -1,0 +1,337 @@
+"""NeMo Curator's heuristic filters and the text modifiers: scores and rewrites of tiny texts against values worked
+out by hand, the keep rule at and just past each threshold, null texts, configs through draccus, bad thresholds,
+and every filter over real documents."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import draccus
+import numpy as np
+import orjson
+import pyarrow as pa
+import pytest
+import zstandard
+
+from tokenmix.curate.filters import DocumentFilter
+from tokenmix.curate.heuristics import (
+    BoilerPlateStringFilter,
+    BulletsFilter,
+    CharLengthFilter,
+    CommonEnglishWordsFilter,
+    EllipsisFilter,
+    LongWordFilter,
+    MeanWordLengthFilter,
+    NonAlphaNumericFilter,
+    NumbersFilter,
+    ParenthesesFilter,
+    PornographicUrlsFilter,
+    PunctuationFilter,
+    RepeatedLinesByCharFilter,
+    RepeatedLinesFilter,
+    RepeatedParagraphsByCharFilter,
+    RepeatedParagraphsFilter,
+    RepeatingDuplicateNGramsFilter,
+    RepeatingTopNGramsFilter,
+    SubstringFilter,
+    SymbolsToWordsFilter,
+    UrlsFilter,
+    WhiteSpaceFilter,
+    WordCountFilter,
+    WordsWithoutAlphabetsFilter,
+)
+from tokenmix.curate.modifiers import (
+    DocumentModifier,
+    FunctionModifier,
+    UnicodeFix,
+    UnicodeNormalize,
+    WhitespaceNormalize,
+    WikitextDetokenize,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+FILTER_NAMES = {
+    "word_count", "char_length", "mean_word_length", "non_alpha_numeric", "symbols_to_words", "numbers", "urls", "bullets",
+    "white_space", "parentheses", "long_word", "boilerplate_string", "repeated_lines", "repeated_paragraphs",
+    "repeated_lines_by_char", "repeated_paragraphs_by_char", "repeating_top_ngrams", "repeating_duplicate_ngrams",
+    "punctuation", "ellipsis", "common_english_words", "words_without_alphabets", "pornographic_urls", "substring",
+}
+
+
+def every_filter() -> list[DocumentFilter]:
+    choices = DocumentFilter.get_known_choices()
+    return [cls(substring="the") if cls is SubstringFilter else cls() for name, cls in choices.items() if name != "function"]
+
+
+def scores(f: DocumentFilter, texts: list[str | None], string_type: pa.DataType | None = None) -> list:
+    return f.score(pa.array(texts, string_type or pa.large_string())).to_pylist()
+
+
+# (filter, texts, scores worked out by hand)
+CASES = [
+    (WordCountFilter(), ["one two  three\nfour", "", " \t\n", "a\u00a0b\u3000c"], [4, 0, 0, 3]),
+    (CharLengthFilter(), ["h\u00e9llo", "", "\u65e5\u672c"], [5, 0, 2]),
+    # (2 + 4) / 2; no words; (1 + 2 + 3 + 4) / 4
+    (MeanWordLengthFilter(), ["ab abcd", "   ", "a bb ccc dddd"], [3.0, 0.0, 2.5]),
+    # "ab, c!\n": of 7 characters only the space is outside [a-zA-Z0-9\n?!,.]; "é" is not ASCII
+    (NonAlphaNumericFilter(), ["ab, c!\n", "@@ab", "\u00e91", ""], [1 / 7, 0.5, 0.5, 1.0]),
+    # "#" (1 run / 1 char) and "..." of 4 words; "#a#" (2 runs / 3 chars) of 4, "##x" and "##" are not over half;
+    # three marks of 6 words; "read more" is two words; no words at all
+    (SymbolsToWordsFilter(), ["# a b ...", "##x ## #a# z", "x \u2026 y [...] -\u00bb z", "read more", "   "], [0.5, 0.25, 0.5, 0.0, 1.0]),
+    # only ASCII digits count (NeMo's [[:digit:]]), not "٣"
+    (NumbersFilter(), ["a1b2", "\u0663x", "", "12345abcde"], [0.5, 0.0, 1.0, 0.5]),
+    # "http://a.b/c" is 12 of 18 characters; a URL stops at "é"
+    (UrlsFilter(), ["see http://a.b/c d", "https://x.org", "no links", "", "http://a.com/\u00e9"], [2 / 3, 1.0, 0.0, 1.0, 13 / 14]),
+    # non-blank lines "• one", "  ● two", "three"; "-" and "*" are not bullets; no lines; a bullet not first
+    (BulletsFilter(), ["\u2022 one\n  \u25cf two\nthree\n\n", "- dash\n* star", "", "\n  \n", "x \u2022"], [2 / 3, 0.0, 1.0, 1.0, 0.0]),
+    # space, tab, newline, carriage return of 8 characters; a no-break space is not in NeMo's list; backspace is
+    (WhiteSpaceFilter(), ["a b\tc\nd\r", "a\u00a0b", "", "a\b"], [0.5, 0.0, 1.0, 0.5]),
+    (ParenthesesFilter(), ["(a)[b]{c}\u27e8d\u27e9", "f(x) = y", ""], [8 / 12, 0.25, 1.0]),
+    (LongWordFilter(), ["a bb ccc", "", "\u65e5\u672c\u8a9e ab", "x" * 1001], [3, 0, 3, 1001]),
+    # one boilerplate paragraph of three; lorem ipsum anywhere; none; an empty paragraph between "\n\n"s counts;
+    # "İ" lowercases to "i" and a combining dot, so "prİvacy" is not "privacy" (str.lower, as NeMo)
+    (
+        BoilerPlateStringFilter(),
+        [
+            "Hello.\n\nRead our Privacy Policy.\n\nBye.",
+            "Lorem Ipsum dolor\n\nfine",
+            "nothing here",
+            "a\n\n\n\nb",
+            "PRIVACY POLICY",
+            "pr\u0130vacy policy",
+        ],
+        [1 / 3, 1.0, 0.0, 0.0, 1.0, 0.0],
+    ),
+    # lines "a", "b", "a", " c" (not stripped): 3 distinct of 4
+    (RepeatedLinesFilter(), ["a\nb\na\n\n c", "", "x\nx"], [0.75, 0.0, 0.5]),
+    (RepeatedParagraphsFilter(), ["a\n\nb\n\na", "", "x\n\nx\n\nx\n\nx"], [2 / 3, 1.0, 0.25]),
+    # distinct "aaaa" and "b": 5 of 9 characters
+    (RepeatedLinesByCharFilter(), ["aaaa\nb\naaaa", ""], [5 / 9, 0.0]),
+    (RepeatedParagraphsByCharFilter(), ["aaaa\n\nb\n\naaaa", "\n\n", ""], [5 / 9, 0.0, 0.0]),
+    # "a b" twice: 6 of 9 characters; all tied: the first, "x y", 3 of 7; one word; the n-gram is joined with one
+    # space, so "a  b" does not hold it: 3 of 8
+    (RepeatingTopNGramsFilter(), ["a b a b c", "x y z w", "one", "a  b a b"], [2 / 3, 3 / 7, 1.0, 3 / 8]),
+    (RepeatingTopNGramsFilter(n=3), ["a b c a b c"], [10 / 11]),
+    # the second "a b" covers "a b" (3 characters of 7); "a b c" again (5 of 11); overlapping repeats "a b a b" (7 of 11)
+    (RepeatingDuplicateNGramsFilter(), ["a b a b", "a b c a b c", "a b a b a b", "x y", "one"], [3 / 7, 5 / 11, 7 / 11, 0.0, 1.0]),
+    # lines "Hello.", "no end", "what?", "  quoted\"  ": one of four does not end in a mark
+    (PunctuationFilter(), ['Hello.\nno end\nwhat?\n  quoted"  \n\n', ""], [0.25, 1.0]),
+    # "wait...", "READ MORE", "more [...]", "…" of 5 lines; a mark inside a line does not count
+    (EllipsisFilter(), ["wait...\nfine\nREAD MORE\nmore [...]\n\u2026", "", "a... b"], [0.8, 1.0, 0.0]),
+    # "and", "the" (not "The"); counting stops at 2; "the," is not "the"
+    (CommonEnglishWordsFilter(), ["The cat and the dog", "the the the the", "nothing here", "the, of."], [2, 2, 0, 0]),
+    (CommonEnglishWordsFilter(stop_at_false=False), ["the of and to be that have with THE", "the the the the"], [8, 4]),
+    # "abc", "x9" have letters, "123", "--" not; a CJK word, a roman numeral and a circled letter do, Arabic digits not
+    (WordsWithoutAlphabetsFilter(), ["abc 123 x9 --", "\u65e5\u672c \u0661\u0662 \u216b \u24d0", ""], [0.5, 0.75, 0.0]),
+    (PornographicUrlsFilter(), ["visit https://example.com/porn-site", "porn star", "http://a.com and porn", ""], [1, 0, 0, 0]),
+    (SubstringFilter(substring="ab", position="prefix"), ["abc", "cab", "ab"], [1, 0, 1]),
+    (SubstringFilter(substring="ab", position="suffix"), ["abc", "cab", "ab"], [0, 1, 1]),
+    (SubstringFilter(substring="b", position="any"), ["abc", "xyz"], [1, 0]),
+]
+
+
+@pytest.mark.parametrize("f, texts, expected", CASES, ids=[f"{c[0].name}-{i}" for i, c in enumerate(CASES)])
+def test_scores_match_hand_computed_values(f, texts, expected):
+    for string_type in (pa.string(), pa.large_string()):
+        assert scores(f, texts, string_type) == pytest.approx(expected, rel=1e-12)
+    # a slice of a longer array (offsets that do not start at 0) scores the same
+    padded = pa.array(["pad one", *texts, "pad two"])
+    assert f.score(padded.slice(1, len(texts))).to_pylist() == pytest.approx(expected, rel=1e-12)
+
+
+# (filter, the last score kept, the first score past it)
+THRESHOLDS = [
+    (WordCountFilter(min_words=3, max_words=4), [3, 4], [2, 5]),
+    (CharLengthFilter(min_chars=2, max_chars=5), [2, 5], [1, 6]),
+    (MeanWordLengthFilter(), [3.0, 10.0], [2.99, 10.01]),
+    (NonAlphaNumericFilter(), [0.25], [0.2501]),
+    (SymbolsToWordsFilter(), [0.1], [0.1001]),
+    (NumbersFilter(), [0.15], [0.1501]),
+    (UrlsFilter(), [0.2], [0.2001]),
+    (BulletsFilter(), [0.9], [0.9001]),
+    (WhiteSpaceFilter(), [0.25], [0.2501]),
+    (ParenthesesFilter(), [0.1], [0.1001]),
+    (LongWordFilter(), [1000], [1001]),
+    (BoilerPlateStringFilter(), [0.4], [0.4001]),
+    (RepeatedLinesFilter(), [0.7], [0.6999]),
+    (RepeatedParagraphsFilter(), [0.7], [0.6999]),
+    (RepeatedLinesByCharFilter(), [0.8], [0.7999]),
+    (RepeatedParagraphsByCharFilter(), [0.8], [0.7999]),
+    (RepeatingTopNGramsFilter(), [0.2], [0.2001]),
+    (RepeatingTopNGramsFilter(n=3, max_repeating_ngram_ratio=0.18), [0.18], [0.1801]),
+    (RepeatingDuplicateNGramsFilter(), [0.2], [0.2001]),
+    (PunctuationFilter(), [0.85], [0.8501]),
+    (EllipsisFilter(), [0.3], [0.3001]),
+    (CommonEnglishWordsFilter(), [2], [1]),
+    (WordsWithoutAlphabetsFilter(), [0.8], [0.7999]),
+    (PornographicUrlsFilter(), [0], [1]),
+    (SubstringFilter(substring="x"), [1], [0]),
+]
+
+
+@pytest.mark.parametrize("f, kept, removed", THRESHOLDS, ids=[t[0].name for t in THRESHOLDS])
+def test_keep_at_and_just_past_the_threshold(f, kept, removed):
+    values = pa.array([*kept, *removed, None], type=pa.float64())
+    assert f.keep(values).tolist() == [True] * len(kept) + [False] * len(removed) + [False]
+
+
+@pytest.mark.parametrize("f", every_filter(), ids=lambda f: f.name)
+def test_null_texts_score_null_and_are_not_kept(f):
+    texts = [None, "The cat sat on the mat.\nIt was the best of times.", None]
+    for string_type in (pa.string(), pa.large_string()):
+        got = f.score(pa.array(texts, string_type))
+        assert len(got) == 3 and got[0].as_py() is None and got[2].as_py() is None and got[1].as_py() is not None
+        assert f.keep(got).tolist()[0::2] == [False, False]
+    assert f.score(pa.array([None, None], pa.string())).to_pylist() == [None, None]
+    assert f.score(pa.array([], pa.string())).to_pylist() == []
+
+
+def test_every_heuristic_is_registered_under_its_name():
+    assert FILTER_NAMES <= set(DocumentFilter.get_known_choices())
+    assert {f.name for f in every_filter()} == FILTER_NAMES
+    assert set(DocumentModifier.get_known_choices()) == {"unicode_fix", "unicode_normalize", "wikitext_detokenize", "whitespace", "function"}
+
+
+MODIFIERS = [UnicodeFix("NFD"), UnicodeNormalize(), WikitextDetokenize(), WhitespaceNormalize(3), FunctionModifier("string:capwords")]
+
+
+@pytest.mark.parametrize("f", [*every_filter(), *MODIFIERS], ids=lambda f: f.name)
+def test_each_filter_and_modifier_round_trips_through_a_config_dict(f):
+    base = DocumentModifier if isinstance(f, DocumentModifier) else DocumentFilter
+    assert draccus.decode(base, {"type": f.name, **dataclasses.asdict(f)}) == f
+
+
+def test_filters_and_modifiers_load_from_config_dicts():
+    assert draccus.decode(DocumentFilter, {"type": "word_count", "min_words": 3}) == WordCountFilter(min_words=3)
+    assert draccus.decode(DocumentFilter, {"type": "repeating_top_ngrams", "n": 3, "max_repeating_ngram_ratio": 0.18}) == RepeatingTopNGramsFilter(
+        n=3, max_repeating_ngram_ratio=0.18
+    )
+    assert draccus.decode(DocumentFilter, {"type": "substring", "substring": "x", "position": "prefix"}) == SubstringFilter("x", "prefix")
+    assert draccus.decode(DocumentFilter, {"type": "boilerplate_string", "remove_if_at_top_or_bottom": False}).remove_if_at_top_or_bottom is False
+    assert draccus.decode(DocumentModifier, {"type": "unicode_fix", "normalization": "NFKC"}) == UnicodeFix("NFKC")
+    assert draccus.decode(DocumentModifier, {"type": "whitespace", "max_blank_lines": 2}) == WhitespaceNormalize(2)
+    with pytest.raises(Exception) as info:
+        draccus.decode(DocumentFilter, {"type": "word_count", "min_words": -1})
+    assert "filter.min_words must be >= 0, got -1" in str(info.value.__cause__)
+    with pytest.raises(Exception, match="position"):
+        draccus.decode(DocumentFilter, {"type": "substring", "substring": "x", "position": "middle"})
+
+
+@pytest.mark.parametrize(
+    "build, field",
+    [
+        (lambda: WordCountFilter(min_words=-1), "filter.min_words"),
+        (lambda: WordCountFilter(min_words=10, max_words=5), "filter.max_words"),
+        (lambda: CharLengthFilter(min_chars=-1), "filter.min_chars"),
+        (lambda: CharLengthFilter(min_chars=5, max_chars=4), "filter.max_chars"),
+        (lambda: MeanWordLengthFilter(min_mean_word_length=-1), "filter.min_mean_word_length"),
+        (lambda: MeanWordLengthFilter(min_mean_word_length=5, max_mean_word_length=4), "filter.max_mean_word_length"),
+        (lambda: NonAlphaNumericFilter(max_non_alpha_numeric_to_text_ratio=25), "filter.max_non_alpha_numeric_to_text_ratio"),
+        (lambda: SymbolsToWordsFilter(max_symbol_to_word_ratio=-0.1), "filter.max_symbol_to_word_ratio"),
+        (lambda: NumbersFilter(max_number_to_text_ratio=1.5), "filter.max_number_to_text_ratio"),
+        (lambda: UrlsFilter(max_url_to_text_ratio=2), "filter.max_url_to_text_ratio"),
+        (lambda: BulletsFilter(max_bullet_lines_ratio=-1), "filter.max_bullet_lines_ratio"),
+        (lambda: WhiteSpaceFilter(max_white_space_ratio=1.1), "filter.max_white_space_ratio"),
+        (lambda: ParenthesesFilter(max_parentheses_ratio=-0.5), "filter.max_parentheses_ratio"),
+        (lambda: LongWordFilter(max_word_length=-1), "filter.max_word_length"),
+        (lambda: BoilerPlateStringFilter(max_boilerplate_string_ratio=40), "filter.max_boilerplate_string_ratio"),
+        (lambda: RepeatedLinesFilter(max_repeated_line_fraction=70), "filter.max_repeated_line_fraction"),
+        (lambda: RepeatedParagraphsFilter(max_repeated_paragraphs_ratio=-1), "filter.max_repeated_paragraphs_ratio"),
+        (lambda: RepeatedLinesByCharFilter(max_repeated_lines_char_ratio=2), "filter.max_repeated_lines_char_ratio"),
+        (lambda: RepeatedParagraphsByCharFilter(max_repeated_paragraphs_char_ratio=2), "filter.max_repeated_paragraphs_char_ratio"),
+        (lambda: RepeatingTopNGramsFilter(n=0), "filter.n"),
+        (lambda: RepeatingTopNGramsFilter(max_repeating_ngram_ratio=3), "filter.max_repeating_ngram_ratio"),
+        (lambda: RepeatingDuplicateNGramsFilter(n=0), "filter.n"),
+        (lambda: RepeatingDuplicateNGramsFilter(max_repeating_duplicate_ngram_ratio=-1), "filter.max_repeating_duplicate_ngram_ratio"),
+        (lambda: PunctuationFilter(max_num_sentences_without_endmark_ratio=85), "filter.max_num_sentences_without_endmark_ratio"),
+        (lambda: EllipsisFilter(max_num_lines_ending_with_ellipsis_ratio=30), "filter.max_num_lines_ending_with_ellipsis_ratio"),
+        (lambda: CommonEnglishWordsFilter(min_num_common_words=-2), "filter.min_num_common_words"),
+        (lambda: WordsWithoutAlphabetsFilter(min_words_with_alphabets=80), "filter.min_words_with_alphabets"),
+        (lambda: SubstringFilter(substring=""), "filter.substring"),
+        (lambda: SubstringFilter(substring="x", position="middle"), "filter.position"),
+        (lambda: UnicodeFix(normalization="NFX"), "modifier.normalization"),
+        (lambda: UnicodeNormalize(normalization="none"), "modifier.normalization"),
+        (lambda: WhitespaceNormalize(max_blank_lines=-1), "modifier.max_blank_lines"),
+        (lambda: FunctionModifier(), "modifier.function"),
+        (lambda: FunctionModifier(function="no_such_module_here:clean"), "modifier.function"),
+    ],
+)
+def test_bad_settings_raise_naming_the_field(build, field):
+    with pytest.raises(ValueError, match=field):
+        build()
+
+
+def test_words_split_on_exactly_the_whitespace_str_split_uses():
+    """The byte-level word splitting agrees with ``str.split`` for every code point between two letters."""
+    texts = ["a" + chr(code) + "b" for code in range(0x110000) if not 0xD800 <= code < 0xE000]
+    counts = np.asarray(WordCountFilter().score(pa.array(texts)))
+    assert counts.tolist() == [len(text.split()) for text in texts]
+
+
+def test_boilerplate_at_top_or_bottom_can_be_left_out():
+    text = "Terms of use\n\ntext\n\nUses cookies\n\nmore text\n\nCookie Policy"
+    assert scores(BoilerPlateStringFilter(), [text]) == [pytest.approx(3 / 5)]
+    # the leading and trailing notices are a banner and a footer; the one in the middle still counts
+    assert scores(BoilerPlateStringFilter(remove_if_at_top_or_bottom=False), [text, "terms of use\n\nprivacy policy"]) == [pytest.approx(1 / 5), 1.0]
+
+
+def webster_texts(limit: int) -> list[str]:
+    shared = REPO.parent / "shared" / "corpus" / "webster"
+    paths = sorted(shared.glob("*.jsonl.zst")) or sorted((REPO / "data" / "demo" / "webster").glob("*.jsonl.zst"))
+    texts = []
+    for path in paths:
+        with open(path, "rb") as f:
+            raw = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True).read()
+        texts += [orjson.loads(line)["text"] for line in raw.splitlines() if line.strip()]
+    return texts[:limit]
+
+
+def test_every_filter_runs_over_real_documents():
+    texts = webster_texts(2000)
+    assert len(texts) >= 1000
+    batch = pa.array([*texts, "", None])
+    for f in [*every_filter(), RepeatingTopNGramsFilter(n=4), RepeatingDuplicateNGramsFilter(n=10), CommonEnglishWordsFilter(stop_at_false=False)]:
+        got = f.score(batch).to_pylist()
+        assert len(got) == len(batch) and got[-1] is None, f.name
+        assert all(math.isfinite(s) for s in got[:-1]), f.name
+        assert f.keep(f.score(batch)).shape == (len(batch),)
+
+
+def test_unicode_fix_repairs_mojibake_and_normalizes():
+    texts = pa.array(["The Mona Lisa doesn\u00c3\u00a2\u00e2\u201a\u00ac\u00e2\u201e\u00a2t have eyebrows.", "cafe\u0301", None, "&lt;3"])
+    assert UnicodeFix().modify(texts).to_pylist() == ["The Mona Lisa doesn't have eyebrows.", "caf\u00e9", None, "<3"]
+    assert UnicodeFix(normalization="NFD").modify(pa.array(["caf\u00e9"])).to_pylist() == ["cafe\u0301"]
+    assert UnicodeFix(normalization="NFKC").modify(pa.array(["x\u00b2"])).to_pylist() == ["x2"]
+    assert UnicodeFix(normalization="none").modify(pa.array(["cafe\u0301"])).to_pylist() == ["cafe\u0301"]
+    assert UnicodeFix().modify(pa.array(["a"], pa.large_string())).type == pa.large_string()
+
+
+def test_unicode_normalize_applies_the_form():
+    texts = pa.array(["cafe\u0301", "\ufb01ne", None])
+    assert UnicodeNormalize().modify(texts).to_pylist() == ["caf\u00e9", "\ufb01ne", None]
+    assert UnicodeNormalize(normalization="NFKC").modify(texts).to_pylist() == ["caf\u00e9", "fine", None]
+    assert UnicodeNormalize(normalization="NFD").modify(pa.array(["caf\u00e9"])).to_pylist() == ["cafe\u0301"]
+
+
+def test_wikitext_detokenize_restores_ordinary_spacing():
+    tokenized = ' = = History = = \n The road , 1 @,@ 000 km @-@ long ( approx . ) was built in 1990 @.@ 5 " quoted " ; it \'s done . \n'
+    expected = ' == History ==\nThe road, 1,000 km-long (approx.) was built in 1990.5 "quoted"; it\'s done.\n'
+    assert WikitextDetokenize().modify(pa.array([tokenized, None])).to_pylist() == [expected, None]
+    assert WikitextDetokenize().modify(pa.array(["the boys ' toys , [ a ] { b } 5 \u00b0 C"])).to_pylist() == ["the boys' toys, [a] {b} 5\u00b0C"]
+
+
+def test_whitespace_collapses_runs_keeps_indentation_and_caps_blank_lines():
+    texts = pa.array(["  a  b\t\tc  \n\n\n\n  d \r\n\r\ne\rf", "x\n \n\t\n y", "   ", "a\u00a0\u00a0b", None])
+    assert WhitespaceNormalize().modify(texts).to_pylist() == ["a b c\n\n  d\n\ne\nf", "x\n\n y", "", "a\u00a0\u00a0b", None]
+    assert WhitespaceNormalize(max_blank_lines=0).modify(texts).to_pylist()[:2] == ["a b c\n  d\ne\nf", "x\n y"]
+    assert WhitespaceNormalize(max_blank_lines=2).modify(pa.array(["a\n\n\n\n\nb"])).to_pylist() == ["a\n\n\nb"]
+
+
+def test_function_modifier_applies_a_user_function():
+    assert FunctionModifier(function="string:capwords").modify(pa.array(["hello  world", None])).to_pylist() == ["Hello World", None]
+    with pytest.raises(TypeError, match="modifier.function: builtins:len returned int, not str"):
+        FunctionModifier(function="builtins:len").modify(pa.array(["x"]))
+
