@@ -4,10 +4,14 @@ datatrove running the same filters, all in one run.
     python scripts/bench_curate.py [--corpus ../shared/corpus] [--workers N] [--repeats 3] [--copies 1]
                                    [--datatrove_python /path/to/venv/bin/python]
 
-Four pipelines over the train shards of every source under --corpus, each writing every input shard back out as
+Five pipelines over the train shards of every source under --corpus, each writing every input shard back out as
 zstd JSON lines, with --workers processes:
 
 - tokenmix bare: read, parse, write (``tokenmix curate`` with no stages);
+- tokenmix heuristics: the same with every heuristic filter NeMo Curator ships but the n-gram ones (19
+  ``score_filter`` stages, NeMo's default thresholds, each score written to a field);
+- tokenmix heuristics scored: the same 19 scores written by ``score`` stages, which remove nothing, so that every
+  document is written as in the bare run (plus its 19 scores);
 - tokenmix gopher: the same with the Gopher quality and repetition heuristics (19 ``score_filter`` stages with
   datatrove's default thresholds: word count, mean word length, symbol ratio, bullets, ellipsis, alphabetic words,
   stop words; duplicate lines and paragraphs by count and by characters; top 2/3/4-grams; duplicate 5..10-grams);
@@ -16,7 +20,7 @@ zstd JSON lines, with --workers processes:
   has ``datatrove[processing]`` and ``spacy`` (its English word splitter needs no download).
 
 The four alternate, --repeats times, and the best time of each is kept. Docs/s per core is documents read / seconds
-/ workers. The goal: tokenmix gopher >= 0.8x tokenmix bare, and faster than datatrove gopher.
+/ workers. The goals: filtering at >= 0.8x of tokenmix bare, and faster than datatrove on the same filters.
 """
 
 from __future__ import annotations
@@ -35,11 +39,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+HEURISTICS = [
+    ("word_count", {}), ("mean_word_length", {}), ("non_alpha_numeric", {}), ("symbols_to_words", {}), ("numbers", {}), ("urls", {}),
+    ("bullets", {}), ("white_space", {}), ("parentheses", {}), ("long_word", {}), ("boilerplate_string", {}), ("repeated_lines", {}),
+    ("repeated_paragraphs", {}), ("repeated_lines_by_char", {}), ("repeated_paragraphs_by_char", {}), ("punctuation", {}),
+    ("ellipsis", {}), ("common_english_words", {}), ("words_without_alphabets", {}),
+]
+"""Every heuristic NeMo Curator ships but the n-gram ones, with its default thresholds."""
+
 GOPHER = [
-    ("repeated_lines", {"max_repeated_line_fraction": 0.3}),
-    ("repeated_paragraphs", {"max_repeated_paragraphs_ratio": 0.3}),
-    ("repeated_lines_by_char", {"max_repeated_lines_char_ratio": 0.2}),
-    ("repeated_paragraphs_by_char", {"max_repeated_paragraphs_char_ratio": 0.2}),
+    ("repeated_lines", {"max_repeated_line_fraction": 0.7}),
+    ("repeated_paragraphs", {"max_repeated_paragraphs_ratio": 0.7}),
+    ("repeated_lines_by_char", {"max_repeated_lines_char_ratio": 0.8}),
+    ("repeated_paragraphs_by_char", {"max_repeated_paragraphs_char_ratio": 0.8}),
     *[("repeating_top_ngrams", {"n": n, "max_repeating_ngram_ratio": r}) for n, r in ((2, 0.2), (3, 0.18), (4, 0.16))],
     *[("repeating_duplicate_ngrams", {"n": n, "max_repeating_duplicate_ngram_ratio": r})
       for n, r in ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))],
@@ -51,8 +63,9 @@ GOPHER = [
     ("words_without_alphabets", {"min_words_with_alphabets": 0.8}),
     ("common_english_words", {"min_num_common_words": 2}),
 ]
-"""datatrove's GopherRepetitionFilter then GopherQualityFilter, with its default thresholds (its ``max_non_alpha_words_ratio``
-0.8 keeps a document when at least 80% of its words have a letter, as ``words_without_alphabets`` 0.8 does)."""
+"""datatrove's GopherRepetitionFilter then GopherQualityFilter, with its default thresholds: its ``dup_line_frac`` 0.3
+(at most 30% of lines duplicated) is NeMo's ``max_repeated_line_fraction`` 0.7 (at least 70% distinct), and so on; its
+``max_non_alpha_words_ratio`` 0.8 keeps a document when at least 80% of its words have a letter."""
 
 DATATROVE = textwrap.dedent("""
     import sys, time
@@ -91,11 +104,11 @@ def _inputs(corpus: str, copies: int, root: Path) -> tuple[list[str], int, int]:
     return sources, shards, docs
 
 
-def _tokenmix(inputs: Path, sources: list[str], out: Path, workers: int, gopher: bool) -> tuple[float, int]:
-    from tokenmix.curate import CurationConfig, CurationOutput, CurationSource, ScoreFilter, run_curation
-    from tokenmix.curate.filters import DocumentFilter
+def _tokenmix(inputs: Path, sources: list[str], out: Path, workers: int, filters: list[tuple[str, dict]], keep_all: bool) -> tuple[float, int]:
+    from tokenmix.curate import CurationConfig, CurationOutput, CurationSource, DocumentFilter, Score, ScoreFilter, run_curation
 
-    stages = [ScoreFilter(DocumentFilter.get_choice_class(name)(**kwargs)) for name, kwargs in GOPHER] if gopher else []
+    stage = Score if keep_all else ScoreFilter
+    stages = [stage(DocumentFilter.get_choice_class(name)(**kwargs), score_field=f"s{i}") for i, (name, kwargs) in enumerate(filters)]
     config = CurationConfig(sources=[CurationSource(s, [str(inputs / s / "*.jsonl.zst")]) for s in sources], stages=stages,
                             output=CurationOutput(str(out), "jsonl.zst", write_to_filename=True), num_workers=workers)
     started = time.perf_counter()
@@ -133,10 +146,12 @@ def main() -> None:
         best: dict[str, float] = {}
         kept: dict[str, int] = {}
         for repeat in range(args.repeats):
-            for name in ("tokenmix bare", "tokenmix gopher", "datatrove bare", "datatrove gopher"):
+            for name in ("tokenmix bare", "tokenmix heuristics", "tokenmix heuristics scored", "tokenmix gopher", "datatrove bare",
+                         "datatrove gopher"):
                 out = scratch / f"{name.replace(' ', '-')}-{repeat}"
                 if name.startswith("tokenmix"):
-                    seconds, kept[name] = _tokenmix(scratch / "in", sources, out, args.workers, name.endswith("gopher"))
+                    filters = {"bare": [], "heuristics": HEURISTICS, "gopher": GOPHER}[name.split()[1]]
+                    seconds, kept[name] = _tokenmix(scratch / "in", sources, out, args.workers, filters, name.endswith("scored"))
                 elif args.datatrove_python:
                     seconds = _datatrove(args.datatrove_python, scratch / "in", out, args.workers, name.split()[1], shards)
                 else:
@@ -152,7 +167,8 @@ def main() -> None:
                   f"{best['tokenmix bare'] / seconds:.2f}x |")
         if "datatrove gopher" in best:
             print(f"\ntokenmix gopher is {best['datatrove gopher'] / best['tokenmix gopher']:.2f}x as fast as datatrove gopher")
-        print(f"tokenmix gopher runs at {best['tokenmix bare'] / best['tokenmix gopher']:.2f}x of tokenmix bare (goal >= 0.8x)")
+        for name in ("tokenmix heuristics", "tokenmix heuristics scored", "tokenmix gopher"):
+            print(f"{name} runs at {best['tokenmix bare'] / best[name]:.2f}x of tokenmix bare (goal >= 0.8x)")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

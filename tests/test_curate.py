@@ -417,3 +417,18 @@ def test_sigkill_at_random_points_then_resume_gives_identical_output(copies, tmp
     assert len(seen) >= 2, "every kill landed at the same point"
     assert _outputs(out) == _outputs(tmp_path / "reference")
     assert not [f for _, _, files in os.walk(out) for f in files if f.endswith(".partial")]
+
+
+def test_a_truncated_shard_raises_naming_it_or_keeps_its_readable_records_and_counts_it(tmp_path):
+    whole = (DEMO_CORPUS / "webster" / "train-00-of-02.jsonl.zst").read_bytes()
+    (tmp_path / "cut.jsonl.zst").write_bytes(whole[: len(whole) // 2])
+    source = CurationSource("web", [str(tmp_path / "cut.jsonl.zst")])
+    with pytest.raises(CurationInputError, match=r"cut\.jsonl\.zst: truncated_file after \d+ records"):
+        run_curation(CurationConfig(sources=[source], output=CurationOutput(str(tmp_path / "o1")), num_workers=0))
+    stats = run_curation(CurationConfig(sources=[source], output=CurationOutput(str(tmp_path / "o2"), "jsonl", write_to_filename=True),
+                                        on_error="skip", num_workers=0))
+    kept = _read(tmp_path / "o2" / "web" / "cut.jsonl")
+    full = read_jsonl_zst(DEMO_CORPUS / "webster" / "train-00-of-02.jsonl.zst")
+    assert 0 < len(kept) < len(full) and kept == full[: len(kept)]
+    assert stats["sources"]["web"]["shards_failed"] == {"truncated_file": 1} and stats["sources"]["web"]["read"] == len(kept)
+    assert stats["accounted"]

@@ -335,3 +335,25 @@ def test_function_modifier_applies_a_user_function():
     with pytest.raises(TypeError, match="modifier.function: builtins:len returned int, not str"):
         FunctionModifier(function="builtins:len").modify(pa.array(["x"]))
 
+
+
+def _python_repetition(text: str) -> tuple[float, float, float, float]:
+    """NeMo's four repetition scores, restated in plain Python: lines (distinct, by chars), paragraphs (the same)."""
+    lines = [line for line in text.split("\n") if line.strip()]
+    paragraphs = text.split("\n\n")
+    para_chars = sum(map(len, paragraphs))
+    return (len(set(lines)) / len(lines) if lines else 0.0, sum(map(len, set(lines))) / sum(map(len, lines)) if lines else 0.0,
+            len(set(paragraphs)) / len(paragraphs), sum(map(len, set(paragraphs))) / para_chars if para_chars else 0.0)
+
+
+def test_batch_repetition_scores_equal_the_plain_python_definitions():
+    tricky = ["", "\n", "a\n\n\nb\n\n\nb", "x\x1cy\n\x1c\n\u3000\nx\x1cy", "same\nsame\n  same  \nsame", "\n\n\n\n", "é\n\ne\u0301\n\né",
+              "line one\r\nline one\r\n", "a\n\nb\n\na\n\nb\n\nc"]
+    texts = tricky + webster_texts(600) + [None]
+    filters = [RepeatedLinesFilter(), RepeatedLinesByCharFilter(), RepeatedParagraphsFilter(), RepeatedParagraphsByCharFilter()]
+    for string_type in (pa.string(), pa.large_string()):
+        array = pa.array(texts, string_type).slice(0)
+        got = [f.score(array).to_pylist() for f in filters]
+        for i, text in enumerate(texts):
+            expected = (None,) * 4 if text is None else _python_repetition(text)
+            assert tuple(g[i] for g in got) == expected, repr(text[:80] if text else text)

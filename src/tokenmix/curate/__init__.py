@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     )
     from tokenmix.curate.remaining import get_batched_files, get_remaining_files
     from tokenmix.curate.shard_io import CurationInputError
-    from tokenmix.curate.stages import AddId, ExactDedup, FieldFilter, Modify, ScoreFilter, Stage
+    from tokenmix.curate.stages import AddId, ExactDedup, FieldFilter, Modify, Score, ScoreFilter, Stage
 
 __all__ = [
     "AddId",
@@ -95,6 +95,7 @@ __all__ = [
     "RepeatedParagraphsFilter",
     "RepeatingDuplicateNGramsFilter",
     "RepeatingTopNGramsFilter",
+    "Score",
     "ScoreFilter",
     "Shuffle",
     "ShuffleConfig",

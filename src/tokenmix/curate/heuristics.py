@@ -676,8 +676,33 @@ def _inner_count(flags: np.ndarray) -> int:
     return int(np.count_nonzero(flags[first:last]))
 
 
-def _repeated_lines(text: str) -> list[str]:
-    return [line for line in text.split("\n") if line.strip()]
+@dataclass(frozen=True)
+class _Pieces:
+    """Each text cut at a separator: per text, how many pieces and characters, and how many of them are distinct."""
+
+    total: np.ndarray
+    distinct: np.ndarray
+    total_chars: np.ndarray
+    distinct_chars: np.ndarray
+
+
+def _pieces(texts: pa.Array, separator: str, skip_blank: bool) -> _Pieces:
+    """The pieces of each text between ``separator``s (blank ones left out with ``skip_blank``, blank meaning only
+    Python's whitespace), counted in one pass over the batch: a piece's identity is its dictionary code, so a text's
+    distinct pieces are its distinct (text, code) pairs."""
+    texts = _as_utf8(texts)
+    pieces = pc.split_pattern(pc.fill_null(texts, "") if texts.null_count else texts, separator)
+    flat = pc.list_flatten(pieces)
+    parents = np.asarray(pc.list_parent_indices(pieces), dtype=np.int64)
+    if skip_blank:
+        nonblank = _Words(_Utf8(flat)).counts > 0
+        flat, parents = flat.filter(pa.array(nonblank)), parents[nonblank]
+    codes = np.asarray(pc.dictionary_encode(flat).indices, dtype=np.int64)
+    _, first = np.unique(parents * (int(codes.max()) + 1 if len(codes) else 1) + codes, return_index=True)
+    chars = np.asarray(pc.utf8_length(flat), dtype=np.int64)
+    n = len(texts)
+    return _Pieces(np.bincount(parents, minlength=n), np.bincount(parents[first], minlength=n),
+                   np.bincount(parents, weights=chars, minlength=n), np.bincount(parents[first], weights=chars[first], minlength=n))
 
 
 @DocumentFilter.register_subclass("repeated_lines")
@@ -692,11 +717,8 @@ class RepeatedLinesFilter(DocumentFilter):
         _ratio_check("max_repeated_line_fraction", self.max_repeated_line_fraction)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        def distinct(text: str) -> float:
-            lines = _repeated_lines(text)
-            return len(set(lines)) / len(lines) if lines else 0.0
-
-        return _per_text(texts, distinct)
+        lines = _pieces(texts, "\n", skip_blank=True)
+        return _finish(_divide(lines.distinct, lines.total, 0.0), _as_utf8(texts))
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, self.max_repeated_line_fraction, None)
@@ -714,11 +736,8 @@ class RepeatedParagraphsFilter(DocumentFilter):
         _ratio_check("max_repeated_paragraphs_ratio", self.max_repeated_paragraphs_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        def distinct(text: str) -> float:
-            paragraphs = text.split("\n\n")
-            return len(set(paragraphs)) / len(paragraphs)
-
-        return _per_text(texts, distinct)
+        paragraphs = _pieces(texts, "\n\n", skip_blank=False)
+        return _finish(_divide(paragraphs.distinct, paragraphs.total, 0.0), _as_utf8(texts))
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, self.max_repeated_paragraphs_ratio, None)
@@ -737,11 +756,8 @@ class RepeatedLinesByCharFilter(DocumentFilter):
         _ratio_check("max_repeated_lines_char_ratio", self.max_repeated_lines_char_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        def distinct_chars(text: str) -> float:
-            lines = _repeated_lines(text)
-            return sum(map(len, set(lines))) / sum(map(len, lines)) if lines else 0.0
-
-        return _per_text(texts, distinct_chars)
+        lines = _pieces(texts, "\n", skip_blank=True)
+        return _finish(_divide(lines.distinct_chars, lines.total_chars, 0.0), _as_utf8(texts))
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, self.max_repeated_lines_char_ratio, None)
@@ -760,12 +776,8 @@ class RepeatedParagraphsByCharFilter(DocumentFilter):
         _ratio_check("max_repeated_paragraphs_char_ratio", self.max_repeated_paragraphs_char_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        def distinct_chars(text: str) -> float:
-            paragraphs = text.split("\n\n")
-            total = sum(map(len, paragraphs))
-            return sum(map(len, set(paragraphs))) / total if total else 0.0
-
-        return _per_text(texts, distinct_chars)
+        paragraphs = _pieces(texts, "\n\n", skip_blank=False)
+        return _finish(_divide(paragraphs.distinct_chars, paragraphs.total_chars, 0.0), _as_utf8(texts))
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, self.max_repeated_paragraphs_char_ratio, None)
@@ -804,6 +816,10 @@ class RepeatingTopNGramsFilter(DocumentFilter):
             return (len(text) - len(text.replace(top, ""))) / len(text)
 
         return _per_text(texts, top_share)
+
+    @property
+    def reason(self) -> str:
+        return f"{self.name}_{self.n}"
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_repeating_ngram_ratio)
@@ -844,6 +860,10 @@ class RepeatingDuplicateNGramsFilter(DocumentFilter):
             return chars / len(text)
 
         return _per_text(texts, duplicate_share)
+
+    @property
+    def reason(self) -> str:
+        return f"{self.name}_{self.n}"
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_repeating_duplicate_ngram_ratio)

@@ -270,7 +270,8 @@ def run_map_task(task: MapTask) -> dict[str, Any]:
     if task.hash_url is not None:
         all_hashes = np.concatenate(hashes) if hashes else np.empty((0, 2), dtype=np.uint64)
         exact_dedup.write_hashes(task.hash_url, all_hashes, np.arange(written, dtype=np.int64))
-    result = {"read": found.read, "bad": dict(found.bad), "stages": [{**s, "removed": dict(s["removed"])} for s in stage_stats],
+    result = {"read": found.read, "bad": dict(found.bad), "failed": found.failed,
+              "stages": [{**s, "removed": dict(s["removed"])} for s in stage_stats],
               "first_stage": task.first_stage - (1 if task.removal_urls else 0), "written": written, "bytes": nbytes}
     _write_json(task.stats_url, result)
     return result
@@ -286,28 +287,40 @@ def _intermediate_batches(url: str, found: ShardBatches) -> Any:
 
 
 def run_scatter_task(task: ScatterTask) -> dict[str, Any]:
-    """Write a shard's record copies into bucket files ``<out_dir>/<task>-<bucket>.parquet``; returns rows per bucket."""
-    with fsspec.open(task.input_url, "rb") as f:
-        table = pq.read_table(f)
-    rows, indices = blending.emitted_indices(task.plan, task.first, table.num_rows)
-    if task.seed is None:
-        buckets = scatter.ordered_buckets(indices, task.total, task.partitions)
-    else:
-        buckets = scatter.shuffled_buckets(indices, task.seed, task.buckets)
-    order = np.argsort(buckets, kind="stable")
-    rows, indices, buckets = rows[order], indices[order], buckets[order]
-    copies = table.take(pa.array(rows)).append_column(INDEX, pa.array(indices, pa.int64()))
-    counts: dict[str, int] = {}
-    bounds = np.flatnonzero(np.diff(buckets)) + 1
-    for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(buckets)], strict=True):
-        if stop <= start:
-            continue
-        bucket = int(buckets[start])
-        writer = ShardWriter(_bucket_url(task.out_dir, task.index, bucket), "parquet", keep_hidden=True)
-        writer.write(copies.slice(start, stop - start))
+    """Write a shard's record copies into bucket files ``<out_dir>/<task>-<bucket>.parquet``, a row group of the shard
+    at a time; returns rows per bucket."""
+    writers: dict[int, ShardWriter] = {}
+    written = 0
+    try:
+        with fsspec.open(task.input_url, "rb") as f:
+            parquet = pq.ParquetFile(f)
+            first = task.first
+            for group in range(parquet.metadata.num_row_groups):
+                table = parquet.read_row_group(group)
+                rows, indices = blending.emitted_indices(task.plan, first, table.num_rows)
+                first += table.num_rows
+                if task.seed is None:
+                    buckets = scatter.ordered_buckets(indices, task.total, task.partitions)
+                else:
+                    buckets = scatter.shuffled_buckets(indices, task.seed, task.buckets)
+                order = np.argsort(buckets, kind="stable")
+                rows, indices, buckets = rows[order], indices[order], buckets[order]
+                copies = table.take(pa.array(rows)).append_column(INDEX, pa.array(indices, pa.int64()))
+                bounds = np.flatnonzero(np.diff(buckets)) + 1
+                for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(buckets)], strict=True):
+                    if stop > start:
+                        bucket = int(buckets[start])
+                        if bucket not in writers:
+                            writers[bucket] = ShardWriter(_bucket_url(task.out_dir, task.index, bucket), "parquet", keep_hidden=True)
+                        writers[bucket].write(copies.slice(start, stop - start))
+                written += len(rows)
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        raise
+    for writer in writers.values():
         writer.close()
-        counts[str(bucket)] = int(stop - start)
-    result = {"buckets": counts, "written": int(len(rows))}
+    result = {"buckets": {str(b): w.records for b, w in sorted(writers.items())}, "written": written}
     _write_json(task.stats_url, result)
     return result
 
@@ -561,7 +574,7 @@ def _statistics(config: CurationConfig, shards: list[ShardRef], map_results: lis
                 blend_stats: dict[str, Any] | None, outputs: list[str], seconds: float) -> dict[str, Any]:
     """``curation_stats.json``: per source and stage, records in, out and removed by reason; and the accounting check."""
     names = [s.name for s in config.sources]
-    per_source = {n: {"read": 0, "bad": Counter(), "after_stages": 0} for n in names}
+    per_source = {n: {"read": 0, "bad": Counter(), "shards_failed": Counter(), "after_stages": 0} for n in names}
     stage_rows: list[dict[str, Any]] = [
         {"stage": stage.label if not isinstance(stage, ExactDedup) else "exact_dedup", "in": 0, "out": 0, "removed": Counter(),
          "per_source": {n: {"in": 0, "out": 0, "removed": Counter()} for n in names}}
@@ -572,6 +585,8 @@ def _statistics(config: CurationConfig, shards: list[ShardRef], map_results: lis
             if k == 0:
                 source["read"] += result["read"]
                 source["bad"].update(result["bad"])
+                if result.get("failed"):
+                    source["shards_failed"][result["failed"]] += 1
             if k == len(map_results) - 1:
                 source["after_stages"] += result["written"]
             for j, s in enumerate(result["stages"]):

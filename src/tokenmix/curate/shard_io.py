@@ -45,6 +45,8 @@ class ShardBatches:
     bad: Counter[str] = field(default_factory=Counter)
     read: int = 0
     """Records read, bad ones included (blank JSON lines are not records)."""
+    failed: str | None = None
+    """Why the shard could not be read to its end (``on_error: skip``): the records before that point were read."""
 
 
 def output_suffix(fmt: str) -> str:
@@ -81,7 +83,7 @@ def read_batches(url: str, text_field: str, filename_field: str | None, on_error
     except ShardReadError as e:
         if on_error == "raise":
             raise CurationInputError(f"{e}\nFix or remove the shard, or set on_error: skip to count it and go on.") from e
-        found.bad[e.reason] += 1
+        found.failed = e.reason
 
 
 def _record_batches(shard: FileShard, text_field: str, on_error: str, found: ShardBatches, chunk_bytes: int) -> Iterator[pa.Table]:
@@ -223,11 +225,14 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Give up on the shard: its temporary file is removed, no output shard appears."""
-        try:
-            self._file.close()
-            self.fs.rm(self.tmp_path)
-        except (OSError, ValueError):
-            pass
+        for close in (self._parquet.close if self._parquet is not None else None,
+                      self._stream.close if self._stream is not None and self._stream is not self._file else None,
+                      self._file.close, lambda: self.fs.rm(self.tmp_path)):
+            try:
+                if close is not None:
+                    close()
+            except (OSError, ValueError, pa.ArrowException):
+                pass
 
 
 def exists(url: str) -> bool:

@@ -76,7 +76,8 @@ class AddId(Stage):
 @dataclass(frozen=True)
 class ScoreFilter(Stage):
     """Scores each record's text with a filter and keeps those its rule keeps (NeMo Curator's ``ScoreFilter``); the
-    score is written to ``score_field`` when one is given. Removed records count under the filter's name."""
+    score is written to ``score_field`` when one is given. Removed records count under the filter's ``reason`` (its
+    name, and ``n`` for the n-gram filters: ``repeating_top_ngrams_3``)."""
 
     filter: DocumentFilter
     text_field: str | None = None
@@ -94,11 +95,32 @@ class ScoreFilter(Stage):
         keep = self.filter.keep(scores)
         if self.invert:
             keep = ~keep
-        return _keep(table, keep, self.filter.name)
+        return _keep(table, keep, self.filter.reason)
 
     @property
     def label(self) -> str:
-        return f"score_filter({self.filter.name}{', inverted' if self.invert else ''})"
+        return f"score_filter({self.filter.reason}{', inverted' if self.invert else ''})"
+
+
+@Stage.register_subclass("score")
+@dataclass(frozen=True)
+class Score(Stage):
+    """Writes a filter's score of each record's text to a field and removes nothing (NeMo Curator's ``Score``), for a
+    later ``field_filter``, or to look at a corpus before choosing thresholds."""
+
+    filter: DocumentFilter
+    text_field: str | None = None
+    """Unset: the source's ``text_field``."""
+    score_field: str | None = None
+    """Unset: the filter's reason (``word_count``, ``repeating_top_ngrams_3``)."""
+
+    def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
+        scores = self.filter.score(table.column(self.text_field or context.text_field).combine_chunks())
+        return _set_column(table, self.score_field or self.filter.reason, scores), Counter()
+
+    @property
+    def label(self) -> str:
+        return f"score({self.filter.reason})"
 
 
 _OPERATORS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq, "!=": operator.ne}
