@@ -38,6 +38,8 @@ from tokenmix.curate import (
     scatter,
 )
 from tokenmix.curate.filters import DocumentFilter
+from tokenmix.curate.fuzzy_dedup import FuzzyDedup
+from tokenmix.curate.minhash import MinHashConfig
 from tokenmix.curate.modifiers import DocumentModifier
 from tokenmix.curate.pipeline import BlendConfig
 from tokenmix.curate.shard_io import shard_stem
@@ -67,6 +69,20 @@ def _outputs(out) -> dict[str, bytes]:
             if name != "curation_stats.json":
                 path = os.path.join(root, name)
                 files[os.path.relpath(path, out)] = open(path, "rb").read()
+    return files
+
+
+def _artifacts(out) -> dict[str, bytes]:
+    """The decision artifacts a run keeps in its work directory (dedup removals, LSH edges, clusters), by path below
+    the run's key, as bytes."""
+    work = out / ".curate"
+    files = {}
+    for key in os.listdir(work):
+        for root, _, names in os.walk(work / key):
+            for name in names:
+                if name.endswith(".parquet"):
+                    path = os.path.join(root, name)
+                    files[os.path.relpath(path, work / key)] = open(path, "rb").read()
     return files
 
 
@@ -339,7 +355,8 @@ def _kill_config(root, out) -> CurationConfig:
     return CurationConfig(
         sources=[CurationSource(s, [str(root / s / "*.jsonl.zst")]) for s in SOURCES],
         stages=[AddId(), Modify(DocumentModifier.get_choice_class("unicode_fix")()), ScoreFilter(_word_filter(20), score_field="words"),
-                ScoreFilter(DocumentFilter.get_choice_class("repeating_top_ngrams")(n=3, max_repeating_ngram_ratio=0.5)), ExactDedup()],
+                ScoreFilter(DocumentFilter.get_choice_class("repeating_top_ngrams")(n=3, max_repeating_ngram_ratio=0.5)),
+                FuzzyDedup(MinHashConfig(num_perm=32), bands=4, rows=8, policy="one_per_cluster", backend="numpy"), ExactDedup()],
         shuffle=ShuffleConfig(seed=5, buffer_bytes=4 << 20), output=CurationOutput(str(out), "jsonl.zst", partitions=4), num_workers=2)
 
 
@@ -356,9 +373,12 @@ def test_local_ray_and_dask_give_the_same_bytes(copies, tmp_path):
         stats = run_curation(config)
         assert stats["accounted"]
         outputs[name] = _outputs(tmp_path / name)
+        outputs[name + " artifacts"] = _artifacts(tmp_path / name)
     assert len(outputs["local"]) == 4
-    assert outputs["ray"] == outputs["local"]
-    assert outputs["dask"] == outputs["local"]
+    assert any(path.endswith("clusters.parquet") for path in outputs["local artifacts"])
+    for name in ("ray", "dask"):
+        assert outputs[name] == outputs["local"]
+        assert outputs[name + " artifacts"] == outputs["local artifacts"]
 
 
 def _run_and_kill(config_path, out, delay) -> bool:
@@ -416,6 +436,7 @@ def test_sigkill_at_random_points_then_resume_gives_identical_output(copies, tmp
     print("kills", kills, "reference seconds", round(took, 2), "work files seen after each kill", sorted(seen))
     assert len(seen) >= 2, "every kill landed at the same point"
     assert _outputs(out) == _outputs(tmp_path / "reference")
+    assert _artifacts(out) == _artifacts(tmp_path / "reference")
     assert not [f for _, _, files in os.walk(out) for f in files if f.endswith(".partial")]
 
 

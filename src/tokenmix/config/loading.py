@@ -47,12 +47,19 @@ def load_data_config(config: str | os.PathLike[str] | Mapping[str, Any], overrid
     if isinstance(doc.get("data"), dict):
         doc = _with_trainer_batch_size(doc["data"], doc.get("trainer"))
     cls: type[DataConfig] = LMMixtureDatasetConfig if "configs" in doc or "components" in doc else LMDatasetConfig
+    return decode_document(cls, doc, overrides, where, cls.__name__)
+
+
+def decode_document(cls: type[Any], doc: dict[str, Any], overrides: Sequence[str] | None, where: str, what: str,
+                    roots: tuple[type, ...] = (LMMixtureDatasetConfig, LMDatasetConfig)) -> Any:
+    """``doc`` with ``overrides`` applied, decoded as ``cls``; a ``ConfigError`` names ``where``, ``what`` it should be
+    and the field, with the closest names in ``roots`` when a name is unknown."""
     try:
         for key, value in parse_overrides(overrides or ()):
             set_path(doc, key, value)
         return draccus.decode(cls, doc)
     except (draccus.utils.ParsingError, TypeError, ValueError) as e:
-        raise ConfigError(f"{where} does not parse as {cls.__name__}: {explain_error(e)}") from None
+        raise ConfigError(f"{where} does not parse as {what}: {explain_error(e, roots)}") from None
 
 
 def _with_trainer_batch_size(data: dict[str, Any], trainer: Any) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Curation, before tokenizing: sharded document pipelines that read, filter, modify, deduplicate, blend, shuffle and
-write, resumably, on this machine or on Ray or Dask. A curated directory feeds ``build-cache`` as it is.
+"""Curation, before tokenizing: sharded document pipelines that read, filter, modify, deduplicate (exactly, and fuzzily
+with MinHash-LSH and removal by source rank), score quality, blend, shuffle and write, resumably, on this machine or
+on Ray or Dask. A curated directory feeds ``build-cache`` as it is.
 
 Two faces over one engine (``pipeline.py``): a ``CurationConfig`` (YAML, ``tokenmix curate``), and NeMo Curator's
 ``DocumentDataset`` calls (``read_json``, ``ScoreFilter(WordCountFilter(min_words=80))(dataset)``, ``blend_datasets``,
@@ -13,6 +14,7 @@ from tokenmix._lazy import lazy_exports
 if TYPE_CHECKING:
     from tokenmix.curate.document_dataset import DocumentDataset, Shuffle, blend_datasets
     from tokenmix.curate.filters import DocumentFilter, FunctionFilter
+    from tokenmix.curate.fuzzy_dedup import FuzzyDedup
     from tokenmix.curate.heuristics import (
         BoilerPlateStringFilter,
         BulletsFilter,
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
         WordCountFilter,
         WordsWithoutAlphabetsFilter,
     )
+    from tokenmix.curate.minhash import MinHashConfig
     from tokenmix.curate.modifiers import (
         DocumentModifier,
         FunctionModifier,
@@ -57,6 +60,7 @@ if TYPE_CHECKING:
         load_curation_config,
         run_curation,
     )
+    from tokenmix.curate.quality import QualityClassifier
     from tokenmix.curate.remaining import get_batched_files, get_remaining_files
     from tokenmix.curate.shard_io import CurationInputError
     from tokenmix.curate.stages import AddId, ExactDedup, FieldFilter, Modify, Score, ScoreFilter, Stage
@@ -81,14 +85,17 @@ __all__ = [
     "FieldFilter",
     "FunctionFilter",
     "FunctionModifier",
+    "FuzzyDedup",
     "LongWordFilter",
     "MeanWordLengthFilter",
+    "MinHashConfig",
     "Modify",
     "NonAlphaNumericFilter",
     "NumbersFilter",
     "ParenthesesFilter",
     "PornographicUrlsFilter",
     "PunctuationFilter",
+    "QualityClassifier",
     "RepeatedLinesByCharFilter",
     "RepeatedLinesFilter",
     "RepeatedParagraphsByCharFilter",

@@ -4,8 +4,9 @@ A pipeline reads named sources (lists of shards), runs its stages over every rec
 input shard back under its own name (``output.write_to_filename``), or N partitions, in order or shuffled, with an
 optional offline blend in front. It runs in passes, each a set of independent tasks:
 
-1. map passes: one task per input shard runs the record stages and writes the shard out. ``exact_dedup`` splits the
-   stages into two map passes, with the driver deciding duplicates from hashes in between (``exact_dedup.py``).
+1. map passes: one task per input shard runs the record stages and writes the shard out. ``exact_dedup`` and
+   ``fuzzy_dedup`` split the stages into two map passes: the first writes each record's hash (or MinHash signature),
+   then duplicates are decided (``exact_dedup.py``; ``fuzzy_dedup.py``, itself in tasks), and the second drops them.
 2. when writing partitions: a scatter pass (one task per shard: each record, each blend copy, to its bucket) and a
    gather pass (one task per partition, a bucket at a time: bounded memory) (``scatter.py``, ``blend.py``).
 
@@ -39,9 +40,10 @@ import pyarrow.parquet as pq
 import xxhash
 from tqdm.auto import tqdm
 
+import tokenmix.curate.quality  # noqa: F401  (registers the quality stage as a choice of Stage)
 from tokenmix.cache.executor import ExecutorConfig, LocalExecutorConfig
 from tokenmix.curate import blend as blending
-from tokenmix.curate import exact_dedup, scatter
+from tokenmix.curate import exact_dedup, fuzzy_dedup, minhash, scatter
 from tokenmix.curate.execution import open_executor, run_tasks
 from tokenmix.curate.records import concat
 from tokenmix.curate.shard_io import (
@@ -128,7 +130,8 @@ class CurationConfig:
     sources: list[CurationSource]
     output: CurationOutput
     stages: list[Stage] = field(default_factory=list)
-    """Record stages in order (``add_id``, ``score_filter``, ``field_filter``, ``modify``, ``exact_dedup``)."""
+    """Record stages in order (``add_id``, ``score``, ``score_filter``, ``field_filter``, ``modify``, ``quality``,
+    ``exact_dedup``, ``fuzzy_dedup``)."""
     blend: BlendConfig | None = None
     """Applied after the stages; needs partitioned output."""
     shuffle: ShuffleConfig | None = None
@@ -187,11 +190,13 @@ class MapTask:
     stages: list[Stage]
     first_stage: int
     removal_urls: list[str]
+    removal_reason: str
     output_url: str
     output_format: str
     keep_hidden: bool
-    hash_url: str | None
-    dedup: ExactDedup | None
+    artifact_url: str | None
+    barrier: Stage | None
+    """The ``exact_dedup`` or ``fuzzy_dedup`` that ends this pass: each record's hash or signature goes to ``artifact_url``."""
     stats_url: str
     filename_field: str | None
     on_error: str
@@ -234,7 +239,7 @@ def run_map_task(task: MapTask) -> dict[str, Any]:
     stage_stats = [{"in": 0, "out": 0, "removed": Counter()} for _ in range(len(task.stages) + (1 if task.removal_urls else 0))]
     removed = exact_dedup.removed_rows(task.removal_urls, shard.index) if task.removal_urls else None
     writer = ShardWriter(task.output_url, task.output_format, keep_hidden=task.keep_hidden)
-    hashes: list[np.ndarray] = []
+    artifacts: list[Any] = []
     written = nbytes = 0
     try:
         batches = (_intermediate_batches(task.input_url, found) if task.from_intermediate
@@ -247,7 +252,7 @@ def run_map_task(task: MapTask) -> dict[str, Any]:
                 row += table.num_rows
                 keep = ~np.isin(rows, removed)
                 stage_stats[0]["in"] += table.num_rows
-                stage_stats[0]["removed"]["exact_duplicate"] += int((~keep).sum())
+                stage_stats[0]["removed"][task.removal_reason] += int((~keep).sum())
                 table = table.filter(pa.array(keep))
                 stage_stats[0]["out"] += table.num_rows
                 offset = 1
@@ -258,8 +263,8 @@ def run_map_task(task: MapTask) -> dict[str, Any]:
                     table, dropped = stage.apply(table, context)
                     stats["removed"].update(dropped)
                 stats["out"] += table.num_rows
-            if task.dedup is not None and table.num_rows:
-                hashes.append(text_hashes(table.column(task.dedup.text_field or shard.text_field).combine_chunks(), task.dedup.normalize))
+            if task.barrier is not None and table.num_rows:
+                artifacts.append(_artifact(task.barrier, table.column(task.barrier.text_field or shard.text_field).combine_chunks()))
             writer.write(table)
             written += table.num_rows
             nbytes += table.nbytes
@@ -267,14 +272,27 @@ def run_map_task(task: MapTask) -> dict[str, Any]:
         writer.abort()
         raise
     writer.close()
-    if task.hash_url is not None:
-        all_hashes = np.concatenate(hashes) if hashes else np.empty((0, 2), dtype=np.uint64)
-        exact_dedup.write_hashes(task.hash_url, all_hashes, np.arange(written, dtype=np.int64))
+    if isinstance(task.barrier, ExactDedup) and task.artifact_url is not None:
+        all_hashes = np.concatenate(artifacts) if artifacts else np.empty((0, 2), dtype=np.uint64)
+        exact_dedup.write_hashes(task.artifact_url, all_hashes, np.arange(written, dtype=np.int64))
+    elif isinstance(task.barrier, fuzzy_dedup.FuzzyDedup) and task.artifact_url is not None:
+        width = task.barrier.minhash.num_perm
+        sigs = np.concatenate([a[0] for a in artifacts]) if artifacts else np.zeros((0, width), dtype=np.uint64)
+        present = np.concatenate([a[1] for a in artifacts]) if artifacts else np.zeros(0, dtype=bool)
+        fuzzy_dedup.write_signatures(task.artifact_url, sigs, present)
     result = {"read": found.read, "bad": dict(found.bad), "failed": found.failed,
               "stages": [{**s, "removed": dict(s["removed"])} for s in stage_stats],
               "first_stage": task.first_stage - (1 if task.removal_urls else 0), "written": written, "bytes": nbytes}
     _write_json(task.stats_url, result)
     return result
+
+
+def _artifact(barrier: Stage, texts: pa.Array) -> Any:
+    """What a pass ending in ``barrier`` keeps of each record for the decision: a text hash, or a MinHash signature."""
+    if isinstance(barrier, ExactDedup):
+        return text_hashes(texts, barrier.normalize)
+    assert isinstance(barrier, fuzzy_dedup.FuzzyDedup)
+    return minhash.signatures(texts, barrier.minhash, backend=barrier.backend)
 
 
 def _intermediate_batches(url: str, found: ShardBatches) -> Any:
@@ -398,9 +416,16 @@ def _final_url(output: CurationOutput, shard: ShardRef, suffix: str) -> str:
 
 
 def _fingerprint(config: CurationConfig, shards: list[ShardRef]) -> dict[str, Any]:
-    """What a work directory is for: the pipeline (not where it runs) and each input shard as it is now. Its hash names
-    the work directory, so work done for another pipeline, or over inputs since changed, is never taken for this one's."""
+    """What a work directory is for: the pipeline (not where it runs), each input shard and each model directory's files
+    as they are now. Its hash names the work directory, so work done for another pipeline, or over inputs or a model
+    since changed, is never taken for this one's."""
     described = describe(dataclasses.replace(config, executor=LocalExecutorConfig(), num_workers=None, keep_intermediate=False))
+    models = {}
+    for stage in config.stages:
+        model_path = getattr(stage, "model_path", None)
+        if model_path and os.path.isdir(model_path):
+            models[model_path] = {name: [os.stat(os.path.join(model_path, name)).st_size, os.stat(os.path.join(model_path, name)).st_mtime_ns]
+                                  for name in sorted(os.listdir(model_path)) if os.path.isfile(os.path.join(model_path, name))}
     inputs = []
     for shard in shards:
         try:
@@ -408,7 +433,7 @@ def _fingerprint(config: CurationConfig, shards: list[ShardRef]) -> dict[str, An
         except FileNotFoundError:
             identity = None
         inputs.append({"url": shard.url, "identity": identity})
-    return {"pipeline": described, "inputs": inputs}
+    return {"pipeline": described, "inputs": inputs, **({"models": models} if models else {})}
 
 
 def describe(value: Any) -> Any:
@@ -450,8 +475,10 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     suffix = output_suffix(config.output.format)
     map_results: list[list[dict[str, Any]]] = []
     removal_urls: list[str] = []
+    removal_reason = ""
+    decisions: dict[str, Any] = {}
     with open_executor(config.executor, config.num_workers) as executor:
-        for k, (first_stage, stages, dedup) in enumerate(segments):
+        for k, (first_stage, stages, barrier) in enumerate(segments):
             last = k == len(segments) - 1
             phase = local_or_url_join(work, f"pass-{k}")
             tasks = []
@@ -462,17 +489,27 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
                 tasks.append(MapTask(
                     shard=shard,
                     input_url=shard.url if k == 0 else local_or_url_join(work, f"pass-{k - 1}", "data", f"{shard.index:06d}.parquet"),
-                    from_intermediate=k > 0, stages=stages, first_stage=first_stage, removal_urls=removal_urls,
+                    from_intermediate=k > 0, stages=stages, first_stage=first_stage, removal_urls=removal_urls, removal_reason=removal_reason,
                     output_url=output_url, output_format=config.output.format if final else "parquet", keep_hidden=not final,
-                    hash_url=local_or_url_join(phase, "hashes", f"{shard.index:06d}.parquet") if dedup is not None else None,
-                    dedup=dedup, stats_url=local_or_url_join(phase, "stats", f"{shard.index:06d}.json"),
+                    artifact_url=local_or_url_join(phase, "artifacts", f"{shard.index:06d}.parquet") if barrier is not None else None,
+                    barrier=barrier, stats_url=local_or_url_join(phase, "stats", f"{shard.index:06d}.json"),
                     filename_field=config.filename_field, on_error=config.on_error, chunk_bytes=config.chunk_bytes))
             map_results.append(_run_phase(executor, run_map_task, tasks, [t.stats_url for t in tasks], f"pass {k + 1}/{len(segments)}",
                                           records=lambda r: r["read"]))
-            if dedup is not None:
-                total = sum(r["written"] for r in map_results[-1])
-                removal_urls = exact_dedup.decide([t.hash_url for t in tasks if t.hash_url], local_or_url_join(phase, "dedup"), total,
-                                                  dedup.memory_bytes)
+            total = sum(r["written"] for r in map_results[-1])
+            artifacts = [t.artifact_url for t in tasks if t.artifact_url]
+            if isinstance(barrier, ExactDedup):
+                removal_urls = exact_dedup.decide(artifacts, local_or_url_join(phase, "dedup"), total, barrier.memory_bytes)
+                removal_reason = "exact_duplicate"
+            elif isinstance(barrier, fuzzy_dedup.FuzzyDedup):
+                def run_phase(fn: Any, phase_tasks: list[Any], stats_urls: list[str], label: str) -> list[dict[str, Any]]:
+                    return _run_phase(executor, fn, phase_tasks, stats_urls, label)
+
+                names = [s.name for s in config.sources]
+                removal_urls, decisions[str(first_stage + len(stages))] = fuzzy_dedup.decide(
+                    barrier, run_phase, artifacts, [t.output_url for t in tasks], [s.text_field for s in shards], names,
+                    [s.source_rank for s in shards], total, local_or_url_join(phase, "fuzzy"))
+                removal_reason = "fuzzy_duplicate"
         blend_stats = shuffle_stats = None
         outputs: list[str]
         if partitioned:
@@ -481,6 +518,8 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
             outputs = [t.output_url for t in tasks]
     stats = _statistics(config, shards, map_results, blend_stats, outputs, time.perf_counter() - started)
     stats["shuffle"] = shuffle_stats
+    for index, decision in decisions.items():
+        stats["stages"][int(index)]["fuzzy_dedup"] = decision
     _write_json(local_or_url_join(work, STATS_FILE), stats)
     _write_json(local_or_url_join(out, STATS_FILE), stats)
     if not config.keep_intermediate:
@@ -488,13 +527,14 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     return stats
 
 
-def _segments(stages: list[Stage]) -> list[tuple[int, list[Stage], ExactDedup | None]]:
-    """The stages split at each ``exact_dedup``: (index of the first stage, the stages, the dedup that ends it)."""
+def _segments(stages: list[Stage]) -> list[tuple[int, list[Stage], Stage | None]]:
+    """The stages split at each ``exact_dedup`` and ``fuzzy_dedup``: (index of the first stage, the stages, the dedup
+    that ends them)."""
     segments = []
     current: list[Stage] = []
     first = 0
     for i, stage in enumerate(stages):
-        if isinstance(stage, ExactDedup):
+        if isinstance(stage, ExactDedup | fuzzy_dedup.FuzzyDedup):
             segments.append((first, current, stage))
             current, first = [], i + 1
         else:
@@ -576,7 +616,7 @@ def _statistics(config: CurationConfig, shards: list[ShardRef], map_results: lis
     names = [s.name for s in config.sources]
     per_source = {n: {"read": 0, "bad": Counter(), "shards_failed": Counter(), "after_stages": 0} for n in names}
     stage_rows: list[dict[str, Any]] = [
-        {"stage": stage.label if not isinstance(stage, ExactDedup) else "exact_dedup", "in": 0, "out": 0, "removed": Counter(),
+        {"stage": stage.label, "in": 0, "out": 0, "removed": Counter(),
          "per_source": {n: {"in": 0, "out": 0, "removed": Counter()} for n in names}}
         for stage in config.stages]
     for k, results in enumerate(map_results):
@@ -615,7 +655,7 @@ def _statistics(config: CurationConfig, shards: list[ShardRef], map_results: lis
 def _remove_intermediates(work: str) -> None:
     """Remove the records passed between passes; statistics and dedup decisions (small) stay."""
     fs, path = fsspec.core.url_to_fs(work)
-    for pattern in ("pass-*/data", "pass-*/hashes", "scatter/data"):
+    for pattern in ("pass-*/data", "pass-*/artifacts", "pass-*/fuzzy/lsh/buckets", "scatter/data"):
         for target in fs.glob(posixpath.join(path, pattern)):
             fs.rm(target, recursive=True)
 
@@ -624,13 +664,8 @@ def load_curation_config(path: str | os.PathLike[str] | dict[str, Any], override
     """A pipeline from a YAML file (or a mapping), with draccus-style overrides (``--output.path /tmp/out``)."""
     import copy
 
-    from tokenmix.config.loading import ConfigError, explain_error, parse_overrides, read_yaml, set_path
+    from tokenmix.config.loading import decode_document, read_yaml
 
     where = "the curation config" if isinstance(path, dict) else os.fspath(path)
     doc = copy.deepcopy(path) if isinstance(path, dict) else read_yaml(where)
-    try:
-        for key, value in parse_overrides(overrides or ()):
-            set_path(doc, key, value)
-        return draccus.decode(CurationConfig, doc)
-    except (draccus.utils.ParsingError, TypeError, ValueError) as e:
-        raise ConfigError(f"{where} does not parse as a curation pipeline: {explain_error(e, (CurationConfig,))}") from None
+    return decode_document(CurationConfig, doc, overrides, where, "a curation pipeline", (CurationConfig,))

@@ -69,7 +69,7 @@ class AddId(Stage):
         prefix = f"{self.id_prefix or context.source}-{context.shard_index:05d}-"
         positions = table.column(POSITION).to_numpy()
         ids = pa.array([f"{prefix}{p:09d}" for p in positions.tolist()], pa.string())
-        return _set_column(table, self.id_field, ids), Counter()
+        return set_column(table, self.id_field, ids), Counter()
 
 
 @Stage.register_subclass("score_filter")
@@ -91,7 +91,7 @@ class ScoreFilter(Stage):
         texts = table.column(self.text_field or context.text_field).combine_chunks()
         scores = self.filter.score(texts)
         if self.score_field is not None:
-            table = _set_column(table, self.score_field, scores)
+            table = set_column(table, self.score_field, scores)
         keep = self.filter.keep(scores)
         if self.invert:
             keep = ~keep
@@ -116,7 +116,7 @@ class Score(Stage):
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
         scores = self.filter.score(table.column(self.text_field or context.text_field).combine_chunks())
-        return _set_column(table, self.score_field or self.filter.reason, scores), Counter()
+        return set_column(table, self.score_field or self.filter.reason, scores), Counter()
 
     @property
     def label(self) -> str:
@@ -173,7 +173,7 @@ class Modify(Stage):
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
         name = self.text_field or context.text_field
-        return _set_column(table, name, self.modifier.modify(table.column(name).combine_chunks())), Counter()
+        return set_column(table, name, self.modifier.modify(table.column(name).combine_chunks())), Counter()
 
     @property
     def label(self) -> str:
@@ -197,7 +197,8 @@ class ExactDedup(Stage):
         raise TypeError("exact_dedup runs between passes of the pipeline, not on one batch")
 
 
-def _set_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+def set_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    """``table`` with the column ``name`` set to ``values`` (replaced where there, else added)."""
     if name in table.column_names:
         return table.set_column(table.column_names.index(name), name, values)
     return table.append_column(name, values)
