@@ -291,7 +291,7 @@ def webster_texts(limit: int) -> list[str]:
 
 def test_every_filter_runs_over_real_documents():
     texts = webster_texts(2000)
-    assert len(texts) >= 1000
+    assert len(texts) >= 300, "the shared corpus gives 2000 documents, the bundled demo slice (its fallback) 304"
     batch = pa.array([*texts, "", None])
     for f in [*every_filter(), RepeatingTopNGramsFilter(n=4), RepeatingDuplicateNGramsFilter(n=10), CommonEnglishWordsFilter(stop_at_false=False)]:
         got = f.score(batch).to_pylist()

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import logging
 
-import fsspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from tokenmix.curate.shard_io import local_or_url_join
+from tokenmix.curate.shard_io import exists, local_or_url_join, read_table, write_table
 
 logger = logging.getLogger(__name__)
 
@@ -28,12 +26,8 @@ BYTES_PER_RECORD = 24
 
 def write_hashes(url: str, hashes: np.ndarray, rows: np.ndarray) -> None:
     """A shard's hashes and rows, as Parquet (written whole under a temporary name, then renamed)."""
-    fs, path = fsspec.core.url_to_fs(url)
-    table = pa.table({"h1": pa.array(hashes[:, 0], pa.uint64()), "h2": pa.array(hashes[:, 1], pa.uint64()), "row": pa.array(rows, pa.int64())})
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(path + ".partial", "wb") as f:
-        pq.write_table(table, f, compression="zstd", write_statistics=False)
-    fs.mv(path + ".partial", path)
+    write_table(url, pa.table({"h1": pa.array(hashes[:, 0], pa.uint64()), "h2": pa.array(hashes[:, 1], pa.uint64()),
+                               "row": pa.array(rows, pa.int64())}))
 
 
 def decide(hash_urls: list[str], out_dir: str, total_records: int, memory_bytes: int) -> list[str]:
@@ -42,18 +36,15 @@ def decide(hash_urls: list[str], out_dir: str, total_records: int, memory_bytes:
     Returns the removal files' URLs (one per pass); passes already decided by an interrupted run are not redone.
     """
     passes = max(1, -(-total_records * BYTES_PER_RECORD // max(memory_bytes, 1)))
-    fs, root = fsspec.core.url_to_fs(out_dir)
-    fs.makedirs(root, exist_ok=True)
     urls = []
     for index in range(passes):
         url = local_or_url_join(out_dir, f"removed-{index:04d}-of-{passes:04d}.parquet")
         urls.append(url)
-        if fs.exists(url):
+        if exists(url):
             continue
         h1s, h2s, tasks, rows = [], [], [], []
         for task, hash_url in enumerate(hash_urls):
-            with fsspec.open(hash_url, "rb") as f:
-                table = pq.read_table(f)
+            table = read_table(hash_url)
             h1 = table.column("h1").to_numpy()
             mine = h1 % np.uint64(passes) == np.uint64(index) if passes > 1 else np.ones(len(h1), dtype=bool)
             h1s.append(h1[mine])
@@ -67,9 +58,7 @@ def decide(hash_urls: list[str], out_dir: str, total_records: int, memory_bytes:
         duplicate[1:] = (h1[1:] == h1[:-1]) & (h2[1:] == h2[:-1])
         removed = np.lexsort((row[duplicate], task[duplicate]))
         table = pa.table({"task": pa.array(task[duplicate][removed], pa.int32()), "row": pa.array(row[duplicate][removed], pa.int64())})
-        with fs.open(url + ".partial", "wb") as f:
-            pq.write_table(table, f, compression="zstd", write_statistics=True)
-        fs.mv(url + ".partial", url)
+        write_table(url, table, statistics=True)
         logger.info("exact dedup pass %d of %d: %d records, %d duplicates", index + 1, passes, len(h1), int(duplicate.sum()))
     return urls
 
@@ -78,8 +67,7 @@ def removed_rows(removal_urls: list[str], task: int) -> np.ndarray:
     """The rows of task ``task``'s records that the decision removes, sorted."""
     parts = []
     for url in removal_urls:
-        with fsspec.open(url, "rb") as f:
-            table = pq.read_table(f, filters=[("task", "==", task)], columns=["row"])
+        table = read_table(url, filters=[("task", "==", task)], columns=["row"])
         parts.append(table.column("row").to_numpy())
     return np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
 

@@ -26,14 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import fsspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tokenmix.curate.minhash import MinHashConfig, jaccard
 from tokenmix.curate.scatter import mix64
-from tokenmix.curate.shard_io import local_or_url_join
+from tokenmix.curate.shard_io import exists, local_or_url_join, read_table, write_json, write_table
 from tokenmix.curate.stages import ShardContext, Stage
 
 ROW_BITS = 32
@@ -175,20 +173,7 @@ def write_signatures(url: str, signatures: np.ndarray, present: np.ndarray) -> N
     flat = pa.array(kept.reshape(-1))
     signature = pa.FixedSizeListArray.from_arrays(flat, kept.shape[1])
     table = pa.table({"row": pa.array(rows, pa.int64()), "signature": signature})
-    _write_table(url, table)
-
-
-def _write_table(url: str, table: pa.Table) -> None:
-    fs, path = fsspec.core.url_to_fs(url)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(path + ".partial", "wb") as f:
-        pq.write_table(table, f, compression="zstd", write_statistics=False)
-    fs.mv(path + ".partial", path)
-
-
-def _read_table(url: str, **kwargs: Any) -> pa.Table:
-    with fsspec.open(url, "rb") as f:
-        return pq.read_table(f, **kwargs)
+    write_table(url, table)
 
 
 def _bucket_url(out_dir: str, task: int, partition: int) -> str:
@@ -197,7 +182,7 @@ def _bucket_url(out_dir: str, task: int, partition: int) -> str:
 
 def run_lsh_task(task: LshTask) -> dict[str, Any]:
     """Band hashes of a shard's signatures, scattered to the partitions' bucket files."""
-    table = _read_table(task.signatures_url)
+    table = read_table(task.signatures_url)
     rows = table.column("row").to_numpy()
     width = task.bands * task.rows
     sigs = table.column("signature").combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(len(rows), width) if len(rows) \
@@ -210,17 +195,17 @@ def run_lsh_task(task: LshTask) -> dict[str, Any]:
     written = {}
     for p in np.unique(partition).tolist():
         mine = partition == p
-        _write_table(_bucket_url(task.out_dir, task.task, p), pa.table({"band": pa.array(band[mine]), "hash": pa.array(flat[mine]),
+        write_table(_bucket_url(task.out_dir, task.task, p), pa.table({"band": pa.array(band[mine]), "hash": pa.array(flat[mine]),
                                                                         "doc": pa.array(docs[mine])}))
         written[str(p)] = int(mine.sum())
     result = {"partitions": written}
-    _write_json(task.stats_url, result)
+    write_json(task.stats_url, result)
     return result
 
 
 def run_edges_task(task: EdgesTask) -> dict[str, Any]:
     """The edges of one partition's buckets, checked against the texts with ``jaccard_check``."""
-    parts = [_read_table(url) for url in task.bucket_urls]
+    parts = [read_table(url) for url in task.bucket_urls]
     if parts:
         table = pa.concat_tables(parts)
         edges = bucket_edges(table.column("band").to_numpy(), table.column("hash").to_numpy(), table.column("doc").to_numpy())
@@ -229,9 +214,9 @@ def run_edges_task(task: EdgesTask) -> dict[str, Any]:
     candidates = len(edges)
     if task.check is not None and len(edges):
         edges = edges[_similar(edges, task)]
-    _write_table(task.out_url, pa.table({"a": pa.array(edges[:, 0], pa.int64()), "b": pa.array(edges[:, 1], pa.int64())}))
+    write_table(task.out_url, pa.table({"a": pa.array(edges[:, 0], pa.int64()), "b": pa.array(edges[:, 1], pa.int64())}))
     result = {"candidates": candidates, "edges": int(len(edges))}
-    _write_json(task.stats_url, result)
+    write_json(task.stats_url, result)
     return result
 
 
@@ -243,20 +228,10 @@ def _similar(edges: np.ndarray, task: EdgesTask) -> np.ndarray:
     texts: dict[int, str] = {}
     for t in np.unique(tasks).tolist():
         wanted = rows[tasks == t]
-        column = _read_table(task.intermediate_urls[t], columns=[task.text_fields[t]]).column(0)
+        column = read_table(task.intermediate_urls[t], columns=[task.text_fields[t]]).column(0)
         for doc, text in zip(pack(t, wanted).tolist(), column.take(pa.array(wanted)).to_pylist(), strict=True):
             texts[doc] = text
     return np.array([jaccard(texts[a], texts[b], task.check.minhash) >= task.check.jaccard_threshold for a, b in edges.tolist()], dtype=bool)
-
-
-def _write_json(url: str, value: Any) -> None:
-    import json
-
-    fs, path = fsspec.core.url_to_fs(url)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(path + ".partial", "wb") as f:
-        f.write(json.dumps(value, sort_keys=True).encode())
-    fs.mv(path + ".partial", path)
 
 
 def decide(stage: FuzzyDedup, run_phase: Callable[..., list[dict[str, Any]]], signature_urls: list[str], intermediate_urls: list[str],
@@ -278,26 +253,25 @@ def decide(stage: FuzzyDedup, run_phase: Callable[..., list[dict[str, Any]]], si
     found = run_phase(run_edges_task, edge_tasks, [t.stats_url for t in edge_tasks], "lsh edges")
     clusters_url = local_or_url_join(work, "clusters.parquet")
     removal_url = local_or_url_join(work, "removed.parquet")
-    fs, _ = fsspec.core.url_to_fs(work)
-    if not fs.exists(fsspec.core.url_to_fs(removal_url)[1]):
+    if not exists(removal_url):
         edges = np.concatenate([np.stack([t.column("a").to_numpy(), t.column("b").to_numpy()], axis=1)
-                                for t in (_read_table(e.out_url) for e in edge_tasks)] or [np.zeros((0, 2), dtype=np.int64)])
+                                for t in (read_table(e.out_url) for e in edge_tasks)] or [np.zeros((0, 2), dtype=np.int64)])
         nodes, clusters = components(edges)
         rank_of_task = np.asarray(source_of_task, dtype=np.int64)
         removed = removals(nodes, clusters, rank_of_task, stage.policy)
         tasks, rows = unpack(nodes)
-        _write_table(clusters_url, pa.table({"doc": pa.array(nodes, pa.int64()), "cluster": pa.array(clusters, pa.int64()),
+        write_table(clusters_url, pa.table({"doc": pa.array(nodes, pa.int64()), "cluster": pa.array(clusters, pa.int64()),
                                              "source": pa.array([sources[s] for s in rank_of_task[tasks].tolist()], pa.string()),
                                              "removed": pa.array(removed)}))
         sources_of_nodes = rank_of_task[tasks]
         pairs, counts = np.unique(np.stack([clusters, sources_of_nodes], axis=1), axis=0, return_counts=True) if len(nodes) \
             else (np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.int64))
-        _write_table(local_or_url_join(work, "cluster_counts.parquet"), pa.table({
+        write_table(local_or_url_join(work, "cluster_counts.parquet"), pa.table({
             "cluster": pa.array(pairs[:, 0], pa.int64()), "source": pa.array([sources[s] for s in pairs[:, 1].tolist()], pa.string()),
             "documents": pa.array(counts, pa.int64())}))
         order = np.lexsort((rows[removed], tasks[removed]))
-        _write_table(removal_url, pa.table({"task": pa.array(tasks[removed][order], pa.int32()), "row": pa.array(rows[removed][order], pa.int64())}))
-    return [removal_url], summary(_read_table(clusters_url), found)
+        write_table(removal_url, pa.table({"task": pa.array(tasks[removed][order], pa.int32()), "row": pa.array(rows[removed][order], pa.int64())}))
+    return [removal_url], summary(read_table(clusters_url), found)
 
 
 def summary(clusters: pa.Table, edge_stats: list[dict[str, Any]]) -> dict[str, Any]:

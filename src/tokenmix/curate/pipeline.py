@@ -53,7 +53,10 @@ from tokenmix.curate.shard_io import (
     local_or_url_join,
     output_suffix,
     read_batches,
+    read_json,
+    read_table,
     shard_stem,
+    write_json,
 )
 from tokenmix.curate.stages import ExactDedup, ShardContext, Stage, text_hashes
 from tokenmix.sources.shards import DEFAULT_CHUNK_BYTES, FileShard
@@ -283,7 +286,7 @@ def run_map_task(task: MapTask) -> dict[str, Any]:
     result = {"read": found.read, "bad": dict(found.bad), "failed": found.failed,
               "stages": [{**s, "removed": dict(s["removed"])} for s in stage_stats],
               "first_stage": task.first_stage - (1 if task.removal_urls else 0), "written": written, "bytes": nbytes}
-    _write_json(task.stats_url, result)
+    write_json(task.stats_url, result)
     return result
 
 
@@ -339,7 +342,7 @@ def run_scatter_task(task: ScatterTask) -> dict[str, Any]:
     for writer in writers.values():
         writer.close()
     result = {"buckets": {str(b): w.records for b, w in sorted(writers.items())}, "written": written}
-    _write_json(task.stats_url, result)
+    write_json(task.stats_url, result)
     return result
 
 
@@ -353,10 +356,7 @@ def run_gather_task(task: GatherTask) -> dict[str, Any]:
     written = largest = 0
     try:
         for bucket, urls in task.buckets:
-            parts = []
-            for url in urls:
-                with fsspec.open(url, "rb") as f:
-                    parts.append(pq.read_table(f))
+            parts = [read_table(url) for url in urls]
             if not parts:
                 continue
             table = concat(parts)
@@ -370,24 +370,8 @@ def run_gather_task(task: GatherTask) -> dict[str, Any]:
         raise
     writer.close()
     result = {"written": written, "max_bucket_bytes": largest}
-    _write_json(task.stats_url, result)
+    write_json(task.stats_url, result)
     return result
-
-
-def _write_json(url: str, value: Any) -> None:
-    fs, path = fsspec.core.url_to_fs(url)
-    fs.makedirs(posixpath.dirname(path), exist_ok=True)
-    with fs.open(path + ".partial", "wb") as f:
-        f.write(json.dumps(value, indent=1, sort_keys=True).encode())
-    fs.mv(path + ".partial", path)
-
-
-def _read_json(url: str) -> Any | None:
-    fs, path = fsspec.core.url_to_fs(url)
-    if not fs.exists(path):
-        return None
-    with fs.open(path, "rb") as f:
-        return json.loads(f.read())
 
 
 def list_shards(config: CurationConfig) -> list[ShardRef]:
@@ -463,9 +447,9 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     fingerprint = _fingerprint(config, shards)
     key = xxhash.xxh3_64_hexdigest(json.dumps(fingerprint, sort_keys=True).encode())
     work = local_or_url_join(out, WORK_DIR, key)
-    if _read_json(local_or_url_join(work, "pipeline.json")) is None:
-        _write_json(local_or_url_join(work, "pipeline.json"), fingerprint)
-    finished = _read_json(local_or_url_join(work, STATS_FILE))
+    if read_json(local_or_url_join(work, "pipeline.json")) is None:
+        write_json(local_or_url_join(work, "pipeline.json"), fingerprint)
+    finished = read_json(local_or_url_join(work, STATS_FILE))
     if finished is not None:
         logger.info("%s: this pipeline already ran to completion over these inputs (%s); nothing to do", out, work)
         return finished
@@ -520,8 +504,8 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     stats["shuffle"] = shuffle_stats
     for index, decision in decisions.items():
         stats["stages"][int(index)]["fuzzy_dedup"] = decision
-    _write_json(local_or_url_join(work, STATS_FILE), stats)
-    _write_json(local_or_url_join(out, STATS_FILE), stats)
+    write_json(local_or_url_join(work, STATS_FILE), stats)
+    write_json(local_or_url_join(out, STATS_FILE), stats)
     if not config.keep_intermediate:
         _remove_intermediates(work)
     return stats
@@ -546,7 +530,7 @@ def _segments(stages: list[Stage]) -> list[tuple[int, list[Stage], Stage | None]
 def _run_phase(executor: Any, fn: Any, tasks: list[Any], stats_urls: list[str], label: str,
                records: Any = None) -> list[dict[str, Any]]:
     """Run the tasks of one pass that have not finished yet; the stats of every task, in task order."""
-    results: list[dict[str, Any] | None] = [_read_json(url) for url in stats_urls]
+    results: list[dict[str, Any] | None] = [read_json(url) for url in stats_urls]
     todo = [i for i, r in enumerate(results) if r is None]
     if len(todo) < len(tasks):
         logger.info("%s: %d of %d tasks done by an earlier run", label, len(tasks) - len(todo), len(tasks))

@@ -13,6 +13,7 @@ without a timestamp, zstd and Parquet with fixed settings).
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import posixpath
 from collections import Counter
@@ -233,6 +234,41 @@ class ShardWriter:
                     close()
             except (OSError, ValueError, pa.ArrowException):
                 pass
+
+
+def write_whole(url: str, write: Any) -> None:
+    """Write a small file whole: ``write(f)`` fills ``<url>.partial``, which is then renamed to ``url``, so the name
+    only ever holds a complete file (statistics, decisions, artifacts)."""
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    with fs.open(path + ".partial", "wb") as f:
+        write(f)
+    fs.mv(path + ".partial", path)
+
+
+def write_table(url: str, table: pa.Table, statistics: bool = False) -> None:
+    """An Arrow table as one Parquet file, written whole (``write_whole``)."""
+    write_whole(url, lambda f: pq.write_table(table, f, compression="zstd", write_statistics=statistics))
+
+
+def read_table(url: str, **kwargs: Any) -> pa.Table:
+    """A Parquet file (local or fsspec URL) as a table; ``kwargs`` go to ``pyarrow.parquet.read_table``."""
+    with fsspec.open(url, "rb") as f:
+        return pq.read_table(f, **kwargs)
+
+
+def write_json(url: str, value: Any) -> None:
+    """A JSON file, written whole (``write_whole``), keys sorted so that equal values give equal bytes."""
+    write_whole(url, lambda f: f.write(json.dumps(value, indent=1, sort_keys=True).encode()))
+
+
+def read_json(url: str) -> Any | None:
+    """A JSON file's value, or ``None`` when it is not there."""
+    fs, path = fsspec.core.url_to_fs(url)
+    if not fs.exists(path):
+        return None
+    with fs.open(path, "rb") as f:
+        return json.loads(f.read())
 
 
 def exists(url: str) -> bool:
