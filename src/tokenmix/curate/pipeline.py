@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import posixpath
+import stat
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,7 +37,6 @@ import draccus
 import fsspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import xxhash
 from tqdm.auto import tqdm
 
@@ -55,6 +55,7 @@ from tokenmix.curate.shard_io import (
     read_batches,
     read_json,
     read_table,
+    row_groups,
     shard_stem,
     write_json,
 )
@@ -299,12 +300,9 @@ def _artifact(barrier: Stage, texts: pa.Array) -> Any:
 
 
 def _intermediate_batches(url: str, found: ShardBatches) -> Any:
-    with fsspec.open(url, "rb") as f:
-        parquet = pq.ParquetFile(f)
-        for group in range(parquet.metadata.num_row_groups):
-            table = parquet.read_row_group(group)
-            found.read += table.num_rows
-            yield table
+    for table in row_groups(url):
+        found.read += table.num_rows
+        yield table
 
 
 def run_scatter_task(task: ScatterTask) -> dict[str, Any]:
@@ -313,28 +311,25 @@ def run_scatter_task(task: ScatterTask) -> dict[str, Any]:
     writers: dict[int, ShardWriter] = {}
     written = 0
     try:
-        with fsspec.open(task.input_url, "rb") as f:
-            parquet = pq.ParquetFile(f)
-            first = task.first
-            for group in range(parquet.metadata.num_row_groups):
-                table = parquet.read_row_group(group)
-                rows, indices = blending.emitted_indices(task.plan, first, table.num_rows)
-                first += table.num_rows
-                if task.seed is None:
-                    buckets = scatter.ordered_buckets(indices, task.total, task.partitions)
-                else:
-                    buckets = scatter.shuffled_buckets(indices, task.seed, task.buckets)
-                order = np.argsort(buckets, kind="stable")
-                rows, indices, buckets = rows[order], indices[order], buckets[order]
-                copies = table.take(pa.array(rows)).append_column(INDEX, pa.array(indices, pa.int64()))
-                bounds = np.flatnonzero(np.diff(buckets)) + 1
-                for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(buckets)], strict=True):
-                    if stop > start:
-                        bucket = int(buckets[start])
-                        if bucket not in writers:
-                            writers[bucket] = ShardWriter(_bucket_url(task.out_dir, task.index, bucket), "parquet", keep_hidden=True)
-                        writers[bucket].write(copies.slice(start, stop - start))
-                written += len(rows)
+        first = task.first
+        for table in row_groups(task.input_url):
+            rows, indices = blending.emitted_indices(task.plan, first, table.num_rows)
+            first += table.num_rows
+            if task.seed is None:
+                buckets = scatter.ordered_buckets(indices, task.total, task.partitions)
+            else:
+                buckets = scatter.shuffled_buckets(indices, task.seed, task.buckets)
+            order = np.argsort(buckets, kind="stable")
+            rows, indices, buckets = rows[order], indices[order], buckets[order]
+            copies = table.take(pa.array(rows)).append_column(INDEX, pa.array(indices, pa.int64()))
+            bounds = np.flatnonzero(np.diff(buckets)) + 1
+            for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(buckets)], strict=True):
+                if stop > start:
+                    bucket = int(buckets[start])
+                    if bucket not in writers:
+                        writers[bucket] = ShardWriter(_bucket_url(task.out_dir, task.index, bucket), "parquet", keep_hidden=True)
+                    writers[bucket].write(copies.slice(start, stop - start))
+            written += len(rows)
     except BaseException:
         for writer in writers.values():
             writer.abort()
@@ -408,8 +403,8 @@ def _fingerprint(config: CurationConfig, shards: list[ShardRef]) -> dict[str, An
     for stage in config.stages:
         model_path = getattr(stage, "model_path", None)
         if model_path and os.path.isdir(model_path):
-            models[model_path] = {name: [os.stat(os.path.join(model_path, name)).st_size, os.stat(os.path.join(model_path, name)).st_mtime_ns]
-                                  for name in sorted(os.listdir(model_path)) if os.path.isfile(os.path.join(model_path, name))}
+            files = {name: os.stat(os.path.join(model_path, name)) for name in sorted(os.listdir(model_path))}
+            models[model_path] = {name: [st.st_size, st.st_mtime_ns] for name, st in files.items() if stat.S_ISREG(st.st_mode)}
     inputs = []
     for shard in shards:
         try:

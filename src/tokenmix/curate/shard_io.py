@@ -130,15 +130,20 @@ def _parse(raw: Any, text_field: str) -> tuple[dict[str, Any] | None, str | None
     return raw, None
 
 
+def row_groups(url: str) -> Iterator[pa.Table]:
+    """A Parquet file (local or fsspec URL) a row group at a time, so memory holds one group, not the file."""
+    with fsspec.open(url, "rb") as raw:
+        parquet = pq.ParquetFile(raw)
+        for group in range(parquet.metadata.num_row_groups):
+            yield parquet.read_row_group(group)
+
+
 def _parquet_batches(shard: FileShard) -> Iterator[pa.Table]:
     try:
-        with fsspec.open(shard.name, "rb") as raw:
-            parquet = pq.ParquetFile(raw)
-            position = 0
-            for group in range(parquet.metadata.num_row_groups):
-                table = parquet.read_row_group(group)
-                yield table.append_column(POSITION, pa.array(range(position, position + table.num_rows), pa.int64()))
-                position += table.num_rows
+        position = 0
+        for table in row_groups(shard.name):
+            yield table.append_column(POSITION, pa.array(range(position, position + table.num_rows), pa.int64()))
+            position += table.num_rows
     except FileNotFoundError as e:
         raise ShardReadError(shard.name, 0, "missing_file", str(e)) from e
     except (OSError, pa.ArrowInvalid) as e:
