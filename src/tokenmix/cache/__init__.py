@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from tokenmix.cache.pool import EncoderPool
     from tokenmix.cache.reader import CacheNotFoundError, TokenCache
     from tokenmix.cache.store import CacheWriteError
+    from tokenmix.cache.token_files import TokenFilesCache
 
 __all__ = [
     "BadInputError",
@@ -42,6 +43,7 @@ __all__ = [
     "ShardListMismatchError",
     "ShardTaskError",
     "TokenCache",
+    "TokenFilesCache",
     "build_lock",
     "stored_plans",
 ]

@@ -18,6 +18,7 @@ import tensorstore as ts
 from tokenmix._waiting import poll_until
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
+from tokenmix.cache.levanter import LEVANTER_LEDGER, check_levanter_identity, is_levanter, ledger_from_levanter
 from tokenmix.cache.shard_reads import reads_for
 from tokenmix.cache.stats import STATS_FILE
 from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments, join_location
@@ -58,7 +59,9 @@ class TokenCache:
         asked)."""
         self._docs = JsonDocuments(location)
         ledger = self._read_ledger()
-        if expected_identity is not None:
+        if expected_identity is not None and is_levanter(ledger.identity):
+            check_levanter_identity(ledger.identity, expected_identity, location)
+        elif expected_identity is not None:
             ledger.check_identity(expected_identity, location)
         self.identity = ledger.identity
         self.fingerprint = ledger.fingerprint
@@ -72,9 +75,13 @@ class TokenCache:
 
     def _read_ledger(self) -> CacheLedger:
         doc = self._docs.read(LEDGER_FILE)
-        if doc is None:
-            raise CacheNotFoundError(f"no cache at {self.location} (no {LEDGER_FILE}); build it with `tokenmix build-cache`")
-        return CacheLedger.from_json(doc)
+        if doc is not None:
+            return CacheLedger.from_json(doc)
+        levanter = self._docs.read(LEVANTER_LEDGER)
+        if levanter is not None:
+            return ledger_from_levanter(levanter)
+        raise CacheNotFoundError(f"no cache at {self.location} (no {LEDGER_FILE}, nor Levanter's {LEVANTER_LEDGER}); build it with "
+                                 "`tokenmix build-cache`")
 
     @property
     def ledger(self) -> CacheLedger:

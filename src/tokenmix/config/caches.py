@@ -6,7 +6,12 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tokenmix.cache.ledger import LEDGER_FILE
+from tokenmix.cache.levanter import LEVANTER_LEDGER
 from tokenmix.cache.reader import TokenCache
+from tokenmix.cache.store import JsonDocuments
+from tokenmix.cache.token_files import TokenFilesCache
+from tokenmix.config.token_files import check_vocabulary
 
 if TYPE_CHECKING:
     from tokenmix.config.mixture import DataConfig
@@ -38,6 +43,9 @@ def cache_targets(config: DataConfig, sources: list[str] | None = None) -> list[
     for name, source in available.items():
         if sources and name not in sources:
             continue
+        if source.token_files is not None:
+            logger.info("source %r reads %s token files in place: nothing to build", name, source.token_files.kind)
+            continue
         spec, identity = config.encoder_spec(source.format, f"source {name!r}")
         for split in source.split_names():
             targets.append(CacheTarget(name, split, config.cache_location(name, split), source.shards(split), spec, identity))
@@ -55,6 +63,9 @@ def build_caches(config: DataConfig, sources: list[str] | None = None, progress:
         if isinstance(executor, EncoderPool) and config.build.tokenizer_backend == "tokenizers":
             executor.start_processes()  # while the tokenizer loads
         for target in cache_targets(config, sources):
+            if _built_by_levanter(target.location):
+                logger.info("%s/%s: %s holds a cache Levanter built; it is read as it is", target.source, target.split, target.location)
+                continue
             logger.info("building %s/%s at %s from %d shards", target.source, target.split, target.location, len(target.shards))
             bar = TqdmProgress(f"{target.source}/{target.split}") if progress else None
             info = {"tokenizer": config.tokenizer, "source": target.source, "split": target.split}
@@ -63,10 +74,33 @@ def build_caches(config: DataConfig, sources: list[str] | None = None, progress:
     return results
 
 
-def open_cache(config: DataConfig, source: str, split: str = "train") -> TokenCache:
-    """Open a built (or building) cache of the config, refusing one made with other settings."""
+def _built_by_levanter(location: str) -> bool:
+    """Whether ``location`` holds a finished cache Levanter built (and none of ours); an unfinished one is refused: its
+    builder is Levanter's, and a tokenmix build would write into arrays of another layout."""
+    docs = JsonDocuments(location)
+    if docs.read(LEDGER_FILE) is not None:
+        return False
+    ledger = docs.read(LEVANTER_LEDGER)
+    if ledger is None:
+        return False
+    if not ledger.get("is_finished"):
+        raise ValueError(f"{location} holds a cache Levanter has not finished building; finish it with Levanter, or delete it "
+                         "(or use another cache_dir) to build it with tokenmix")
+    return True
+
+
+def open_cache(config: DataConfig, source: str, split: str = "train") -> TokenCache | TokenFilesCache:
+    """Open a built (or building) cache of the config, refusing one made with other settings; a source of token files
+    opens them in place, refusing them when their declared tokenizer's vocabulary is not the config's."""
     available = config.sources()
     if source not in available:
         raise KeyError(f"unknown source {source!r}; the config defines {sorted(available)}")
+    token_files = available[source].token_files
+    if token_files is not None:
+        where = f"source {source!r}"
+        identity = token_files.identity(config.tokenizer_name(where), where)
+        files = token_files.open(available[source].urls(split), where)
+        check_vocabulary(files, identity["vocab_size"], where)
+        return TokenFilesCache(files, config.cache_location(source, split), identity)
     identity = {**config.cache_identity(available[source].format, f"source {source!r}"), **config.build.layout_identity()}
     return TokenCache(config.cache_location(source, split), expected_identity=identity)

@@ -30,7 +30,8 @@ from tokenmix.datasets.mixture import STOP_STRATEGIES, MixtureDataset, normalize
 from tokenmix.datasets.order import check_shuffle
 from tokenmix.datasets.packed import PackedDataset
 from tokenmix.datasets.permutation import derive_key
-from tokenmix.datasets.subset import ExampleSubset
+from tokenmix.datasets.splits import SPLIT_NAMES, split_bounds
+from tokenmix.datasets.subset import ExampleRange, ExampleSubset
 from tokenmix.datasets.token_seq import TokenSeqDataset
 from tokenmix.loader.batch_schedule import BatchSchedule
 
@@ -88,6 +89,10 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     auto_build_caches: bool | None = None
     """Newer Levanter: whether opening a missing cache builds it. Accepted: opening never builds here (``build_caches``
     or ``tokenmix build-cache`` does), so a missing cache is an error either way."""
+    example_convention: Literal["levanter", "megatron"] = "levanter"
+    """levanter: an example is ``seq_len`` tokens of a source's stream, the next starting where it ends. megatron (Megatron,
+    Nanoset): ``seq_len + 1`` tokens read every ``seq_len``, so inputs and their shifted labels come from one read and
+    consecutive examples share a token; batches are then ``seq_len + 1`` wide."""
     block_cross_document_attention: bool | None = None
     """Newer Levanter: whether attention stops at document boundaries. Accepted: every tokenmix batch carries the
     segment ids that blocking needs, and whether to block is the model's choice."""
@@ -107,6 +112,8 @@ class LMMixtureDatasetConfig(TokenizationConfig):
             logger.info("shuffle_buffer_size %d (older Levanter) is read as shuffle: %d: each source shuffled within eras of "
                         "that many examples", self.shuffle_buffer_size, self.shuffle_buffer_size)
             object.__setattr__(self, "shuffle", self.shuffle_buffer_size)
+        if self.example_convention not in ("levanter", "megatron"):
+            raise ValueError(f"example_convention must be levanter or megatron, got {self.example_convention!r}")
         if self.stop_strategy not in STOP_STRATEGIES:
             raise ValueError(f"stop_strategy: expected one of {STOP_STRATEGIES}, got {self.stop_strategy!r}")
         check_shuffle(self.shuffle, "mixture config")
@@ -120,7 +127,7 @@ class LMMixtureDatasetConfig(TokenizationConfig):
             for name, value in (getattr(self, field_name) or {}).items():
                 if name not in self.configs:
                     raise ValueError(f"{field_name}: unknown source {name!r}; the config defines {sorted(names)}")
-                if self.configs[name].validation_urls or self.configs[name].id is not None:
+                if self.configs[name].validation_urls or self.configs[name].id is not None or self._split_weights(name) is not None:
                     raise ValueError(f"{field_name}[{name!r}]: the source has its own validation split; remove it from {field_name}")
                 limit = " and below 1" if field_name == "validation_fraction" else ""
                 if not value > 0 or (limit and value >= 1):
@@ -194,14 +201,17 @@ class LMMixtureDatasetConfig(TokenizationConfig):
 
     def _source_examples(self, name: str, cache: TokenCache, seq_len: int, source_id: int, documents: np.ndarray | None) -> Dataset:
         packing = self.configs[name].packing_options()
+        width = seq_len + 1 if self.example_convention == "megatron" else seq_len
         if packing is None:
-            return TokenSeqDataset(cache, seq_len, source_id, documents=documents)
+            return TokenSeqDataset(cache, width, source_id, documents=documents, stride=seq_len)
         return PackedDataset(
-            cache, seq_len, source_id, pad_id=self.pad_id(), max_segments_per_example=packing.max_segments_per_example,
+            cache, width, source_id, pad_id=self.pad_id(), max_segments_per_example=packing.max_segments_per_example,
             long_documents=packing.long_documents, shuffle=packing.shuffle, key=packing.seed, documents=documents,
         )
 
     def _train_dataset(self, name: str, seq_len: int, source_id: int) -> Dataset:
+        if self._split_weights(name) is not None:
+            return self._split_part(name, "train", seq_len, source_id)
         cache = open_cache(self, name, "train")
         held = self._held_out(name, cache, seq_len)
         if held is None:
@@ -223,11 +233,11 @@ class LMMixtureDatasetConfig(TokenizationConfig):
         return held_out_documents(np.diff(bounds), wanted, derive_key("holdout", name), self.shuffle_before_trainval_split)
 
     def train_set(self, seq_len: int, key: int | None = None) -> MixtureDataset:
-        """The training mixture of ``seq_len``-token examples; ``key`` overrides the config's ``seed``."""
+        """The training mixture of ``seq_len``-token examples (``seq_len + 1`` under ``example_convention: megatron``);
+        ``key`` overrides the config's ``seed``."""
         schedule = self.weight_schedule()
-        training = [n for n in self.configs if any(w.get(n, 0) > 0 for _, w in schedule)]
         seed = self.seed if key is None else int(np.asarray(key).ravel()[-1])
-        datasets = {n: self._budgeted(n, self._train_dataset(n, seq_len, i), seed) for i, n in enumerate(self.configs) if n in training}
+        datasets = self.train_sources(seq_len, key)
         weights = [(start, {n: w.get(n, 0.0) for n in datasets}) for start, w in schedule]
         return MixtureDataset(
             datasets,
@@ -237,6 +247,14 @@ class LMMixtureDatasetConfig(TokenizationConfig):
             shuffle=self.shuffle,
             stop_strategy=self.stop_strategy,  # type: ignore[arg-type]
         )
+
+    def train_sources(self, seq_len: int, key: int | None = None) -> dict[str, Dataset]:
+        """Per source with a training weight, its training examples before mixing: what ``train_set`` draws from (held-out
+        documents, a ``split``'s other parts and budgets already taken away), in config order."""
+        schedule = self.weight_schedule()
+        seed = self.seed if key is None else int(np.asarray(key).ravel()[-1])
+        return {n: self._budgeted(n, self._train_dataset(n, seq_len, i), seed) for i, n in enumerate(self.configs)
+                if any(w.get(n, 0) > 0 for _, w in schedule)}
 
     def _budgeted(self, name: str, dataset: Dataset, seed: int) -> Dataset:
         """A source's training examples cut to its simulated budget or ``max_train_batches`` (a random subset)."""
@@ -259,10 +277,38 @@ class LMMixtureDatasetConfig(TokenizationConfig):
         (Levanter's ``tagged_eval_sets``)."""
         return [(name, ds, [*(self.configs[name].tags or []), name]) for name, ds in self.validation_sets(seq_len).items()]
 
+    def _split_weights(self, name: str) -> tuple[float, ...] | None:
+        token_files = self.configs[name].token_files
+        return None if token_files is None else token_files.split_weights()
+
+    def _split_part(self, name: str, part: str, seq_len: int, source_id: int) -> Dataset:
+        """One contiguous part (train, validation or test) of a source cut by its ``token_files.split``."""
+        weights = self._split_weights(name)
+        assert weights is not None
+        cache = open_cache(self, name, "train")
+        index = SPLIT_NAMES.index(part)
+        if self.configs[name].token_files.split_by == "documents":  # type: ignore[union-attr]
+            bounds = split_bounds(cache.num_rows(), weights)
+            return self._examples(name, cache, seq_len, source_id, np.arange(bounds[index], bounds[index + 1], dtype=np.int64))
+        examples = self._examples(name, cache, seq_len, source_id)
+        bounds = split_bounds(_length(examples), weights)
+        return ExampleRange(examples, bounds[index], bounds[index + 1])
+
+    def test_sets(self, seq_len: int) -> dict[str, Dataset]:
+        """Per source cut by a ``split`` with a test share, its test examples (Nanotron's and Megatron's third part)."""
+        return {name: self._split_part(name, "test", seq_len, i) for i, name in enumerate(self.configs)
+                if (self._split_weights(name) or (0, 0, 0))[2] > 0}
+
     def validation_sets(self, seq_len: int) -> dict[str, Dataset]:
-        """Per source, its validation examples: its validation split, or the documents held out of training."""
+        """Per source, its validation examples: its validation split, the part its ``split`` gives validation, or the
+        documents held out of training."""
         out = {}
         for i, (name, source) in enumerate(self.configs.items()):
+            weights = self._split_weights(name)
+            if weights is not None:
+                if weights[1] > 0:
+                    out[name] = self._split_part(name, "validation", seq_len, i)
+                continue
             if "validation" in source.split_names():
                 out[name] = self._examples(name, open_cache(self, name, "validation"), seq_len, i)
                 continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import tokenmix.formats  # noqa: F401  (registers every format, so `format: {type: ...}` can name any of them)
+from tokenmix.config.token_files import TokenFilesConfig
 from tokenmix.datasets.order import check_shuffle
 from tokenmix.datasets.packing import LongDocuments, check_packing
 from tokenmix.formats.base import LmDatasetFormatBase, Pack
@@ -75,10 +76,15 @@ class LMDatasetSourceConfig:
     packing: PackingConfig | None = None
     """Pack whole documents into examples. Unset: supervised and chat sources pack (Levanter's ``format.pack``,
     true by default; false packs one document per example), text and fim sources cut their token stream."""
+    token_files: TokenFilesConfig | None = None
+    """The URLs name token files another stack wrote (Megatron, datatrove, Nanoset), read in place: nothing to build."""
 
     def __post_init__(self) -> None:
         if self.id is not None and (self.train_urls or self.validation_urls):
             raise ValueError(f"source {self.id!r}: give either `id` (Hugging Face) or `train_urls`/`validation_urls`, not both")
+        if self.token_files is not None and self.id is not None:
+            raise ValueError(f"source {self.id!r}: token_files are read from train_urls/validation_urls, not from a Hugging Face "
+                             "dataset; remove `id` or `token_files`")
         if self.splits is not None:
             if self.id is None:
                 raise ValueError("splits: chooses the splits of a Hugging Face dataset (`id:`); a URL source's splits are its "
@@ -94,14 +100,17 @@ class LMDatasetSourceConfig:
         pack = getattr(self.format, "pack", None)
         return packing_for(self.format.default_pack if pack is None else pack, isinstance(self.format, TextLmDatasetFormat))
 
-    def shards(self, split: str) -> list[Shard]:
-        """The shards of a split, in order (empty when the source has no such split)."""
+    def urls(self, split: str) -> list[str]:
+        """The URL patterns of a split, as written."""
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+        return self.train_urls if split == "train" else self.validation_urls
+
+    def shards(self, split: str) -> list[Shard]:
+        """The shards of a split, in order (empty when the source has no such split)."""
         if self.id is not None:
             return [HfDatasetShard(self.id, self.name, split, self.stream)]
-        urls = self.train_urls if split == "train" else self.validation_urls
-        return [FileShard(url) for url in expand_urls(urls)]
+        return [FileShard(url) for url in expand_urls(self.urls(split))]
 
     def split_names(self) -> list[str]:
         """The splits this source defines (of a Hugging Face dataset: those it has, within ``splits`` when set)."""

@@ -30,7 +30,7 @@ class TokenizationConfig:
 
     def encoder_spec(self, fmt: LmDatasetFormatBase, where: str) -> tuple[EncoderSpec, dict[str, Any]]:
         """The encoder for a format, and the identity a cache made with it records (loads the tokenizer)."""
-        name = self._tokenizer_name(where)
+        name = self.tokenizer_name(where)
         info = describe_tokenizer(name)
         bos_id, eos_id = self._special_ids(remember(name, info), fmt, where)
         spec = EncoderSpec(
@@ -53,16 +53,17 @@ class TokenizationConfig:
         """The identity a cache of this format made with these settings records, as ``encoder_spec`` gives it, but
         without loading the tokenizer once its files have been described on this machine (``tokenizer_identity.py``):
         what opening a cache checks."""
-        known = tokenizer_identity(self._tokenizer_name(where))
+        known = tokenizer_identity(self.tokenizer_name(where))
         bos_id, eos_id = self._special_ids(known, fmt, where)
         return self._identity(known.fingerprint, known.vocab_size, fmt, bos_id, eos_id)
 
     def pad_id(self) -> int:
         """The id packed examples are padded with: the tokenizer's pad token, else its EOS, else 0 (padding is never trained on)."""
-        known = tokenizer_identity(self._tokenizer_name("the data config"))
+        known = tokenizer_identity(self.tokenizer_name("the data config"))
         return next((i for i in (known.pad_id, known.eos_id) if i is not None), 0)
 
-    def _tokenizer_name(self, where: str) -> str:
+    def tokenizer_name(self, where: str) -> str:
+        """The tokenizer's name, or an error naming ``where`` it is missing."""
         if not self.tokenizer:
             raise ValueError(f"{where}: `tokenizer` is not set; give a hub name or a local tokenizer directory")
         return self.tokenizer

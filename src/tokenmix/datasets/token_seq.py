@@ -1,7 +1,9 @@
 """A cache viewed as one token stream cut into examples of ``seq_len`` tokens (Levanter's layout).
 
 Example i is tokens ``[i * seq_len, (i + 1) * seq_len)`` of the stream; a trailing partial example is
-dropped. Changing ``seq_len`` needs no re-tokenizing. Document boundaries come from the cache's
+dropped. With a ``stride`` below ``seq_len`` examples overlap: Megatron's and Nanoset's samples are
+``seq_len + 1`` tokens read every ``seq_len`` (inputs and shifted labels from one read), which is
+``TokenSeqDataset(cache, seq_len + 1, stride=seq_len)``. Changing ``seq_len`` needs no re-tokenizing. Document boundaries come from the cache's
 offsets (not from EOS tokens), so segment ids are exact whatever the format. The stream is either the
 whole cache (and grows while it builds) or a fixed subset of its documents (held-out validation).
 Where the cache stores loss spans (supervised, chat), position i is trained on only when token i + 1
@@ -24,12 +26,18 @@ from tokenmix.datasets.segments import document_segments, expand_counts
 class TokenSeqDataset(DirectDataset):
     """Fixed-length examples over a cache's documents, with loss masks and per-document segment ids."""
 
-    def __init__(self, cache: TokenCache, seq_len: int, source_id: int = 0, documents: np.ndarray | None = None):
-        """``documents``: sorted row numbers to keep (the cache must be finished); None keeps every row."""
+    def __init__(self, cache: TokenCache, seq_len: int, source_id: int = 0, documents: np.ndarray | None = None,
+                 stride: int | None = None):
+        """``documents``: sorted row numbers to keep (the cache must be finished); None keeps every row.
+        ``stride``: tokens from one example's start to the next (``seq_len`` when None: no overlap)."""
         if seq_len < 2:
             raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+        stride = seq_len if stride is None else stride
+        if not 1 <= stride <= seq_len:
+            raise ValueError(f"stride must be between 1 and seq_len ({seq_len}), got {stride}")
         self.cache = cache
         self.seq_len = seq_len
+        self.stride = stride
         self.source_id = source_id
         self._docs = CacheDocuments(cache)
         self._subset = documents is not None
@@ -40,7 +48,8 @@ class TokenSeqDataset(DirectDataset):
             self._run_tokens = np.zeros(1, np.int64)
 
     def __repr__(self) -> str:
-        return f"TokenSeqDataset({self.cache.location!r}, seq_len={self.seq_len})"
+        stride = "" if self.stride == self.seq_len else f", stride={self.stride}"
+        return f"TokenSeqDataset({self.cache.location!r}, seq_len={self.seq_len}{stride})"
 
     @property
     def tokens_per_example(self) -> int:
@@ -68,13 +77,16 @@ class TokenSeqDataset(DirectDataset):
     def is_finite(self) -> bool:
         return True
 
+    def _examples_in(self, tokens: int) -> int:
+        return (tokens - self.seq_len) // self.stride + 1 if tokens >= self.seq_len else 0
+
     def current_len(self) -> int:
         self._docs.refresh()
-        return self._stream_len() // self.seq_len
+        return self._examples_in(self._stream_len())
 
     def final_len(self) -> int | None:
         self._docs.refresh()
-        return self._stream_len() // self.seq_len if self._docs.finished else None
+        return self._examples_in(self._stream_len()) if self._docs.finished else None
 
     def num_documents(self) -> int:
         """Documents in the stream (so far)."""
@@ -82,7 +94,7 @@ class TokenSeqDataset(DirectDataset):
 
     def _write(self, idx: np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
         length = self.seq_len
-        starts = idx * length
+        starts = idx * self.stride
         owner, offset, begin, size = self._pieces(starts, starts + length)
         dest = rows[owner] * length + offset
         finish = copy_ranges(self.cache, begin, size, dest, out, int(self._bounds[-1]))

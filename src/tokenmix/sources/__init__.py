@@ -11,6 +11,8 @@ from tokenmix._lazy import lazy_exports
 if TYPE_CHECKING:
     from tokenmix.sources.hf import HfDatasetShard, available_splits
     from tokenmix.sources.shards import DEFAULT_CHUNK_BYTES, FileShard, PlainText, RawChunk, Shard, ShardReadError
+    from tokenmix.sources.token_file import TokenFile, TokenFileError
+    from tokenmix.sources.token_files import open_token_files
     from tokenmix.sources.urls import NoShardsError, expand_urls
 
 __all__ = [
@@ -22,7 +24,10 @@ __all__ = [
     "RawChunk",
     "Shard",
     "ShardReadError",
+    "TokenFile",
+    "TokenFileError",
     "available_splits",
     "expand_urls",
+    "open_token_files",
 ]
 _exports, __getattr__, __dir__ = lazy_exports(__name__, __file__)

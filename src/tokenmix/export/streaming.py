@@ -1,0 +1,87 @@
+"""What every export shares: a cache read in bounded batches of whole rows, files written under temporary names and
+renamed when complete, and a progress bar over tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO, Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+BATCH_TOKENS = 1 << 24
+"""Tokens read per batch of rows (a row longer than this is read alone): the export's memory bound, 32-64 MiB."""
+
+
+@dataclass
+class RowBatch:
+    """Consecutive rows of a cache: their tokens, each row's length, and (formats that mask the loss) per token
+    whether it is trained on."""
+
+    first_row: int
+    tokens: np.ndarray
+    lengths: np.ndarray
+    trained: np.ndarray | None
+
+
+def row_batches(cache: Any, batch_tokens: int | None = None, description: str = "export", progress: bool = True) -> Iterator[RowBatch]:
+    """Every row of a finished cache (a ``TokenCache`` or ``TokenFilesCache``) in order, about ``batch_tokens`` (default
+    ``BATCH_TOKENS``) at a time."""
+    batch_tokens = batch_tokens or BATCH_TOKENS
+    rows = cache.num_rows()
+    bounds = cache.row_bounds(0, rows)
+    with tqdm(total=int(bounds[-1]), desc=description, unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True,
+              mininterval=0.5) as bar:
+        start = 0
+        while start < rows:
+            stop = int(np.searchsorted(bounds, bounds[start] + batch_tokens, side="right")) - 1
+            stop = min(max(stop, start + 1), rows)
+            lo, hi = int(bounds[start]), int(bounds[stop])
+            tokens = cache.read_tokens(lo, hi)
+            trained = None
+            if cache.has_loss_spans:
+                row, begin, end = cache.loss_spans(start, stop)
+                trained = span_mask(bounds[row] - lo + begin, bounds[row] - lo + end, hi - lo)
+            yield RowBatch(start, tokens, np.diff(bounds[start : stop + 1]), trained)
+            bar.update(hi - lo)
+            start = stop
+
+
+def span_mask(begins: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
+    """A boolean mask of ``size`` positions, true inside the disjoint ranges ``[begins[i], ends[i])``."""
+    change = np.zeros(size + 1, np.int64)
+    np.add.at(change, begins, 1)
+    np.add.at(change, ends, -1)
+    return np.cumsum(change[:-1]) > 0
+
+
+def partial_name(path: str) -> str:
+    """Where ``path`` is written until complete: a hidden name beside it."""
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}.partial")
+
+
+@contextmanager
+def atomic_files(*paths: str) -> Iterator[list[IO[bytes]]]:
+    """Open ``paths`` for writing under temporary names; on success each is renamed into place, in the order given (so
+    the last one named, an index, appears only once the data it describes is whole); on failure none appears."""
+    for path in paths:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    handles = [open(partial_name(p), "wb") for p in paths]
+    try:
+        yield handles
+        for f in handles:
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+        for path in paths:
+            os.replace(partial_name(path), path)
+    finally:
+        for path, f in zip(paths, handles):
+            f.close()
+            if os.path.exists(partial_name(path)):
+                os.remove(partial_name(path))

@@ -1,0 +1,76 @@
+"""Megatron-LM's indexed datasets: ``prefix.bin`` (the tokens) and ``prefix.idx`` (where each sequence is).
+
+The index is the ``MMIDIDX\\x00\\x00`` magic, a little-endian uint64 version (1), a uint8 dtype code, uint64 counts of
+sequences and documents, then the int32 length of every sequence, the int64 byte offset of every sequence in the
+``.bin`` file, and the int64 first sequence of every document (starting at 0, ending with the sequence count). Each
+sequence is a row here (Megatron's preprocessing writes one per document, EOD included).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+
+from tokenmix.sources.token_file import TokenFile, TokenFileError, local_path
+
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+DTYPE_CODES: dict[int, type[np.generic]] = {
+    1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16,
+}
+"""Megatron's dtype codes (``indexed_dataset.DType``)."""
+HEADER = struct.Struct("<9sQBQQ")
+
+
+def dtype_code(dtype: np.dtype) -> int:
+    """Megatron's code for a token dtype, or ``TokenFileError`` for one it has no code for."""
+    for code, known in DTYPE_CODES.items():
+        if np.dtype(known) == np.dtype(dtype):
+            return code
+    raise TokenFileError(f"Megatron indexed datasets cannot hold {np.dtype(dtype)} tokens; use one of "
+                         f"{sorted(np.dtype(t).name for t in DTYPE_CODES.values())}")
+
+
+def open_megatron(prefix: str) -> TokenFile:
+    """The rows of the indexed dataset at ``prefix`` (``prefix.bin`` and ``prefix.idx``), memory-mapped."""
+    prefix = local_path(prefix, "megatron")
+    idx_path, bin_path = prefix + ".idx", prefix + ".bin"
+    for path in (idx_path, bin_path):
+        if not os.path.exists(path):
+            raise TokenFileError(f"{path}: no such file; a Megatron source names the common prefix of its .bin and .idx files "
+                                 "(or either file)")
+    index = np.memmap(idx_path, np.uint8, mode="r")
+    if len(index) < HEADER.size:
+        raise TokenFileError(f"{idx_path}: {len(index)} bytes is shorter than the Megatron index header; the file is truncated")
+    magic, version, code, sequences, documents = HEADER.unpack(bytes(index[: HEADER.size]))
+    if magic != MAGIC:
+        raise TokenFileError(f"{idx_path}: not a Megatron index (starts with {magic!r}, not {MAGIC!r})")
+    if version != VERSION:
+        raise TokenFileError(f"{idx_path}: index version {version}; tokenmix reads version {VERSION}")
+    if code not in DTYPE_CODES:
+        raise TokenFileError(f"{idx_path}: unknown dtype code {code}; Megatron's codes are {sorted(DTYPE_CODES)}")
+    dtype = np.dtype(DTYPE_CODES[code])
+    expected = HEADER.size + sequences * (4 + 8) + documents * 8
+    if len(index) < expected:
+        raise TokenFileError(f"{idx_path}: {len(index)} bytes, but its header promises {sequences} sequences and {documents} "
+                             f"documents ({expected} bytes); the file is truncated")
+    offset = HEADER.size
+    lengths = np.frombuffer(index, np.int32, sequences, offset).astype(np.int64)
+    pointers = np.frombuffer(index, np.int64, sequences, offset + 4 * sequences)
+    ends = np.cumsum(lengths)
+    starts = (ends - lengths) * dtype.itemsize
+    if not np.array_equal(pointers, starts):
+        first = int(np.flatnonzero(pointers != starts)[0])
+        raise TokenFileError(f"{idx_path}: sequence {first} starts at byte {int(pointers[first])} of {bin_path}, not right after the "
+                             f"one before it ({int(starts[first])}); tokenmix reads .bin files whose sequences are contiguous, "
+                             "as Megatron's preprocessing writes them")
+    size = os.path.getsize(bin_path)
+    total = int(ends[-1]) if sequences else 0
+    if size < total * dtype.itemsize:
+        raise TokenFileError(f"{bin_path}: {size} bytes, but {idx_path} indexes {total} {dtype} tokens ({total * dtype.itemsize} "
+                             "bytes); the .bin file is truncated or belongs to another index")
+    tokens = np.memmap(bin_path, dtype, mode="r", shape=(total,)) if total else np.empty(0, dtype)
+    return TokenFile(bin_path, tokens, ends, info={"format": "megatron", "dtype": dtype.name, "sequences": int(sequences),
+                                                   "documents": max(int(documents) - 1, 0)})

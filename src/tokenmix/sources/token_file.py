@@ -1,0 +1,61 @@
+"""A token file another training stack wrote, read in place: what the formats share.
+
+A ``TokenFile`` is one file's tokens (memory-mapped, never copied), where each of its documents ends, and optionally a
+0/1 loss value per token. The formats themselves are read by ``megatron.py`` (``prefix.bin`` + ``prefix.idx``),
+``datatrove_tokens.py`` (``.ds`` + ``.ds.index`` [+ ``.ds.loss``, ``.ds.metadata``]) and ``nanoset.py`` (Nanotron's
+``*_input_ids.npy``); ``token_files.open_token_files`` picks one by kind.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+TokenFileKind = Literal["megatron", "datatrove", "nanoset"]
+TOKEN_FILE_KINDS: tuple[str, ...] = ("megatron", "datatrove", "nanoset")
+
+
+class TokenFileError(ValueError):
+    """A token file that cannot be read as the kind it was declared; the message names the file and the fix."""
+
+
+@dataclass
+class TokenFile:
+    """One file of tokens: its token stream, where its documents end, and optional per-token loss values."""
+
+    path: str
+    """The file the tokens are in (for messages and identity)."""
+    tokens: np.ndarray
+    """Every token of the file, memory-mapped (1-d)."""
+    ends: np.ndarray
+    """Where each document ends in ``tokens`` (int64, increasing, the last equal to ``len(tokens)``)."""
+    loss: np.ndarray | None = None
+    """Per token, whether it is trained on (uint8 0/1, memory-mapped), where the file has a loss mask."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """What the file says about itself (tokenizer name, counts), for people and identity."""
+
+    def identity(self) -> dict[str, Any]:
+        """Size and modification time of the token file: a cache over it is told apart from one over another version."""
+        stat = os.stat(self.path)
+        return {"path": os.path.abspath(self.path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def local_path(url: str, kind: str) -> str:
+    """The local path of a token file URL; token files are memory-mapped, so they must be on a local (or mounted) disk."""
+    if "://" in url and not url.startswith("file://"):
+        raise TokenFileError(f"{url}: {kind} token files are memory-mapped and must be on a local or mounted disk; copy them "
+                             "there (or import them into a tokenmix cache, which reads from object storage)")
+    return url.removeprefix("file://")
+
+
+def document_ends(tokens: np.ndarray, eos_id: int | None) -> np.ndarray:
+    """Document ends of a stream without an index: after each ``eos_id`` (and at the end), or the whole stream as one."""
+    n = len(tokens)
+    if eos_id is None or n == 0:
+        return np.array([n] if n else [], np.int64)
+    block = 1 << 26  # a bounded scan: a file can be far larger than memory
+    ends = np.concatenate([np.flatnonzero(tokens[i : i + block] == eos_id).astype(np.int64) + (i + 1) for i in range(0, n, block)])
+    return ends if ends.size and ends[-1] == n else np.append(ends, np.int64(n))

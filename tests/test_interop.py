@@ -1,0 +1,280 @@
+"""Token files of other stacks read in place (Megatron, datatrove, Nanoset), Levanter's caches opened as they are, and
+caches exported to those formats: round trips on real files, the formats' documented layouts written independently
+here, splits by ratio, the Megatron/Nanoset example convention, and the errors users meet."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+from helpers import SEQ_LEN, TOKENIZER, build, demo_urls, write_jsonl
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tokenmix
+from tokenmix import SupervisedLmDatasetFormat, TokenCache
+from tokenmix.cache import CacheMismatchError
+from tokenmix.datasets.splits import parse_split, split_bounds
+from tokenmix.export import export_datatrove, export_levanter, export_megatron, export_nanoset
+from tokenmix.export.streaming import partial_name
+from tokenmix.sources.token_file import TokenFileError
+
+
+@pytest.fixture(scope="module")
+def text_cache(tmp_path_factory) -> TokenCache:
+    location = str(tmp_path_factory.mktemp("text") / "cache")
+    build(location, demo_urls("webster") + demo_urls("python_doc"))
+    return TokenCache(location)
+
+
+@pytest.fixture(scope="module")
+def supervised_cache(tmp_path_factory) -> TokenCache:
+    root = tmp_path_factory.mktemp("sup")
+    records = [{"prompt": f"Question {i}: what is {i} + {i}?", "response": f" It is {2 * i}." * (1 + i % 3)} for i in range(40)]
+    location = str(root / "cache")
+    build(location, [write_jsonl(root / "sup.jsonl", records)], SupervisedLmDatasetFormat())
+    return TokenCache(location)
+
+
+def rows_of(cache) -> list[np.ndarray]:
+    return [np.asarray(cache[i]) for i in range(cache.num_rows())]
+
+
+def mixture(tmp_path, sources: dict, **extra) -> tokenmix.LMMixtureDatasetConfig:
+    return tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "caches"), "configs": sources, **extra})
+
+
+def write_megatron_by_hand(prefix: str, docs: list[np.ndarray], dtype: np.dtype, code: int) -> None:
+    """The indexed-dataset layout as megatron/core/datasets/indexed_dataset.py documents it, written without tokenmix."""
+    lengths = np.array([len(d) for d in docs], np.int32)
+    pointers = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) * np.dtype(dtype).itemsize
+    with open(prefix + ".bin", "wb") as f:
+        for d in docs:
+            f.write(np.asarray(d, dtype).tobytes())
+    with open(prefix + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", code))
+        f.write(struct.pack("<Q", len(docs)) + struct.pack("<Q", len(docs) + 1))
+        f.write(lengths.tobytes() + pointers.tobytes() + np.arange(len(docs) + 1, dtype=np.int64).tobytes())
+
+
+@pytest.mark.parametrize("kind", ["megatron", "datatrove", "nanoset"])
+def test_an_exported_cache_reads_back_as_a_source_with_identical_documents(tmp_path, text_cache, kind):
+    path = {"megatron": tmp_path / "out" / "web_text_document", "datatrove": tmp_path / "out" / "00000.ds",
+            "nanoset": tmp_path / "out" / "web_input_ids.npy"}[kind]
+    export = {"megatron": export_megatron, "datatrove": export_datatrove, "nanoset": export_nanoset}[kind]
+    stats = export(text_cache, str(path), progress=False)
+    assert stats["tokens"] == text_cache.num_tokens() and stats["dtype"] == "uint16"
+    assert not [n for n in os.listdir(path.parent) if n.endswith(".partial")]
+    options = {"kind": kind, **({"dtype": "uint16", "eos_id": 0} if kind == "nanoset" else {})}
+    urls = [str(path.parent)] if kind == "datatrove" else [str(path)]
+    config = mixture(tmp_path, {"web": {"train_urls": urls, "token_files": options}})
+    opened = tokenmix.open_cache(config, "web")
+    assert opened.num_rows() == text_cache.num_rows()
+    assert all(np.array_equal(a, b) for a, b in zip(rows_of(opened), rows_of(text_cache)))
+    assert np.array_equal(opened.row_bounds(0, opened.num_rows()), text_cache.row_bounds(0, text_cache.num_rows()))
+    ours = config.train_sources(SEQ_LEN)["web"]
+    built = tokenmix.TokenSeqDataset(text_cache, SEQ_LEN)
+    assert len(ours) == len(built)
+    idx = np.random.default_rng(0).permutation(len(built))[:50]
+    got, want = ours.get_batch(idx), built.get_batch(idx)
+    for field in ("tokens", "loss_mask", "segment_ids"):
+        assert np.array_equal(getattr(got, field), getattr(want, field)), field
+
+
+def test_datatrove_export_keeps_loss_masks_and_reads_back_as_loss_spans(tmp_path, supervised_cache):
+    path = str(tmp_path / "sup.ds")
+    stats = export_datatrove(supervised_cache, path, tokenizer="our-tokenizer", progress=False)
+    assert stats["loss"] is True
+    with open(path + ".metadata") as f:
+        assert f.readline().strip() == "our-tokenizer|2"
+    loss = np.fromfile(path + ".loss", np.uint8)
+    assert len(loss) == supervised_cache.num_tokens() and 0 < loss.sum() < len(loss)
+    config = mixture(tmp_path, {"sup": {"train_urls": [path], "token_files": {"kind": "datatrove"},
+                                        "format": {"type": "supervised"}}})
+    opened = tokenmix.open_cache(config, "sup")
+    assert opened.has_loss_spans
+    for got, want in zip(opened.loss_spans(0, opened.num_rows()), supervised_cache.loss_spans(0, supervised_cache.num_rows())):
+        assert np.array_equal(got, want)
+    a = tokenmix.TokenSeqDataset(opened, 64).get_batch(range(10))
+    b = tokenmix.TokenSeqDataset(supervised_cache, 64).get_batch(range(10))
+    assert np.array_equal(a.loss_mask, b.loss_mask) and np.array_equal(a.tokens, b.tokens)
+
+
+@pytest.mark.parametrize("dtype,code", [(np.uint16, 8), (np.int32, 4), (np.int64, 5), (np.uint8, 1)])
+def test_megatron_files_written_by_the_documented_layout_are_read_in_every_dtype(tmp_path, dtype, code):
+    rng = np.random.default_rng(code)
+    docs = [rng.integers(0, 250, rng.integers(1, 300)).astype(dtype) for _ in range(37)]
+    write_megatron_by_hand(str(tmp_path / "d"), docs, dtype, code)
+    config = mixture(tmp_path, {"m": {"train_urls": [str(tmp_path / "d.bin")], "token_files": {"kind": "megatron"}}})
+    opened = tokenmix.open_cache(config, "m")
+    assert [len(r) for r in rows_of(opened)] == [len(d) for d in docs]
+    assert all(np.array_equal(r, d) for r, d in zip(rows_of(opened), docs))
+
+
+def test_several_files_make_one_source_in_order_and_reads_cross_file_boundaries(tmp_path, text_cache):
+    half = text_cache.num_rows() // 2
+    rows = rows_of(text_cache)
+    write_megatron_by_hand(str(tmp_path / "a"), rows[:half], np.uint16, 8)
+    write_megatron_by_hand(str(tmp_path / "b"), rows[half:], np.uint16, 8)
+    config = mixture(tmp_path, {"m": {"train_urls": [str(tmp_path / "{a,b}.idx")], "token_files": {"kind": "megatron"}}})
+    opened = tokenmix.open_cache(config, "m")
+    assert len(opened.files) == 2
+    got = tokenmix.TokenSeqDataset(opened, 1000).get_batch(range(len(tokenmix.TokenSeqDataset(opened, 1000))))
+    want = tokenmix.TokenSeqDataset(text_cache, 1000).get_batch(range(len(tokenmix.TokenSeqDataset(text_cache, 1000))))
+    assert np.array_equal(got.tokens, want.tokens) and np.array_equal(got.segment_ids, want.segment_ids)
+
+
+def test_token_files_mix_with_text_sources_in_exact_proportions(tmp_path, text_cache):
+    export_megatron(text_cache, str(tmp_path / "m" / "web"), progress=False)
+    config = mixture(tmp_path, {
+        "text": {"train_urls": demo_urls("linux_doc")},
+        "tokens": {"train_urls": [str(tmp_path / "m" / "web")], "token_files": {"kind": "megatron"}},
+    }, train_weights={"text": 1, "tokens": 3}, mixture_block_size=64)
+    tokenmix.build_caches(config, progress=False)
+    assert not os.path.exists(tmp_path / "caches" / "tokens" / "train" / "ledger.json")  # nothing built for token files
+    batch = config.train_set(SEQ_LEN).get_batch(range(128))
+    assert np.bincount(batch.source_ids).tolist() == [32, 96]
+
+
+def test_a_declared_tokenizer_of_another_vocabulary_is_refused(tmp_path, text_cache):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(["the quick brown fox"] * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(tmp_path / "tiny")
+    export_megatron(text_cache, str(tmp_path / "m" / "web"), progress=False)
+    config = mixture(tmp_path, {"m": {"train_urls": [str(tmp_path / "m" / "web")],
+                                      "token_files": {"kind": "megatron", "tokenizer": str(tmp_path / "tiny")}}})
+    with pytest.raises(ValueError, match=r"source 'm': token_files.tokenizer .* has \d+ tokens but the config's tokenizer"):
+        tokenmix.open_cache(config, "m")
+
+
+def test_ids_outside_the_vocabulary_are_refused(tmp_path):
+    np.array([5, 6, 40000, 0], np.int32).tofile(tmp_path / "x_input_ids.npy")
+    config = mixture(tmp_path, {"n": {"train_urls": [str(tmp_path / "x_input_ids.npy")], "token_files": {"kind": "nanoset", "dtype": "int32"}}})
+    with pytest.raises(ValueError, match="holds token id 40000, outside the 32000-token vocabulary"):
+        tokenmix.open_cache(config, "n")
+
+
+def test_nanoset_samples_equal_nanosets_documented_indexing(tmp_path, text_cache):
+    """Nanoset: sample i is tokens [i * seq_len, i * seq_len + seq_len + 1) of the file; (N - 1) // seq_len samples."""
+    path = tmp_path / "web_input_ids.npy"
+    export_nanoset(text_cache, str(path), progress=False)
+    raw = np.fromfile(path, np.uint16)
+    config = mixture(tmp_path, {"n": {"train_urls": [str(path)], "token_files": {"kind": "nanoset", "dtype": "uint16"}}},
+                     example_convention="megatron", shuffle=False)
+    examples = config.train_sources(SEQ_LEN)["n"]
+    assert len(examples) == (len(raw) - 1) // SEQ_LEN and examples.tokens_per_example == SEQ_LEN + 1
+    idx = np.array([0, 1, 7, len(examples) - 1])
+    batch = examples.get_batch(idx)
+    for row, i in enumerate(idx):
+        assert np.array_equal(batch.tokens[row], raw[i * SEQ_LEN : i * SEQ_LEN + SEQ_LEN + 1])
+    assert batch.loss_mask[:, :-1].all() and not batch.loss_mask[:, -1].any()  # one stream: every label but the last
+
+
+def test_split_949_50_1_gives_contiguous_train_validation_and_test(tmp_path, text_cache):
+    export_megatron(text_cache, str(tmp_path / "m" / "web"), progress=False)
+    source = {"train_urls": [str(tmp_path / "m" / "web")], "token_files": {"kind": "megatron", "split": "949,50,1"}}
+    config = mixture(tmp_path, {"web": source}, shuffle=False)
+    whole = tokenmix.TokenSeqDataset(text_cache, SEQ_LEN)
+    bounds = split_bounds(len(whole), (949, 50, 1))
+    train, valid, test = config.train_sources(SEQ_LEN)["web"], config.validation_sets(SEQ_LEN)["web"], config.test_sets(SEQ_LEN)["web"]
+    assert [len(train), len(valid), len(test)] == [bounds[1], bounds[2] - bounds[1], bounds[3] - bounds[2]]
+    assert len(train) + len(valid) + len(test) == len(whole)
+    assert np.array_equal(valid.get_batch(range(len(valid))).tokens, whole.get_batch(range(bounds[1], bounds[2])).tokens)
+    assert np.array_equal(test.get_batch([0]).tokens, whole.get_batch([bounds[2]]).tokens)
+    by_docs = mixture(tmp_path, {"web": {**source, "token_files": {**source["token_files"], "split_by": "documents"}}}, shuffle=False)
+    docs = split_bounds(text_cache.num_rows(), (949, 50, 1))
+    v = by_docs.validation_sets(SEQ_LEN)["web"]
+    start = int(text_cache.row_bounds(docs[1], docs[1] + 1)[0])
+    assert np.array_equal(v.get_batch([0]).tokens[0], text_cache.read_tokens(start, start + SEQ_LEN))
+
+
+@given(st.integers(0, 10**9), st.lists(st.integers(0, 1000), min_size=1, max_size=3).filter(lambda w: sum(w) > 0))
+def test_split_bounds_cover_the_whole_in_order(total, weights):
+    bounds = split_bounds(total, parse_split(",".join(map(str, weights)), "t"))
+    assert bounds[0] == 0 and bounds[-1] == total and len(bounds) == 4
+    exact = np.cumsum([0, *parse_split(",".join(map(str, weights)), "t")]) / sum(weights) * total
+    assert all(abs(b - e) <= 2 for b, e in zip(bounds, exact))
+
+
+def test_a_cache_levanter_wrote_opens_in_a_mixture_and_is_checked_against_the_config(tmp_path, text_cache):
+    export_levanter(text_cache, str(tmp_path / "lev" / "train"), tokenizer=TOKENIZER, progress=False)
+    ledger = json.loads((tmp_path / "lev" / "train" / "shard_ledger.json").read_text())
+    assert ledger["is_finished"] and ledger["metadata"]["preprocessor_metadata"]["vocab_size"] == 32000
+    source = {"train_urls": demo_urls("webster"), "cache_dir": str(tmp_path / "lev")}
+    config = mixture(tmp_path, {"lev": source})
+    tokenmix.build_caches(config, progress=False)  # finds Levanter's cache there and builds nothing
+    assert not (tmp_path / "lev" / "train" / "ledger.json").exists()
+    opened = tokenmix.open_cache(config, "lev")
+    assert opened.dtype == np.int32 and opened.identity["levanter_cache"]
+    assert all(np.array_equal(a, b) for a, b in zip(rows_of(opened), rows_of(text_cache)))
+    assert np.array_equal(config.train_set(SEQ_LEN).get_batch(range(8)).tokens, config.train_set(SEQ_LEN).get_batch(range(8)).tokens)
+    with pytest.raises(CacheMismatchError, match="append_eos: Levanter's cache has True, the config asks for False"):
+        tokenmix.open_cache(mixture(tmp_path, {"lev": source}, enforce_eos=False), "lev")
+
+
+def test_levanter_export_refuses_a_cache_that_masks_the_loss(tmp_path, supervised_cache):
+    with pytest.raises(ValueError, match="Levanter's token caches hold ids only"):
+        export_levanter(supervised_cache, str(tmp_path / "lev"), tokenizer=TOKENIZER, progress=False)
+
+
+def test_an_export_that_fails_part_way_leaves_no_file(tmp_path, text_cache):
+    class Failing:
+        def __init__(self, cache):
+            self.cache, self.reads = cache, 0
+
+        def __getattr__(self, name):
+            return getattr(self.cache, name)
+
+        def read_tokens(self, start, stop):
+            self.reads += 1
+            if self.reads > 1:
+                raise OSError("disk went away")
+            return self.cache.read_tokens(start, stop)
+
+    from tokenmix.export import streaming
+
+    old = streaming.BATCH_TOKENS
+    streaming.BATCH_TOKENS = 50_000
+    try:
+        with pytest.raises(OSError, match="disk went away"):
+            export_megatron(Failing(text_cache), str(tmp_path / "m" / "web"), progress=False)
+    finally:
+        streaming.BATCH_TOKENS = old
+    assert os.listdir(tmp_path / "m") == []
+    assert not os.path.exists(partial_name(str(tmp_path / "m" / "web.bin")))
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda p: open(p + ".idx", "r+b").write(b"NOTMEGA"), "not a Megatron index"),
+    (lambda p: os.truncate(p + ".idx", 40), "the file is truncated"),
+    (lambda p: os.truncate(p + ".bin", 100), "the .bin file is truncated"),
+    (lambda p: os.remove(p + ".idx"), "no such file"),
+])
+def test_damaged_megatron_files_are_refused_naming_the_file(tmp_path, text_cache, damage, message):
+    prefix = str(tmp_path / "web")
+    export_megatron(text_cache, prefix, progress=False)
+    damage(prefix)
+    config = mixture(tmp_path, {"m": {"train_urls": [prefix], "token_files": {"kind": "megatron"}}})
+    with pytest.raises(TokenFileError, match=message):
+        tokenmix.open_cache(config, "m")
+
+
+def test_nanoset_and_datatrove_errors_name_the_fix(tmp_path, text_cache):
+    np.arange(10, dtype=np.uint16).tofile(tmp_path / "x_input_ids.npy")
+    with pytest.raises(TokenFileError, match="set token_files.dtype"):
+        tokenmix.open_cache(mixture(tmp_path, {"n": {"train_urls": [str(tmp_path / "x_input_ids.npy")], "token_files": {"kind": "nanoset"}}}), "n")
+    path = str(tmp_path / "d.ds")
+    export_datatrove(text_cache, path, progress=False)
+    np.array([5, 3], "<u8").tofile(path + ".index")
+    with pytest.raises(TokenFileError, match="document ends must increase"):
+        tokenmix.open_cache(mixture(tmp_path, {"d": {"train_urls": [path], "token_files": {"kind": "datatrove"}}}), "d")
+    with pytest.raises(ValueError, match="eos_id splits Nanoset streams"):
+        mixture(tmp_path, {"d": {"train_urls": [path], "token_files": {"kind": "datatrove", "eos_id": 0}}})
