@@ -278,3 +278,85 @@ def test_nanoset_and_datatrove_errors_name_the_fix(tmp_path, text_cache):
         tokenmix.open_cache(mixture(tmp_path, {"d": {"train_urls": [path], "token_files": {"kind": "datatrove"}}}), "d")
     with pytest.raises(ValueError, match="eos_id splits Nanoset streams"):
         mixture(tmp_path, {"d": {"train_urls": [path], "token_files": {"kind": "datatrove", "eos_id": 0}}})
+
+
+def nanotron_yaml(tmp_path, stages: str) -> str:
+    path = tmp_path / "nanotron.yaml"
+    path.write_text(f"""
+tokenizer:
+  tokenizer_name_or_path: {TOKENIZER}
+tokens:
+  sequence_length: {SEQ_LEN}
+  micro_batch_size: 4
+  batch_accumulation_per_replica: 2
+  train_steps: 100
+parallelism:
+  dp: 2
+data_stages:
+{stages}
+""")
+    return str(path)
+
+
+def test_a_nanotron_data_stages_config_loads_as_a_staged_mixture_of_nanosets(tmp_path, text_cache):
+    export_nanoset(text_cache, str(tmp_path / "web_input_ids.npy"), progress=False)
+    export_nanoset(text_cache, str(tmp_path / "europarl_input_ids.npy"), progress=False)
+    path = nanotron_yaml(tmp_path, f"""
+  - name: Stable training
+    start_training_step: 1
+    data:
+      dataset:
+        data_path:
+          {tmp_path}/web_input_ids.npy: 0.8
+          {tmp_path}/europarl_input_ids.npy: 0.2
+        split: 949,50,1
+        path_to_cache: {tmp_path}/.nanoset_cache
+      num_loading_workers: 0
+      seed: 1234
+  - name: Annealing
+    start_training_step: 11
+    data:
+      dataset:
+        data_path: {tmp_path}/europarl_input_ids.npy
+        split: 949,50,1
+        path_to_cache: {tmp_path}/.nanoset_cache
+      seed: 1234
+""")
+    config = tokenmix.load_data_config(path, ["--mixture_block_size", "160"])
+    assert sorted(config.configs) == ["europarl", "web"] and config.seed == 1234 and config.batch_size == 16
+    assert config.configs["web"].token_files.kind == "nanoset" and config.configs["web"].token_files.dtype == "uint16"
+    assert config.weight_schedule() == [(0, {"web": 0.8, "europarl": 0.2}), (160, {"europarl": 1.0})]
+    train = config.train_set(SEQ_LEN)
+    assert train.tokens_per_example == SEQ_LEN + 1
+    first, annealing = train.get_batch(range(160)), train.get_batch(range(160, 320))
+    assert list(config.configs) == ["web", "europarl"]  # source ids in this order
+    assert np.bincount(annealing.source_ids, minlength=2).tolist() == [0, 160]
+    assert np.bincount(first.source_ids, minlength=2).tolist() == [128, 32]
+    samples = (text_cache.num_tokens() - 1) // SEQ_LEN
+    bounds = split_bounds(samples, (949, 50, 1))
+    assert len(config.train_sources(SEQ_LEN)["web"]) == bounds[1]
+    assert len(config.validation_sets(SEQ_LEN)["web"]) == bounds[2] - bounds[1]
+
+
+def test_a_nanotron_config_with_a_datatrove_folder_and_bad_stages(tmp_path, text_cache):
+    export_datatrove(text_cache, str(tmp_path / "dt" / "000.ds"), progress=False)
+    path = nanotron_yaml(tmp_path, f"""
+  - name: only
+    start_training_step: 1
+    data:
+      dataset:
+        dataset_folder: {tmp_path}/dt
+      seed: 5
+""")
+    config = tokenmix.load_data_config(path)
+    assert config.configs["dt"].token_files.kind == "datatrove"
+    assert tokenmix.open_cache(config, "dt").num_rows() == text_cache.num_rows()
+    late = nanotron_yaml(tmp_path, f"""
+  - name: late
+    start_training_step: 5
+    data:
+      dataset:
+        data_path: {tmp_path}/dt
+""")
+    with pytest.raises(tokenmix.ConfigError, match="first stage starts at step 5"):
+        tokenmix.load_data_config(late)

@@ -1,7 +1,8 @@
 """Reading a data config from a YAML file or a mapping, with command-line overrides, into config objects.
 
 The document is a mixture config (it has ``configs:``, or newer Levanter's ``components:``), a single-dataset config,
-or either of those under a ``data:`` key (as in a Levanter training config; its other sections are ignored). A YAML file
+either of those under a ``data:`` key (as in a Levanter training config; its other sections are ignored), or a Nanotron
+config's ``data_stages`` (``nanotron.py``). A YAML file
 may pull in others with ``!include path`` (or merge one with ``<<: !include path``), each path taken
 relative to the file that names it, as draccus and Levanter resolve them. The document is decoded by
 draccus straight from the mapping: nothing is written to disk.
@@ -25,6 +26,7 @@ import yaml
 from draccus.parsers.yaml_loader import SafeLoaderWithInclusion
 
 from tokenmix.config.mixture import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig
+from tokenmix.config.nanotron import is_nanotron, nanotron_mixture
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +46,12 @@ def load_data_config(config: str | os.PathLike[str] | Mapping[str, Any], overrid
     else:
         where = os.fspath(config)
         doc = read_yaml(where)
-    if isinstance(doc.get("data"), dict):
+    if is_nanotron(doc):
+        try:
+            doc = nanotron_mixture(doc, where)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    elif isinstance(doc.get("data"), dict):
         doc = _with_trainer_batch_size(doc["data"], doc.get("trainer"))
     cls: type[DataConfig] = LMMixtureDatasetConfig if "configs" in doc or "components" in doc else LMDatasetConfig
     return decode_document(cls, doc, overrides, where, cls.__name__)

@@ -1,0 +1,105 @@
+"""Nanotron's ``data_stages`` (a Nanotron training YAML, or its ``data_stages`` list alone) as a tokenmix mixture.
+
+Each stage's ``data.dataset.data_path`` (one path, or a mapping of paths to weights; newer Nanotron's
+``dataset_folder`` likewise) names token files: a ``.npy`` file is a Nanoset dump, a folder holds datatrove ``.ds``
+files. Every path becomes a token-file source named after its file; the stages become weight stages from
+``start_training_step`` (Nanotron counts steps from 1, tokenmix from 0); ``split`` cuts each source into contiguous
+train / validation / test parts; ``seed`` seeds the mixture. Examples follow Nanoset's convention: ``seq_len + 1``
+tokens read every ``seq_len``. The batch size is Nanotron's ``micro_batch_size x batch_accumulation_per_replica x dp``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from tokenmix.formats.tokenizer_identity import tokenizer_identity
+
+NANOSET_SUFFIXES = ("_input_ids.npy", ".npy")
+
+
+def is_nanotron(doc: dict[str, Any]) -> bool:
+    """Whether a YAML document is (or holds) Nanotron's ``data_stages``."""
+    return "data_stages" in doc
+
+
+def _source_name(path: str, taken: set[str]) -> str:
+    base = os.path.basename(path.rstrip("/"))
+    for suffix in NANOSET_SUFFIXES:
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+            break
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", base) or "source"
+    unique, n = name, 2
+    while unique in taken:
+        unique, n = f"{name}_{n}", n + 1
+    return unique
+
+
+def _paths(dataset: dict[str, Any], where: str) -> dict[str, float]:
+    given = dataset.get("data_path", dataset.get("dataset_folder"))
+    if given is None:
+        raise ValueError(f"{where}: data.dataset has no data_path (nor dataset_folder); name the Nanoset .npy file(s) or datatrove folder(s)")
+    if isinstance(given, str):
+        return {given: 1.0}
+    if isinstance(given, list):
+        weights = dataset.get("dataset_weights") or [1.0] * len(given)
+        if len(weights) != len(given):
+            raise ValueError(f"{where}: {len(given)} dataset folders but {len(weights)} dataset_weights; give one weight each")
+        return {str(p): float(w) for p, w in zip(given, weights)}
+    if isinstance(given, dict):
+        return {str(p): float(w) for p, w in given.items()}
+    raise ValueError(f"{where}: data_path must be a path or a mapping of paths to weights, got {type(given).__name__}")
+
+
+def nanotron_mixture(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    """The tokenmix mixture document of a Nanotron config's ``data_stages`` (its tokenizer and batch size too, where the
+    config gives them)."""
+    stages = doc["data_stages"]
+    if not isinstance(stages, list) or not stages:
+        raise ValueError(f"{where}: data_stages must be a non-empty list of stages")
+    tokenizer = doc.get("tokenizer")
+    tokenizer = tokenizer.get("tokenizer_name_or_path") if isinstance(tokenizer, dict) else tokenizer
+    sources: dict[str, dict[str, Any]] = {}
+    by_path: dict[str, str] = {}
+    weights: list[list[Any]] = []
+    seed = None
+    cache_dir = None
+    for i, stage in enumerate(sorted(stages, key=lambda s: int(s.get("start_training_step", 1)))):
+        here = f"{where}: data_stages[{i}] ({stage.get('name', 'unnamed')})"
+        data = stage.get("data") or {}
+        dataset = data.get("dataset") or {}
+        if seed is None:
+            seed = data.get("seed")
+        cache_dir = cache_dir or dataset.get("path_to_cache")
+        stage_weights: dict[str, float] = {}
+        for path, weight in _paths(dataset, here).items():
+            if path not in by_path:
+                name = by_path[path] = _source_name(path, set(sources))
+                kind = "nanoset" if path.endswith(".npy") else "datatrove"
+                token_files: dict[str, Any] = {"kind": kind}
+                if kind == "nanoset" and tokenizer:
+                    token_files["dtype"] = "uint16" if tokenizer_identity(tokenizer).vocab_size < 65535 else "int32"
+                if dataset.get("split") is not None:
+                    token_files["split"] = str(dataset["split"])
+                sources[name] = {"train_urls": [path], "token_files": token_files}
+            elif dataset.get("split") is not None and sources[by_path[path]]["token_files"].get("split") != str(dataset["split"]):
+                raise ValueError(f"{here}: {path} is split {dataset['split']} here but otherwise in another stage; Nanotron splits a "
+                                 "dataset once, so give it one split")
+            stage_weights[by_path[path]] = weight
+        start = int(stage.get("start_training_step", 1)) - 1
+        if start < 0:
+            raise ValueError(f"{here}: start_training_step must be at least 1 (Nanotron counts steps from 1)")
+        weights.append([start, stage_weights])
+    if weights[0][0] != 0:
+        raise ValueError(f"{where}: the first stage starts at step {weights[0][0] + 1}; Nanotron's first stage starts at step 1")
+    mixture: dict[str, Any] = {"configs": sources, "train_weights": weights if len(weights) > 1 else weights[0][1],
+                               "example_convention": "megatron", "seed": int(seed or 0), "cache_dir": cache_dir or ".tokenmix_cache"}
+    if tokenizer:
+        mixture["tokenizer"] = tokenizer
+    tokens = doc.get("tokens") or {}
+    dp = (doc.get("parallelism") or {}).get("dp", 1)
+    if "micro_batch_size" in tokens:
+        mixture["batch_size"] = int(tokens["micro_batch_size"]) * int(tokens.get("batch_accumulation_per_replica", 1)) * int(dp)
+    return mixture
