@@ -46,7 +46,8 @@ def levanter_builds_we_read(root: Path) -> None:
     theirs = TreeCache.load(str(location), processor.output_exemplar)
     expected = [np.asarray(r["input_ids"]) for r in theirs.get_batch_sync(list(range(len(docs))))]
     config = tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(root / "ours"),
-                                        "configs": {"python": {"train_urls": ["levanter-built"], "cache_dir": str(root / "lev")}}})
+                                        "configs": {"python": {"train_urls": [str(CORPUS / "train-00-of-02.jsonl.zst")],
+                                                                   "cache_dir": str(root / "lev")}}})
     tokenmix.build_caches(config, progress=False)
     ours = tokenmix.open_cache(config, "python")
     assert ours.num_rows() == len(expected), (ours.num_rows(), len(expected))

@@ -1,7 +1,8 @@
 """Caches Levanter built, opened as they are: its ``shard_ledger.json`` read as a ledger.
 
-Levanter's token caches store the same jagged ``input_ids/{data,offsets}`` arrays as ours (int32 ids, ``offsets[0]``
-the row count), so only the ledger differs. Levanter records no tokenizer fingerprint, only the tokenizer's name, its
+Levanter's token caches store the same jagged ``input_ids/{data,offsets}`` arrays as ours (``offsets[0]`` the row
+count; ids of the type of the exemplar the cache was built with: int32, or int64 from its ``BatchTokenizer``), so only
+the ledger differs; the ids are read in the type they were stored in. Levanter records no tokenizer fingerprint, only the tokenizer's name, its
 vocabulary size and whether BOS and EOS were added; opening checks those against the config instead of the identity
 a tokenmix cache carries.
 """
@@ -15,7 +16,6 @@ from tokenmix.cache.ledger import CacheLedger, CacheMismatchError, ShardProgress
 LEVANTER_LEDGER = "shard_ledger.json"
 LEVANTER_KEY = "levanter_cache"
 """The identity key that marks a ledger read from Levanter's."""
-LEVANTER_DTYPE = "int32"
 
 
 def is_levanter(identity: dict[str, Any]) -> bool:
@@ -25,7 +25,7 @@ def is_levanter(identity: dict[str, Any]) -> bool:
 
 def ledger_from_levanter(doc: dict[str, Any]) -> CacheLedger:
     """Levanter's ``shard_ledger.json`` as a ledger: its shards, rows and completion, and an identity made of what its
-    metadata says about the tokenizer."""
+    metadata says about the tokenizer (``dtype`` None: whatever the arrays hold, which the reader fills in)."""
     meta = (doc.get("metadata") or {}).get("preprocessor_metadata") or {}
     identity = {
         LEVANTER_KEY: True,
@@ -33,7 +33,7 @@ def ledger_from_levanter(doc: dict[str, Any]) -> CacheLedger:
         "vocab_size": meta.get("vocab_size"),
         "append_bos": meta.get("append_bos"),
         "append_eos": meta.get("append_eos"),
-        "dtype": LEVANTER_DTYPE,
+        "dtype": None,
     }
     finished = set(doc.get("finished_shards") or [])
     shards = [ShardProgress(name, rows=int(rows), finished=name in finished) for name, rows in (doc.get("shard_rows") or {}).items()]

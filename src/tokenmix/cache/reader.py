@@ -17,7 +17,7 @@ import tensorstore as ts
 
 from tokenmix._waiting import poll_until
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
-from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
+from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, fingerprint_of
 from tokenmix.cache.levanter import LEVANTER_LEDGER, check_levanter_identity, is_levanter, ledger_from_levanter
 from tokenmix.cache.shard_reads import reads_for
 from tokenmix.cache.stats import STATS_FILE
@@ -63,9 +63,9 @@ class TokenCache:
             check_levanter_identity(ledger.identity, expected_identity, location)
         elif expected_identity is not None:
             ledger.check_identity(expected_identity, location)
-        self.identity = ledger.identity
-        self.fingerprint = ledger.fingerprint
         self._array = JaggedArray.open(location, TOKENS_ARRAY, ledger.identity["dtype"])
+        self.identity = {**ledger.identity, "dtype": self._array.dtype.name}
+        self.fingerprint = fingerprint_of(self.identity)
         stored = int(self._array.data.chunk_layout.read_chunk.shape[0])
         self._chunk = stored * max(1, BLOCK_TOKENS // stored)
         self._itemsize = self._array.dtype.itemsize

@@ -168,7 +168,7 @@ def _array_spec(location: str, sub: str, dtype: str, shard: int, inner: int, lev
     }
 
 
-def _open_array(location: str, sub: str, dtype: str, shard: int, inner: int, create: bool, compressed: bool = True) -> ts.TensorStore:
+def _open_array(location: str, sub: str, dtype: str | None, shard: int, inner: int, create: bool, compressed: bool = True) -> ts.TensorStore:
     """An existing array with the layout it was made with (caches of every tokenmix layout open), or, with ``create``, a
     new one in today's layout (zstd level 1 chunks, or uncompressed ones)."""
     remote_read = not create and urlparse(location).scheme in ("gs", "s3")
@@ -179,7 +179,7 @@ def _open_array(location: str, sub: str, dtype: str, shard: int, inner: int, cre
         if not create or "NOT_FOUND" not in str(e):
             raise
         return ts.open(_array_spec(location, sub, dtype, shard, inner, 1 if compressed else None), context=_CONTEXT, create=True).result()
-    if array.dtype.numpy_dtype != np.dtype(dtype):
+    if dtype is not None and array.dtype.numpy_dtype != np.dtype(dtype):
         raise ValueError(f"{join_location(location, sub)} holds {array.dtype.numpy_dtype} values, not {dtype}")
     return array
 
@@ -236,9 +236,10 @@ class JaggedArray:
         self._ends: _ChunkAligned | None = None
 
     @classmethod
-    def open(cls, location: str, name: str, dtype: str, create: bool = False, compressed: bool = True) -> JaggedArray:
+    def open(cls, location: str, name: str, dtype: str | None, create: bool = False, compressed: bool = True) -> JaggedArray:
         """Open (or, with ``create``, create if absent) the jagged array ``name`` at ``location``; ``compressed`` says
-        how new values are stored (row ends are always compressed)."""
+        how new values are stored (row ends are always compressed). ``dtype`` None opens values of any type (not with
+        ``create``)."""
         data = _open_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, create, compressed)
         return cls(data, _open_array(location, f"{name}/offsets", "int64", OFFSETS_SHARD, OFFSETS_INNER, create))
 
