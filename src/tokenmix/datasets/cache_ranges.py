@@ -50,6 +50,8 @@ def split_at_chunks(begin: np.ndarray, size: np.ndarray, chunk: int) -> tuple[np
     Returns, per piece: the range it comes from, its first token, and its length.
     """
     end = begin + size
+    if np.array_equal((end - 1) // chunk, begin // chunk):  # the usual case: no range crosses a chunk
+        return np.arange(len(begin)), begin, size
     sub, k = expand_counts((end - 1) // chunk - begin // chunk + 1)
     piece_begin = np.maximum(begin[sub], (begin[sub] // chunk + k) * chunk)
     piece_end = np.minimum(end[sub], (begin[sub] // chunk + k + 1) * chunk)

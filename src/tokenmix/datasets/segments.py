@@ -20,20 +20,25 @@ def document_segments(starts: np.ndarray, length: int, doc_starts: np.ndarray) -
     n = len(starts)
     first = np.searchsorted(doc_starts, starts, side="right")
     counts = np.searchsorted(doc_starts, starts + length, side="left") - first
-    segment_ids = np.zeros((n, length), np.int32)
     loss_mask = np.ones((n, length), bool)
     loss_mask[:, -1] = False
     total = int(counts.sum())
-    if total:
-        ends = np.cumsum(counts)
-        row = np.repeat(np.arange(n), counts)
-        # the document starts inside row r are doc_starts[first[r] : first[r] + counts[r]]
-        inside = np.arange(total) + np.repeat(first - (ends - counts), counts)
-        cuts = doc_starts[inside] - starts[row] + row * length
-        loss_mask.ravel()[cuts - 1] = False
-        segment_ids.ravel()[cuts] = 1
-        np.cumsum(segment_ids, axis=1, out=segment_ids)
-    return segment_ids, loss_mask
+    if not total:
+        return np.zeros((n, length), np.int32), loss_mask
+    before = np.cumsum(counts) - counts
+    row = np.repeat(np.arange(n), counts)
+    within = np.arange(total) - before[row]
+    # the document starts inside row r are doc_starts[first[r] : first[r] + counts[r]]
+    cuts = doc_starts[first[row] + within] - starts[row] + row * length
+    loss_mask.ravel()[cuts - 1] = False
+    # runs of one segment id, in flat order: each row opens one (id 0), each document start inside it the next
+    run_start = np.empty(n + total, np.int64)
+    run_id = np.empty(n + total, np.int32)
+    row_slot = np.arange(n) + before
+    cut_slot = np.arange(total) + row + 1
+    run_start[row_slot], run_id[row_slot] = np.arange(n) * length, 0
+    run_start[cut_slot], run_id[cut_slot] = cuts, within + 1
+    return np.repeat(run_id, np.diff(np.append(run_start, n * length))).reshape(n, length), loss_mask
 
 
 def expand_counts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

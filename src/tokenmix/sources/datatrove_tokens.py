@@ -65,7 +65,7 @@ def open_datatrove(path: str, dtype: str | None = None) -> TokenFile:
         raise TokenFileError(f"{path}: {nbytes} bytes is not a whole number of {token_dtype.itemsize}-byte tokens; the file is "
                              "truncated, or its token size is not the one declared")
     count = nbytes // token_dtype.itemsize
-    tokens = np.memmap(path, token_dtype, mode="r", shape=(count,)) if count else np.empty(0, token_dtype)
+    tokens = np.memmap(path, token_dtype, mode="r", shape=(count,)).view(np.ndarray) if count else np.empty(0, token_dtype)
     if os.path.exists(path + ".index"):
         ends = np.fromfile(path + ".index", np.dtype("<u8")).astype(np.int64)
         if ends.size and (ends[-1] != count or np.any(np.diff(ends) <= 0) or ends[0] <= 0):
@@ -78,5 +78,5 @@ def open_datatrove(path: str, dtype: str | None = None) -> TokenFile:
     if os.path.exists(path + ".loss"):
         if os.path.getsize(path + ".loss") != count:
             raise TokenFileError(f"{path}.loss: {os.path.getsize(path + '.loss')} bytes, not one per token ({count})")
-        loss = np.memmap(path + ".loss", np.uint8, mode="r", shape=(count,)) if count else np.empty(0, np.uint8)
+        loss = np.memmap(path + ".loss", np.uint8, mode="r", shape=(count,)).view(np.ndarray) if count else np.empty(0, np.uint8)
     return TokenFile(path, tokens, ends, loss, info={"format": "datatrove", "dtype": token_dtype.name, "tokenizer": tokenizer})

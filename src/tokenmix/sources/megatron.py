@@ -71,6 +71,6 @@ def open_megatron(prefix: str) -> TokenFile:
     if size < total * dtype.itemsize:
         raise TokenFileError(f"{bin_path}: {size} bytes, but {idx_path} indexes {total} {dtype} tokens ({total * dtype.itemsize} "
                              "bytes); the .bin file is truncated or belongs to another index")
-    tokens = np.memmap(bin_path, dtype, mode="r", shape=(total,)) if total else np.empty(0, dtype)
+    tokens = np.memmap(bin_path, dtype, mode="r", shape=(total,)).view(np.ndarray) if total else np.empty(0, dtype)
     return TokenFile(bin_path, tokens, ends, info={"format": "megatron", "dtype": dtype.name, "sequences": int(sequences),
                                                    "documents": max(int(documents) - 1, 0)})

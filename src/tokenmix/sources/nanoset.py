@@ -26,7 +26,7 @@ def open_nanoset(path: str, dtype: str | None, eos_id: int | None) -> TokenFile:
     with open(path, "rb") as f:
         headed = f.read(len(NPY_MAGIC)) == NPY_MAGIC
     if headed:
-        tokens = np.load(path, mmap_mode="r")
+        tokens = np.load(path, mmap_mode="r").view(np.ndarray)
         if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
             raise TokenFileError(f"{path}: a .npy of {tokens.dtype} with shape {tokens.shape}; Nanoset token files hold one 1-d "
                                  "integer array")
@@ -41,6 +41,6 @@ def open_nanoset(path: str, dtype: str | None, eos_id: int | None) -> TokenFile:
         if nbytes % token_dtype.itemsize:
             raise TokenFileError(f"{path}: {nbytes} bytes is not a whole number of {dtype} tokens; the file is truncated or not {dtype}")
         count = nbytes // token_dtype.itemsize
-        tokens = np.memmap(path, token_dtype, mode="r", shape=(count,)) if count else np.empty(0, token_dtype)
+        tokens = np.memmap(path, token_dtype, mode="r", shape=(count,)).view(np.ndarray) if count else np.empty(0, token_dtype)
     return TokenFile(path, tokens, document_ends(tokens, eos_id), info={"format": "nanoset", "dtype": tokens.dtype.name,
                                                                         "eos_id": eos_id})

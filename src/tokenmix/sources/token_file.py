@@ -29,7 +29,8 @@ class TokenFile:
     path: str
     """The file the tokens are in (for messages and identity)."""
     tokens: np.ndarray
-    """Every token of the file, memory-mapped (1-d)."""
+    """Every token of the file, memory-mapped (1-d; a plain ndarray view of the map, since slicing an ``np.memmap``
+    builds a memmap object each time, which costs more than copying a 2048-token window)."""
     ends: np.ndarray
     """Where each document ends in ``tokens`` (int64, increasing, the last equal to ``len(tokens)``)."""
     loss: np.ndarray | None = None

@@ -1,0 +1,107 @@
+"""Megatron files read through a mixture against a raw numpy memmap of the same files, and export throughput against a
+raw write of the same bytes.
+
+    python scripts/bench_interop.py [--config_path config/shared_corpus.yaml] [--batches 200] [--repeats 3]
+
+Builds (or reuses) the config's train caches, exports each source to Megatron ``.bin/.idx`` (timed: the export's limit
+is writing the same bytes from memory with ``ndarray.tofile``, timed right after), then reads shuffled 64 x 2048 batches
+of a mixture of those Megatron sources (``token_files: {kind: megatron}``) with ``MixtureDataset.get_batch``; in the
+same run the very same windows are gathered from raw ``np.memmap``s of the ``.bin`` files (page cache warm): the limit.
+Also times datatrove, Nanoset and Levanter exports. Best of --repeats passes each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from tokenmix import build_caches, load_data_config, open_cache
+from tokenmix.export import export_datatrove, export_levanter, export_megatron, export_nanoset
+
+BATCH, SEQ = 64, 2048
+
+
+def best(repeats: int, fn) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config_path", default="config/shared_corpus.yaml")
+    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    config = load_data_config(args.config_path)
+    build_caches(config, progress=False)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
+        print(f"{'source':<12} {'tokens':>12} {'export s':>9} {'raw write s':>11} {'ratio':>6}   (megatron)")
+        caches = {name: open_cache(config, name) for name in config.configs}
+        for name, cache in caches.items():
+            prefix = os.path.join(tmp, f"{name}_text_document")
+            export_s = best(args.repeats, lambda: export_megatron(cache, prefix, progress=False))
+            stream = cache.read_tokens(0, cache.num_tokens()).astype(np.uint16)
+            raw_path = os.path.join(tmp, f"{name}.raw")
+
+            def raw_write() -> None:
+                with open(raw_path, "wb") as f:
+                    stream.tofile(f)
+                    f.flush()
+                    os.fsync(f.fileno())
+
+            raw_s = best(args.repeats, raw_write)
+            print(f"{name:<12} {cache.num_tokens():>12,} {export_s:>9.3f} {raw_s:>11.3f} {raw_s / export_s:>6.2f}x")
+        first = next(iter(caches.values()))
+        for label, fn in (("datatrove", lambda p: export_datatrove(first, p + ".ds", progress=False)),
+                          ("nanoset", lambda p: export_nanoset(first, p + "_input_ids.npy", progress=False)),
+                          ("levanter", lambda p: export_levanter(first, p + "_levanter", tokenizer="t", progress=False))):
+            seconds = best(args.repeats, lambda: fn(os.path.join(tmp, f"{label}_export")))
+            print(f"{label} export of {next(iter(caches))}: {seconds:.3f} s, {first.num_tokens() / seconds / 1e6:.1f} M tokens/s")
+
+        megatron = load_data_config({
+            "tokenizer": config.tokenizer, "cache_dir": os.path.join(tmp, "plans"),
+            "configs": {name: {"train_urls": [os.path.join(tmp, f"{name}_text_document")], "token_files": {"kind": "megatron"}}
+                        for name in config.configs},
+        })
+        train = megatron.train_set(SEQ)
+        rng = np.random.default_rng(0)
+        start = int(rng.integers(0, 1 << 20))
+        index = np.arange(start, start + args.batches * BATCH)
+        ids, draws = train.locate(index)
+        windows = np.empty(len(index), np.int64)
+        for sid, name in enumerate(train.names):
+            mine = ids == sid
+            windows[mine] = train.source(name).examples(draws[mine])
+        maps = [np.memmap(os.path.join(tmp, f"{name}_text_document.bin"), np.uint16, mode="r") for name in train.names]
+
+        def ours() -> None:
+            for b in range(args.batches):
+                train.get_batch(index[b * BATCH : (b + 1) * BATCH])
+
+        def limit() -> None:
+            for b in range(args.batches):
+                rows = slice(b * BATCH, (b + 1) * BATCH)
+                np.stack([maps[s][w * SEQ : (w + 1) * SEQ] for s, w in zip(ids[rows], windows[rows])]).astype(np.int32)
+
+        for name, m in zip(train.names, maps):  # the same bytes in the page cache for both
+            np.asarray(m).sum()
+        tokens = args.batches * BATCH * SEQ
+        ours_s, limit_s = best(args.repeats, ours), best(args.repeats, limit)
+        check = train.get_batch(index[:BATCH]).tokens
+        assert np.array_equal(check, np.stack([maps[s][w * SEQ : (w + 1) * SEQ] for s, w in zip(ids[:BATCH], windows[:BATCH])]))
+        print(f"shuffled mixture of the Megatron files, {args.batches} batches of {BATCH} x {SEQ}:")
+        print(f"  tokenmix MixtureDataset.get_batch: {tokens / ours_s / 1e6:8.1f} M tokens/s")
+        print(f"  raw np.memmap gather (limit):      {tokens / limit_s / 1e6:8.1f} M tokens/s")
+        print(f"  ratio: {limit_s / ours_s:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
