@@ -360,3 +360,23 @@ def test_a_nanotron_config_with_a_datatrove_folder_and_bad_stages(tmp_path, text
 """)
     with pytest.raises(tokenmix.ConfigError, match="first stage starts at step 5"):
         tokenmix.load_data_config(late)
+
+
+def test_the_export_command_converts_a_sources_token_files_and_a_cache(tmp_path, text_cache, capsys):
+    from tokenmix.cli.main import main
+    from tokenmix.export import read_hdf5_samples
+
+    export_megatron(text_cache, str(tmp_path / "m" / "web"), progress=False)
+    cfg = tmp_path / "data.yaml"
+    cfg.write_text(f"tokenizer: {TOKENIZER}\ncache_dir: {tmp_path}/caches\nconfigs:\n  web:\n"
+                   f"    train_urls: [{tmp_path}/m/web]\n    token_files: {{kind: megatron}}\n")
+    assert main(["export", "--to", "hdf5", "--output", str(tmp_path / "h5"), "--config_path", str(cfg), "--source", "web",
+                 "--max_seq_length", "256", "--pack_sequences", "true", "--files_per_record", "100"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    samples = np.concatenate(list(read_hdf5_samples(str(tmp_path / "h5"))))
+    assert samples.shape[1:] == (3, 256) and result["num_sequences"] == len(samples)
+    stream = text_cache.read_tokens(0, text_cache.num_tokens())
+    assert np.array_equal(samples[0, 0], stream[:256]) and np.array_equal(samples[0, 2], stream[1:257])
+    assert main(["export", "--to", "datatrove", "--output", str(tmp_path / "d" / "web.ds"), "--cache", text_cache.location]) == 0
+    assert np.array_equal(np.fromfile(tmp_path / "d" / "web.ds", np.uint16), stream)
+    assert main(["export", "--to", "nanoset", "--output", str(tmp_path / "x.npy"), "--cache", str(tmp_path / "nowhere")]) == 1

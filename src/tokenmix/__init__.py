@@ -22,6 +22,7 @@ Configs (draccus dataclasses; Levanter's field names)
     LMDatasetSourceConfig       One data source, given by URLs (with brace expansion and globs) or as a Hugging Face dataset.
     TokenizationConfig          The tokenizer and the special tokens every document gets; part of each cache's identity.
     PackingConfig               Packing a source's whole documents into ``seq_len`` examples, instead of cutting its token stream.
+    TokenFilesConfig            Token files read in place instead of text: which stack wrote them and what they were tokenized with.
     BuildOptions                How a cache is built; none of these change the cache's contents.
     LocalExecutorConfig         Threads or worker processes on this machine (``build.num_workers`` of them) tokenize chunks the driver reads.
     RayExecutorConfig           Shard tasks on Ray (``pip install 'tokenmix[ray]'``).
@@ -39,6 +40,7 @@ Caches
     build_caches                Build (or resume, or extend) every cache of the config; returns statistics per (source, split).
     open_cache                  Open a built (or building) cache of the config, refusing one made with other settings.
     TokenCache                  Random access to the committed documents of one cache.
+    TokenFilesCache             The documents of token files, in the order given, as a finished read-only cache.
 
 Datasets
     Dataset                     Random access to examples by index; the length may grow while the underlying cache builds.
@@ -54,6 +56,10 @@ Loader (DataLoader, StepBatch, LmBatch and LoaderError import JAX)
     StepBatch                   One step of the loader: which step and examples, the batch, and its fingerprint.
     LmBatch                     A global batch on the mesh: haliax NamedArrays, sharded as the loader's axis mapping says.
     batch_fingerprint           The fingerprint of a whole batch held in one place (what the loader computes from its shards).
+
+Export (to the files other stacks train from: ``tokenmix.export``)
+    export_cache                Write a finished cache (``TokenCache``, or the ``TokenFilesCache`` of a token-file source) as ``to``:
+    Hdf5ExportOptions           How a cache becomes Cerebras HDF5 samples, with the option names of Cerebras's ``create_hdf5_dataset.py``.
 
 Curation (before tokenizing; NeMo Curator's calls and its heuristic filters by name: ``tokenmix.curate``)
     load_curation_config        A pipeline from a YAML file (or a mapping), with draccus-style overrides (``--output.path /tmp/out``).
@@ -78,6 +84,7 @@ Errors
     LockLostError               This builder's lease on the cache was taken over by another builder; it stopped before its next commit.
     CurationError               A pipeline that cannot run as configured; the message names the field and what to change.
     CurationInputError          A bad record or an unreadable shard under ``on_error: raise``; the message names the file and the line.
+    TokenFileError              A token file that cannot be read as the kind it was declared; the message names the file and the fix.
     CacheWriteError             The cache's storage refused a write (permissions, a full disk, ...); the message says what is kept and what to do.
     LoaderError                 Loading a step failed (waiting for, reading or placing its examples); the message names the step.
 """
@@ -95,10 +102,12 @@ if TYPE_CHECKING:
     from tokenmix.cache.options import BuildOptions
     from tokenmix.cache.reader import CacheNotFoundError, TokenCache
     from tokenmix.cache.store import CacheWriteError
+    from tokenmix.cache.token_files import TokenFilesCache
     from tokenmix.config.caches import build_caches, open_cache
     from tokenmix.config.loading import ConfigError, load_data_config
     from tokenmix.config.mixture import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig
     from tokenmix.config.sources import LMDatasetSourceConfig, PackingConfig
+    from tokenmix.config.token_files import TokenFilesConfig
     from tokenmix.config.tokenization import TokenizationConfig
     from tokenmix.curate.document_dataset import DocumentDataset
     from tokenmix.curate.pipeline import CurationConfig, CurationError, load_curation_config, run_curation
@@ -107,6 +116,8 @@ if TYPE_CHECKING:
     from tokenmix.datasets.mixture import MixtureDataset, SourceUsage
     from tokenmix.datasets.packed import PackedDataset
     from tokenmix.datasets.token_seq import TokenSeqDataset
+    from tokenmix.export.dispatch import export_cache
+    from tokenmix.export.hdf5 import Hdf5ExportOptions
     from tokenmix.formats.base import BadRecordError, LmDatasetFormatBase
     from tokenmix.formats.chat import ChatLmDatasetFormat
     from tokenmix.formats.fim import FimLmDatasetFormat
@@ -119,6 +130,7 @@ if TYPE_CHECKING:
     from tokenmix.loader.fingerprint import batch_fingerprint
     from tokenmix.loader.loader import DataLoader, LoaderError
     from tokenmix.sources.shards import ShardReadError
+    from tokenmix.sources.token_file import TokenFileError
     from tokenmix.sources.urls import NoShardsError
 
 __all__ = [
@@ -141,6 +153,7 @@ __all__ = [
     "Dataset",
     "DocumentDataset",
     "FimLmDatasetFormat",
+    "Hdf5ExportOptions",
     "LMDatasetConfig",
     "LMDatasetSourceConfig",
     "LMMixtureDatasetConfig",
@@ -166,11 +179,15 @@ __all__ = [
     "TextLmDatasetFormat",
     "TokenBatch",
     "TokenCache",
+    "TokenFileError",
+    "TokenFilesCache",
+    "TokenFilesConfig",
     "TokenSeqDataset",
     "TokenizationConfig",
     "TokenizerLoadError",
     "batch_fingerprint",
     "build_caches",
+    "export_cache",
     "load_curation_config",
     "load_data_config",
     "open_cache",

@@ -8,6 +8,7 @@ import sys
 COMMANDS = {
     "curate": ("tokenmix.cli.curate", "Run (or resume) a curation pipeline: filter, modify, deduplicate, blend, shuffle raw shards."),
     "build-cache": ("tokenmix.cli.build_cache", "Build (or resume, or extend) the caches of a data config."),
+    "export": ("tokenmix.cli.export", "Write a cache (or a source's token files) as Megatron, datatrove, Nanoset, Levanter or Cerebras HDF5 files."),
     "inspect": ("tokenmix.cli.inspect_cache", "Show a cache's ledger and statistics and decode sample documents."),
     "demo": ("tokenmix.cli.demo", "Build the bundled demo mixture's caches and print their statistics."),
     "train": ("tokenmix.cli.train_lm", "Train a tiny transformer on a mixture: per-source eval, checkpoints, exact resume."),

@@ -90,8 +90,10 @@ def _built_by_levanter(location: str) -> bool:
 
 
 def open_cache(config: DataConfig, source: str, split: str = "train") -> TokenCache | TokenFilesCache:
-    """Open a built (or building) cache of the config, refusing one made with other settings; a source of token files
-    opens them in place, refusing them when their declared tokenizer's vocabulary is not the config's."""
+    """Open a built (or building) cache of the config, refusing one made with other settings.
+
+    A source of token files opens them in place, refused when their declared tokenizer's vocabulary is not the config's;
+    a cache Levanter built opens through its own ledger."""
     available = config.sources()
     if source not in available:
         raise KeyError(f"unknown source {source!r}; the config defines {sorted(available)}")

@@ -1,0 +1,75 @@
+"""``tokenmix export --to KIND --output PATH (--cache DIR | --config_path CFG.yaml --source NAME [--split S])``.
+
+Writes a finished cache as the files another stack trains from: ``megatron`` (``PATH.bin`` + ``PATH.idx``),
+``datatrove`` (``PATH`` a ``.ds`` file, with ``.index``, ``.metadata`` and ``.loss``), ``nanoset`` (``PATH`` an
+``*_input_ids.npy`` dump), ``levanter`` (``PATH`` a Levanter cache directory) or ``hdf5`` (``PATH`` a directory of
+Cerebras ``.h5`` files; its options as ``--max_seq_length 2048 --pack_sequences false ...``). A source of a config may be
+a source of token files, so Megatron files convert to Cerebras HDF5 (or any other target) in one command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import typing
+
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from tokenmix import CacheNotFoundError, ConfigError, TokenCache, load_data_config, open_cache
+from tokenmix.export import EXPORT_KINDS, Hdf5ExportOptions, export_cache
+
+logger = logging.getLogger(__name__)
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _add_hdf5_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("hdf5 options (Cerebras's names)")
+    hints = typing.get_type_hints(Hdf5ExportOptions)
+    for f in dataclasses.fields(Hdf5ExportOptions):
+        kind = hints[f.name]
+        base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
+        convert = _parse_bool if base is bool else base if base in (int, float) else str
+        group.add_argument(f"--{f.name}", type=convert, default=None, help=f"default: {f.default!r}")
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tokenmix export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--to", required=True, choices=EXPORT_KINDS, help="the format to write")
+    parser.add_argument("--output", required=True, help="where to write it (see above for each format)")
+    parser.add_argument("--cache", help="a cache directory or URL (one source and split)")
+    parser.add_argument("--config_path", help="a data config; with --source (and --split), export that source's cache or token files")
+    parser.add_argument("--source", help="the config's source to export")
+    parser.add_argument("--split", default="train", help="train (default) or validation")
+    parser.add_argument("--tokenizer", help="tokenizer name recorded by datatrove and Levanter targets (default: the config's)")
+    _add_hdf5_options(parser)
+    args = parser.parse_args(argv)
+    if bool(args.cache) == bool(args.config_path):
+        parser.error("give either --cache DIR, or --config_path CFG.yaml with --source NAME")
+    hdf5 = Hdf5ExportOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Hdf5ExportOptions)
+                                if getattr(args, f.name) is not None})
+    try:
+        if args.cache:
+            cache = TokenCache(args.cache)
+            tokenizer = args.tokenizer or cache.ledger.info.get("tokenizer")
+        else:
+            if not args.source:
+                parser.error("--config_path needs --source NAME (the source to export)")
+            config = load_data_config(args.config_path)
+            cache = open_cache(config, args.source, args.split)
+            tokenizer = args.tokenizer or config.tokenizer
+        with logging_redirect_tqdm():
+            result = export_cache(cache, args.to, args.output, tokenizer=tokenizer, hdf5=hdf5)
+    except (CacheNotFoundError, ConfigError, ValueError, KeyError, OSError) as e:
+        logger.error("%s", e)
+        return 1
+    print(json.dumps(result, indent=1, default=str))
+    return 0
