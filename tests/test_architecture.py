@@ -1,7 +1,8 @@
 """The package's shape: imports run one way through the stages, and no module imports itself back through a cycle.
 
 Stages, lowest first: sources -> formats -> cache -> datasets -> loader -> config -> curate (beside the flow: it uses
-the readers of sources, the executors of cache and the YAML loading of config, and no stage of the flow uses it) -> the
+the readers of sources, the executors of cache and the YAML loading of config, and no stage of the flow uses it), and
+export beside it at the same rank (caches to other stacks' files) -> the
 public face (tokenmix/__init__.py) -> train (the example training launch) -> cli. A module imports from its own stage or a lower one; ``_lazy`` and
 ``_waiting`` are private helpers below every stage. Imports inside functions count (they run when
 called); imports under ``if TYPE_CHECKING:`` count for the stage order but not for cycles (they never run).

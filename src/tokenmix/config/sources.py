@@ -16,7 +16,7 @@ from tokenmix.formats.base import LmDatasetFormatBase, Pack
 from tokenmix.formats.text import TextLmDatasetFormat
 from tokenmix.sources.hf import HfDatasetShard, available_splits
 from tokenmix.sources.shards import FileShard, Shard
-from tokenmix.sources.urls import expand_urls
+from tokenmix.sources.urls import expand_urls, urls_from_metadata_files
 
 SPLITS = ("train", "validation")
 
@@ -69,6 +69,9 @@ class LMDatasetSourceConfig:
     """HF form (older Levanter): build only these of the dataset's splits; unset builds every split it has."""
     train_urls: list[str] = field(default_factory=list)
     validation_urls: list[str] = field(default_factory=list)
+    metadata_files: list[str] | None = None
+    """Cerebras' ``metadata_files``: text files listing training shards, one path or URL a line (blank lines and ``#``
+    comments skipped; a relative path is taken from the listing file's directory); their shards follow ``train_urls``'."""
     cache_dir: str | None = None
     """Where this source's caches go, instead of ``<mixture cache_dir>/<source name>``."""
     tags: list[str] | None = None
@@ -80,8 +83,11 @@ class LMDatasetSourceConfig:
     """The URLs name token files another stack wrote (Megatron, datatrove, Nanoset), read in place: nothing to build."""
 
     def __post_init__(self) -> None:
-        if self.id is not None and (self.train_urls or self.validation_urls):
-            raise ValueError(f"source {self.id!r}: give either `id` (Hugging Face) or `train_urls`/`validation_urls`, not both")
+        if self.id is not None and (self.train_urls or self.validation_urls or self.metadata_files):
+            raise ValueError(f"source {self.id!r}: give either `id` (Hugging Face) or `train_urls`/`validation_urls`/"
+                             "`metadata_files`, not both")
+        if self.metadata_files and self.token_files is not None:
+            raise ValueError("metadata_files lists text shards to tokenize; a token_files source names its files in train_urls")
         if self.token_files is not None and self.id is not None:
             raise ValueError(f"source {self.id!r}: token_files are read from train_urls/validation_urls, not from a Hugging Face "
                              "dataset; remove `id` or `token_files`")
@@ -110,10 +116,14 @@ class LMDatasetSourceConfig:
         """The shards of a split, in order (empty when the source has no such split)."""
         if self.id is not None:
             return [HfDatasetShard(self.id, self.name, split, self.stream)]
-        return [FileShard(url) for url in expand_urls(self.urls(split))]
+        urls = expand_urls(self.urls(split))
+        if split == "train" and self.metadata_files:
+            known = set(urls)
+            urls += [u for u in urls_from_metadata_files(self.metadata_files) if u not in known]
+        return [FileShard(url) for url in urls]
 
     def split_names(self) -> list[str]:
         """The splits this source defines (of a Hugging Face dataset: those it has, within ``splits`` when set)."""
         if self.id is not None:
             return [s for s in SPLITS if s in available_splits(self.id, self.name) and (self.splits is None or s in self.splits)]
-        return [s for s, urls in (("train", self.train_urls), ("validation", self.validation_urls)) if urls]
+        return [s for s, urls in (("train", self.train_urls or self.metadata_files), ("validation", self.validation_urls)) if urls]

@@ -20,7 +20,8 @@ class TokenizationConfig:
     """The tokenizer and the special tokens every document gets; part of each cache's identity."""
 
     tokenizer: str | None = None
-    """Hub name or local directory of a Hugging Face tokenizer."""
+    """Hub name, local tokenizer directory, a ``tokenizer.json`` file (NeoX's encoder file), or a directory of GPT-2's
+    ``vocab.json`` + ``merges.txt``."""
     enforce_eos: bool = True
     """Append the tokenizer's EOS id to every document."""
     enforce_bos: bool | None = None

@@ -8,7 +8,7 @@ wikitext detokenizer and user functions go text by text.
 
 from __future__ import annotations
 
-import re
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -18,8 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tokenmix.curate.filters import resolve_function
-
-NORMALIZATIONS = ("NFC", "NFKC", "NFD", "NFKD")
+from tokenmix.formats.text_fixes import NORMALIZATIONS, fix_unicode, wikitext_detokenize
 
 
 @dataclass(frozen=True)
@@ -60,13 +59,7 @@ class UnicodeFix(DocumentModifier):
         _check_normalization(self.normalization, (*NORMALIZATIONS, "none"))
 
     def modify(self, texts: pa.Array) -> pa.Array:
-        import ftfy
-
-        form = None if self.normalization == "none" else self.normalization
-        config = ftfy.TextFixerConfig(normalization=form, explain=False)
-        fixed = _per_text(texts, lambda text: ftfy.fix_text(text, config))
-        # ftfy normalizes line by line (and in pieces of a long line): once more over the whole text joins them
-        return fixed if form is None else pc.utf8_normalize(fixed, form)
+        return _per_text(texts, functools.partial(fix_unicode, normalization=None if self.normalization == "none" else self.normalization))
 
 
 @DocumentModifier.register_subclass("unicode_normalize")
@@ -83,52 +76,6 @@ class UnicodeNormalize(DocumentModifier):
 
     def modify(self, texts: pa.Array) -> pa.Array:
         return pc.utf8_normalize(texts, self.normalization)
-
-
-_WIKITEXT_REPLACEMENTS = (
-    ("s '", "s'"),
-    (" @-@ ", "-"),
-    (" @,@ ", ","),
-    (" @.@ ", "."),
-    (" : ", ": "),
-    (" ; ", "; "),
-    (" . ", ". "),
-    (" ! ", "! "),
-    (" ? ", "? "),
-    (" , ", ", "),
-)
-_WIKITEXT_BRACKETS = (
-    (re.compile(r"\(\s*([^\)]*?)\s*\)"), r"(\1)"),
-    (re.compile(r"\[\s*([^\]]*?)\s*\]"), r"[\1]"),
-    (re.compile(r"{\s*([^}]*?)\s*}"), r"{\1}"),
-    (re.compile(r'"\s*([^"]*?)\s*"'), r'"\1"'),
-    (re.compile(r"'\s*([^']*?)\s*'"), r"'\1'"),
-)
-"""Spaces inside brackets and quotes go: ``( a b )`` -> ``(a b)``."""
-_WIKITEXT_AFTER = (
-    ("= = = =", "===="),
-    ("= = =", "==="),
-    ("= =", "=="),
-    (" \u00b0 ", "\u00b0"),
-    (" \n", "\n"),
-    ("\n ", "\n"),
-    (" N ", " 1 "),
-    (" 's", "'s"),
-)
-
-
-def wikitext_detokenize(text: str) -> str:
-    """One text of wikitext-103's tokenized form back to ordinary spacing, step by step as Megatron-LM's
-    ``wikitext_detokenizer`` does (number separators, punctuation, brackets and quotes, headings, contractions).
-    Its one other step, ``re.sub(r"/' [0-9]/", r"/'[0-9]/", ...)``, would write a regex into the text where a
-    literal ``/' 5/`` occurs, and is left out."""
-    for old, new in _WIKITEXT_REPLACEMENTS:
-        text = text.replace(old, new)
-    for pattern, replacement in _WIKITEXT_BRACKETS:
-        text = pattern.sub(replacement, text)
-    for old, new in _WIKITEXT_AFTER:
-        text = text.replace(old, new)
-    return text
 
 
 @DocumentModifier.register_subclass("wikitext_detokenize")

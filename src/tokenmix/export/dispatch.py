@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokenmix.export.streaming import TokenSource
+
 EXPORT_KINDS = ("megatron", "datatrove", "nanoset", "levanter", "hdf5")
 
 
-def export_cache(cache: Any, to: str, output: str, tokenizer: str | None = None, hdf5: Any = None, progress: bool = True) -> dict[str, Any]:
+def export_cache(cache: TokenSource, to: str, output: str, tokenizer: str | None = None, hdf5: Any = None, progress: bool = True) -> dict[str, Any]:
     """Write a finished cache (``TokenCache``, or the ``TokenFilesCache`` of a token-file source) as ``to``:
 
     - ``megatron``: ``output`` is the prefix of ``output.bin`` and ``output.idx``;

@@ -26,13 +26,13 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import h5py
 import numpy as np
 from tqdm.auto import tqdm
 
-from tokenmix.export.streaming import partial_name, span_mask
+from tokenmix.export.streaming import TokenSource, partial_name, span_mask
 
 logger = logging.getLogger(__name__)
 
@@ -43,28 +43,6 @@ MODES = {"lm": "LMData", "summarization": "Summarization"}
 """This module's mode names and Cerebras's."""
 
 _COMPRESSIONS = (None, "gzip")
-
-
-class TokenSource(Protocol):
-    """What the export reads from a cache: a ``TokenCache``, or any reader with the same members (such as a reader of
-    Megatron or datatrove token files)."""
-
-    location: str
-    identity: dict[str, Any]
-
-    @property
-    def dtype(self) -> np.dtype: ...
-
-    @property
-    def has_loss_spans(self) -> bool: ...
-
-    def num_rows(self) -> int: ...
-
-    def row_bounds(self, start: int, stop: int) -> np.ndarray: ...
-
-    def read_tokens(self, start: int, stop: int) -> np.ndarray: ...
-
-    def loss_spans(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import tensorstore as ts
 
 from tokenmix.cache.levanter import LEVANTER_LEDGER
 from tokenmix.cache.store import TOKENS_ARRAY, JsonDocuments, join_location, kvstore_spec, open_kvstore
-from tokenmix.export.streaming import row_batches
+from tokenmix.export.streaming import TokenSource, row_batches
 
 LEVANTER_WRITE_CHUNK = 1 << 27
 LEVANTER_READ_CHUNK = 1 << 18
@@ -65,7 +65,7 @@ class _ObjectWriter:
             self.waiting, self.count = [], 0
 
 
-def export_levanter(cache: Any, location: str, tokenizer: str, progress: bool = True) -> dict[str, Any]:
+def export_levanter(cache: TokenSource, location: str, tokenizer: str, progress: bool = True) -> dict[str, Any]:
     """Write ``location`` (a path or URL) as a finished Levanter token cache of the cache's rows; ``tokenizer`` is the
     name recorded in its metadata (Levanter compares it with its own config's, and warns when they differ)."""
     if cache.has_loss_spans:

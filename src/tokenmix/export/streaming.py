@@ -8,10 +8,35 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import numpy as np
 from tqdm.auto import tqdm
+
+
+class TokenSource(Protocol):
+    """What the export reads from a cache: a ``TokenCache``, or any reader with the same members (such as a reader of
+    Megatron or datatrove token files)."""
+
+    location: str
+    identity: dict[str, Any]
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+    @property
+    def has_loss_spans(self) -> bool: ...
+
+    def num_rows(self) -> int: ...
+
+    def is_finished(self) -> bool: ...
+
+    def row_bounds(self, start: int, stop: int) -> np.ndarray: ...
+
+    def read_tokens(self, start: int, stop: int) -> np.ndarray: ...
+
+    def loss_spans(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
 
 BATCH_TOKENS = 1 << 24
 """Tokens read per batch of rows (a row longer than this is read alone): the export's memory bound, 32-64 MiB."""
@@ -28,7 +53,7 @@ class RowBatch:
     trained: np.ndarray | None
 
 
-def row_batches(cache: Any, batch_tokens: int | None = None, description: str = "export", progress: bool = True) -> Iterator[RowBatch]:
+def row_batches(cache: TokenSource, batch_tokens: int | None = None, description: str = "export", progress: bool = True) -> Iterator[RowBatch]:
     """Every row of a finished cache (a ``TokenCache`` or ``TokenFilesCache``) in order, about ``batch_tokens`` (default
     ``BATCH_TOKENS``) at a time."""
     batch_tokens = batch_tokens or BATCH_TOKENS

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmix.export.streaming import atomic_files, row_batches
+from tokenmix.export.streaming import TokenSource, atomic_files, row_batches
 from tokenmix.sources.datatrove_tokens import TOKEN_SIZES
 from tokenmix.sources.megatron import HEADER, MAGIC, VERSION, dtype_code
 
@@ -27,7 +27,7 @@ def megatron_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size < 65500 else np.int32)
 
 
-def export_megatron(cache: Any, prefix: str, progress: bool = True) -> dict[str, Any]:
+def export_megatron(cache: TokenSource, prefix: str, progress: bool = True) -> dict[str, Any]:
     """Write ``prefix.bin`` and ``prefix.idx``: one Megatron sequence (and document) per row of the cache."""
     dtype = megatron_dtype(cache.identity["vocab_size"])
     lengths: list[np.ndarray] = []
@@ -46,7 +46,7 @@ def export_megatron(cache: Any, prefix: str, progress: bool = True) -> dict[str,
     return {"format": "megatron", "path": prefix, "documents": int(len(sizes)), "tokens": int(sizes.sum()), "dtype": dtype.name}
 
 
-def export_datatrove(cache: Any, path: str, tokenizer: str | None = None, progress: bool = True) -> dict[str, Any]:
+def export_datatrove(cache: TokenSource, path: str, tokenizer: str | None = None, progress: bool = True) -> dict[str, Any]:
     """Write ``path`` (a ``.ds`` file) with its ``.index``, ``.metadata`` and, for a cache that masks the loss, ``.loss``."""
     size = 2 if cache.identity["vocab_size"] <= 1 << 16 else 4
     dtype = np.dtype(TOKEN_SIZES[size]).newbyteorder("<")
@@ -66,7 +66,7 @@ def export_datatrove(cache: Any, path: str, tokenizer: str | None = None, progre
             "loss": cache.has_loss_spans}
 
 
-def export_nanoset(cache: Any, path: str, progress: bool = True) -> dict[str, Any]:
+def export_nanoset(cache: TokenSource, path: str, progress: bool = True) -> dict[str, Any]:
     """Write the cache's token stream to ``path`` as Nanotron's original Nanoset did: a headerless dump (uint16 for
     vocabularies under 65,536 tokens, else int32) without document boundaries (each document keeps its EOS)."""
     dtype = np.dtype(np.uint16 if cache.identity["vocab_size"] <= 1 << 16 else np.int32)

@@ -4,7 +4,8 @@ Levanter's ``SupervisedLmDatasetFormat`` field names (``input_field``, ``output_
 ``separate_with``, ``mask_inputs``, ``pack``) with Cerebras' Summarization semantics: the document is
 ``[BOS] prompt [separator] completion [EOS]``, the prompt and the separator are never trained on, the
 completion and its EOS are, and with ``max_seq_length`` / ``min_sequence_len`` an example with too
-many or too few tokens is skipped and counted (``too_long``, ``too_short``), never truncated.
+many or too few tokens is skipped and counted (``too_long``, ``too_short``), never truncated. Cerebras' text repairs
+(``use_ftfy``, ``ftfy_normalizer``, ``wikitext_detokenize``) apply to prompt and completion alike, before tokenizing.
 
 Prompt, separator and completion are tokenized each on its own and their ids concatenated (as
 Cerebras does), so the boundary between prompt and completion is exact: a BPE merge can never straddle
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Pack, RecordRenderer, Rendered, record_field, text_size
+from tokenmix.formats.text_fixes import normal_form, text_fixer
 
 
 @LmDatasetFormatBase.register_subclass("supervised")
@@ -39,11 +41,18 @@ class SupervisedLmDatasetFormat(LmDatasetFormatBase):
     pack: Pack = True
     """Levanter's switch: pack several examples into each sequence (true, or at most this many), or one a sequence
     (false or ``pad``)."""
+    use_ftfy: bool = False
+    """Cerebras: repair prompt and completion with ftfy (mojibake, HTML entities, control characters) before tokenizing."""
+    ftfy_normalizer: str | None = "NFC"
+    """Cerebras: the Unicode normal form ftfy leaves the text in (NFC, NFKC, NFD, NFKD; None: none). Only with ``use_ftfy``."""
+    wikitext_detokenize: bool = False
+    """Cerebras: undo wikitext-103's tokenization in prompt and completion, after ftfy."""
 
     dataset_options = ("pack",)
     default_pack = True
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "ftfy_normalizer", normal_form(self.ftfy_normalizer, "format supervised: ftfy_normalizer"))
         for name in ("max_seq_length", "min_sequence_len"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -58,6 +67,17 @@ class SupervisedLmDatasetFormat(LmDatasetFormatBase):
     def length_limits(self) -> tuple[int | None, int | None]:
         return self.min_sequence_len, self.max_seq_length
 
+    def identity(self) -> dict[str, Any]:
+        """The base identity with the text repairs only when they are on, so supervised caches made before the options
+        existed keep theirs."""
+        identity = super().identity()
+        for option in ("use_ftfy", "wikitext_detokenize"):
+            if not getattr(self, option):
+                del identity[option]
+        if not self.use_ftfy:
+            del identity["ftfy_normalizer"]
+        return identity
+
     def bind(self, context: FormatContext) -> RecordRenderer:
         separator: list[str | list[int]] = []
         if isinstance(self.separate_with, int):
@@ -70,11 +90,18 @@ class SupervisedLmDatasetFormat(LmDatasetFormatBase):
         elif self.separate_with:
             separator = [self.separate_with]
         targets = [False] * (1 + len(separator)) + [True] if self.mask_inputs else None
+        fix = text_fixer(self.use_ftfy, self.ftfy_normalizer, self.wikitext_detokenize)
 
         def render(record: dict[str, Any]) -> Rendered:
             prompt = self._text(record, self.input_field, "input_field")
             completion = self._text(record, self.output_field, "output_field")
-            return Rendered([prompt, *separator, completion], targets, None, *text_size(prompt, completion))
+            size = text_size(prompt, completion)
+            if fix is not None:
+                prompt, completion = fix(prompt), fix(completion)
+                for key, value in ((self.input_field, prompt), (self.output_field, completion)):
+                    if not value:
+                        raise BadRecordError("empty_document", f"{key!r} is empty once use_ftfy/wikitext_detokenize repaired it")
+            return Rendered([prompt, *separator, completion], targets, None, *size)
 
         return render
 

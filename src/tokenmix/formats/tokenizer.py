@@ -1,5 +1,9 @@
 """Loading a tokenizer and describing it: identity fingerprint, special tokens, default BOS/EOS.
 
+A tokenizer is a Hugging Face hub id or tokenizer directory, or given by its files as Cerebras' preprocessing takes
+them: a single ``tokenizer.json`` file (its NeoX ``encoder_file``), or a directory holding GPT-2's ``vocab.json`` and
+``merges.txt`` alone (its GPT-2 ``encoder_file`` and ``vocab_file``).
+
 The fingerprint hashes the tokenizer's full serialized definition (vocabulary, merges,
 normalizer, pre-tokenizer, added tokens) plus its special-token settings and chat template, so
 the same tokenizer loaded by hub name or from a local copy gets the same fingerprint, and any
@@ -73,10 +77,12 @@ class TokenizerInfo(TokenizerIdentity):
 
 _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 _TRUE = ("1", "ON", "YES", "TRUE")  # the values huggingface_hub reads as set
+GPT2_SPECIAL_TOKEN = "<|endoftext|>"
+"""GPT-2's and GPT-NeoX's one special token: BOS, EOS and unknown token of a tokenizer given by its files, when it has it."""
 
 
 def load_tokenizer(name_or_path: str) -> Any:
-    """Load a Hugging Face tokenizer from a local directory, or by hub id.
+    """Load a Hugging Face tokenizer from a local directory or file (see ``_from_local``), or by hub id.
 
     A name that exists locally is loaded from there, never from the hub. Any other name goes to the hub only if it
     could be a hub id (see ``_is_local_path``), and then to the local hub cache alone when HF_HUB_OFFLINE or
@@ -91,11 +97,12 @@ def load_tokenizer(name_or_path: str) -> Any:
                                  "or give a Hugging Face hub id such as 'gpt2' or 'org/name' to download the tokenizer")
     offline = None if local else next((v for v in _OFFLINE_VARIABLES if os.environ.get(v, "").strip().upper() in _TRUE), None)
     try:
-        return _from_pretrained(path if local else name_or_path, local_files_only=local or offline is not None)
+        return _from_local(path) if local else _from_pretrained(name_or_path, local_files_only=offline is not None)
     except (OSError, ValueError) as e:
         if local:
             problem = (f"{path} exists but holds no tokenizer transformers can load. Fix: give a directory holding tokenizer.json "
-                       "(or vocabulary files) and tokenizer_config.json")
+                       "(or vocabulary files) and tokenizer_config.json, a tokenizer.json file, or a directory holding GPT-2's "
+                       "vocab.json and merges.txt")
         elif offline:
             problem = (f"{_missing(name_or_path, path)}, and {offline} is set, so only the local Hugging Face cache was searched "
                        f"and it does not hold this hub id. Fix: check the name, unset {offline} to download it, or give a local directory")
@@ -105,6 +112,18 @@ def load_tokenizer(name_or_path: str) -> Any:
         raise TokenizerLoadError(f"tokenizer {name_or_path!r} could not be loaded: {problem} ({e})") from e
 
 
+def _from_local(path: str) -> Any:
+    """A local tokenizer: a ``tokenizer.json`` file; a directory holding ``vocab.json`` and ``merges.txt`` but neither
+    ``tokenizer.json`` nor ``tokenizer_config.json`` (GPT-2's files, which ``AutoTokenizer`` cannot place); else a Hugging
+    Face tokenizer directory."""
+    if os.path.isfile(path):
+        return _from_tokenizer_file(path)
+    names = set(os.listdir(path))
+    if {"vocab.json", "merges.txt"} <= names and not names & {"tokenizer.json", "tokenizer_config.json"}:
+        return _from_vocab_and_merges(path)
+    return _from_pretrained(path, local_files_only=True)
+
+
 @functools.lru_cache(maxsize=8)
 def _from_pretrained(source: str, local_files_only: bool) -> Any:
     """``AutoTokenizer.from_pretrained``, kept per absolute path or hub id (a call that raises keeps nothing)."""
@@ -112,6 +131,35 @@ def _from_pretrained(source: str, local_files_only: bool) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
+
+
+@functools.lru_cache(maxsize=8)
+def _from_tokenizer_file(path: str) -> Any:
+    """A fast tokenizer over a ``tokenizer.json`` file (a NeoX-style ``encoder_file``), with ``<|endoftext|>`` as BOS, EOS
+    and unknown token when it has that token (as GPT-NeoX's own configuration sets them), else no special tokens."""
+    import_transformers()
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    try:
+        backend = Tokenizer.from_file(path)
+    except Exception as e:  # the tokenizers library raises a bare Exception for a file it cannot parse
+        raise ValueError(f"{path} is not a tokenizer.json file the tokenizers library can read: {e}") from e
+    special = GPT2_SPECIAL_TOKEN if backend.token_to_id(GPT2_SPECIAL_TOKEN) is not None else None
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=special, eos_token=special, unk_token=special)
+
+
+@functools.lru_cache(maxsize=8)
+def _from_vocab_and_merges(directory: str) -> Any:
+    """GPT-2's byte-level BPE over a directory's ``vocab.json`` and ``merges.txt``, with ``<|endoftext|>`` as BOS, EOS and
+    unknown token when the vocabulary has it; without it, no special tokens (GPT-2's defaults would add it as a new id)."""
+    import_transformers()
+    from transformers import GPT2TokenizerFast
+
+    with open(os.path.join(directory, "vocab.json"), "rb") as f:
+        has_special = GPT2_SPECIAL_TOKEN in json.load(f)
+    special = {} if has_special else {"bos_token": None, "eos_token": None, "unk_token": None}
+    return GPT2TokenizerFast.from_pretrained(directory, local_files_only=True, **special)
 
 
 def _is_local_path(name: str) -> bool:

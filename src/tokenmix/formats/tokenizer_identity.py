@@ -3,8 +3,8 @@
 Opening a cache checks that it was made with the config's tokenizer, which needs the tokenizer's fingerprint,
 vocabulary size and special ids. Describing a tokenizer loads it through ``transformers`` (about 0.8 s from a cold
 start, most of it the import); a reader that only opens caches should not pay that. So every description of a
-local tokenizer directory is remembered in a small file keyed by a digest of the directory's tokenizer files and of
-the ``tokenizers``/``transformers`` installations that described it; an open whose key matches reads that file instead.
+local tokenizer directory (or single ``tokenizer.json`` file) is remembered in a small file keyed by a digest of its
+tokenizer files and of the ``tokenizers``/``transformers`` installations that described it; an open whose key matches reads that file instead.
 Changing any tokenizer file, or upgrading either library, changes the key. Hub ids are described in full each time
 (their files live in the hub cache under names this module does not resolve).
 """
@@ -60,19 +60,25 @@ def descriptions_dir() -> Path:
 
 
 def _files_key(name_or_path: str) -> str | None:
-    """A digest of a local tokenizer directory's files and of the libraries that describe them; None for a hub id."""
+    """A digest of a local tokenizer directory's files, or of a tokenizer file, and of the libraries that describe them;
+    None for a hub id."""
     path = os.path.abspath(os.path.expanduser(name_or_path))
-    if not os.path.isdir(path):
+    if os.path.isfile(path):
+        # a file is described otherwise than a directory holding only it (its special tokens are not configured): keys apart
+        path, names, kind = os.path.dirname(path), [os.path.basename(path)], "file\0"
+    elif os.path.isdir(path):
+        names, kind = [name for name in sorted(os.listdir(path)) if _TOKENIZER_FILES.fullmatch(name)], ""
+    else:
         return None
     files = []
-    for name in sorted(os.listdir(path)):
+    for name in names:
         file = os.path.join(path, name)
-        if _TOKENIZER_FILES.fullmatch(name) and os.path.isfile(file):
+        if os.path.isfile(file):
             stat = os.stat(file)
             files.append((name, stat.st_size, stat.st_mtime_ns))
     if not files:
         return None
-    digest = hashlib.sha256(f"{_FORMAT}\0{_installed('tokenizers')}\0{_installed('transformers')}".encode())
+    digest = hashlib.sha256(f"{kind}{_FORMAT}\0{_installed('tokenizers')}\0{_installed('transformers')}".encode())
     for name, size, mtime in files:
         digest.update(name.encode() + b"\0" + _file_digest(os.path.join(path, name), size, mtime))
     return digest.hexdigest()

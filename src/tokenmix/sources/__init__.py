@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from tokenmix.sources.shards import DEFAULT_CHUNK_BYTES, FileShard, PlainText, RawChunk, Shard, ShardReadError
     from tokenmix.sources.token_file import TokenFile, TokenFileError
     from tokenmix.sources.token_files import open_token_files
-    from tokenmix.sources.urls import NoShardsError, expand_urls
+    from tokenmix.sources.urls import NoShardsError, expand_urls, urls_from_metadata_files
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -29,5 +29,6 @@ __all__ = [
     "available_splits",
     "expand_urls",
     "open_token_files",
+    "urls_from_metadata_files",
 ]
 _exports, __getattr__, __dir__ = lazy_exports(__name__, __file__)

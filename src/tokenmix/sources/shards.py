@@ -3,8 +3,9 @@
 A shard is read as a stream of ``RawChunk``s. Records stay raw here (a JSON line as bytes, a
 parsed dict, or a whole text file as PlainText): decoding and validation happen in the tokenizing
 workers, so the reading thread does only I/O and decompression. A record's *position* is its
-index in the shard (for JSON lines: the line index, blank lines included), which is how a build
-resumes: ``read(start=n)`` skips to position n without handing earlier records on.
+index in the shard (for JSON lines: the line index, blank lines included; for a tar archive: the
+index across its members, in archive order), which is how a build resumes: ``read(start=n)`` skips
+to position n without handing earlier records on.
 
 Shard-level failures (missing or unreadable file, truncated or corrupt compressed data) raise
 ``ShardReadError`` after every record read before the failure has been yielded.
@@ -12,9 +13,11 @@ Shard-level failures (missing or unreadable file, truncated or corrupt compresse
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import os
+import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,7 +37,6 @@ from tokenmix.sources.compression import (
 )
 
 logger = logging.getLogger(__name__)
-
 
 
 class PlainText(bytes):
@@ -126,10 +128,13 @@ _VERSION_KEYS = ("ETag", "etag", "generation", "md5Hash", "crc32c", "mtime", "La
 """What object stores (s3fs, gcsfs, ...) report that changes when an object is rewritten, most specific first."""
 
 _TRUNCATION_ERRORS = (TruncatedInputError, EOFError, zstandard.ZstdError)
+_TAR_BUFSIZE = tarfile.RECORDSIZE
+"""Bytes ``tarfile`` reads from the stream at a time; the tail kept to check an archive's end is twice this."""
 
 
 class FileShard:
-    """A file shard: JSON lines, JSON (array or lines), Parquet or plain text, maybe compressed."""
+    """A file shard: JSON lines, JSON (array or lines), Parquet, plain text, or a tar archive of JSON-lines and text
+    files (Cerebras' ``.jsonl.zst.tar``), maybe compressed."""
 
     def __init__(self, url: str):
         self.name = url
@@ -143,12 +148,19 @@ class FileShard:
             self.kind = "parquet"
         elif base.endswith(".txt"):
             self.kind = "txt"
+        elif base.endswith(".tar"):
+            self.kind = "tar"
         else:
             raise ValueError(
-                f"{url}: unknown shard format; name files .jsonl, .json, .parquet or .txt "
-                "(optionally .gz or .zst compressed)"
+                f"{url}: unknown shard format; name files .jsonl, .json, .parquet or .txt (optionally .gz or .zst "
+                "compressed), or .tar of .jsonl and .txt files"
             )
         self._is_array: bool | None = None
+        self._members: dict[int, tuple[int, str, str]] = {}
+        """A tar archive's files seen so far by their index in it: (position of their first record, name, kind). Readers
+        running at once register the same entries (``setdefault``), so none is listed twice."""
+        self._members_complete = False
+        """Whether ``_members`` lists every member (the archive was read to its end)."""
         if self.kind == "parquet" and self.compression:
             raise ValueError(f"{url}: Parquet compresses internally; do not wrap it in {self.compression}")
 
@@ -171,14 +183,36 @@ class FileShard:
         return {"size": int(info["size"]), **dict([version] if version else [])}
 
     def position_label(self, position: int) -> str:
-        """Where a record position is, as a person looks for it: a line, or a record index."""
+        """Where a record position is, as a person looks for it: a line, a tar member and its line, or a record index."""
         return f"{self.name}, {self._record_at(position)}"
 
-    def _record_at(self, position: int) -> str:
-        """A record position inside this file: ``line N`` (1-based) for JSON lines, else ``record N``."""
+    def _record_at(self, position: int, scan: bool = True) -> str:
+        """A record position inside this file: ``line N`` (1-based) for JSON lines, ``member M, line N`` in a tar archive,
+        else ``record N``. A tar member is looked up by reading the archive up to the position unless this shard has read
+        past it already (or ``scan`` is false)."""
+        if self.kind == "tar":
+            member = self._tar_member_at(position, scan)
+            if member is None:
+                return f"record {position} (counted over every member)"
+            first, name, kind = member
+            return f"member {name}" if kind == "txt" else f"member {name}, line {position - first + 1}"
         if self.kind == "jsonl" or (self.kind == "json" and not self._json_is_array()):
             return f"line {position + 1}"
         return f"record {position}"
+
+    def _tar_member_at(self, position: int, scan: bool) -> tuple[int, str, str] | None:
+        """The tar member holding a record position, as ``_members`` lists it (read up to it first when ``scan``)."""
+        if scan and not self._members_complete and (not self._members or self._members[len(self._members) - 1][0] <= position):
+            try:
+                with fsspec.open(self.name, "rb") as raw:
+                    for _ in self._tar_records(decompressing_reader(raw, self.compression)):
+                        if self._members[len(self._members) - 1][0] > position:
+                            break
+            except (OSError, ValueError, EOFError, tarfile.TarError, zstandard.ZstdError):
+                pass  # an unreadable archive is reported by ``read``; the label says what is known
+        members = [self._members[index] for index in range(len(self._members))]
+        found = bisect.bisect_right([first for first, _, _ in members], position) - 1
+        return members[found] if found >= 0 else None
 
     def _json_is_array(self) -> bool:
         if self._is_array is None:
@@ -190,7 +224,8 @@ class FileShard:
         return self._is_array
 
     def read(self, start: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[RawChunk]:
-        reader = {"jsonl": self._read_lines, "json": self._read_json, "parquet": self._read_parquet, "txt": self._read_txt}
+        reader = {"jsonl": self._read_lines, "json": self._read_json, "parquet": self._read_parquet, "txt": self._read_txt,
+                  "tar": self._read_tar}
         position = start
         try:
             with fsspec.open(self.name, "rb") as raw:
@@ -200,8 +235,9 @@ class FileShard:
         except FileNotFoundError as e:
             raise ShardReadError(self.name, position, "missing_file", str(e)) from e
         except _TRUNCATION_ERRORS as e:
-            where = self._record_at(position)
-            detail = (f"the compressed data is cut short in {where} ({type(e).__name__}: {e}); every complete record before "
+            where = self._record_at(position, scan=False)
+            what = "archive" if self.kind == "tar" else "compressed data"
+            detail = (f"the {what} is cut short in {where} ({type(e).__name__}: {e}); every complete record before "
                       f"{where} was read, {where} itself is incomplete; copy the file again from its source")
             raise ShardReadError(self.name, position, "truncated_file", detail) from e
         except ijson.JSONError as e:
@@ -265,6 +301,100 @@ class FileShard:
         if start > 0:
             return
         yield RawChunk(0, [PlainText(data)], len(data))
+
+    def _read_tar(self, raw, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
+        records = self._tar_records(decompressing_reader(raw, self.compression))
+        yield from _chunked(itertools.islice(records, start, None), len, ChunkBuffer(start, chunk_bytes), self._tracked(raw))
+
+    def _tar_records(self, stream) -> Iterator[bytes]:
+        """Every record of a tar archive, member after member in archive order, streamed (the archive is never seeked):
+        each line of a JSON-lines member, each text member whole as ``PlainText``. Directories and links hold no records.
+
+        ``tarfile`` ends a stream quietly where a header is missing, cut or corrupt, so a cut at a member boundary would
+        lose the members after it without a word: the archive must end with its end-of-archive block, or
+        ``TruncatedInputError`` is raised (``ValueError`` for a corrupt header)."""
+        tail = _TailKeepingReader(stream, 2 * _TAR_BUFSIZE)
+        position = 0
+        name = None
+        try:
+            with tarfile.open(fileobj=tail, mode="r|", bufsize=_TAR_BUFSIZE) as tar:
+                for index, member in enumerate(_files_of(tar)):
+                    name = member.name
+                    kind, compression = _tar_member_kind(name)
+                    self._members.setdefault(index, (position, name, kind))
+                    data = decompressing_reader(tar.extractfile(member), compression)
+                    if kind == "txt":
+                        position += 1
+                        yield PlainText(data.read())
+                    else:
+                        for line in data:
+                            position += 1
+                            yield line
+                end = tail.block_at(tar.offset, tarfile.BLOCKSIZE)
+        except tarfile.ReadError as e:
+            if tail.exhausted:
+                raise TruncatedInputError(f"the archive ends {_in_member(name)} ({e})") from e
+            raise ValueError(f"the tar archive is corrupt {_in_member(name)}: {e}") from e
+        if len(end) < tarfile.BLOCKSIZE:
+            raise TruncatedInputError(f"the archive ends {_after_member(name)} without its end-of-archive block")
+        if end.count(0) != tarfile.BLOCKSIZE:
+            raise ValueError(f"the tar archive is corrupt {_after_member(name)}: byte {tar.offset} is no tar header")
+        self._members_complete = True
+
+
+def _files_of(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """The regular files of a tar archive read as a stream, in archive order."""
+    while (member := tar.next()) is not None:
+        tar.members.clear()  # a stream keeps every header it passed otherwise: memory would grow with the member count
+        if member.isreg():
+            yield member
+
+
+def _tar_member_kind(name: str) -> tuple[str, str | None]:
+    """What a tar member holds (``jsonl`` or ``txt``) and its compression, from its name; ``ValueError`` for others."""
+    base = strip_compression_suffix(name).lower()
+    if base.endswith((".jsonl", ".ndjson")):
+        return "jsonl", compression_of(name)
+    if base.endswith(".txt"):
+        return "txt", compression_of(name)
+    raise ValueError(f"tar member {name!r} is neither JSON lines nor text; a tar shard holds .jsonl, .ndjson or .txt members "
+                     "(optionally .gz or .zst compressed): repack the archive without it")
+
+
+def _in_member(name: str | None) -> str:
+    return "before its first file" if name is None else f"in or after member {name!r}"
+
+
+def _after_member(name: str | None) -> str:
+    return "before its first file" if name is None else f"after member {name!r}"
+
+
+class _TailKeepingReader:
+    """A binary stream's reads passed through, keeping the position, the last ``keep`` bytes read, and whether a read
+    found nothing left: what is needed to check where ``tarfile`` stopped reading a stream. ``tarfile`` reads a stream
+    ``bufsize`` bytes at a time, so the header block it stopped at lies in its last two reads: ``keep`` is twice that."""
+
+    def __init__(self, stream, keep: int):
+        self._stream = stream
+        self._keep = keep
+        self._tail = b""
+        self.position = 0
+        self.exhausted = False
+        """Whether a read asked for bytes after the last one."""
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        if size != 0 and not data:
+            self.exhausted = True
+        self.position += len(data)
+        self._tail = (self._tail + data)[-self._keep :]
+        return data
+
+    def block_at(self, offset: int, size: int) -> bytes:
+        """The bytes read at ``[offset, offset + size)``, fewer where the stream ended (``offset`` must still be kept)."""
+        start = offset - (self.position - len(self._tail))
+        assert start >= 0, f"byte {offset} is no longer kept"
+        return self._tail[start : start + size]
 
 
 def _chunked(records: Iterator[RawRecord], size: Callable[[Any], int], buf: ChunkBuffer, consumed: Callable[[], int]) -> Iterator[RawChunk]:

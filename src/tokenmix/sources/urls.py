@@ -1,13 +1,15 @@
-"""Turn the URL patterns of a source config into the ordered list of shard URLs.
+"""Turn the URL patterns of a source config, or the files listing its inputs, into the ordered list of shard URLs.
 
 Order matters: the cache stores rows in listed-shard order (invariant 2), so expansion is
 deterministic: patterns in the order given, brace alternatives in the order written, glob
-matches sorted.
+matches sorted; listed inputs in the order of their listing files and lines.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import posixpath
 from collections.abc import Iterable
 
 import braceexpand
@@ -19,7 +21,9 @@ _GLOB_CHARS = ("*", "?", "[")
 
 
 class NoShardsError(ValueError):
-    """A URL pattern matched no file."""
+    """A URL pattern matched no file.
+
+    Also raised for a metadata (listing) file that is missing or lists nothing, or names an input that does not exist."""
 
 
 def expand_urls(patterns: Iterable[str]) -> list[str]:
@@ -51,3 +55,54 @@ def _expand_glob(url: str) -> list[str]:
     if "://" in url:
         return [fs.unstrip_protocol(p) for p in sorted(paths)]
     return sorted(paths)
+
+
+def urls_from_metadata_files(paths: list[str]) -> list[str]:
+    """The input files listed in Cerebras-style metadata files: one path or URL a line, in the order of the files and
+    their lines, duplicates dropped (the first kept). Blank lines and lines starting with ``#`` are skipped. A relative
+    entry is taken relative to the listing file's own directory (so a listing moves with its data), and local paths
+    come back absolute; entries are literal, never brace-expanded or globbed. Listing files and entries may be local
+    paths or fsspec URLs.
+
+    Every entry is checked to exist (one ``exists`` call each, so a missing input is named with its listing file and
+    line before any building starts); a missing or empty listing file, or a missing entry, raises ``NoShardsError``.
+    """
+    out: list[str] = []
+    seen: set[str] = set()
+    for listing in paths:
+        fs, path = fsspec.core.url_to_fs(listing)
+        try:
+            text = fs.cat_file(path).decode("utf-8")
+        except FileNotFoundError:
+            raise NoShardsError(f"metadata file {listing!r} does not exist; check the path in metadata_files") from None
+        except UnicodeDecodeError as e:
+            raise NoShardsError(f"metadata file {listing!r} is not UTF-8 text (byte {e.start}); give a text file of one input path a line") from None
+        listed = 0
+        for number, line in enumerate(text.splitlines(), 1):
+            entry = line.strip()
+            if not entry or entry.startswith("#"):
+                continue
+            url = _beside(listing, entry)
+            entry_fs, entry_path = fsspec.core.url_to_fs(url)
+            if not entry_fs.exists(entry_path):
+                resolved = "" if url == entry else f" (resolved against the listing's directory: {url})"
+                raise NoShardsError(f"{listing}, line {number}: input {entry!r} does not exist{resolved}; fix the path or remove the line")
+            listed += 1
+            if url not in seen:
+                seen.add(url)
+                out.append(url)
+        if not listed:
+            raise NoShardsError(f"metadata file {listing!r} lists no input files; give one input path a line, or remove it from metadata_files")
+    return out
+
+
+def _beside(listing: str, entry: str) -> str:
+    """``entry`` as written when it is a URL; a local path made absolute, a relative one taken from the directory of the
+    ``listing`` file (so the same input listed twice, or from two listings, has one name); a relative entry of a listing
+    given by URL joined to that URL's directory."""
+    if "://" in entry:
+        return entry
+    if "://" in listing and not os.path.isabs(entry):
+        protocol, _, rest = listing.partition("://")
+        return f"{protocol}://{posixpath.normpath(posixpath.join(posixpath.dirname(rest), entry))}"
+    return os.path.abspath(os.path.join(os.path.dirname(listing), entry))
