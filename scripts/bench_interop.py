@@ -7,7 +7,8 @@ Builds (or reuses) the config's train caches, exports each source to Megatron ``
 is writing the same bytes from memory with ``ndarray.tofile``, timed right after), then reads shuffled 64 x 2048 batches
 of a mixture of those Megatron sources (``token_files: {kind: megatron}``) with ``MixtureDataset.get_batch``; in the
 same run the very same windows are gathered from raw ``np.memmap``s of the ``.bin`` files (page cache warm): the limit.
-Also times datatrove, Nanoset and Levanter exports. Best of --repeats passes each, measured and limit in turns.
+Also times datatrove, Nanoset and Levanter exports, and Cerebras HDF5 (gzip, as Cerebras writes, and uncompressed)
+against a raw write of its samples' bytes. Best of --repeats passes each, measured and limit in turns.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from functools import partial
 import numpy as np
 
 from tokenmix import build_caches, load_data_config, open_cache
-from tokenmix.export import export_datatrove, export_levanter, export_megatron, export_nanoset
+from tokenmix.export import Hdf5ExportOptions, export_datatrove, export_hdf5, export_levanter, export_megatron, export_nanoset, read_hdf5_samples
 
 BATCH, SEQ = 64, 2048
 
@@ -55,6 +56,28 @@ def export_against_raw_write(cache, path: str, repeats: int) -> tuple[float, flo
     return best_alternating(repeats, partial(export_megatron, cache, path + "_text_document", progress=False), raw_write)
 
 
+def hdf5_against_raw_write(cache, out: str, compression: str | None, repeats: int) -> tuple[float, float]:
+    """Seconds to export ``cache`` to Cerebras HDF5 (2048-token samples), and to write as many bytes from memory."""
+    import shutil
+
+    options = Hdf5ExportOptions(max_seq_length=SEQ, compression=compression)
+
+    def export() -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        export_hdf5(cache, out, options, progress=False)
+
+    export()
+    samples = np.concatenate(list(read_hdf5_samples(out)))
+
+    def raw_write() -> None:
+        with open(out + ".raw", "wb") as f:
+            samples.tofile(f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    return best_alternating(repeats, export, raw_write)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config_path", default="config/shared_corpus.yaml")
@@ -75,6 +98,10 @@ def main() -> None:
                              ("levanter", partial(export_levanter, first, os.path.join(tmp, "levanter"), tokenizer="t", progress=False))):
             seconds = best(args.repeats, export)
             print(f"{kind} export of {label}: {seconds:.3f} s, {first.num_tokens() / seconds / 1e6:.1f} M tokens/s")
+        for compression in ("gzip", None):
+            hdf5_s, raw_s = hdf5_against_raw_write(first, os.path.join(tmp, f"h5_{compression}"), compression, args.repeats)
+            print(f"hdf5 export of {label} (compression {compression}): {hdf5_s:.3f} s, {first.num_tokens() / hdf5_s / 1e6:.1f} M tokens/s; "
+                  f"raw write of its samples' bytes {raw_s:.3f} s: {raw_s / hdf5_s:.2f}x")
 
         megatron = load_data_config({
             "tokenizer": config.tokenizer, "cache_dir": os.path.join(tmp, "plans"),
