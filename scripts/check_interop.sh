@@ -20,7 +20,8 @@ if [[ "${SKIP_INSTALL:-0}" != 1 ]]; then
   "$PYTHON" -m venv "$INTEROP_VENV"
   "$INTEROP_VENV/bin/pip" install -q -e . torch megatron-core datatrove
   "$PYTHON" -m venv "$LEVANTER_VENV"
-  "$LEVANTER_VENV/bin/pip" install -q -e . "$LEVANTER_SPEC"
+  # gitpython and chex: Levanter imports them without declaring them (at commit 9263f81)
+  "$LEVANTER_VENV/bin/pip" install -q -e . "$LEVANTER_SPEC" gitpython chex
 fi
 "$INTEROP_VENV/bin/python" scripts/interop/check_megatron_datatrove.py
 "$LEVANTER_VENV/bin/python" scripts/interop/check_levanter.py
