@@ -276,7 +276,7 @@ def test_nanoset_and_datatrove_errors_name_the_fix(tmp_path, text_cache):
     np.array([5, 3], "<u8").tofile(path + ".index")
     with pytest.raises(TokenFileError, match="document ends must increase"):
         tokenmix.open_cache(mixture(tmp_path, {"d": {"train_urls": [path], "token_files": {"kind": "datatrove"}}}), "d")
-    with pytest.raises(ValueError, match="eos_id splits Nanoset streams"):
+    with pytest.raises(ValueError, match="eos_id splits Nanoset streams"):  # datatrove files index their documents
         mixture(tmp_path, {"d": {"train_urls": [path], "token_files": {"kind": "datatrove", "eos_id": 0}}})
 
 
@@ -380,3 +380,31 @@ def test_the_export_command_converts_a_sources_token_files_and_a_cache(tmp_path,
     assert main(["export", "--to", "datatrove", "--output", str(tmp_path / "d" / "web.ds"), "--cache", text_cache.location]) == 0
     assert np.array_equal(np.fromfile(tmp_path / "d" / "web.ds", np.uint16), stream)
     assert main(["export", "--to", "nanoset", "--output", str(tmp_path / "x.npy"), "--cache", str(tmp_path / "nowhere")]) == 1
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_a_cerebras_lm_export_reads_back_as_a_source_with_identical_documents(tmp_path, text_cache, pack):
+    from tokenmix.export import Hdf5ExportOptions, export_hdf5
+
+    options = Hdf5ExportOptions(max_seq_length=300, pack_sequences=pack, min_sequence_len=1, files_per_record=200,
+                                short_seq_prob=0.3 if pack else 0.0, seed=3)
+    export_hdf5(text_cache, str(tmp_path / "h5"), options, progress=False)
+    config = mixture(tmp_path, {"h5": {"train_urls": [str(tmp_path / "h5")], "token_files": {"kind": "hdf5"}}})
+    opened = tokenmix.open_cache(config, "h5")
+    assert opened.num_rows() == text_cache.num_rows() and not opened.has_loss_spans
+    assert all(np.array_equal(a, b) for a, b in zip(rows_of(opened), rows_of(text_cache)))
+
+
+def test_a_cerebras_summarization_export_reads_back_with_its_loss_masks(tmp_path, supervised_cache):
+    from tokenmix.export import Hdf5ExportOptions, export_hdf5
+
+    export_hdf5(supervised_cache, str(tmp_path / "h5"), Hdf5ExportOptions(mode="summarization", max_seq_length=128,
+                                                                            min_sequence_len=1), progress=False)
+    config = mixture(tmp_path, {"sup": {"train_urls": [str(tmp_path / "h5")], "token_files": {"kind": "hdf5"},
+                                        "format": {"type": "supervised"}}})
+    opened = tokenmix.open_cache(config, "sup")
+    assert all(np.array_equal(a, b) for a, b in zip(rows_of(opened), rows_of(supervised_cache)))
+    for got, want in zip(opened.loss_spans(0, opened.num_rows()), supervised_cache.loss_spans(0, supervised_cache.num_rows())):
+        assert np.array_equal(got, want)
+    with pytest.raises(TokenFileError, match="no data_params.json"):
+        tokenmix.open_cache(mixture(tmp_path, {"x": {"train_urls": [str(tmp_path)], "token_files": {"kind": "hdf5"}}}), "x")

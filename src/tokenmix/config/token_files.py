@@ -32,7 +32,7 @@ class TokenFilesConfig:
 
     kind: str = "megatron"
     """megatron (``prefix.bin`` + ``prefix.idx``; name the prefix or either file), datatrove (``.ds`` files or folders of
-    them), or nanoset (Nanotron's ``*_input_ids.npy`` token dumps)."""
+    them), nanoset (Nanotron's ``*_input_ids.npy`` token dumps), or hdf5 (directories of Cerebras HDF5 samples)."""
     tokenizer: str | None = None
     """The tokenizer the files were made with (hub name or local directory); unset: the config's tokenizer."""
     dtype: str | None = None
@@ -40,7 +40,7 @@ class TokenFilesConfig:
     without ``.metadata`` (uint16 or uint32)."""
     eos_id: int | None = None
     """Nanoset files hold one stream without document boundaries: a document ends after each of these ids (unset:
-    the stream is one document)."""
+    the stream is one document). Cerebras HDF5: the EOS its documents end with, where data_params.json does not say."""
     split: str | None = None
     """Nanotron's and Megatron's ``949,50,1``: train, validation and test by ratio of this source's examples (or, with
     ``split_by: documents``, of its documents), each a contiguous range."""
@@ -54,7 +54,7 @@ class TokenFilesConfig:
             parse_split(self.split, "token_files.split")
         if self.split_by not in ("examples", "documents"):
             raise ValueError(f"token_files.split_by must be examples or documents, got {self.split_by!r}")
-        if self.eos_id is not None and self.kind != "nanoset":
+        if self.eos_id is not None and self.kind not in ("nanoset", "hdf5"):
             raise ValueError(f"token_files.eos_id splits Nanoset streams into documents; {self.kind} files record their documents, "
                              "so remove eos_id")
 
@@ -83,7 +83,7 @@ class TokenFilesConfig:
                 logger.warning("%s: declared tokenizer %r is not the config's %r (same vocabulary size, %d, but other tokens or "
                                "merges); its ids are read as they are", where, self.tokenizer, config_tokenizer, declared.vocab_size)
         return {"token_files": self.kind, "tokenizer_fingerprint": declared.fingerprint, "vocab_size": declared.vocab_size,
-                "eos_id": self.eos_id if self.kind == "nanoset" else declared.eos_id}
+                "eos_id": self.eos_id if self.kind in ("nanoset", "hdf5") else declared.eos_id}
 
 
 def check_vocabulary(files: list[TokenFile], vocab_size: int, where: str) -> None:

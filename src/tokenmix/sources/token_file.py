@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-TokenFileKind = Literal["megatron", "datatrove", "nanoset"]
-TOKEN_FILE_KINDS: tuple[str, ...] = ("megatron", "datatrove", "nanoset")
+TokenFileKind = Literal["megatron", "datatrove", "nanoset", "hdf5"]
+TOKEN_FILE_KINDS: tuple[str, ...] = ("megatron", "datatrove", "nanoset", "hdf5")
 
 
 class TokenFileError(ValueError):
