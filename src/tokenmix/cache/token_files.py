@@ -108,20 +108,22 @@ class TokenFilesCache:
         if not self.has_loss_spans:
             raise ValueError(f"{self!r}: these token files have no loss values (every token is trained on)")
         self._check_rows(start, stop)
-        found = [self._spans_of(a, min(b, stop)) for a, b in _row_blocks(self._bounds, start, stop)]
+        found = [self._spans_of(a, b) for a, b in _row_blocks(self._bounds, start, stop)]
         if not found:
             return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
         return tuple(np.concatenate(parts) for parts in zip(*found))  # type: ignore[return-value]
 
     def _spans_of(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         lo, hi = int(self._bounds[start]), int(self._bounds[stop])
-        trained = np.concatenate([np.asarray(self.files[f].loss[a:b]) for f, a, b in self._file_slices(lo, hi)]).astype(bool) \
-            if hi > lo else np.empty(0, bool)
+        if hi == lo:
+            return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+        trained = np.concatenate([np.asarray(self.files[f].loss[a:b]) for f, a, b in self._file_slices(lo, hi)]).astype(bool)
+        starts, ends = self._bounds[start:stop] - lo, self._bounds[start + 1 : stop + 1] - lo
         row_start = np.zeros(hi - lo, bool)
-        row_start[self._bounds[start:stop] - lo] = True
+        row_start[starts[starts < hi - lo]] = True  # an empty last row starts at the end
         opens = trained & (row_start | ~np.concatenate([[False], trained[:-1]]))
         row_end = np.zeros(hi - lo, bool)
-        row_end[self._bounds[start + 1 : stop + 1] - lo - 1] = True
+        row_end[ends[ends > 0] - 1] = True
         closes = trained & (row_end | ~np.concatenate([trained[1:], [False]]))
         begins, ends = np.flatnonzero(opens) + lo, np.flatnonzero(closes) + lo + 1
         rows = np.searchsorted(self._bounds, begins, side="right") - 1

@@ -236,7 +236,7 @@ class LMMixtureDatasetConfig(TokenizationConfig):
         """The training mixture of ``seq_len``-token examples (``seq_len + 1`` under ``example_convention: megatron``);
         ``key`` overrides the config's ``seed``."""
         schedule = self.weight_schedule()
-        seed = self.seed if key is None else int(np.asarray(key).ravel()[-1])
+        seed = self._seed(key)
         datasets = self.train_sources(seq_len, key)
         weights = [(start, {n: w.get(n, 0.0) for n in datasets}) for start, w in schedule]
         return MixtureDataset(
@@ -252,9 +252,13 @@ class LMMixtureDatasetConfig(TokenizationConfig):
         """Per source with a training weight, its training examples before mixing: what ``train_set`` draws from (held-out
         documents, a ``split``'s other parts and budgets already taken away), in config order."""
         schedule = self.weight_schedule()
-        seed = self.seed if key is None else int(np.asarray(key).ravel()[-1])
+        seed = self._seed(key)
         return {n: self._budgeted(n, self._train_dataset(n, seq_len, i), seed) for i, n in enumerate(self.configs)
                 if any(w.get(n, 0) > 0 for _, w in schedule)}
+
+    def _seed(self, key: int | None) -> int:
+        """The config's ``seed``, or the last word of a given key (a JAX PRNG key as well as an int)."""
+        return self.seed if key is None else int(np.asarray(key).ravel()[-1])
 
     def _budgeted(self, name: str, dataset: Dataset, seed: int) -> Dataset:
         """A source's training examples cut to its simulated budget or ``max_train_batches`` (a random subset)."""
