@@ -245,7 +245,8 @@ def test_a_jsonl_zst_tar_reads_every_member_in_archive_order_and_resumes_at_any_
     for start in (1, first_member - 1, first_member, first_member + 1, len(lines) - 1, len(lines)):
         assert read_all(url, start, chunk_bytes=4096) == lines[start:]
     shard = FileShard(url)
-    assert shard.position_label(first_member + 4) == f"{url}, member {SOURCES[1]}/validation.jsonl.zst, line 5"
+    within = min(4, len(read_jsonl_zst(corpus_shards()[1])) - 1)  # the bundled python_doc slice has 4 records
+    assert shard.position_label(first_member + within) == f"{url}, member {SOURCES[1]}/validation.jsonl.zst, line {within + 1}"
     assert shard.position_label(0) == f"{url}, member {SOURCES[0]}/validation.jsonl.zst, line 1"
 
 
