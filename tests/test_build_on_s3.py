@@ -108,3 +108,23 @@ def test_exact_reads_of_an_s3_cache_match_the_local_cache(s3, tmp_path, monkeypa
         windows[name] = ds.get_batch(np.random.default_rng(0).permutation(len(ds))).tokens
     assert cache.num_tokens() > 4 * (1 << 14)
     assert np.array_equal(windows["remote"], windows["local"])
+
+
+def test_a_levanter_cache_on_object_storage_is_read_in_place_by_a_mixture(s3, tmp_path):
+    """Levanter users keep finished caches in buckets: a mixture pointed at one reads it there, building nothing."""
+    from tokenmix.export import export_levanter
+
+    local = tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "local"),
+                                       "configs": {"web": {"train_urls": demo_urls("webster")}}})
+    tokenmix.build_caches(local, progress=False)
+    built = tokenmix.open_cache(local, "web")
+    export_levanter(built, f"s3://{BUCKET}/levanter/web/train", tokenizer=TOKENIZER, progress=False)
+    remote = tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "unused"), "configs": {
+        "web": {"train_urls": demo_urls("webster"), "cache_dir": f"s3://{BUCKET}/levanter/web"}}})
+    tokenmix.build_caches(remote, progress=False)
+    opened = tokenmix.open_cache(remote, "web")
+    assert opened.identity["levanter_cache"] and opened.num_rows() == built.num_rows()
+    rows = np.random.default_rng(0).choice(built.num_rows(), 20, replace=False)
+    assert all(np.array_equal(a, b) for a, b in zip(opened.get_rows(rows), built.get_rows(rows)))
+    seq = tokenmix.TokenSeqDataset(opened, 256)
+    assert np.array_equal(seq.get_batch(range(8)).tokens, tokenmix.TokenSeqDataset(built, 256).get_batch(range(8)).tokens)
