@@ -349,7 +349,7 @@ def test_a_nanotron_config_with_a_datatrove_folder_and_bad_stages(tmp_path, text
       seed: 5
 """)
     config = tokenmix.load_data_config(path)
-    assert config.configs["dt"].token_files.kind == "datatrove"
+    assert config.configs["dt"].token_files.kind == "datatrove" and config.example_convention == "datatrove"
     assert tokenmix.open_cache(config, "dt").num_rows() == text_cache.num_rows()
     late = nanotron_yaml(tmp_path, f"""
   - name: late
@@ -408,3 +408,31 @@ def test_a_cerebras_summarization_export_reads_back_with_its_loss_masks(tmp_path
         assert np.array_equal(got, want)
     with pytest.raises(TokenFileError, match="no data_params.json"):
         tokenmix.open_cache(mixture(tmp_path, {"x": {"train_urls": [str(tmp_path)], "token_files": {"kind": "hdf5"}}}), "x")
+
+
+def test_datatrove_windows_stay_inside_each_file_as_nanotrons_datatrove_nanosets_read_them(tmp_path, text_cache):
+    """DatatroveFolderDataset: file after file, windows of seq_len + 1 tokens with no overlap, a file's partial last
+    window left out (its len is tokens // (seq_len + 1)); each window's segment ids restart at each document."""
+    rows = rows_of(text_cache)
+    width = SEQ_LEN + 1
+    total = sum(len(r) for r in rows)
+    # a split whose two partial last windows add up to more than a window, so windows across files would differ in count
+    half = next(h for h in range(1, len(rows)) if sum(len(r) for r in rows[:h]) % width + (total - sum(len(r) for r in rows[:h])) % width >= width)
+    folder = tmp_path / "dt"
+    for name, part in (("000.ds", rows[:half]), ("001.ds", rows[half:])):
+        folder.mkdir(exist_ok=True)
+        np.concatenate(part).astype("<u2").tofile(folder / name)
+        np.cumsum([len(r) for r in part]).astype("<u8").tofile(folder / (name + ".index"))
+    config = mixture(tmp_path, {"dt": {"train_urls": [str(folder)], "token_files": {"kind": "datatrove"}}},
+                     example_convention="datatrove")
+    examples = config.train_sources(SEQ_LEN)["dt"]
+    files = [np.fromfile(folder / n, "<u2") for n in ("000.ds", "001.ds")]
+    expected = [f[w * width : (w + 1) * width] for f in files for w in range(len(f) // width)]
+    assert examples.tokens_per_example == width and len(examples) == len(expected)
+    assert sum(len(f) for f in files) // width > len(expected)  # windows across the file boundary would make more
+    batch = examples.get_batch(range(len(expected)))
+    assert np.array_equal(batch.tokens, np.stack(expected))
+    doc_starts = [np.cumsum([0] + [len(r) for r in part])[:-1] for part in (rows[:half], rows[half:])]
+    segments = [np.searchsorted(starts, w * width + np.arange(width), side="right") - np.searchsorted(starts, w * width, side="right")
+                for f, starts in zip(files, doc_starts) for w in range(len(f) // width)]
+    assert np.array_equal(batch.segment_ids, np.stack(segments))  # segments restart at each document, counted within its file

@@ -56,6 +56,10 @@ class TokenFilesCache:
         """What the files say of themselves, per file."""
         return {"files": [{"path": f.path, "documents": len(f.ends), "tokens": len(f.tokens), **f.info} for f in self.files]}
 
+    def file_ranges(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where each file's tokens begin in the joint stream, and how many it holds."""
+        return self._file_starts[:-1].copy(), np.diff(self._file_starts)
+
     def num_rows(self) -> int:
         return len(self._bounds) - 1
 

@@ -17,6 +17,7 @@ import numpy as np
 from tokenmix.cache.options import BuildOptions
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import join_location
+from tokenmix.cache.token_files import TokenFilesCache
 from tokenmix.config.caches import open_cache
 from tokenmix.config.components import DatasetComponentBase, resolve_components
 from tokenmix.config.holdout import held_out_documents, kept_documents
@@ -89,10 +90,12 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     auto_build_caches: bool | None = None
     """Newer Levanter: whether opening a missing cache builds it. Accepted: opening never builds here (``build_caches``
     or ``tokenmix build-cache`` does), so a missing cache is an error either way."""
-    example_convention: Literal["levanter", "megatron"] = "levanter"
+    example_convention: Literal["levanter", "megatron", "datatrove"] = "levanter"
     """levanter: an example is ``seq_len`` tokens of a source's stream, the next starting where it ends. megatron (Megatron,
     Nanoset): ``seq_len + 1`` tokens read every ``seq_len``, so inputs and their shifted labels come from one read and
-    consecutive examples share a token; batches are then ``seq_len + 1`` wide."""
+    consecutive examples share a token. datatrove (Nanotron's datatrove-backed Nanosets): ``seq_len + 1`` tokens with no
+    overlap, never across the end of a token file (a file's last partial window is left out). Batches are ``seq_len + 1``
+    wide under both."""
     block_cross_document_attention: bool | None = None
     """Newer Levanter: whether attention stops at document boundaries. Accepted: every tokenmix batch carries the
     segment ids that blocking needs, and whether to block is the model's choice."""
@@ -112,8 +115,8 @@ class LMMixtureDatasetConfig(TokenizationConfig):
             logger.info("shuffle_buffer_size %d (older Levanter) is read as shuffle: %d: each source shuffled within eras of "
                         "that many examples", self.shuffle_buffer_size, self.shuffle_buffer_size)
             object.__setattr__(self, "shuffle", self.shuffle_buffer_size)
-        if self.example_convention not in ("levanter", "megatron"):
-            raise ValueError(f"example_convention must be levanter or megatron, got {self.example_convention!r}")
+        if self.example_convention not in ("levanter", "megatron", "datatrove"):
+            raise ValueError(f"example_convention must be levanter, megatron or datatrove, got {self.example_convention!r}")
         if self.stop_strategy not in STOP_STRATEGIES:
             raise ValueError(f"stop_strategy: expected one of {STOP_STRATEGIES}, got {self.stop_strategy!r}")
         check_shuffle(self.shuffle, "mixture config")
@@ -201,9 +204,15 @@ class LMMixtureDatasetConfig(TokenizationConfig):
 
     def _source_examples(self, name: str, cache: TokenCache, seq_len: int, source_id: int, documents: np.ndarray | None) -> Dataset:
         packing = self.configs[name].packing_options()
-        width = seq_len + 1 if self.example_convention == "megatron" else seq_len
+        width = seq_len if self.example_convention == "levanter" else seq_len + 1
         if packing is None:
-            return TokenSeqDataset(cache, width, source_id, documents=documents, stride=seq_len)
+            if self.example_convention != "datatrove":
+                return TokenSeqDataset(cache, width, source_id, documents=documents, stride=seq_len)
+            runs = None
+            if isinstance(cache, TokenFilesCache) and documents is None:
+                begins, sizes = cache.file_ranges()
+                runs = (begins, sizes // width * width)
+            return TokenSeqDataset(cache, width, source_id, documents=documents, token_runs=runs)
         return PackedDataset(
             cache, width, source_id, pad_id=self.pad_id(), max_segments_per_example=packing.max_segments_per_example,
             long_documents=packing.long_documents, shuffle=packing.shuffle, key=packing.seed, documents=documents,
@@ -233,7 +242,7 @@ class LMMixtureDatasetConfig(TokenizationConfig):
         return held_out_documents(np.diff(bounds), wanted, derive_key("holdout", name), self.shuffle_before_trainval_split)
 
     def train_set(self, seq_len: int, key: int | None = None) -> MixtureDataset:
-        """The training mixture of ``seq_len``-token examples (``seq_len + 1`` under ``example_convention: megatron``);
+        """The training mixture of ``seq_len``-token examples (``seq_len + 1`` under ``example_convention`` megatron or datatrove);
         ``key`` overrides the config's ``seed``."""
         schedule = self.weight_schedule()
         seed = self._seed(key)

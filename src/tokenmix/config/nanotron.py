@@ -4,17 +4,21 @@ Each stage's ``data.dataset.data_path`` (one path, or a mapping of paths to weig
 ``dataset_folder`` likewise) names token files: a ``.npy`` file is a Nanoset dump, a folder holds datatrove ``.ds``
 files. Every path becomes a token-file source named after its file; the stages become weight stages from
 ``start_training_step`` (Nanotron counts steps from 1, tokenmix from 0); ``split`` cuts each source into contiguous
-train / validation / test parts; ``seed`` seeds the mixture. Examples follow Nanoset's convention: ``seq_len + 1``
-tokens read every ``seq_len``. The batch size is Nanotron's ``micro_batch_size x batch_accumulation_per_replica x dp``.
+train / validation / test parts; ``seed`` seeds the mixture. Examples follow Nanotron's conventions: Nanoset files give
+``seq_len + 1`` tokens read every ``seq_len``; datatrove folders alone, windows of ``seq_len + 1`` that do not overlap
+nor cross a file's end. The batch size is Nanotron's ``micro_batch_size x batch_accumulation_per_replica x dp``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from typing import Any
 
 from tokenmix.formats.tokenizer_identity import tokenizer_identity
+
+logger = logging.getLogger(__name__)
 
 NANOSET_SUFFIXES = ("_input_ids.npy", ".npy")
 
@@ -94,8 +98,13 @@ def nanotron_mixture(doc: dict[str, Any], where: str) -> dict[str, Any]:
         weights.append([start, stage_weights])
     if weights[0][0] != 0:
         raise ValueError(f"{where}: the first stage starts at step {weights[0][0] + 1}; Nanotron's first stage starts at step 1")
+    kinds = {source["token_files"]["kind"] for source in sources.values()}
+    if kinds == {"nanoset", "datatrove"}:
+        logger.info("%s: Nanoset files and datatrove folders in one config: every source is read in Nanoset's examples "
+                    "(seq_len + 1 tokens every seq_len); Nanotron reads datatrove folders in windows that do not overlap", where)
+    convention = "datatrove" if kinds == {"datatrove"} else "megatron"
     mixture: dict[str, Any] = {"configs": sources, "train_weights": weights if len(weights) > 1 else weights[0][1],
-                               "example_convention": "megatron", "seed": int(seed or 0), "cache_dir": cache_dir or ".tokenmix_cache"}
+                               "example_convention": convention, "seed": int(seed or 0), "cache_dir": cache_dir or ".tokenmix_cache"}
     if tokenizer:
         mixture["tokenizer"] = tokenizer
     tokens = doc.get("tokens") or {}

@@ -1,7 +1,8 @@
 """A cache viewed as one token stream cut into examples of ``seq_len`` tokens (Levanter's layout).
 
 Example i is tokens ``[i * seq_len, (i + 1) * seq_len)`` of the stream; a trailing partial example is
-dropped. With a ``stride`` below ``seq_len`` examples overlap: Megatron's and Nanoset's samples are
+dropped (with ``token_runs``, the stream is some ranges of the cache laid end to end). With a ``stride`` below
+``seq_len`` examples overlap: Megatron's and Nanoset's samples are
 ``seq_len + 1`` tokens read every ``seq_len`` (inputs and shifted labels from one read), which is
 ``TokenSeqDataset(cache, seq_len + 1, stride=seq_len)``. Changing ``seq_len`` needs no re-tokenizing. Document boundaries come from the cache's
 offsets (not from EOS tokens), so segment ids are exact whatever the format. The stream is either the
@@ -27,9 +28,11 @@ class TokenSeqDataset(DirectDataset):
     """Fixed-length examples over a cache's documents, with loss masks and per-document segment ids."""
 
     def __init__(self, cache: TokenCache, seq_len: int, source_id: int = 0, documents: np.ndarray | None = None,
-                 stride: int | None = None):
+                 stride: int | None = None, token_runs: tuple[np.ndarray, np.ndarray] | None = None):
         """``documents``: sorted row numbers to keep (the cache must be finished); None keeps every row.
-        ``stride``: tokens from one example's start to the next (``seq_len`` when None: no overlap)."""
+        ``stride``: tokens from one example's start to the next (``seq_len`` when None: no overlap).
+        ``token_runs``: instead of documents, ``(begins, lengths)`` of sorted, disjoint ranges of the token stream that
+        make the stream, each beginning a document (a finished cache): datatrove's windows, which stay inside a file."""
         if seq_len < 2:
             raise ValueError(f"seq_len must be >= 2, got {seq_len}")
         stride = seq_len if stride is None else stride
@@ -40,9 +43,13 @@ class TokenSeqDataset(DirectDataset):
         self.stride = stride
         self.source_id = source_id
         self._docs = CacheDocuments(cache)
-        self._subset = documents is not None
-        if self._subset:
+        self._subset = documents is not None or token_runs is not None
+        if documents is not None and token_runs is not None:
+            raise ValueError(f"{cache.location}: give documents or token_runs, not both")
+        if documents is not None:
             self._use_subset(checked_subset(self._docs, documents))
+        elif token_runs is not None:
+            self._use_runs(*token_runs)
         else:
             self._run_stream = np.zeros(1, np.int64)
             self._run_tokens = np.zeros(1, np.int64)
@@ -67,6 +74,21 @@ class TokenSeqDataset(DirectDataset):
         self._run_stream = self._doc_starts[run_first]
         self._run_tokens = self._bounds[docs[run_first]]
         self._stream_tokens = int(self._doc_starts[-1])
+
+    def _use_runs(self, begins: np.ndarray, lengths: np.ndarray) -> None:
+        begins, lengths = np.asarray(begins, np.int64), np.asarray(lengths, np.int64)
+        ends = begins + lengths
+        if not self._docs.finished or np.any(lengths < 0) or np.any(begins[1:] < ends[:-1]) or (len(ends) and ends[-1] > self._bounds[-1]):
+            raise ValueError(f"{self.cache.location}: token runs must be sorted, disjoint ranges of a finished cache's "
+                             f"{int(self._bounds[-1])} tokens")
+        self._run_tokens = begins
+        self._run_stream = np.cumsum(lengths) - lengths
+        self._stream_tokens = int(lengths.sum())
+        starts = self._bounds[:-1]
+        first = np.searchsorted(starts, begins, side="left")
+        group, k = expand_counts(np.searchsorted(starts, ends, side="left") - first)
+        inside = starts[first[group] + k] - begins[group] + self._run_stream[group]
+        self._doc_starts = np.unique(np.concatenate([self._run_stream, inside, [self._stream_tokens]]))
 
     def _stream_len(self) -> int:
         return self._stream_tokens if self._subset else int(self._bounds[-1])
