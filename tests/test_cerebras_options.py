@@ -25,6 +25,7 @@ import tokenmix.formats.text_fixes as text_fixes
 from tokenmix import NoShardsError, ShardReadError, TextLmDatasetFormat, TokenCache, TokenizationConfig
 from tokenmix.formats.base import LmDatasetFormatBase
 from tokenmix.formats.encoder import DocumentEncoder
+from tokenmix.formats.fim import FimLmDatasetFormat
 from tokenmix.formats.supervised import SupervisedLmDatasetFormat
 from tokenmix.formats.tokenizer import describe_tokenizer, load_tokenizer
 from tokenmix.formats.tokenizer_identity import descriptions_dir, tokenizer_identity
@@ -75,6 +76,10 @@ def test_default_identities_are_those_of_caches_made_before_the_options():
         "type": "supervised", "input_field": "prompt", "output_field": "response", "separate_with": None, "mask_inputs": True,
         "max_seq_length": None, "min_sequence_len": None,
     }
+    assert FimLmDatasetFormat().identity() == {
+        "type": "fim", "text_key": "text", "fim_rate": 0.5, "spm_rate": 0.5, "fim_prefix_tok": "<fim_prefix>",
+        "fim_middle_tok": "<fim_middle>", "fim_suffix_tok": "<fim_suffix>", "seed": 0,
+    }
     # a normalizer without use_ftfy changes nothing, so it changes no identity either
     assert draccus.decode(LmDatasetFormatBase, {"type": "text", "ftfy_normalizer": "NFKC"}).identity() == {"type": "text", "text_key": "text"}
 
@@ -93,6 +98,8 @@ def test_options_that_change_the_tokens_enter_the_identity(options, entry):
     if "min_sequence_len" not in options:
         supervised = draccus.decode(LmDatasetFormatBase, {"type": "supervised", **options})
         assert supervised.identity() == {**SupervisedLmDatasetFormat().identity(), **entry}
+        fim = draccus.decode(LmDatasetFormatBase, {"type": "fim", **options})
+        assert fim.identity() == {**FimLmDatasetFormat().identity(), **entry}
 
 
 @pytest.mark.parametrize("type_", ["text", "supervised"])
@@ -134,6 +141,14 @@ def test_prompt_and_completion_are_repaired_before_they_are_tokenized(text, opti
     chunk = encode(SupervisedLmDatasetFormat(**options), [{"prompt": text, "response": text}])
     assert documents(chunk) == [ids(fixed) + ids(fixed) + [EOS]]
     assert chunk.spans.tolist() == [len(ids(fixed)), 2 * len(ids(fixed)) + 1]
+
+
+@pytest.mark.parametrize("text, options, fixed", REPAIRS)
+def test_fim_repairs_the_text_before_it_is_cut(text, options, fixed):
+    """Cerebras' FIM mode takes the LMData repairs: the transform cuts the repaired text, as it would have cut that text."""
+    repaired = encode(FimLmDatasetFormat(fim_rate=1.0, seed=3, **options), [{"text": text}])
+    given_fixed = encode(FimLmDatasetFormat(fim_rate=1.0, seed=3), [{"text": fixed}])
+    assert documents(repaired) == documents(given_fixed)
 
 
 def test_a_text_that_repairs_to_nothing_is_an_empty_document():

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from tokenmix.formats.base import FormatContext, LmDatasetFormatBase, RecordRenderer, Rendered, text_size
+from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, RecordRenderer, Rendered, text_size
 from tokenmix.formats.text import TextLmDatasetFormat
+from tokenmix.formats.text_fixes import normal_form, text_fixer, without_unused_repairs
 
 _ONE = 1 << 64
 
@@ -42,8 +43,15 @@ class FimLmDatasetFormat(LmDatasetFormatBase):
     fim_suffix_tok: str = "<fim_suffix>"
     seed: int = 0
     """Which transforms documents get; the same seed gives the same transform to the same text."""
+    use_ftfy: bool = False
+    """Cerebras (FIM mode): repair the text with ftfy before it is cut and tokenized."""
+    ftfy_normalizer: str | None = "NFC"
+    """Cerebras: the Unicode normal form ftfy leaves the text in (NFC, NFKC, NFD, NFKD; None: none). Only with ``use_ftfy``."""
+    wikitext_detokenize: bool = False
+    """Cerebras: undo wikitext-103's tokenization, after ftfy."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "ftfy_normalizer", normal_form(self.ftfy_normalizer, "format fim: ftfy_normalizer"))
         for name in ("fim_rate", "spm_rate"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
@@ -51,6 +59,10 @@ class FimLmDatasetFormat(LmDatasetFormatBase):
 
     def plain_text_record(self, text: str) -> dict[str, Any]:
         return {self.text_key: text}
+
+    def identity(self) -> dict[str, Any]:
+        """The base identity with the text repairs only when they are on, so FIM caches made before keep theirs."""
+        return without_unused_repairs(super().identity(), self.use_ftfy, self.wikitext_detokenize)
 
     def bind(self, context: FormatContext) -> RecordRenderer:
         ids = {}
@@ -64,10 +76,15 @@ class FimLmDatasetFormat(LmDatasetFormatBase):
                 )
         prefix_id, middle_id, suffix_id = ids["fim_prefix_tok"], ids["fim_middle_tok"], ids["fim_suffix_tok"]
         text_format = TextLmDatasetFormat(self.text_key)
+        fix = text_fixer(self.use_ftfy, self.ftfy_normalizer, self.wikitext_detokenize)
 
         def render(record: dict[str, Any]) -> Rendered:
             text = text_format.extract_text(record)
             size = text_size(text)
+            if fix is not None:
+                text = fix(text)
+                if not text or text.isspace():
+                    raise BadRecordError("empty_document", f"{self.text_key!r} is only whitespace once use_ftfy/wikitext_detokenize repaired it")
             transform = self.draw(text)
             if transform is None:
                 return Rendered([text], None, None, *size)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Pack, RecordRenderer, Rendered, record_field, text_size
-from tokenmix.formats.text_fixes import normal_form, text_fixer
+from tokenmix.formats.text_fixes import normal_form, text_fixer, without_unused_repairs
 
 
 @LmDatasetFormatBase.register_subclass("supervised")
@@ -70,13 +70,7 @@ class SupervisedLmDatasetFormat(LmDatasetFormatBase):
     def identity(self) -> dict[str, Any]:
         """The base identity with the text repairs only when they are on, so supervised caches made before the options
         existed keep theirs."""
-        identity = super().identity()
-        for option in ("use_ftfy", "wikitext_detokenize"):
-            if not getattr(self, option):
-                del identity[option]
-        if not self.use_ftfy:
-            del identity["ftfy_normalizer"]
-        return identity
+        return without_unused_repairs(super().identity(), self.use_ftfy, self.wikitext_detokenize)
 
     def bind(self, context: FormatContext) -> RecordRenderer:
         separator: list[str | list[int]] = []

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Pack, RecordRenderer, Rendered, record_field, text_size
-from tokenmix.formats.text_fixes import normal_form, text_fixer
+from tokenmix.formats.text_fixes import normal_form, text_fixer, without_unused_repairs
 
 
 @LmDatasetFormatBase.register_subclass("text")
@@ -59,12 +59,9 @@ class TextLmDatasetFormat(LmDatasetFormatBase):
     def identity(self) -> dict[str, Any]:
         """The base identity with the Cerebras options only where they change the tokens (a repair that is on, a
         ``min_sequence_len`` that is set), so text caches made before the options existed keep theirs."""
-        identity = super().identity()
-        for option in ("use_ftfy", "wikitext_detokenize", "min_sequence_len"):
-            if not getattr(self, option):
-                del identity[option]
-        if not self.use_ftfy:
-            del identity["ftfy_normalizer"]
+        identity = without_unused_repairs(super().identity(), self.use_ftfy, self.wikitext_detokenize)
+        if self.min_sequence_len is None:
+            del identity["min_sequence_len"]
         return identity
 
     def bind(self, context: FormatContext) -> RecordRenderer:

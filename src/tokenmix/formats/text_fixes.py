@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Callable
+from typing import Any
 
 NORMALIZATIONS = ("NFC", "NFKC", "NFD", "NFKD")
 """The Unicode normal forms, as ``unicodedata`` and ftfy name them."""
@@ -98,3 +99,14 @@ def text_fixer(use_ftfy: bool, ftfy_normalizer: str | None, wikitext: bool) -> C
         return text
 
     return fix
+
+
+REPAIR_OPTIONS = ("use_ftfy", "ftfy_normalizer", "wikitext_detokenize")
+"""The repair options a format (``text``, ``supervised``, ``fim``) takes, under Cerebras' names."""
+
+
+def without_unused_repairs(identity: dict[str, Any], use_ftfy: bool, wikitext: bool) -> dict[str, Any]:
+    """A format's identity without the repair options that are off (``ftfy_normalizer`` counts only with ``use_ftfy``),
+    so that caches made before the options existed keep their identity."""
+    unused = {"use_ftfy": not use_ftfy, "ftfy_normalizer": not use_ftfy, "wikitext_detokenize": not wikitext}
+    return {k: v for k, v in identity.items() if not unused.get(k, False)}
