@@ -371,9 +371,10 @@ def test_the_export_command_converts_a_sources_token_files_and_a_cache(tmp_path,
     cfg.write_text(f"tokenizer: {TOKENIZER}\ncache_dir: {tmp_path}/caches\nconfigs:\n  web:\n"
                    f"    train_urls: [{tmp_path}/m/web]\n    token_files: {{kind: megatron}}\n")
     assert main(["export", "--to", "hdf5", "--output", str(tmp_path / "h5"), "--config_path", str(cfg), "--source", "web",
-                 "--max_seq_length", "256", "--pack_sequences", "true", "--files_per_record", "100"]) == 0
+                 "--max_seq_length", "256", "--pack_sequences", "true", "--files_per_record", "100", "--compression", "none"]) == 0
     result = json.loads(capsys.readouterr().out)
     samples = np.concatenate(list(read_hdf5_samples(str(tmp_path / "h5"))))
+    assert json.loads((tmp_path / "h5" / "data_params.json").read_text())["processing"]["compression"] is None
     assert samples.shape[1:] == (3, 256) and result["num_sequences"] == len(samples)
     stream = text_cache.read_tokens(0, text_cache.num_tokens())
     assert np.array_equal(samples[0, 0], stream[:256]) and np.array_equal(samples[0, 2], stream[1:257])

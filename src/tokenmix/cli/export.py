@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import typing
+from collections.abc import Callable
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -31,14 +32,21 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _converter(kind: object) -> Callable[[str], object]:
+    """How a command-line value becomes an option of type ``kind`` (``none`` or ``null`` is None where None is allowed)."""
+    args = typing.get_args(kind)
+    base = next((t for t in args if t is not type(None)), kind)
+    convert = _parse_bool if base is bool else base if base in (int, float) else str
+    if type(None) not in args:
+        return convert  # type: ignore[return-value]
+    return lambda text: None if text.lower() in ("none", "null") else convert(text)  # type: ignore[operator]
+
+
 def _add_hdf5_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("hdf5 options (Cerebras's names)")
     hints = typing.get_type_hints(Hdf5ExportOptions)
     for f in dataclasses.fields(Hdf5ExportOptions):
-        kind = hints[f.name]
-        base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
-        convert = _parse_bool if base is bool else base if base in (int, float) else str
-        group.add_argument(f"--{f.name}", type=convert, default=None, help=f"default: {f.default!r}")
+        group.add_argument(f"--{f.name}", type=_converter(hints[f.name]), default=argparse.SUPPRESS, help=f"default: {f.default!r}")
 
 
 def run(argv: list[str]) -> int:
@@ -54,8 +62,8 @@ def run(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if bool(args.cache) == bool(args.config_path):
         parser.error("give either --cache DIR, or --config_path CFG.yaml with --source NAME")
-    hdf5 = Hdf5ExportOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Hdf5ExportOptions)
-                                if getattr(args, f.name) is not None})
+    given = vars(args)
+    hdf5 = Hdf5ExportOptions(**{f.name: given[f.name] for f in dataclasses.fields(Hdf5ExportOptions) if f.name in given})
     try:
         if args.cache:
             cache = TokenCache(args.cache)
