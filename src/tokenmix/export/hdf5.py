@@ -32,7 +32,7 @@ import h5py
 import numpy as np
 from tqdm.auto import tqdm
 
-from tokenmix.export.streaming import TokenSource, partial_name, span_mask
+from tokenmix.export.streaming import TokenSource, atomic_files, partial_name, span_mask
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,8 @@ def export_hdf5(cache: TokenSource, output_dir: str, options: Hdf5ExportOptions,
         files.abort()
         raise
     stats = export.statistics(files.complete)
-    _write_json(os.path.join(output_dir, DATA_PARAMS), _data_params(cache, output_dir, options, pad_id, export.rows, stats))
+    with atomic_files(os.path.join(output_dir, DATA_PARAMS)) as (params,):
+        params.write(json.dumps(_data_params(cache, output_dir, options, pad_id, export.rows, stats), indent=2).encode())
     logger.info("wrote %d samples into %d files in %s from %d documents (%d too short to export, %d truncated, %d left with nothing "
                 "to train on)", stats["n_examples"], stats["n_files"], output_dir, stats["processed_documents"], stats["discarded_documents"],
                 stats["truncated_documents"], stats["no_loss_documents"])
@@ -570,15 +571,6 @@ def _source_format(identity: dict[str, Any]) -> str | None:
 
 def _file_name(output_name: str, index: int) -> str:
     return f"{output_name}_{index:05d}.h5"
-
-
-def _write_json(path: str, doc: dict[str, Any]) -> None:
-    scratch = partial_name(path)
-    with open(scratch, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(scratch, path)
 
 
 def _sync(path: str) -> None:
