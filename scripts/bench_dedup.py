@@ -3,9 +3,9 @@ recipe end to end on the shared corpus with planted near-duplicates, with 1 and 
 
     python scripts/bench_dedup.py [--corpus ../shared/corpus] [--peers_python /path/to/venv/bin/python] [--repeats 3]
 
-1. Signatures, one process, the corpus' train documents (7,691 documents, 51 M characters), 128 permutations:
-   tokenmix (character 25-grams, the exact universal hash family (a*x + b) mod (2^61 - 1)), with JAX (its start-up
-   and compilation excluded, as they are paid once per worker) and with numpy; datasketch ``MinHash``
+1. Signatures, one core (the process pinned to it), the corpus' train documents (7,691 documents, 51 M characters), 128 permutations:
+   tokenmix (character 25-grams, the exact universal hash family (a*x + b) mod (2^61 - 1)), with numba (the default)
+   and with JAX (start-up and compilation excluded, as they are paid once per worker); datasketch ``MinHash``
    and rensa ``RMinHash`` fed the same character 25-grams; datatrove's ``MinhashDedupSignature.get_signature`` with
    8 buckets x 16 hashes on its own word 5-grams. Peers run in --peers_python (a venv with ``datasketch``, ``rensa``
    and ``datatrove[processing]``; none of them is a tokenmix dependency). Best of --repeats.
@@ -164,11 +164,14 @@ def main() -> None:
     chars = sum(map(len, texts))
     print(f"{len(texts):,} documents, {chars / 1e6:.1f} M characters; {os.cpu_count()} cores")
     scratch = Path(tempfile.mkdtemp(prefix="bench-dedup-"))
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})  # signatures on one core: this process, its threads (XLA's) and the peers' process
     try:
-        _signatures(texts[:50], 1, "jax")  # JAX's start-up and compilation, once per process
-        ours = _signatures(texts, args.repeats, "jax")
-        rows = [("tokenmix, jax (char 25-grams, exact (a*x+b) mod 2^61-1)", ours),
-                ("tokenmix, numpy (the same bits)", _signatures(texts, args.repeats, "numpy"))]
+        for backend in ("numba", "jax"):
+            _signatures(texts[:50], 1, backend)  # loading numba's cached kernels; JAX's start-up and compilation
+        ours = _signatures(texts, args.repeats, "numba")
+        rows = [("tokenmix, numba (char 25-grams, exact (a*x+b) mod 2^61-1)", ours),
+                ("tokenmix, jax (the same bits)", _signatures(texts, args.repeats, "jax"))]
         if args.peers_python:
             (scratch / "texts.json").write_text(json.dumps(texts))
             (scratch / "peers.py").write_text(PEERS)
@@ -184,6 +187,7 @@ def main() -> None:
         for name, seconds in rows:
             print(f"| {name} | {seconds:.2f} | {len(texts) / seconds:,.0f} | {chars / seconds / 1e6:.2f} | {seconds / ours:.2f}x as fast |")
 
+        os.sched_setaffinity(0, cores)
         planted, removable = _planted(records, scratch / "planted")
         print(f"\nend to end: {len(texts) + len(planted):,} documents, {len(planted)} planted near-copies "
               f"({removable} in a lower-ranked source than their original, which cross-source removal must remove)")

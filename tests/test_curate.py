@@ -356,7 +356,7 @@ def _kill_config(root, out) -> CurationConfig:
         sources=[CurationSource(s, [str(root / s / "*.jsonl.zst")]) for s in SOURCES],
         stages=[AddId(), Modify(DocumentModifier.get_choice_class("unicode_fix")()), ScoreFilter(_word_filter(20), score_field="words"),
                 ScoreFilter(DocumentFilter.get_choice_class("repeating_top_ngrams")(n=3, max_repeating_ngram_ratio=0.5)),
-                FuzzyDedup(MinHashConfig(num_perm=32), bands=4, rows=8, policy="one_per_cluster", backend="numpy"), ExactDedup()],
+                FuzzyDedup(MinHashConfig(num_perm=32), bands=4, rows=8, policy="one_per_cluster"), ExactDedup()],
         shuffle=ShuffleConfig(seed=5, buffer_bytes=4 << 20), output=CurationOutput(str(out), "jsonl.zst", partitions=4), num_workers=2)
 
 

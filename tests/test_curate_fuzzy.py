@@ -3,7 +3,6 @@ corpus (the S-curve, the Jaccard check); the whole recipe through the pipeline."
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -123,7 +122,7 @@ def test_the_jaccard_check_merges_no_pair_below_its_threshold(planted_pairs, tmp
     loose = dict(bands=32, rows=4)  # threshold about 0.42: pairs near 0.3-0.45 do become candidates
     merged = {}
     for check in (False, True):
-        stage = FuzzyDedup(jaccard_check=check, jaccard_threshold=0.5, backend="numpy", **loose)
+        stage = FuzzyDedup(jaccard_check=check, jaccard_threshold=0.5, **loose)
         stats = run_curation(CurationConfig(sources=sources, stages=[AddId(), stage], num_workers=0,
                                             output=CurationOutput(str(tmp_path / f"out-{check}"), "jsonl", write_to_filename=True)))
         kept_b = {json.loads(line)["text"] for line in open(tmp_path / f"out-{check}" / "b" / "s.jsonl")}
@@ -145,7 +144,7 @@ def test_the_zyda2_recipe_removes_cross_source_duplicates_by_rank(tmp_path):
     for name, docs in (("high", high), ("mid", mid), ("low", low)):
         _write_source(tmp_path / name / "s.jsonl", docs)
     sources = [CurationSource(n, [str(tmp_path / n / "s.jsonl")]) for n in ("high", "mid", "low")]
-    stats = run_curation(CurationConfig(sources=sources, stages=[AddId(), FuzzyDedup(backend="numpy")], num_workers=0,
+    stats = run_curation(CurationConfig(sources=sources, stages=[AddId(), FuzzyDedup()], num_workers=0,
                                         output=CurationOutput(str(tmp_path / "out"), "jsonl", write_to_filename=True)))
     kept = {n: [json.loads(line)["text"] for line in open(tmp_path / "out" / n / "s.jsonl")] for n in ("high", "mid", "low")}
     assert kept["high"] == high
@@ -167,8 +166,7 @@ def test_the_bundled_zyda2_pipeline_runs(tmp_path):
     from tokenmix.curate import load_curation_config
 
     config = load_curation_config(REPO / "config" / "curation" / "zyda2.yaml", ["--output.path", str(tmp_path / "out"), "--num_workers", "0"])
-    stages = [dataclasses.replace(s, backend="numpy") if isinstance(s, FuzzyDedup) else s for s in config.stages]  # no JAX in this process
-    config = CurationConfig(**{**config.__dict__, "stages": stages,
+    config = CurationConfig(**{**config.__dict__,
                                "sources": [CurationSource(s.name, [str(REPO / p) for p in s.paths]) for s in config.sources]})
     stats = run_curation(config)
     assert stats["accounted"] and stats["output"]["records"] > 0
@@ -182,7 +180,7 @@ def test_per_cluster_source_counts_are_written(tmp_path):
     _write_source(tmp_path / "x" / "s.jsonl", [text, text, "something else entirely " * 20])
     _write_source(tmp_path / "y" / "s.jsonl", [text])
     sources = [CurationSource("x", [str(tmp_path / "x" / "s.jsonl")]), CurationSource("y", [str(tmp_path / "y" / "s.jsonl")])]
-    stats = run_curation(CurationConfig(sources=sources, stages=[FuzzyDedup(backend="numpy")], num_workers=0, keep_intermediate=True,
+    stats = run_curation(CurationConfig(sources=sources, stages=[FuzzyDedup()], num_workers=0, keep_intermediate=True,
                                         output=CurationOutput(str(tmp_path / "out"), "jsonl", write_to_filename=True)))
     counts = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path / "out" / ".curate") for f in fs if f == "cluster_counts.parquet"]
     assert pq.read_table(counts[0]).to_pylist() == [{"cluster": 0, "source": "x", "documents": 2}, {"cluster": 0, "source": "y", "documents": 1}]

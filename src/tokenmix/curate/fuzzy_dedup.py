@@ -58,9 +58,9 @@ class FuzzyDedup(Stage):
     """Unset: the source's ``text_field``."""
     memory_bytes: int = 1 << 30
     """Memory for the bucket entries an edges task holds (24 bytes per document and band); more means more partitions."""
-    backend: Literal["jax", "numpy"] = "jax"
-    """What computes signatures: ``jax`` (about 4x faster on CPU; about 1.3 s to start in each worker process) or
-    ``numpy``; both give the same bits."""
+    backend: Literal["numba", "jax"] = "numba"
+    """What computes signatures: ``numba`` (compiled loops, the fastest on CPUs) or ``jax`` (for an accelerator; about
+    1.3 s to start in each worker process); both give the same bits."""
 
     def __post_init__(self) -> None:
         if self.bands < 1 or self.rows < 1 or self.bands * self.rows != self.minhash.num_perm:

@@ -26,16 +26,15 @@ batch it is in:
   Signature position ``k`` is ``min(h_k(x(s)) for s in shingles)``: with ``bits=64`` that value (below ``p``, as
   uint64); with ``bits=32`` its low 32 bits (uint32). A document without a signature has all ones in its row.
 
-Speed, one core, character 25-grams, 128 permutations: about 2 MB/s of text (450 webster documents/s) with numpy
-(``(a * x + b) % p`` in 31-bit limbs, 18 array operations per shingle and permutation), about 8 MB/s with
-``backend="jax"`` (the same arithmetic fused by XLA); the shingle hashes alone run at 25 to 35 MB/s. Libraries were
-measured on the same texts and not taken: datasketch is slower (0.4 to 1 MB/s, a SHA-1 call per shingle), and rensa's
-R-MinHash (7 MB/s from Python shingles, 30 MB/s from these shingle hashes) is another sketch (seeded buckets, not
-these permutations) whose values change with its algorithm version.
+Speed, one core, character 25-grams, 128 permutations (docs/benchmarks.md): the default ``backend="numba"`` runs
+compiled loops (``minhash_kernels``), the permutations in SIMD lanes; ``backend="jax"`` computes the permutations with
+XLA, for accelerators (on a CPU it is slower than numba). Libraries were measured on the same texts and not taken:
+datasketch is several times slower (a SHA-1 call per shingle), and rensa's R-MinHash is another sketch (seeded
+buckets, not these permutations) whose values change with its algorithm version.
 
 Memory: documents are hashed in groups of about ``GROUP_CODE_POINTS`` code points (a longer document in pieces, a
 long text normalized into words a group at a time), so that besides the batch's texts and the ``[n, num_perm]``
-output ``signatures`` holds about 6 MB: 150 bytes per code point of one group and 1.5 MB of cached powers of ``BASE``.
+output ``signatures`` holds about 4 MB: about 90 bytes per code point of one group and 1 MB of cached powers of ``BASE``.
 """
 
 from __future__ import annotations
@@ -49,6 +48,8 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 
+from tokenmix.curate import minhash_kernels
+
 MERSENNE = (1 << 61) - 1
 """The prime ``p = 2**61 - 1`` of the shingle polynomial and of the permutations."""
 BASE = 0x9E3779B97F4A7C15 % MERSENNE
@@ -58,17 +59,13 @@ GROUP_CODE_POINTS = 1 << 15
 """Code points hashed at a time: documents are grouped up to about this many, and a longer document is cut into
 pieces whose shingles start within this many code points (pieces overlap by ``ngram - 1`` units, so that their
 shingles are exactly the document's). Small enough that a group's arrays stay in the CPU's cache."""
-CHUNK_SHINGLES = 1 << 13
-"""numpy backend: shingles whose permutations one array operation computes, ``PERM_BLOCK`` permutations at a time."""
-PERM_BLOCK = 4
 JAX_ROW = 256
 """jax backend: shingles of one piece in a row (a piece's last row is padded with its first shingle, which changes no
 minimum), ``JAX_ROWS`` rows a kernel call."""
 JAX_ROWS = 16
 
 _U64 = np.uint64
-_P = _U64(MERSENNE)
-_M29, _M30, _M31, _M32 = (_U64((1 << bits) - 1) for bits in (29, 30, 31, 32))
+_M31, _M32 = _U64((1 << 31) - 1), _U64((1 << 32) - 1)
 _ALL_ONES = _U64((1 << 64) - 1)
 _WHITESPACE = re.compile(r"\s+")
 """A run of what ``str.split()`` splits at (both match ``str.isspace``)."""
@@ -123,12 +120,12 @@ class MinHashConfig:
 
 
 def signatures(texts: pa.Array | pa.ChunkedArray, config: MinHashConfig,
-               backend: Literal["numpy", "jax"] = "numpy") -> tuple[np.ndarray, np.ndarray]:
+               backend: Literal["numba", "jax"] = "numba") -> tuple[np.ndarray, np.ndarray]:
     """The MinHash signature of each text: ``(sigs, has_signature)``, ``sigs`` ``[len(texts), num_perm]`` (uint64, or
     uint32 with ``bits=32``) and ``has_signature`` a bool mask, false for nulls, texts with no shingles and, under
     ``short_documents="skip"``, short texts (their rows are all ones). A text's signature does not depend on the other
-    texts of the batch. Both backends give the same signatures; ``jax`` is faster on CPU, after a second or so of
-    starting JAX and compiling in each process."""
+    texts of the batch. Both backends give the same signatures: ``numba`` (compiled once, then cached on disk) is the
+    faster on CPUs, ``jax`` runs the permutations on an accelerator when JAX has one."""
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks()
     if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
@@ -142,7 +139,6 @@ def signatures(texts: pa.Array | pa.ChunkedArray, config: MinHashConfig,
         hashes, offsets = _shingle_hashes(pieces, whole, config)
         np.minimum.at(mins, docs, _BACKENDS[backend](hashes, offsets, a, b))
         has_signature[docs] = True
-    mins[has_signature] -= _U64(1)
     if config.bits == 32:
         return (mins & _M32).astype(np.uint32), has_signature
     return mins, has_signature
@@ -284,80 +280,24 @@ def _shingle_hashes(pieces: list[str], whole: np.ndarray, config: MinHashConfig)
     first = np.repeat(first_unit - offsets[:-1], counts) + np.arange(offsets[-1])
     last = first + np.repeat(width - 1, counts)
     begin, end = (word_begin[first], word_end[last]) if config.shingle == "word" else (first, last + 1)
-    return _fmix64(_substring_polys(code_points, begin, end)) >> _U64(3), offsets
+    inverse, powers = _power_tables(len(code_points))
+    return minhash_kernels.shingle_hashes(code_points, begin, end, inverse, powers), offsets
 
 
-def _substring_polys(code_points: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """``poly`` of the substrings ``[begin, end)`` of ``code_points``.
-
-    With ``t_j = (c_j + 1) * BASE**-j`` (kept below ``2**62``, not reduced), ``poly = BASE**(end - 1) * sum(t[begin:end])``,
-    the sums being differences of prefix sums of the low 32 and the high 30 bits of ``t`` (which cannot overflow)."""
-    inverse_low, inverse_high, powers = _power_tables(1 << max(len(code_points) - 1, 1).bit_length())
-    digits = code_points.astype(np.uint64) + _U64(1)
-    high = digits * inverse_high[: len(digits)]
-    terms = digits * inverse_low[: len(digits)] + ((high & _M29) << _U64(32)) + (high >> _U64(29))
-    zero = np.zeros(1, dtype=np.uint64)
-    low, high = np.concatenate([zero, np.cumsum(terms & _M32)]), np.concatenate([zero, np.cumsum(terms >> _U64(32))])
-    low, high = low[end] - low[begin], high[end] - high[begin]
-    sums = (low & _P) + (low >> _U64(61)) + ((high & _M29) << _U64(32)) + (high >> _U64(29))
-    return _mulmod(sums, powers[end - 1])
+_POWER_TABLES: list[tuple[np.ndarray, np.ndarray]] = []
 
 
-@functools.lru_cache(maxsize=2)
-def _power_tables(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``BASE**-j`` (its low 32 and high 29 bits) and ``BASE**j``, mod ``p``, for ``j < size``; ``size`` a power of two
-    so that one group's tables serve the next."""
-    inverse, powers = (_powers(base, size) for base in (pow(BASE, MERSENNE - 2, MERSENNE), BASE))
-    return inverse & _M32, inverse >> _U64(32), powers
-
-
-def _min_hashes(hashes: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``[pieces, num_perm]``: for each piece (shingles ``hashes[offsets[i]:offsets[i + 1]]``) and permutation,
-    ``1 + min((a * x + b) % p)``; the caller takes the 1 off."""
-    x0, x1 = hashes & _M31, hashes >> _U64(31)
-    a0, a1, b1 = (a & _M31)[:, None], (a >> _U64(31))[:, None], (b + _U64(1))[:, None]
-    runs = np.union1d(offsets[:-1], np.arange(0, len(hashes), CHUNK_SHINGLES))
-    out = np.empty((len(a), len(runs)), dtype=np.uint64)
-    for chunk in range(0, len(hashes), CHUNK_SHINGLES):
-        first, last = np.searchsorted(runs, [chunk, chunk + CHUNK_SHINGLES])
-        c0, c1 = x0[None, chunk : chunk + CHUNK_SHINGLES], x1[None, chunk : chunk + CHUNK_SHINGLES]
-        buffers = [np.empty((PERM_BLOCK, c0.shape[1]), dtype=np.uint64) for _ in range(3)]
-        for k in range(0, len(a), PERM_BLOCK):
-            block = slice(k, k + PERM_BLOCK)
-            values = _permute(c0, c1, a0[block], a1[block], b1[block], [buffer[: len(a0[block])] for buffer in buffers])
-            out[block, first:last] = np.minimum.reduceat(values, runs[first:last] - chunk, axis=1)
-    return np.minimum.reduceat(out, np.searchsorted(runs, offsets[:-1]), axis=1).T
-
-
-def _permute(x0: np.ndarray, x1: np.ndarray, a0: np.ndarray, a1: np.ndarray, b1: np.ndarray, buffers: list[np.ndarray]) -> np.ndarray:
-    """``(a * x + b) % p + 1``, a value in ``[1, p]``, for permutations in rows and shingles in columns.
-
-    With ``x = x1 * 2**31 + x0`` and ``a = a1 * 2**31 + a0``, ``a * x = 2 * a1 * x1 + (a0 * x1 + a1 * x0) * 2**31 +
-    a0 * x0 (mod p)`` (``2**62 = 2``), each part below ``2**62``; two folds (``2**61 = 1``) of the sum plus ``b + 1``
-    (below ``2**64``) leave the residue in ``[1, p]``, so that the minimum of ``residue + 1`` needs no comparison."""
-    total, middle, scratch = buffers
-    np.multiply(a0, x1, out=middle)
-    np.multiply(a1, x0, out=scratch)
-    middle += scratch
-    np.multiply(a0, x0, out=total)
-    np.multiply(a1, x1, out=scratch)
-    scratch <<= _U64(1)
-    total += scratch
-    np.right_shift(middle, _U64(30), out=scratch)
-    total += scratch
-    middle &= _M30
-    middle <<= _U64(31)
-    total += middle
-    total += b1
-    for _ in range(2):
-        np.right_shift(total, _U64(61), out=scratch)
-        total &= _P
-        total += scratch
-    return total
+def _power_tables(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``BASE**-j`` and ``BASE**j`` mod ``p`` for at least ``j < size``: one pair of tables, grown to the next power of
+    two when a group needs more, so that groups of every size share it."""
+    if not _POWER_TABLES or len(_POWER_TABLES[0][0]) < size:
+        count = max(1 << max(size - 1, 1).bit_length(), 2 * GROUP_CODE_POINTS)
+        _POWER_TABLES[:] = [(minhash_kernels.powers(pow(BASE, MERSENNE - 2, MERSENNE), count), minhash_kernels.powers(BASE, count))]
+    return _POWER_TABLES[0]
 
 
 def _jax_min_hashes(hashes: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``_min_hashes`` by one XLA kernel over rows of ``JAX_ROW`` shingles of one piece each."""
+    """``minhash_kernels.piece_minima`` by one XLA kernel over rows of ``JAX_ROW`` shingles of one piece each."""
     try:
         from jax import enable_x64
     except ImportError:  # jax before enable_x64 moved out of jax.experimental
@@ -376,56 +316,26 @@ def _jax_min_hashes(hashes: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: n
     kernel = _jax_kernel()
     with enable_x64(True):
         for row in range(0, padded, JAX_ROWS):
-            out[row : row + JAX_ROWS] = kernel(grid[row : row + JAX_ROWS], a & _M31, a >> _U64(31), b + _U64(1))
+            out[row : row + JAX_ROWS] = kernel(grid[row : row + JAX_ROWS], a & _M31, a >> _U64(31), b)
     return np.minimum.reduceat(out[: len(piece)], first_row, axis=0)
 
 
 @functools.cache
 def _jax_kernel() -> Callable:
-    """``_permute`` for ``[rows, JAX_ROW]`` shingles and all permutations, and the minimum of each row (compiled)."""
+    """``(a * x + b) % p`` as ``minhash_kernels.piece_minima`` computes it, for ``[rows, JAX_ROW]`` shingles and all
+    permutations, and the minimum of each row (compiled)."""
     import jax
     import jax.numpy as jnp
 
-    def kernel(rows, a0, a1, b1):
+    def kernel(rows, a0, a1, b):
         u = jnp.uint64
         x0, x1 = (rows & u(2**31 - 1))[..., None], (rows >> u(31))[..., None]
         middle = a0 * x1 + a1 * x0
-        total = a0 * x0 + ((a1 * x1) << u(1)) + (middle >> u(30)) + ((middle & u(2**30 - 1)) << u(31)) + b1
-        for _ in range(2):
-            total = (total & u(MERSENNE)) + (total >> u(61))
-        return total.min(axis=1)
+        total = a0 * x0 + ((a1 * x1) << u(1)) + (middle >> u(30)) + ((middle & u(2**30 - 1)) << u(31)) + b
+        total = (total & u(MERSENNE)) + (total >> u(61))
+        return jnp.minimum(total, total - u(MERSENNE)).min(axis=1)
 
     return jax.jit(kernel)
 
 
-_BACKENDS = {"numpy": _min_hashes, "jax": _jax_min_hashes}
-
-
-def _mulmod(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """``x * y % p`` for uint64 arrays (broadcast), ``x`` below ``2**62`` and ``y`` below ``2**61``."""
-    x0, x1, y0, y1 = x & _M31, x >> _U64(31), y & _M31, y >> _U64(31)
-    middle = x0 * y1 + x1 * y0
-    return _reduce(x0 * y0 + ((x1 * y1) << _U64(1)) + (middle >> _U64(30)) + ((middle & _M30) << _U64(31)))
-
-
-def _reduce(value: np.ndarray) -> np.ndarray:
-    """``value % p`` for a uint64 array (any 64-bit values)."""
-    value = (value & _P) + (value >> _U64(61))
-    return np.where(value >= _P, value - _P, value)
-
-
-def _powers(base: int, count: int) -> np.ndarray:
-    """``base**e % p`` for ``e`` in ``range(count)`` (uint64), by doubling."""
-    out = np.ones(1, dtype=np.uint64)
-    while len(out) < count:
-        out = np.concatenate([out, _mulmod(out, np.array([pow(base, len(out), MERSENNE)], dtype=np.uint64))])
-    return out[:count]
-
-
-def _fmix64(value: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 64-bit finalizer, element-wise (arithmetic mod ``2**64``)."""
-    value = value ^ (value >> _U64(33))
-    value = value * _U64(0xFF51AFD7ED558CCD)
-    value = value ^ (value >> _U64(33))
-    value = value * _U64(0xC4CEB9FE1A85EC53)
-    return value ^ (value >> _U64(33))
+_BACKENDS = {"numba": minhash_kernels.piece_minima, "jax": _jax_min_hashes}
