@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 import draccus
@@ -14,6 +15,8 @@ import orjson
 import pyarrow as pa
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tokenmix.curate.filters import DocumentFilter
 from tokenmix.curate.heuristics import (
@@ -357,3 +360,67 @@ def test_batch_repetition_scores_equal_the_plain_python_definitions():
         for i, text in enumerate(texts):
             expected = (None,) * 4 if text is None else _python_repetition(text)
             assert tuple(g[i] for g in got) == expected, repr(text[:80] if text else text)
+
+
+def _python_scores(text: str) -> dict[str, float]:
+    """NeMo's definitions of the byte-level heuristics, restated in plain Python over one text."""
+    from tokenmix.curate.heuristics import BULLETS, ELLIPSIS_MARKS, END_MARKS, _is_alphabetic
+
+    words = text.split()
+    lines = [line.strip() for line in text.split("\n") if line.strip()]
+    chars = len(text)
+    marks = [mark for mark in ELLIPSIS_MARKS if not any(c.isspace() for c in mark)]
+    alphanumeric = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789\n?!,."
+
+    def share(count: int, total: int, empty: float) -> float:
+        return count / total if total else empty
+
+    return {
+        "word_count": len(words),
+        "mean_word_length": share(sum(map(len, words)), len(words), 0.0),
+        "long_word": max(map(len, words), default=0),
+        "non_alpha_numeric": share(chars - sum(c in alphanumeric for c in text), chars, 1.0),
+        "numbers": share(sum(c in "0123456789" for c in text), chars, 1.0),
+        "white_space": share(sum(c in "\t\n\r\b " for c in text), chars, 1.0),
+        "parentheses": share(sum(c in "{}[]()\u27e8\u27e9" for c in text), chars, 1.0),
+        "symbols_to_words": share(sum(w in marks or 2 * len(re.findall("#+", w)) > len(w) for w in words), len(words), 1.0),
+        "words_without_alphabets": share(sum(any(_is_alphabetic(ord(c)) for c in w) for w in words), len(words), 0.0),
+        "bullets": share(sum(line[0] in BULLETS for line in lines), len(lines), 1.0),
+        "punctuation": share(sum(line[-1] not in END_MARKS for line in lines), len(lines), 1.0),
+        "ellipsis": share(sum(line.lower().endswith(ELLIPSIS_MARKS) for line in lines), len(lines), 1.0),
+    }
+
+
+def test_byte_level_scores_equal_the_plain_python_definitions():
+    tricky = ["", " ", "\u3000a\u2003b\u00a0c\u0085d\u1680e\u2028f\u202fg\u205fh\x1ci", "## #a# ##x \u2026 [\u2026] -\u00bb (...) [...] ...",
+              "\u2022 one\n \u25e6 two\n\t\u2219\nplain", "Read More\nsee READ MORE..\nwait\u2026 \n end \u00bb", "x\r\ny.\r\n\"q\"  \n'",
+              "\u65e5\u672c\u8a9e \u0661\u0662 \u216b \u24d0 \U0001F170 \u00e9t\u00e9 123 --", "(a)[b]{c}\u27e8d\u27e9 \b\b", "a" * 3000 + " b",
+              "\U0001F600\U0001F600 \U0001F600", "\n\n\n", "ab\u200bcd", "\x1f\x1e\x1d"]
+    texts = tricky + webster_texts(600) + [None]
+    names = list(_python_scores("").keys())
+    filters = {f.name: f for f in every_filter()}
+    for string_type in (pa.string(), pa.large_string()):
+        array = pa.array(["pad", *texts], string_type).slice(1)
+        got = {name: filters[name].score(array).to_pylist() for name in names}
+        for i, text in enumerate(texts):
+            expected = {name: None for name in names} if text is None else _python_scores(text)
+            assert {name: got[name][i] for name in names} == expected, repr(text[:80] if text else text)
+
+
+_PIECES = ["a", "Z", "é", "\u65e5", "\U0001F170", "\U0001F600", "1", "#", ".", "!", "'", "-", "\u00bb", "\u2026", "[", "]", "(", ")",
+           "\u27e8", " ", "\t", "\n", "\n\n", "\r", "\x1c", "\u00a0", "\u3000", "\u2028", "\u0085", "\u2022", "\u25e6", "\b",
+           "read more", "READ MORE..", "...", "\u216b", "\u0661"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_PIECES), max_size=40).map("".join), min_size=1, max_size=8))
+def test_compiled_scores_equal_the_plain_python_definitions_on_random_texts(texts):
+    names = list(_python_scores("").keys())
+    filters = {f.name: f for f in every_filter()}
+    repetition = [RepeatedLinesFilter(), RepeatedLinesByCharFilter(), RepeatedParagraphsFilter(), RepeatedParagraphsByCharFilter()]
+    array = pa.array(texts)
+    got = {name: filters[name].score(array).to_pylist() for name in names}
+    got_repetition = [f.score(array).to_pylist() for f in repetition]
+    for i, text in enumerate(texts):
+        assert {name: got[name][i] for name in names} == _python_scores(text), repr(text)
+        assert tuple(g[i] for g in got_repetition) == _python_repetition(text), repr(text)
