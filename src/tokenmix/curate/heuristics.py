@@ -17,6 +17,7 @@ NeMo's own convention for empty texts does: 1.0 for a ratio that must stay low, 
 from __future__ import annotations
 
 import re
+import threading
 import unicodedata
 from collections import Counter
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import compress, count
 from operator import ne
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -82,9 +83,9 @@ _SPACE_CHARS = "\t\n\r\b "
 _PARENTHESES = "{}[]()\u27e8\u27e9"
 _DIGITS = "0123456789"
 _HASH_RUNS = re.compile("#+")
+_WS = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESPACE) + "]"
+"""``WHITESPACE`` as an RE2 character class."""
 _CIRCLED_LETTERS = ((0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189))
-_MOST_COMPARED_RANGES = 3
-"""An ASCII class of more ranges than this is looked up in a 256-entry table (one pass, slower than a comparison)."""
 _FIRST_WORDS = 64
 """Words ``common_english_words`` looks at first; it doubles the chunk until it has counted enough."""
 _LONGEST_WALK = 64
@@ -142,11 +143,13 @@ class _Utf8:
         size = int(self.bounds[-1])
         self.data = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0] : offsets[0] + size] if size else np.zeros(0, np.uint8)
         self.ascii = not size or int(self.data.max()) < 0x80
+        self.leads = np.zeros(0, np.int64) if self.ascii else np.flatnonzero(self.data >= 0xC0)
         self.nonempty_starts = self.bounds[:-1][self.bounds[:-1] < self.bounds[1:]]
 
     def __len__(self) -> int:
         return len(self.bounds) - 1
 
+    @cached_property
     def char_counts(self) -> np.ndarray:
         """Characters per text."""
         return np.asarray(pc.fill_null(pc.utf8_length(self.texts), 0), dtype=np.int64)
@@ -181,8 +184,9 @@ class _Utf8:
             encoded = char.encode()
             groups.setdefault((encoded[0], len(encoded)), []).append(encoded)
         found = []
+        lead_bytes = self.data[self.leads]
         for (lead, width), members in groups.items():
-            positions = np.flatnonzero(self.data == lead)
+            positions = self.leads[lead_bytes == lead]
             payload = np.zeros(len(positions), dtype=np.int64)
             for k in range(1, width):
                 payload = payload << 6 | (self.data[positions + k] & 0x3F)
@@ -195,14 +199,20 @@ class _Utf8:
         """Marks the first byte of every occurrence of any of ``chars`` (every byte of it with ``whole``)."""
         data = self.data
         ranges = _ranges(sorted(ord(c) for c in chars if ord(c) < 0x80))
-        if len(ranges) > _MOST_COMPARED_RANGES:
-            table = np.zeros(256, dtype=bool)
-            table[[ord(c) for c in chars if ord(c) < 0x80]] = True
-            mask = table[data]
-        else:
-            mask = np.zeros(len(data), dtype=bool)
-            for low, high in ranges:
-                mask |= data == low if low == high else (data - np.uint8(low)) <= np.uint8(high - low)
+        mask = np.zeros(len(data), dtype=bool)
+        scratch, hit = np.empty(len(data), dtype=np.uint8), np.empty(len(data), dtype=bool)
+        if (ord("A"), ord("Z")) in ranges and (ord("a"), ord("z")) in ranges:  # both cases of a letter: one comparison
+            ranges = [r for r in ranges if r not in ((ord("A"), ord("Z")), (ord("a"), ord("z")))]
+            np.bitwise_or(data, np.uint8(0x20), out=scratch)
+            scratch -= np.uint8(ord("a"))
+            np.less(scratch, np.uint8(26), out=mask)
+        for low, high in ranges:
+            if low == high:
+                np.equal(data, np.uint8(low), out=hit)
+            else:
+                np.subtract(data, np.uint8(low), out=scratch)
+                np.less_equal(scratch, np.uint8(high - low), out=hit)
+            mask |= hit
         if not self.ascii:
             for positions, width in self._occurrences([c for c in chars if ord(c) >= 0x80]):
                 for k in range(width if whole else 1):
@@ -212,6 +222,40 @@ class _Utf8:
     def first_bytes_of_texts(self, mask: np.ndarray, value: np.ndarray) -> None:
         """Sets ``mask`` at each non-empty text's first byte to ``value`` there (to undo a shift across texts)."""
         mask[self.nonempty_starts] = value[self.nonempty_starts]
+
+
+@dataclass
+class _Batch:
+    """A batch of texts and what filters derived from it, kept for the next filter while the batch is the same: a
+    stage that removes nothing passes its table on unchanged, and word splits, character classes and line counts are
+    shared by several filters. The batch is held so that its buffers' addresses, the key, stay its own."""
+
+    key: tuple
+    texts: pa.Array
+    derived: dict
+
+
+_LAST_BATCH = threading.local()
+
+
+def _derived(texts: pa.Array, name: object, compute: Callable[[pa.Array], Any]) -> Any:
+    """``compute(texts)``, or what it gave for the same batch (the same buffers, offset and length) just before."""
+    texts = _as_utf8(texts)
+    key = (texts.type, texts.offset, len(texts), *(0 if b is None else b.address for b in texts.buffers()))
+    batch = getattr(_LAST_BATCH, "batch", None)
+    if batch is None or batch.key != key:
+        batch = _LAST_BATCH.batch = _Batch(key, texts, {})
+    if name not in batch.derived:
+        batch.derived[name] = compute(texts)
+    return batch.derived[name]
+
+
+def _utf8(texts: pa.Array) -> _Utf8:
+    return _derived(texts, "utf8", _Utf8)
+
+
+def _words(texts: pa.Array) -> _Words:
+    return _derived(texts, "words", lambda t: _Words(_utf8(t)))
 
 
 def _payload(continuation: bytes) -> int:
@@ -361,30 +405,34 @@ def _divide(numerator: np.ndarray, denominator: np.ndarray, empty: float) -> np.
 
 def _char_ratio(texts: pa.Array, chars: str) -> pa.Array:
     """The share of each text's characters that are in ``chars`` (1.0 for an empty text, as NeMo)."""
-    u = _Utf8(texts)
-    return u.finish(_divide(u.sum_per_text(u.char_mask(chars)), u.char_counts(), 1.0))
+    u = _utf8(texts)
+    return u.finish(_divide(u.sum_per_text(u.char_mask(chars)), u.char_counts, 1.0))
 
 
-def _lines(texts: pa.Array) -> tuple[pa.Array, np.ndarray, np.ndarray]:
-    """The non-blank lines of the texts, stripped, with the index of each one's text, and the line count per text."""
-    pieces = pc.split_pattern(texts, "\n")
-    stripped = pc.utf8_trim_whitespace(pc.list_flatten(pieces))
-    nonblank = pc.greater(pc.utf8_length(stripped), 0)
-    parents = np.asarray(pc.filter(pc.list_parent_indices(pieces), nonblank), dtype=np.int64)
-    return pc.filter(stripped, nonblank), parents, np.bincount(parents, minlength=len(texts))
+def _blank(texts: pa.Array) -> np.ndarray:
+    """Whether each text is empty or only whitespace (Arrow's ``utf8_is_space`` is ``str.isspace``); true for nulls."""
+    space = pc.or_kleene(pc.utf8_is_space(texts), pc.equal(pc.binary_length(texts), 0))
+    return np.asarray(pc.fill_null(space, True), dtype=bool)
 
 
 def _line_ratio(texts: pa.Array, pattern: str, candidates: str | None) -> pa.Array:
-    """The share of each text's non-blank lines whose stripped text matches ``pattern`` (1.0 without lines); only
-    texts that match ``candidates`` anywhere are split into lines, the others have no such line."""
+    """The share of each text's non-blank lines that match ``pattern`` (1.0 without lines). The pattern needs a
+    character other than whitespace and allows for the whitespace around a line's text (``_WS``), so that lines need no
+    stripping. Only texts that match ``candidates`` anywhere are split into lines; the others have no such line."""
     texts = _as_utf8(texts)
-    has_text = np.asarray(pc.fill_null(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(texts)), 0), False), dtype=bool)
+    has_text = ~_blank(texts)
     scores = np.where(has_text, 0.0, 1.0)
-    chosen = np.flatnonzero(np.asarray(pc.fill_null(pc.match_substring_regex(texts, candidates), False), dtype=bool) if candidates else has_text)
+    if candidates:
+        chosen = np.flatnonzero(np.asarray(pc.fill_null(pc.match_substring_regex(texts, candidates), False), dtype=bool))
+    else:
+        chosen = np.arange(len(texts))
     if len(chosen):
-        lines, parents, counts = _lines(texts.take(pa.array(chosen)))
-        hits = np.asarray(pc.match_substring_regex(lines, pattern), dtype=bool)
-        scores[chosen] = _divide(np.bincount(parents[hits], minlength=len(chosen)), counts, 1.0)
+        some = texts if len(chosen) == len(texts) else texts.take(pa.array(chosen))
+        pieces = pc.split_pattern(pc.fill_null(some, "") if some.null_count else some, "\n")
+        lines, parents = pc.list_flatten(pieces), np.asarray(pc.list_parent_indices(pieces), dtype=np.int64)
+        counts = np.bincount(parents[~_blank(lines)], minlength=len(some))
+        hits = np.bincount(parents[np.asarray(pc.match_substring_regex(lines, pattern), dtype=bool)], minlength=len(some))
+        scores[chosen] = _divide(hits, counts, 1.0)
     return _finish(scores, texts)
 
 
@@ -410,8 +458,8 @@ class WordCountFilter(DocumentFilter):
             raise ValueError(f"filter.max_words must be >= min_words ({self.min_words}), got {self.max_words}")
 
     def score(self, texts: pa.Array) -> pa.Array:
-        u = _Utf8(texts)
-        return u.finish(_Words(u).counts)
+        words = _words(texts)
+        return words.u.finish(words.counts)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, self.min_words, self.max_words)
@@ -457,8 +505,8 @@ class MeanWordLengthFilter(DocumentFilter):
             )
 
     def score(self, texts: pa.Array) -> pa.Array:
-        u = _Utf8(texts)
-        words = _Words(u)
+        words = _words(texts)
+        u = words.u
         return u.finish(_divide(u.sum_per_text(words.nonspace_chars()), words.counts, 0.0))
 
     def keep(self, scores: pa.Array) -> np.ndarray:
@@ -477,8 +525,8 @@ class NonAlphaNumericFilter(DocumentFilter):
         _ratio_check("max_non_alpha_numeric_to_text_ratio", self.max_non_alpha_numeric_to_text_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        u = _Utf8(texts)
-        chars = u.char_counts()
+        u = _utf8(texts)
+        chars = u.char_counts
         return u.finish(_divide(chars - u.sum_per_text(u.char_mask(_ALPHANUMERIC)), chars, 1.0))
 
     def keep(self, scores: pa.Array) -> np.ndarray:
@@ -498,8 +546,8 @@ class SymbolsToWordsFilter(DocumentFilter):
         _ratio_check("max_symbol_to_word_ratio", self.max_symbol_to_word_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        u = _Utf8(texts)
-        words = _Words(u)
+        words = _words(texts)
+        u = words.u
         symbols = [words.one_of(tuple(mark for mark in ELLIPSIS_MARKS if not any(c in WHITESPACE for c in mark)))]
         hashes = np.flatnonzero(u.data == ord("#"))
         if len(hashes):
@@ -545,8 +593,8 @@ class UrlsFilter(DocumentFilter):
         _ratio_check("max_url_to_text_ratio", self.max_url_to_text_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        u = _Utf8(texts)
-        chars = u.char_counts()
+        u = _utf8(texts)
+        chars = u.char_counts
         rest = np.asarray(pc.fill_null(pc.utf8_length(pc.replace_substring_regex(u.texts, URL_PATTERN, "")), 0), dtype=np.int64)
         return u.finish(_divide(chars - rest, chars, 1.0))
 
@@ -566,7 +614,7 @@ class BulletsFilter(DocumentFilter):
         _ratio_check("max_bullet_lines_ratio", self.max_bullet_lines_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        return _line_ratio(texts, f"^[{BULLETS}]", f"[{BULLETS}]")
+        return _line_ratio(texts, f"^{_WS}*[{BULLETS}]", f"[{BULLETS}]")
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_bullet_lines_ratio)
@@ -620,8 +668,8 @@ class LongWordFilter(DocumentFilter):
         _at_least("max_word_length", self.max_word_length, 0)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        u = _Utf8(texts)
-        words = _Words(u)
+        words = _words(texts)
+        u = words.u
         return u.finish(words.per_text(words.char_lengths(), np.maximum, 0))
 
     def keep(self, scores: pa.Array) -> np.ndarray:
@@ -687,19 +735,23 @@ class _Pieces:
 
 
 def _pieces(texts: pa.Array, separator: str, skip_blank: bool) -> _Pieces:
+    return _derived(texts, ("pieces", separator, skip_blank), lambda t: _count_pieces(t, separator, skip_blank))
+
+
+def _count_pieces(texts: pa.Array, separator: str, skip_blank: bool) -> _Pieces:
     """The pieces of each text between ``separator``s (blank ones left out with ``skip_blank``, blank meaning only
     Python's whitespace), counted in one pass over the batch: a piece's identity is its dictionary code, so a text's
     distinct pieces are its distinct (text, code) pairs."""
     texts = _as_utf8(texts)
     pieces = pc.split_pattern(pc.fill_null(texts, "") if texts.null_count else texts, separator)
-    flat = pc.list_flatten(pieces)
+    encoded = pc.dictionary_encode(pc.list_flatten(pieces))
+    codes = np.asarray(encoded.indices, dtype=np.int64)
     parents = np.asarray(pc.list_parent_indices(pieces), dtype=np.int64)
     if skip_blank:
-        nonblank = _Words(_Utf8(flat)).counts > 0
-        flat, parents = flat.filter(pa.array(nonblank)), parents[nonblank]
-    codes = np.asarray(pc.dictionary_encode(flat).indices, dtype=np.int64)
+        nonblank = ~_blank(encoded.dictionary)[codes]
+        codes, parents = codes[nonblank], parents[nonblank]
     _, first = np.unique(parents * (int(codes.max()) + 1 if len(codes) else 1) + codes, return_index=True)
-    chars = np.asarray(pc.utf8_length(flat), dtype=np.int64)
+    chars = np.asarray(pc.utf8_length(encoded.dictionary), dtype=np.int64)[codes]
     n = len(texts)
     return _Pieces(np.bincount(parents, minlength=n), np.bincount(parents[first], minlength=n),
                    np.bincount(parents, weights=chars, minlength=n), np.bincount(parents[first], weights=chars[first], minlength=n))
@@ -881,7 +933,7 @@ class PunctuationFilter(DocumentFilter):
         _ratio_check("max_num_sentences_without_endmark_ratio", self.max_num_sentences_without_endmark_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        return _line_ratio(texts, f"[^{END_MARKS}]$", None)
+        return _line_ratio(texts, f"[^{END_MARKS}{_WS[1:-1]}]{_WS}*$", None)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_num_sentences_without_endmark_ratio)
@@ -902,7 +954,7 @@ class EllipsisFilter(DocumentFilter):
     def score(self, texts: pa.Array) -> pa.Array:
         # the marks have no letters but "read more", and no character other than A-Z lowercases to its letters
         marks = "|".join(f"(?i:{_literal(mark)})" for mark in ELLIPSIS_MARKS)
-        return _line_ratio(texts, f"(?:{marks})$", marks)
+        return _line_ratio(texts, f"(?:{marks}){_WS}*$", marks)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_num_lines_ending_with_ellipsis_ratio)
@@ -963,8 +1015,8 @@ class WordsWithoutAlphabetsFilter(DocumentFilter):
         _ratio_check("min_words_with_alphabets", self.min_words_with_alphabets)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        u = _Utf8(texts)
-        words = _Words(u)
+        words = _words(texts)
+        u = words.u
         alphabetic = ((u.data | np.uint8(0x20)) - np.uint8(ord("a"))) < np.uint8(26)
         if not u.ascii:
             leads = np.flatnonzero(u.data >= 0xC0)
