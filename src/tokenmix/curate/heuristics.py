@@ -415,6 +415,16 @@ def _blank(texts: pa.Array) -> np.ndarray:
     return np.asarray(pc.fill_null(space, True), dtype=bool)
 
 
+def _split_texts(texts: pa.Array, separator: str) -> tuple[pa.Array, np.ndarray]:
+    """The pieces of the texts between ``separator``s (a null text is one empty piece) and the index of each one's text."""
+    pieces = pc.split_pattern(pc.fill_null(texts, "") if texts.null_count else texts, separator)
+    return pc.list_flatten(pieces), np.asarray(pc.list_parent_indices(pieces), dtype=np.int64)
+
+
+def _split(texts: pa.Array, separator: str) -> tuple[pa.Array, np.ndarray]:
+    return _derived(texts, ("split", separator), lambda t: _split_texts(t, separator))
+
+
 def _line_ratio(texts: pa.Array, pattern: str, candidates: str | None) -> pa.Array:
     """The share of each text's non-blank lines that match ``pattern`` (1.0 without lines). The pattern needs a
     character other than whitespace and allows for the whitespace around a line's text (``_WS``), so that lines need no
@@ -428,8 +438,7 @@ def _line_ratio(texts: pa.Array, pattern: str, candidates: str | None) -> pa.Arr
         chosen = np.arange(len(texts))
     if len(chosen):
         some = texts if len(chosen) == len(texts) else texts.take(pa.array(chosen))
-        pieces = pc.split_pattern(pc.fill_null(some, "") if some.null_count else some, "\n")
-        lines, parents = pc.list_flatten(pieces), np.asarray(pc.list_parent_indices(pieces), dtype=np.int64)
+        lines, parents = _split(some, "\n") if some is texts else _split_texts(some, "\n")
         counts = np.bincount(parents[~_blank(lines)], minlength=len(some))
         hits = np.bincount(parents[np.asarray(pc.match_substring_regex(lines, pattern), dtype=bool)], minlength=len(some))
         scores[chosen] = _divide(hits, counts, 1.0)
@@ -742,11 +751,9 @@ def _count_pieces(texts: pa.Array, separator: str, skip_blank: bool) -> _Pieces:
     """The pieces of each text between ``separator``s (blank ones left out with ``skip_blank``, blank meaning only
     Python's whitespace), counted in one pass over the batch: a piece's identity is its dictionary code, so a text's
     distinct pieces are its distinct (text, code) pairs."""
-    texts = _as_utf8(texts)
-    pieces = pc.split_pattern(pc.fill_null(texts, "") if texts.null_count else texts, separator)
-    encoded = pc.dictionary_encode(pc.list_flatten(pieces))
+    pieces, parents = _split(texts, separator)
+    encoded = pc.dictionary_encode(pieces)
     codes = np.asarray(encoded.indices, dtype=np.int64)
-    parents = np.asarray(pc.list_parent_indices(pieces), dtype=np.int64)
     if skip_blank:
         nonblank = ~_blank(encoded.dictionary)[codes]
         codes, parents = codes[nonblank], parents[nonblank]
