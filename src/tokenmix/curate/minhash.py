@@ -43,12 +43,11 @@ import functools
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-
-from tokenmix.curate import minhash_kernels
 
 MERSENNE = (1 << 61) - 1
 """The prime ``p = 2**61 - 1`` of the shingle polynomial and of the permutations."""
@@ -281,7 +280,7 @@ def _shingle_hashes(pieces: list[str], whole: np.ndarray, config: MinHashConfig)
     last = first + np.repeat(width - 1, counts)
     begin, end = (word_begin[first], word_end[last]) if config.shingle == "word" else (first, last + 1)
     inverse, powers = _power_tables(len(code_points))
-    return minhash_kernels.shingle_hashes(code_points, begin, end, inverse, powers), offsets
+    return _kernels().shingle_hashes(code_points, begin, end, inverse, powers), offsets
 
 
 _POWER_TABLES: list[tuple[np.ndarray, np.ndarray]] = []
@@ -292,7 +291,8 @@ def _power_tables(size: int) -> tuple[np.ndarray, np.ndarray]:
     two when a group needs more, so that groups of every size share it."""
     if not _POWER_TABLES or len(_POWER_TABLES[0][0]) < size:
         count = max(1 << max(size - 1, 1).bit_length(), 2 * GROUP_CODE_POINTS)
-        _POWER_TABLES[:] = [(minhash_kernels.powers(pow(BASE, MERSENNE - 2, MERSENNE), count), minhash_kernels.powers(BASE, count))]
+        kernels = _kernels()
+        _POWER_TABLES[:] = [(kernels.powers(pow(BASE, MERSENNE - 2, MERSENNE), count), kernels.powers(BASE, count))]
     return _POWER_TABLES[0]
 
 
@@ -338,4 +338,16 @@ def _jax_kernel() -> Callable:
     return jax.jit(kernel)
 
 
-_BACKENDS = {"numba": minhash_kernels.piece_minima, "jax": _jax_min_hashes}
+def _numba_min_hashes(hashes: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return _kernels().piece_minima(hashes, offsets, a, b)
+
+
+def _kernels() -> ModuleType:
+    """``minhash_kernels``, imported when signatures are first computed: importing numba takes 0.2 s, which a process
+    that only configures or runs other stages should not pay."""
+    from tokenmix.curate import minhash_kernels
+
+    return minhash_kernels
+
+
+_BACKENDS = {"numba": _numba_min_hashes, "jax": _jax_min_hashes}
