@@ -289,11 +289,13 @@ _POWER_TABLES: list[tuple[np.ndarray, np.ndarray]] = []
 def _power_tables(size: int) -> tuple[np.ndarray, np.ndarray]:
     """``BASE**-j`` and ``BASE**j`` mod ``p`` for at least ``j < size``: one pair of tables, grown to the next power of
     two when a group needs more, so that groups of every size share it."""
-    if not _POWER_TABLES or len(_POWER_TABLES[0][0]) < size:
+    tables = _POWER_TABLES[0] if _POWER_TABLES else None
+    if tables is None or len(tables[0]) < size:
         count = max(1 << max(size - 1, 1).bit_length(), 2 * GROUP_CODE_POINTS)
         kernels = _kernels()
-        _POWER_TABLES[:] = [(kernels.powers(pow(BASE, MERSENNE - 2, MERSENNE), count), kernels.powers(BASE, count))]
-    return _POWER_TABLES[0]
+        tables = (kernels.powers(pow(BASE, MERSENNE - 2, MERSENNE), count), kernels.powers(BASE, count))
+        _POWER_TABLES[:] = [tables]  # threads that race may leave a smaller pair here; each uses the pair it checked
+    return tables
 
 
 def _jax_min_hashes(hashes: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
