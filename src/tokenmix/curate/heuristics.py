@@ -143,11 +143,15 @@ class _Utf8:
         size = int(self.bounds[-1])
         self.data = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0] : offsets[0] + size] if size else np.zeros(0, np.uint8)
         self.ascii = not size or int(self.data.max()) < 0x80
-        self.leads = np.zeros(0, np.int64) if self.ascii else np.flatnonzero(self.data >= 0xC0)
         self.nonempty_starts = self.bounds[:-1][self.bounds[:-1] < self.bounds[1:]]
 
     def __len__(self) -> int:
         return len(self.bounds) - 1
+
+    @cached_property
+    def leads(self) -> np.ndarray:
+        """Positions of the first bytes of multi-byte characters, found once for every class that names some."""
+        return np.flatnonzero(self.data >= 0xC0)
 
     @cached_property
     def char_counts(self) -> np.ndarray:
