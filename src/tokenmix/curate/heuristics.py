@@ -442,6 +442,7 @@ def _line_ratio(texts: pa.Array, pattern: str, candidates: str | None) -> pa.Arr
         chosen = np.arange(len(texts))
     if len(chosen):
         some = texts if len(chosen) == len(texts) else texts.take(pa.array(chosen))
+        # a subset is split uncached: caching it would push the whole batch, which the next filter reads, out of the cache
         lines, parents = _split(some, "\n") if some is texts else _split_texts(some, "\n")
         counts = np.bincount(parents[~_blank(lines)], minlength=len(some))
         hits = np.bincount(parents[np.asarray(pc.match_substring_regex(lines, pattern), dtype=bool)], minlength=len(some))
