@@ -20,7 +20,7 @@ from tokenmix.datasets import FeistelPermutation, Pending, SourceOrder
 from tokenmix.datasets.base import as_indices
 from tokenmix.datasets.block_shuffle import BlockShuffle, block_shuffled
 from tokenmix.datasets.mixture_layout import _STATES_KEPT, BlockAllocator
-from tokenmix.datasets.segments import document_segments
+from tokenmix.datasets.segments import document_segments, window_cuts
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -419,6 +419,47 @@ def test_document_segments_match_a_per_token_count(data, length, total):
         doc = np.searchsorted(doc_starts, np.arange(start, start + length), side="right")
         assert np.array_equal(segment_ids[row], doc - doc[0])
         assert np.array_equal(loss_mask[row], np.append(doc[1:] == doc[:-1], False))
+
+
+@SETTINGS
+@given(data=st.data(), length=st.integers(2, 30), n=st.integers(1, 12))
+def test_documents_added_by_several_readers_settle_as_each_would_alone(data, length, n):
+    """Rows of one batch added by several readers (disjoint rows, some rows left to others) are filled in one pass
+    exactly as ``document_segments`` fills each reader's windows, a reader's ``trained`` mask is applied to its rows,
+    and rows nobody added are untouched."""
+    total = 200
+    batch = TokenBatch.empty(n, length)
+    batch.segment_ids[...] = 7
+    batch.loss_mask[...] = True
+    owner = np.array(data.draw(st.lists(st.integers(-1, 2), min_size=n, max_size=n)))  # -1: a row nobody adds
+    want_ids, want_mask = batch.segment_ids.copy(), batch.loss_mask.copy()
+    for reader in range(3):
+        rows = np.flatnonzero(owner == reader)
+        if not len(rows):
+            continue
+        doc_starts = np.unique(np.array([0] + data.draw(st.lists(st.integers(0, total - 1), max_size=40)), np.int64))
+        starts = np.array(data.draw(st.lists(st.integers(0, total - length), min_size=len(rows), max_size=len(rows))), np.int64)
+        trained = None if reader == 0 else np.array(data.draw(st.lists(st.booleans(), min_size=len(rows) * length,
+                                                                        max_size=len(rows) * length))).reshape(len(rows), length)
+        batch.add_documents(rows, *window_cuts(starts, length, doc_starts), trained)
+        ids, mask = document_segments(starts, length, doc_starts)
+        want_ids[rows], want_mask[rows] = ids, mask if trained is None else mask & trained
+    batch.settle_documents()
+    assert np.array_equal(batch.segment_ids, want_ids)
+    assert np.array_equal(batch.loss_mask, want_mask)
+
+
+@SETTINGS
+@given(start=st.integers(0, 10**6), count=st.integers(1, 300), block=st.sampled_from([16, 64, 256]))
+def test_a_batch_inside_one_block_locates_as_the_general_grouping_does(start, count, block):
+    """Indices inside one block take a shortcut; adding a far index forces the grouping by stage and block."""
+    mix = MixtureDataset({"a": RangeDataset(10**9), "b": RangeDataset(10**9), "c": RangeDataset(10**9)},
+                         [(0, {"a": 0.5, "b": 0.3, "c": 0.2}), (4096, {"a": 0.1, "b": 0.1, "c": 0.8})], block_size=block)
+    idx = np.arange(start, start + count)
+    far = np.append(idx, start + 10**7)
+    ids, draws = mix.locate(idx)
+    all_ids, all_draws = mix.locate(far)
+    assert np.array_equal(ids, all_ids[:-1]) and np.array_equal(draws, all_draws[:-1])
 
 
 @given(st.integers(1, 3000), st.integers(1, 40), st.integers(1, 9), st.integers(0, 2**32))

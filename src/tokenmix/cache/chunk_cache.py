@@ -53,11 +53,13 @@ class ChunkCache:
     def get(self, location: str, wanted: dict[int, int]) -> dict[int, np.ndarray]:
         """The cached chunks of ``location`` among ``wanted`` (chunk -> tokens it must hold), in one lookup."""
         found = {}
+        chunks = self._chunks
         with self._lock:
             for c, need in wanted.items():
-                chunk = self._chunks.get((location, c))
+                key = (location, c)
+                chunk = chunks.get(key)
                 if chunk is not None and len(chunk) >= need:
-                    self._chunks.move_to_end((location, c))
+                    chunks.move_to_end(key)
                     found[c] = chunk
         return found
 

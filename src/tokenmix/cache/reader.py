@@ -212,10 +212,13 @@ class TokenCache:
         kept decompressed. Returns a function that waits for the reads and maps chunk number to tokens.
         """
         size = self._chunk
-        wanted = {c: min((c + 1) * size, committed_tokens) - c * size for c in chunks}
-        bad = [c for c, need in wanted.items() if need <= 0 or c < 0]
-        if bad:
-            raise IndexError(f"{self.location}: chunk {bad[0]} is outside the {committed_tokens} committed tokens")
+        wanted = dict.fromkeys(chunks, size)
+        if wanted and (min(wanted) < 0 or max(wanted) * size >= committed_tokens):
+            bad = min(wanted) if min(wanted) < 0 else max(wanted)
+            raise IndexError(f"{self.location}: chunk {bad} is outside the {committed_tokens} committed tokens")
+        last = committed_tokens // size  # the only chunk that may hold fewer committed tokens than a whole one
+        if last in wanted:
+            wanted[last] = committed_tokens - last * size
         have = self._chunk_cache.get(self.location, wanted)
         missing: dict[int, Any] = {c: self._array.data[c * size : c * size + need].read() for c, need in wanted.items() if c not in have}
 

@@ -8,15 +8,16 @@ index. ``read(indices)`` issues every read of the batch at once (tensorstore fut
 from __future__ import annotations
 
 import logging
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import numpy as np
 
 from tokenmix._waiting import poll_until
-from tokenmix.datasets.segments import segment_positions
+from tokenmix.datasets.segments import fill_documents, segment_positions
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +48,42 @@ class TokenBatch:
     loss_mask: np.ndarray
     segment_ids: np.ndarray
     source_ids: np.ndarray
+    _documents: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = field(
+        default_factory=list, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def add_documents(self, rows: np.ndarray, cut_row: np.ndarray, cut_offset: np.ndarray, trained: np.ndarray | None = None) -> None:
+        """Leave the segment ids and loss masks of ``rows`` to ``settle_documents``: their documents begin at the cuts
+        (cut ``k`` at offset ``cut_offset[k]`` of row ``rows[cut_row[k]]``, see ``fill_documents``), and where
+        ``trained`` (``(len(rows), length)``, or None) is false a position is not trained on either.
+
+        Each source of a mixture adds its rows, and the first to finish fills them all in one pass: the work per batch
+        does not grow with the number of sources. Rows added must not overlap."""
+        self._documents.append((rows, rows[cut_row], cut_offset, trained))
+
+    def settle_documents(self) -> None:
+        """Fill the segment ids and loss masks of every row added by ``add_documents`` since the last call."""
+        pending, self._documents = self._documents, []
+        if not pending:
+            return
+        rows = np.concatenate([p[0] for p in pending])
+        cut_row = np.concatenate([p[1] for p in pending])
+        cut_offset = np.concatenate([p[2] for p in pending])
+        if len(rows) == len(self):  # every row of the batch (they do not overlap): filled in place
+            fill_documents(self.segment_ids, self.loss_mask, cut_row, cut_offset)
+        else:
+            compact = np.empty(len(self), np.int64)
+            compact[rows] = np.arange(len(rows))
+            segment_ids = np.empty((len(rows), self.tokens.shape[1]), np.int32)
+            loss_mask = np.empty(segment_ids.shape, bool)
+            fill_documents(segment_ids, loss_mask, compact[cut_row], cut_offset)
+            self.segment_ids[rows] = segment_ids
+            self.loss_mask[rows] = loss_mask
+        for added, _, _, trained in pending:
+            if trained is not None:
+                self.loss_mask[added] &= trained
 
     def positions(self) -> np.ndarray:
         """Each token's position within its segment, from 0 (position ids that restart per packed document)."""
@@ -57,8 +91,13 @@ class TokenBatch:
 
     @staticmethod
     def empty(n: int, length: int) -> TokenBatch:
-        """A batch of ``n`` examples of ``length`` tokens to fill with ``put``."""
-        return TokenBatch(np.empty((n, length), np.int32), np.empty((n, length), bool), np.empty((n, length), np.int32), np.empty(n, np.int32))
+        """A batch of ``n`` examples of ``length`` tokens to fill with ``put``.
+
+        Every array starts on a 64-byte boundary, which lets JAX's CPU backend place it on devices without a copy
+        (an unaligned array is copied, which doubles the cost of placing a batch: docs/benchmarks.md)."""
+        tokens, loss_mask, segment_ids, source_ids = aligned_empty([((n, length), np.int32), ((n, length), bool),
+                                                                    ((n, length), np.int32), ((n,), np.int32)])
+        return TokenBatch(tokens, loss_mask, segment_ids, source_ids)
 
     def put(self, rows: np.ndarray, part: TokenBatch) -> None:
         """Write ``part``'s examples into ``rows`` of this batch."""
@@ -155,6 +194,24 @@ class DirectDataset(Dataset):
     @abstractmethod
     def _write(self, idx: np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
         """Start reading examples ``idx`` (all readable) for ``rows`` of ``out``; the function returned waits and writes them."""
+
+
+ALIGNMENT = 64
+"""Bytes every batch array is aligned to: what XLA's CPU client needs to use a host buffer in place."""
+
+
+def aligned_empty(specs: list[tuple[tuple[int, ...], type | np.dtype]]) -> list[np.ndarray]:
+    """Uninitialised arrays of the given (shape, dtype)s, each starting on an ``ALIGNMENT``-byte boundary, carved from
+    one allocation."""
+    sizes = [math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in specs]
+    padded = [-(-size // ALIGNMENT) * ALIGNMENT for size in sizes]
+    buffer = np.empty(sum(padded) + ALIGNMENT, np.uint8)
+    at = -buffer.ctypes.data % ALIGNMENT
+    arrays = []
+    for (shape, dtype), size, step in zip(specs, sizes, padded):
+        arrays.append(buffer[at : at + size].view(dtype).reshape(shape))
+        at += step
+    return arrays
 
 
 def as_indices(indices: Sequence[int] | np.ndarray) -> np.ndarray:

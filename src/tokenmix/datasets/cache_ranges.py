@@ -35,13 +35,22 @@ def keep_targets(docs: CacheDocuments, loss_mask: np.ndarray, dest: np.ndarray, 
     Range ``r`` is ``size[r]`` positions of the batch from flat position ``dest[r]``, predicting the cache
     tokens from ``begin[r] + 1``; positions outside every range are left as they are.
     """
+    trained = trained_positions(docs, loss_mask.shape, dest, begin, size)
+    if trained is not None:
+        loss_mask &= trained
+
+
+def trained_positions(docs: CacheDocuments, shape: tuple[int, ...], dest: np.ndarray, begin: np.ndarray,
+                      size: np.ndarray) -> np.ndarray | None:
+    """Of an array of ``shape`` positions, those that predict a token the format trains on (``keep_targets``' ranges),
+    or None where the format trains on every token (no loss spans)."""
     targets = docs.targets(begin + 1, size)
     if targets is None:
-        return
+        return None
     group, within = expand_counts(size)
-    trained = np.zeros(loss_mask.size, bool)
+    trained = np.zeros(int(np.prod(shape)), bool)
     trained[dest[group] + within] = targets
-    loss_mask &= trained.reshape(loss_mask.shape)
+    return trained.reshape(shape)
 
 
 def split_at_chunks(begin: np.ndarray, size: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -80,9 +89,9 @@ def copy_ranges(cache: TokenCache, begin: np.ndarray, size: np.ndarray, dest: np
     where, sizes = dest.tolist(), size.tolist()
     chunk_tokens = cache.chunk_tokens
     chunk = begin // chunk_tokens
-    chunks = cache.read_chunks(np.unique(chunk).tolist(), committed)
-    within = (begin - chunk * chunk_tokens).tolist()
     chunk_ids = chunk.tolist()
+    chunks = cache.read_chunks(sorted(set(chunk_ids)), committed)
+    within = (begin - chunk * chunk_tokens).tolist()
 
     def finish() -> None:
         have = chunks()

@@ -11,6 +11,7 @@ sources changes nothing and renaming one leaves the others' orders alone.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -113,6 +114,7 @@ class MixtureDataset(Dataset):
         self._canon = sorted(self.names)
         self._ids = np.array([self.names.index(n) for n in self._canon], np.int32)
         self._starts = np.array([s for s, _ in stages], np.int64)
+        self._stage_starts: list[int] = self._starts.tolist()
         self._allocators = [BlockAllocator([w.get(n, 0.0) for n in self._canon], block_size) for _, w in stages]
         for (start, weights), alloc in zip(stages, self._allocators):
             if alloc.worst_walk > _SLOW_WALK_STEPS:
@@ -194,6 +196,13 @@ class MixtureDataset(Dataset):
 
     def _by_block(self, idx: np.ndarray) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
         """The indices grouped by (stage, block): each group's members and positions in the block."""
+        if len(idx):  # the usual batch lies in one block: one group, found from its ends
+            lo, hi = int(idx.min()), int(idx.max())
+            s = bisect.bisect_right(self._stage_starts, lo) - 1
+            b, offset = divmod(lo - self._stage_starts[s], self.block_size)
+            if hi - lo < self.block_size - offset and bisect.bisect_right(self._stage_starts, hi) - 1 == s:
+                yield s, b, np.arange(len(idx)), idx - (self._stage_starts[s] + b * self.block_size)
+                return
         stage = np.searchsorted(self._starts, idx, side="right") - 1
         block, pos = np.divmod(idx - self._starts[stage], self.block_size)
         for s in np.unique(stage).tolist():
@@ -287,9 +296,12 @@ class MixtureDataset(Dataset):
         canon, examples = self._examples(idx)
         out = TokenBatch.empty(len(idx), self.tokens_per_example)
         finishers = []
-        for c in np.unique(canon).tolist():
-            rows = np.flatnonzero(canon == c)
-            finishers.append(self._sources[c].base.read_into(examples[rows], out, rows))
+        by_source = np.argsort(canon, kind="stable")  # each source's rows, ascending, one after the other
+        ends = np.cumsum(np.bincount(canon)).tolist()
+        for c, (begin, end) in enumerate(zip([0, *ends[:-1]], ends)):
+            if end > begin:
+                rows = by_source[begin:end]
+                finishers.append(self._sources[c].base.read_into(examples[rows], out, rows))
 
         def assemble() -> TokenBatch:
             for finish in finishers:

@@ -16,29 +16,44 @@ def document_segments(starts: np.ndarray, length: int, doc_starts: np.ndarray) -
 
     ``doc_starts`` is the sorted stream positions where documents begin.
     """
+    segment_ids = np.empty((len(starts), length), np.int32)
+    loss_mask = np.empty((len(starts), length), bool)
+    fill_documents(segment_ids, loss_mask, *window_cuts(starts, length, doc_starts))
+    return segment_ids, loss_mask
+
+
+def window_cuts(starts: np.ndarray, length: int, doc_starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where documents begin strictly inside the windows ``[start, start + length)``: per such document start, its
+    window and its offset in that window (from 1 to ``length - 1``).
+
+    ``doc_starts`` is the sorted stream positions where documents begin.
+    """
     starts = np.asarray(starts, np.int64)
-    n = len(starts)
     first = np.searchsorted(doc_starts, starts, side="right")
     counts = np.searchsorted(doc_starts, starts + length, side="left") - first
-    loss_mask = np.ones((n, length), bool)
+    window = np.repeat(np.arange(len(starts)), counts)
+    # the document starts inside window w are doc_starts[first[w] : first[w] + counts[w]]
+    doc = np.arange(len(window)) + np.repeat(first - (np.cumsum(counts) - counts), counts)
+    return window, doc_starts[doc] - starts[window]
+
+
+def fill_documents(segment_ids: np.ndarray, loss_mask: np.ndarray, cut_row: np.ndarray, cut_offset: np.ndarray) -> None:
+    """Fill ``(n, length)`` segment ids and loss masks, in place, for rows whose documents begin at the cuts.
+
+    Cut ``k`` is a document beginning at offset ``cut_offset[k]`` (1 to ``length - 1``) of row ``cut_row[k]``, in any
+    order; a row's first token is always in its segment 0. Position ``i`` is trained on when token ``i + 1`` is in the
+    same row and document.
+    """
+    n, length = segment_ids.shape
+    loss_mask[...] = True
     loss_mask[:, -1] = False
-    total = int(counts.sum())
-    if not total:
-        return np.zeros((n, length), np.int32), loss_mask
-    before = np.cumsum(counts) - counts
-    row = np.repeat(np.arange(n), counts)
-    within = np.arange(total) - before[row]
-    # the document starts inside row r are doc_starts[first[r] : first[r] + counts[r]]
-    cuts = doc_starts[first[row] + within] - starts[row] + row * length
-    loss_mask.ravel()[cuts - 1] = False
-    # runs of one segment id, in flat order: each row opens one (id 0), each document start inside it the next
-    run_start = np.empty(n + total, np.int64)
-    run_id = np.empty(n + total, np.int32)
-    row_slot = np.arange(n) + before
-    cut_slot = np.arange(total) + row + 1
-    run_start[row_slot], run_id[row_slot] = np.arange(n) * length, 0
-    run_start[cut_slot], run_id[cut_slot] = cuts, within + 1
-    return np.repeat(run_id, np.diff(np.append(run_start, n * length))).reshape(n, length), loss_mask
+    loss_mask[cut_row, cut_offset - 1] = False
+    flat_cuts = np.asarray(cut_row, np.int64) * length + cut_offset
+    # runs of one segment id in flat order: each row opens one (id 0), each cut the next in its row
+    run_start = np.sort(np.concatenate([np.arange(n, dtype=np.int64) * length, flat_cuts]))
+    run = np.arange(len(run_start))
+    run_id = run - np.maximum.accumulate(np.where(run_start % length == 0, run, 0))
+    segment_ids[...] = np.repeat(run_id.astype(np.int32), np.diff(run_start, append=n * length)).reshape(n, length)
 
 
 def expand_counts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -19,9 +19,9 @@ import numpy as np
 
 from tokenmix.cache.reader import TokenCache
 from tokenmix.datasets.base import DirectDataset, TokenBatch
-from tokenmix.datasets.cache_ranges import checked_subset, copy_ranges, keep_targets, split_at_chunks
+from tokenmix.datasets.cache_ranges import checked_subset, copy_ranges, split_at_chunks, trained_positions
 from tokenmix.datasets.documents import CacheDocuments
-from tokenmix.datasets.segments import document_segments, expand_counts
+from tokenmix.datasets.segments import expand_counts, window_cuts
 
 
 class TokenSeqDataset(DirectDataset):
@@ -118,13 +118,15 @@ class TokenSeqDataset(DirectDataset):
         length = self.seq_len
         starts = idx * self.stride
         owner, offset, begin, size = self._pieces(starts, starts + length)
-        dest = rows[owner] * length + offset
-        finish = copy_ranges(self.cache, begin, size, dest, out, int(self._bounds[-1]))
-        segment_ids, loss_mask = document_segments(starts, length, self._doc_starts_now())
-        keep_targets(self._docs, loss_mask, owner * length + offset, begin, size)  # position i learns token i + 1
-        out.segment_ids[rows] = segment_ids
-        out.loss_mask[rows] = loss_mask
+        read = copy_ranges(self.cache, begin, size, rows[owner] * length + offset, out, int(self._bounds[-1]))
+        trained = trained_positions(self._docs, (len(idx), length), owner * length + offset, begin, size)  # position i learns token i + 1
+        out.add_documents(rows, *window_cuts(starts, length, self._doc_starts_now()), trained)
         out.source_ids[rows] = self.source_id
+
+        def finish() -> None:
+            read()
+            out.settle_documents()
+
         return finish
 
     def _pieces(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -134,7 +136,7 @@ class TokenSeqDataset(DirectDataset):
         cache, and its length.
         """
         size = self.cache.chunk_tokens
-        if not self._subset and np.array_equal(starts // size, (stops - 1) // size):  # the usual case: one piece each
+        if not self._subset and not np.any(starts // size - (stops - 1) // size):  # the usual case: one piece each
             return np.arange(len(starts)), np.zeros(len(starts), np.int64), starts, stops - starts
         run_stream, run_tokens = self._run_stream, self._run_tokens
         run_ends = np.append(run_stream[1:], np.iinfo(np.int64).max)
