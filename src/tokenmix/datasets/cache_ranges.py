@@ -8,6 +8,7 @@ checked once, when a dataset takes it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -48,7 +49,7 @@ def trained_positions(docs: CacheDocuments, shape: tuple[int, ...], dest: np.nda
     if targets is None:
         return None
     group, within = expand_counts(size)
-    trained = np.zeros(int(np.prod(shape)), bool)
+    trained = np.zeros(math.prod(shape), bool)
     trained[dest[group] + within] = targets
     return trained.reshape(shape)
 

@@ -31,10 +31,8 @@ def window_cuts(starts: np.ndarray, length: int, doc_starts: np.ndarray) -> tupl
     starts = np.asarray(starts, np.int64)
     first = np.searchsorted(doc_starts, starts, side="right")
     counts = np.searchsorted(doc_starts, starts + length, side="left") - first
-    window = np.repeat(np.arange(len(starts)), counts)
-    # the document starts inside window w are doc_starts[first[w] : first[w] + counts[w]]
-    doc = np.arange(len(window)) + np.repeat(first - (np.cumsum(counts) - counts), counts)
-    return window, doc_starts[doc] - starts[window]
+    window, k = expand_counts(counts)  # the document starts inside window w are doc_starts[first[w] : first[w] + counts[w]]
+    return window, doc_starts[first[window] + k] - starts[window]
 
 
 def fill_documents(segment_ids: np.ndarray, loss_mask: np.ndarray, cut_row: np.ndarray, cut_offset: np.ndarray) -> None:
