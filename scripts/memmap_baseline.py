@@ -15,7 +15,7 @@ from tokenmix import LMMixtureDatasetConfig, MixtureDataset, TokenCache
 
 
 def memmap_gather(config: LMMixtureDatasetConfig, train: MixtureDataset, index: np.ndarray, seq_len: int,
-                  tmp: str) -> Callable[[np.ndarray], np.ndarray]:
+                  tmp: str) -> Callable[..., np.ndarray]:
     """The limit: a function gathering the token windows of mixture ``index`` rows from raw memmaps of the caches."""
     ids, draws = train.locate(index)
     windows = np.empty(len(index), np.int64)
@@ -31,8 +31,10 @@ def memmap_gather(config: LMMixtureDatasetConfig, train: MixtureDataset, index: 
         maps.append(np.load(path, mmap_mode="r"))
     first = int(index[0])
 
-    def gather(rows: np.ndarray) -> np.ndarray:
+    def gather(rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The rows' token windows as int32, in a new array or written into ``out``."""
         at = rows - first
-        return np.stack([maps[s][w * seq_len : (w + 1) * seq_len] for s, w in zip(ids[at], windows[at])]).astype(np.int32)
+        windows_ = [maps[s][w * seq_len : (w + 1) * seq_len] for s, w in zip(ids[at], windows[at])]
+        return np.stack(windows_).astype(np.int32) if out is None else np.stack(windows_, out=out)
 
     return gather

@@ -135,7 +135,8 @@ def test_global_batches_and_shards_are_the_datasets_examples(train, shape, names
 def test_a_batch_is_placed_on_cpu_devices_without_a_copy(train):
     """The batch's host arrays are aligned so that XLA's CPU client uses them in place: every device shard of the
     placed (Batch, Position) arrays lies inside the host array read for it (a copy would double the cost of placing a
-    batch). ``source_ids`` shards, 16 bytes here, cannot all start on a 64-byte boundary and are copied."""
+    batch). ``source_ids`` shards, 16 bytes here, cannot all start on a 64-byte boundary and are copied. The first batch
+    is placed through ``jax.device_put``, later ones directly (``placement.ArrayPlacer``): both in place."""
     held: list[TokenBatch] = []
 
     class Keeping(Wrapped):
@@ -150,15 +151,15 @@ def test_a_batch_is_placed_on_cpu_devices_without_a_copy(train):
 
     mesh = jax.make_mesh((4, 2), ("data", "model"))
     with DataLoader(Keeping(train), 16, mesh, {"batch": "data"}, prefetch=0) as loader:
-        sb = loader.batch(3)
-    (host,) = held
-    for field in ("tokens", "loss_mask", "segment_ids"):
-        array, host_array = getattr(sb.batch, field).array, getattr(host, field)
-        begin = host_array.ctypes.data
-        assert begin % 64 == 0, field
-        for shard in array.addressable_shards:
-            assert begin <= shard.data.unsafe_buffer_pointer() < begin + host_array.nbytes, field
-        assert np.array_equal(np.asarray(array), host_array), field
+        placed = [loader.batch(3), loader.batch(4)]
+    for sb, host in zip(placed, held, strict=True):
+        for field in ("tokens", "loss_mask", "segment_ids"):
+            array, host_array = getattr(sb.batch, field).array, getattr(host, field)
+            begin = host_array.ctypes.data
+            assert begin % 64 == 0, field
+            for shard in array.addressable_shards:
+                assert begin <= shard.data.unsafe_buffer_pointer() < begin + host_array.nbytes, field
+            assert np.array_equal(np.asarray(array), host_array), field
 
 
 def test_packed_sources_stream_through_the_loader_like_token_windows(config_path):

@@ -4,7 +4,8 @@ Step ``s`` is examples ``schedule.offset(s) .. + batch_size(s) - 1`` of the data
 the step, whatever the number of processes, the prefetch depth or the timing. Each process reads only
 the rows its addressable devices hold (one ``dataset.read`` per step, each row once, see
 ``sharding.py``) and hands them to ``jax.make_array_from_process_local_data``, which cuts each
-device's shard out of them and assembles the global ``jax.Array``. Reading and placing run ahead in
+device's shard out of them and assembles the global ``jax.Array`` (on one process, ``placement.ArrayPlacer`` does
+the same with JAX's dispatch done once per batch size). Reading and placing run ahead in
 a background thread (``prefetch.py``); fingerprints are gathered in the consumer's thread, so every
 process issues that collective in step order.
 """
@@ -31,6 +32,7 @@ from tokenmix.datasets.base import Dataset, Pending, TokenBatch
 from tokenmix.loader.batch import LmBatch, StepBatch
 from tokenmix.loader.batch_schedule import BatchSchedule, BatchSizeSpec
 from tokenmix.loader.fingerprint import combine, row_digests
+from tokenmix.loader.placement import ArrayPlacer
 from tokenmix.loader.prefetch import END, Prefetcher
 from tokenmix.loader.sharding import AxisMapping, BatchLayout
 
@@ -113,6 +115,7 @@ class DataLoader:
         self.position_axis = position_axis
         self.seq_len = dataset.tokens_per_example
         self._layouts: dict[int, BatchLayout] = {}
+        self._placers: dict[int, ArrayPlacer] = {}
         self._iterators: weakref.WeakSet[BatchIterator] = weakref.WeakSet()
         self._closed = False
         for start, size in self.schedule.stages:  # every batch size the schedule will use must fit the mesh
@@ -128,6 +131,8 @@ class DataLoader:
         layout = self._layouts.get(size)
         if layout is None:
             layout = BatchLayout(self.mesh, self.axis_mapping, size, self.seq_len, self.batch_axis, self.position_axis)
+            token, row = layout.token_sharding, layout.row_sharding
+            self._placers[size] = ArrayPlacer([token, token, token, row] + [token] * self.positions)
             self._layouts[size] = layout
         return layout
 
@@ -225,15 +230,13 @@ class DataLoader:
 
     def _place(self, layout: BatchLayout, data: TokenBatch) -> LmBatch:
         """The global arrays from this process's rows (in ``layout.rows`` order), one transfer per device shard."""
-        token, row = layout.token_sharding, layout.row_sharding
-        shape = (layout.batch_size, layout.seq_len)
         host = [data.tokens, data.loss_mask, data.segment_ids, data.source_ids] + ([data.positions()] if self.positions else [])
-        shardings = [token, token, token, row] + [token] * self.positions
-        shapes = [shape, shape, shape, shape[:1]] + [shape] * self.positions
-        if layout.fully_addressable:  # one process holds the whole batch: one call places every array, fastest (docs/benchmarks.md)
-            placed = jax.device_put(host, shardings)
+        placer = self._placers[layout.batch_size]
+        if layout.fully_addressable:  # one process holds the whole batch: JAX's dispatch done once per shape (placement.py)
+            placed = placer(host)
         else:
-            placed = jax.make_array_from_process_local_data(shardings, host, shapes)
+            shape = (layout.batch_size, layout.seq_len)
+            placed = jax.make_array_from_process_local_data(placer.shardings, host, [shape, shape, shape, shape[:1]] + [shape] * self.positions)
         axes = (layout.Batch, layout.Position)
         tokens, loss_mask, segment_ids = (hax.NamedArray(a, axes) for a in placed[:3])
         positions = hax.NamedArray(placed[4], axes) if self.positions else None
