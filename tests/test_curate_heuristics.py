@@ -18,6 +18,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tokenmix.curate import heuristics
 from tokenmix.curate.filters import DocumentFilter
 from tokenmix.curate.heuristics import (
     BoilerPlateStringFilter,
@@ -53,6 +54,8 @@ from tokenmix.curate.modifiers import (
     WhitespaceNormalize,
     WikitextDetokenize,
 )
+from tokenmix.curate.records import as_array
+from tokenmix.curate.stages import ScoreFilter, ShardContext
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -424,3 +427,27 @@ def test_compiled_scores_equal_the_plain_python_definitions_on_random_texts(text
     for i, text in enumerate(texts):
         assert {name: got[name][i] for name in names} == _python_scores(text), repr(text)
         assert tuple(g[i] for g in got_repetition) == _python_repetition(text), repr(text)
+
+
+def test_a_column_of_one_chunk_is_taken_without_a_copy():
+    """``combine_chunks`` copies even a single chunk; ``as_array`` hands the chunk itself over, and combines only
+    several chunks."""
+    texts = pa.array(["one two", "three"], pa.large_string())
+    table = pa.table({"text": texts})
+    taken = as_array(table.column("text"))
+    assert [b.address for b in taken.buffers() if b] == [b.address for b in texts.buffers() if b]
+    two = pa.chunked_array([texts, pa.array(["four"], pa.large_string())])
+    assert as_array(two).to_pylist() == ["one two", "three", "four"]
+
+
+def test_filter_stages_share_one_analysis_of_an_unchanged_batch():
+    """Consecutive filter stages over a batch that the first leaves whole find the word split the first made (keyed
+    by the texts' buffers), rather than splitting the batch again."""
+    context = ShardContext("s", 0, 0, "text")
+    table = pa.table({"text": pa.array(["a few plain words here", "and some more words there"], pa.large_string())})
+    table, removed = ScoreFilter(WordCountFilter(min_words=2), score_field="words").apply(table, context)
+    assert not removed
+    words = heuristics._LAST_BATCH.batch.derived["words"]
+    table, removed = ScoreFilter(MeanWordLengthFilter(min_mean_word_length=1), score_field="mean").apply(table, context)
+    assert not removed and heuristics._LAST_BATCH.batch.derived["words"] is words
+    assert table.column("mean").to_pylist() == pytest.approx([18 / 5, 21 / 5])

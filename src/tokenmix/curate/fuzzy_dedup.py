@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from tokenmix.curate.minhash import MinHashConfig, jaccard
+from tokenmix.curate.records import as_array
 from tokenmix.curate.scatter import mix64
 from tokenmix.curate.shard_io import exists, local_or_url_join, read_table, write_json, write_table
 from tokenmix.curate.stages import ShardContext, Stage
@@ -185,7 +186,7 @@ def run_lsh_task(task: LshTask) -> dict[str, Any]:
     table = read_table(task.signatures_url)
     rows = table.column("row").to_numpy()
     width = task.bands * task.rows
-    sigs = table.column("signature").combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(len(rows), width) if len(rows) \
+    sigs = as_array(table.column("signature")).flatten().to_numpy(zero_copy_only=False).reshape(len(rows), width) if len(rows) \
         else np.zeros((0, width), dtype=np.uint64)
     hashes = band_hashes(sigs, task.bands, task.rows)
     band = np.broadcast_to(np.arange(task.bands, dtype=np.int16), hashes.shape).reshape(-1)

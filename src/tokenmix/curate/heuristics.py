@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tokenmix.curate.filters import DocumentFilter, bounds_keep
+from tokenmix.curate.records import as_array
 
 WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
 """The characters ``str.split()`` and ``str.strip()`` treat as whitespace (``str.isspace``); Arrow's
@@ -114,8 +115,7 @@ def _literal(text: str) -> str:
 
 
 def _as_utf8(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
+    texts = as_array(texts)
     if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
         texts = texts.cast(pa.large_string())
     return texts

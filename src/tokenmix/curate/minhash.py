@@ -49,6 +49,8 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 
+from tokenmix.curate.records import as_array
+
 MERSENNE = (1 << 61) - 1
 """The prime ``p = 2**61 - 1`` of the shingle polynomial and of the permutations."""
 BASE = 0x9E3779B97F4A7C15 % MERSENNE
@@ -125,8 +127,7 @@ def signatures(texts: pa.Array | pa.ChunkedArray, config: MinHashConfig,
     ``short_documents="skip"``, short texts (their rows are all ones). A text's signature does not depend on the other
     texts of the batch. Both backends give the same signatures: ``numba`` (compiled once, then cached on disk) is the
     faster on CPUs, ``jax`` runs the permutations on an accelerator when JAX has one."""
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
+    texts = as_array(texts)
     if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
         raise TypeError(f"minhash: texts must be a string array, got {texts.type}")
     if backend not in _BACKENDS:

@@ -26,6 +26,15 @@ JSON_FIELDS_KEY = b"tokenmix.json_fields"
 """Schema metadata: the fields stored as JSON text (NUL-separated), because their values have no common Arrow type."""
 
 
+def as_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Values as one Arrow array: a chunked array's only chunk as it is, or its chunks combined. ``combine_chunks``
+    copies even a single chunk, which would cost a pass over a batch's texts in every stage and give each stage new
+    buffers, so that analyses kept for a batch of texts (``heuristics``, keyed by their buffers) were never found again."""
+    if isinstance(values, pa.ChunkedArray):
+        return values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
+    return values
+
+
 def is_hidden(name: str) -> bool:
     """Whether a column is the engine's own rather than a record field."""
     return name.startswith("__")

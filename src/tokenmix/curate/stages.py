@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import tokenmix.curate.heuristics  # noqa: F401  (registers the heuristic filters as choices of DocumentFilter)
 from tokenmix.curate.filters import DocumentFilter
 from tokenmix.curate.modifiers import DocumentModifier
-from tokenmix.curate.records import POSITION
+from tokenmix.curate.records import POSITION, as_array
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class ScoreFilter(Stage):
     """Keep what the rule would remove instead."""
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
-        texts = table.column(self.text_field or context.text_field).combine_chunks()
+        texts = as_array(table.column(self.text_field or context.text_field))
         scores = self.filter.score(texts)
         if self.score_field is not None:
             table = set_column(table, self.score_field, scores)
@@ -115,7 +115,7 @@ class Score(Stage):
     """Unset: the filter's reason (``word_count``, ``repeating_top_ngrams_3``)."""
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
-        scores = self.filter.score(table.column(self.text_field or context.text_field).combine_chunks())
+        scores = self.filter.score(as_array(table.column(self.text_field or context.text_field)))
         return set_column(table, self.score_field or self.filter.reason, scores), Counter()
 
     @property
@@ -173,7 +173,7 @@ class Modify(Stage):
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
         name = self.text_field or context.text_field
-        return set_column(table, name, self.modifier.modify(table.column(name).combine_chunks())), Counter()
+        return set_column(table, name, self.modifier.modify(as_array(table.column(name)))), Counter()
 
     @property
     def label(self) -> str:
