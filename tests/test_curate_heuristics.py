@@ -98,7 +98,8 @@ CASES = [
     (ParenthesesFilter(), ["(a)[b]{c}\u27e8d\u27e9", "f(x) = y", ""], [8 / 12, 0.25, 1.0]),
     (LongWordFilter(), ["a bb ccc", "", "\u65e5\u672c\u8a9e ab", "x" * 1001], [3, 0, 3, 1001]),
     # one boilerplate paragraph of three; lorem ipsum anywhere; none; an empty paragraph between "\n\n"s counts;
-    # "İ" lowercases to "i" and a combining dot, so "prİvacy" is not "privacy" (str.lower, as NeMo)
+    # "İ" lowercases to "i" and a combining dot, so "prİvacy" is not "privacy" (str.lower, as NeMo); the Kelvin sign
+    # lowercases to "k"; a cookie that is no policy
     (
         BoilerPlateStringFilter(),
         [
@@ -108,8 +109,10 @@ CASES = [
             "a\n\n\n\nb",
             "PRIVACY POLICY",
             "pr\u0130vacy policy",
+            "use of coo\u212aies\n\nok",
+            "a cookie jar",
         ],
-        [1 / 3, 1.0, 0.0, 0.0, 1.0, 0.0],
+        [1 / 3, 1.0, 0.0, 0.0, 1.0, 0.0, 0.5, 0.0],
     ),
     # lines "a", "b", "a", " c" (not stripped): 3 distinct of 4
     (RepeatedLinesFilter(), ["a\nb\na\n\n c", "", "x\nx"], [0.75, 0.0, 0.5]),
