@@ -454,3 +454,34 @@ def test_filter_stages_share_one_analysis_of_an_unchanged_batch():
     table, removed = ScoreFilter(MeanWordLengthFilter(min_mean_word_length=1), score_field="mean").apply(table, context)
     assert not removed and heuristics._LAST_BATCH.batch.derived["words"] is words
     assert table.column("mean").to_pylist() == pytest.approx([18 / 5, 21 / 5])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.sampled_from(_PIECES), max_size=30).map("".join), st.booleans()), min_size=1, max_size=10))
+def test_line_and_paragraph_counts_carried_past_a_removal_equal_counting_again(rows):
+    """After a stage removes texts, the next repetition filter scores the kept batch from the counts carried over from
+    the batch before (``carry_analyses``), and they equal counting the kept batch afresh."""
+    texts = pa.array([text for text, _ in rows], pa.large_string())
+    keep = np.array([k for _, k in rows])
+    filters = [RepeatedLinesFilter(), RepeatedParagraphsFilter(), RepeatedLinesByCharFilter(), RepeatedParagraphsByCharFilter()]
+    for f in filters:
+        f.score(texts)
+    kept = texts.filter(pa.array(keep))
+    heuristics.carry_analyses(texts, keep, kept)
+    carried = heuristics._LAST_BATCH.batch
+    got = [f.score(kept).to_pylist() for f in filters]
+    assert heuristics._LAST_BATCH.batch is carried and carried.derived.keys() >= {("pieces", "\n", True), ("pieces", "\n\n", False)}
+    heuristics._LAST_BATCH.batch = None
+    assert got == [f.score(kept).to_pylist() for f in filters]
+
+
+def test_a_filter_stage_that_removes_texts_carries_the_counts_to_the_next():
+    context = ShardContext("s", 0, 0, "text")
+    table = pa.table({"text": pa.array(["a\na\nb", "x", "p\n\nq\n\np\nr s t u"], pa.large_string())})
+    table, _ = ScoreFilter(RepeatedLinesFilter(max_repeated_line_fraction=0), score_field="lines").apply(table, context)
+    table, removed = ScoreFilter(WordCountFilter(min_words=2)).apply(table, context)
+    assert removed == {"word_count": 1}
+    counts = heuristics._LAST_BATCH.batch.derived[("pieces", "\n", True)]
+    table, _ = ScoreFilter(RepeatedLinesByCharFilter(max_repeated_lines_char_ratio=0), score_field="chars").apply(table, context)
+    assert heuristics._LAST_BATCH.batch.derived[("pieces", "\n", True)] is counts
+    assert table.column("chars").to_pylist() == pytest.approx([2 / 3, 0.9])

@@ -241,7 +241,8 @@ class _Utf8:
 class _Batch:
     """A batch of texts and what filters derived from it, kept for the next filter while the batch is the same: a
     stage that removes nothing passes its table on unchanged, and word splits, character classes and line counts are
-    shared by several filters. The batch is held so that its buffers' addresses, the key, stay its own."""
+    shared by several filters. What is one value per text also outlives a stage that removes texts
+    (``carry_analyses``). The batch is held so that its buffers' addresses, the key, stay its own."""
 
     key: tuple
     texts: pa.Array
@@ -251,16 +252,33 @@ class _Batch:
 _LAST_BATCH = threading.local()
 
 
+def _key(texts: pa.Array) -> tuple:
+    return (texts.type, texts.offset, len(texts), *(0 if b is None else b.address for b in texts.buffers()))
+
+
 def _derived(texts: pa.Array, name: object, compute: Callable[[pa.Array], Any]) -> Any:
     """``compute(texts)``, or what it gave for the same batch (the same buffers, offset and length) just before."""
     texts = _as_utf8(texts)
-    key = (texts.type, texts.offset, len(texts), *(0 if b is None else b.address for b in texts.buffers()))
+    key = _key(texts)
     batch = getattr(_LAST_BATCH, "batch", None)
     if batch is None or batch.key != key:
         batch = _LAST_BATCH.batch = _Batch(key, texts, {})
     if name not in batch.derived:
         batch.derived[name] = compute(texts)
     return batch.derived[name]
+
+
+def carry_analyses(texts: pa.Array, keep: np.ndarray, kept: pa.Array) -> None:
+    """Tells the filters that a stage kept the ``keep`` rows of the batch ``texts`` as the batch ``kept``: what they
+    derived from ``texts`` as one value per text (line and paragraph counts) is kept for the kept rows, so that the
+    next filter finds it. Analyses per byte or per word are dropped: cutting them down costs about what making them
+    again does."""
+    batch = getattr(_LAST_BATCH, "batch", None)
+    if batch is None or batch.key != _key(_as_utf8(texts)):
+        return
+    carried = {name: value.kept(keep) for name, value in batch.derived.items() if isinstance(value, _Pieces)}
+    kept = _as_utf8(kept)
+    _LAST_BATCH.batch = _Batch(_key(kept), kept, carried)
 
 
 def _utf8(texts: pa.Array) -> _Utf8:
@@ -768,6 +786,10 @@ class _Pieces:
     distinct: np.ndarray
     total_chars: np.ndarray
     distinct_chars: np.ndarray
+
+    def kept(self, keep: np.ndarray) -> _Pieces:
+        """The counts of the ``keep`` texts."""
+        return _Pieces(self.total[keep], self.distinct[keep], self.total_chars[keep], self.distinct_chars[keep])
 
 
 def _pieces(texts: pa.Array, separator: str, skip_blank: bool) -> _Pieces:

@@ -47,6 +47,7 @@ from tokenmix.curate import exact_dedup, fuzzy_dedup, minhash, scatter
 from tokenmix.curate.execution import open_executor, run_tasks
 from tokenmix.curate.records import as_array, concat
 from tokenmix.curate.shard_io import (
+    BATCH_BYTES,
     OUTPUT_FORMATS,
     ShardBatches,
     ShardWriter,
@@ -60,7 +61,7 @@ from tokenmix.curate.shard_io import (
     write_json,
 )
 from tokenmix.curate.stages import ExactDedup, ShardContext, Stage, text_hashes
-from tokenmix.sources.shards import DEFAULT_CHUNK_BYTES, FileShard
+from tokenmix.sources.shards import FileShard
 from tokenmix.sources.urls import expand_urls
 
 logger = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class CurationConfig:
     """``{type: local}`` (worker processes), ``{type: ray, address: ...}`` or ``{type: dask, address: ...}``."""
     num_workers: int | None = None
     """Local worker processes (one per core when unset; 0 runs tasks in this process), or a local cluster's size."""
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    chunk_bytes: int = BATCH_BYTES
     """Input bytes per batch of records."""
     keep_intermediate: bool = False
     """Keep the passes' intermediate shards after a successful run (they are removed by default)."""

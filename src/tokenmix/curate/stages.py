@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-import tokenmix.curate.heuristics  # noqa: F401  (registers the heuristic filters as choices of DocumentFilter)
 from tokenmix.curate.filters import DocumentFilter
+from tokenmix.curate.heuristics import carry_analyses  # and registers the heuristic filters as choices of DocumentFilter
 from tokenmix.curate.modifiers import DocumentModifier
 from tokenmix.curate.records import POSITION, as_array
 
@@ -95,7 +95,10 @@ class ScoreFilter(Stage):
         keep = self.filter.keep(scores)
         if self.invert:
             keep = ~keep
-        return _keep(table, keep, self.filter.reason)
+        kept, removed = _keep(table, keep, self.filter.reason)
+        if removed:
+            carry_analyses(texts, keep, as_array(kept.column(self.text_field or context.text_field)))
+        return kept, removed
 
     @property
     def label(self) -> str:
