@@ -401,7 +401,8 @@ def test_byte_level_scores_equal_the_plain_python_definitions():
     tricky = ["", " ", "\u3000a\u2003b\u00a0c\u0085d\u1680e\u2028f\u202fg\u205fh\x1ci", "## #a# ##x \u2026 [\u2026] -\u00bb (...) [...] ...",
               "\u2022 one\n \u25e6 two\n\t\u2219\nplain", "Read More\nsee READ MORE..\nwait\u2026 \n end \u00bb", "x\r\ny.\r\n\"q\"  \n'",
               "\u65e5\u672c\u8a9e \u0661\u0662 \u216b \u24d0 \U0001F170 \u00e9t\u00e9 123 --", "(a)[b]{c}\u27e8d\u27e9 \b\b", "a" * 3000 + " b",
-              "\U0001F600\U0001F600 \U0001F600", "\n\n\n", "ab\u200bcd", "\x1f\x1e\x1d"]
+              "\U0001F600\U0001F600 \U0001F600", "\n\n\n", "ab\u200bcd", "\x1f\x1e\x1d",
+              "end." + " \u3000" * 100 + "\n" + " " * 200 + "\nno mark" + "\t" * 70, "\nstarts with a newline.\n"]
     texts = tricky + webster_texts(600) + [None]
     names = list(_python_scores("").keys())
     filters = {f.name: f for f in every_filter()}
@@ -458,19 +459,20 @@ def test_filter_stages_share_one_analysis_of_an_unchanged_batch():
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.lists(st.sampled_from(_PIECES), max_size=30).map("".join), st.booleans()), min_size=1, max_size=10))
-def test_line_and_paragraph_counts_carried_past_a_removal_equal_counting_again(rows):
-    """After a stage removes texts, the next repetition filter scores the kept batch from the counts carried over from
-    the batch before (``carry_analyses``), and they equal counting the kept batch afresh."""
+def test_analyses_carried_past_a_removal_equal_analysing_again(rows):
+    """After a stage removes texts, every filter scores the kept batch from what was carried over from the batch before
+    (``carry_analyses``: word splits, line and paragraph counts), and the scores equal analysing the kept batch afresh."""
     texts = pa.array([text for text, _ in rows], pa.large_string())
     keep = np.array([k for _, k in rows])
-    filters = [RepeatedLinesFilter(), RepeatedParagraphsFilter(), RepeatedLinesByCharFilter(), RepeatedParagraphsByCharFilter()]
+    filters = every_filter()
     for f in filters:
         f.score(texts)
     kept = texts.filter(pa.array(keep))
     heuristics.carry_analyses(texts, keep, kept)
     carried = heuristics._LAST_BATCH.batch
+    assert carried.derived.keys() >= {"words", ("pieces", "\n", True), ("pieces", "\n\n", False)}
     got = [f.score(kept).to_pylist() for f in filters]
-    assert heuristics._LAST_BATCH.batch is carried and carried.derived.keys() >= {("pieces", "\n", True), ("pieces", "\n\n", False)}
+    assert heuristics._LAST_BATCH.batch is carried
     heuristics._LAST_BATCH.batch = None
     assert got == [f.score(kept).to_pylist() for f in filters]
 

@@ -276,8 +276,12 @@ def carry_analyses(texts: pa.Array, keep: np.ndarray, kept: pa.Array) -> None:
     batch = getattr(_LAST_BATCH, "batch", None)
     if batch is None or batch.key != _key(_as_utf8(texts)):
         return
-    carried = {name: value.kept(keep) for name, value in batch.derived.items() if isinstance(value, _Pieces)}
     kept = _as_utf8(kept)
+    carried = {name: value.kept(keep) for name, value in batch.derived.items() if isinstance(value, _Pieces)}
+    words = batch.derived.get("words")
+    if words is not None:
+        carried["utf8"] = _Utf8(kept)
+        carried["words"] = words.kept(keep, carried["utf8"])
     _LAST_BATCH.batch = _Batch(_key(kept), kept, carried)
 
 
@@ -319,6 +323,18 @@ class _Words:
             np.greater(self.space[:-1], self.space[1:], out=self.starts_mask[1:])
             u.first_bytes_of_texts(self.starts_mask, ~self.space)
         self.counts = u.sum_per_text(self.starts_mask)
+
+    def kept(self, keep: np.ndarray, u: _Utf8) -> _Words:
+        """The words of the ``keep`` texts, as ``_Words(u)`` finds them in ``u``, their bytes."""
+        edges = np.diff(np.concatenate(([0], keep.view(np.int8), [0])))
+        bounds = self.u.bounds
+        runs = list(zip(bounds[np.flatnonzero(edges == 1)].tolist(), bounds[np.flatnonzero(edges == -1)].tolist()))
+        words = _Words.__new__(_Words)
+        words.u = u
+        words.space = np.concatenate([self.space[start:end] for start, end in runs] or [self.space[:0]])
+        words.starts_mask = np.concatenate([self.starts_mask[start:end] for start, end in runs] or [self.starts_mask[:0]])
+        words.counts = self.counts[keep]
+        return words
 
     @cached_property
     def starts(self) -> np.ndarray:
@@ -489,6 +505,51 @@ def _line_ratio(texts: pa.Array, pattern: str, candidates: np.ndarray | None) ->
         hits = np.bincount(parents[np.asarray(pc.match_substring_regex(lines, pattern), dtype=bool)], minlength=len(some))
         scores[chosen] = _divide(hits, counts, 1.0)
     return _finish(scores, texts)
+
+
+@dataclass(frozen=True)
+class _LineEnds:
+    """Where each non-blank line of a batch's texts ends: the position of its last byte that is not whitespace, and
+    the index of its text, in order. A line is a ``\n``-separated piece of a text; blank means only whitespace."""
+
+    last: np.ndarray
+    text: np.ndarray
+
+
+def _line_ends(texts: pa.Array) -> _LineEnds:
+    return _derived(texts, "line ends", _find_line_ends)
+
+
+def _find_line_ends(texts: pa.Array) -> _LineEnds:
+    """Lines end at each newline and at each text's end; from each end, step back over the whitespace (``_Words``'
+    mask, so the same set ``str.strip`` removes) until a byte that is not whitespace, or the line's start (blank)."""
+    words = _words(texts)
+    u, space = words.u, words.space
+    newlines = np.flatnonzero(u.data == ord("\n"))
+    text_ends = u.bounds[1:]
+    # merged in order of position; a text ending at position v comes before a newline at v (the next text's first byte)
+    at_newline = np.arange(len(newlines)) + np.searchsorted(text_ends, newlines, side="right")
+    at_text_end = np.arange(len(u)) + np.searchsorted(newlines, text_ends, side="left")
+    ends = np.empty(len(newlines) + len(u), dtype=np.int64)
+    ends[at_newline], ends[at_text_end] = newlines, text_ends
+    text = np.empty(len(ends), dtype=np.int64)
+    text[at_newline], text[at_text_end] = np.searchsorted(u.bounds, newlines, side="right") - 1, np.arange(len(u))
+    after_newline = np.zeros(len(ends), dtype=bool)
+    after_newline[at_newline] = True
+    starts = np.concatenate(([0], ends[:-1] + after_newline[:-1]))
+    last = ends - 1
+    walking = np.flatnonzero(last >= starts)
+    for _ in range(_LONGEST_WALK):
+        walking = walking[space[last[walking]]]
+        if not len(walking):
+            break
+        last[walking] -= 1
+        walking = walking[last[walking] >= starts[walking]]
+    for line in walking.tolist():  # lines still in whitespace after _LONGEST_WALK bytes: found one by one
+        solid = np.flatnonzero(~space[starts[line] : last[line] + 1])
+        last[line] = starts[line] + solid[-1] if len(solid) else starts[line] - 1
+    nonblank = last >= starts
+    return _LineEnds(last[nonblank], text[nonblank])
 
 
 def _per_text(texts: pa.Array, score: Callable[[str], float], integers: bool = False) -> pa.Array:
@@ -989,7 +1050,13 @@ class PunctuationFilter(DocumentFilter):
         _ratio_check("max_num_sentences_without_endmark_ratio", self.max_num_sentences_without_endmark_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        return _line_ratio(texts, f"[^{END_MARKS}{_WS[1:-1]}]{_WS}*$", None)
+        lines = _line_ends(texts)
+        u = _utf8(texts)
+        marks = np.zeros(256, dtype=bool)
+        marks[[ord(c) for c in END_MARKS]] = True
+        counts = np.bincount(lines.text, minlength=len(u))
+        hits = np.bincount(lines.text[~marks[u.data[lines.last]]], minlength=len(u))
+        return u.finish(_divide(hits, counts, 1.0))
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_num_sentences_without_endmark_ratio)
