@@ -461,7 +461,8 @@ def test_filter_stages_share_one_analysis_of_an_unchanged_batch():
 @given(st.lists(st.tuples(st.lists(st.sampled_from(_PIECES), max_size=30).map("".join), st.booleans()), min_size=1, max_size=10))
 def test_analyses_carried_past_a_removal_equal_analysing_again(rows):
     """After a stage removes texts, every filter scores the kept batch from what was carried over from the batch before
-    (``carry_analyses``: word splits, line and paragraph counts), and the scores equal analysing the kept batch afresh."""
+    (``carry_analyses``: word splits, line ends, line and paragraph counts), and the scores equal analysing the kept
+    batch afresh."""
     texts = pa.array([text for text, _ in rows], pa.large_string())
     keep = np.array([k for _, k in rows])
     filters = every_filter()
@@ -470,7 +471,7 @@ def test_analyses_carried_past_a_removal_equal_analysing_again(rows):
     kept = texts.filter(pa.array(keep))
     heuristics.carry_analyses(texts, keep, kept)
     carried = heuristics._LAST_BATCH.batch
-    assert carried.derived.keys() >= {"words", ("pieces", "\n", True), ("pieces", "\n\n", False)}
+    assert carried.derived.keys() >= {"words", "line ends", ("pieces", "\n", True), ("pieces", "\n\n", False)}
     got = [f.score(kept).to_pylist() for f in filters]
     assert heuristics._LAST_BATCH.batch is carried
     heuristics._LAST_BATCH.batch = None

@@ -76,14 +76,11 @@ POLICY_SUBSTRINGS = (
 )
 """NeMo's boilerplate strings (after C4), lowercase: a paragraph that contains one (lowercased) is boilerplate."""
 
-ELLIPSIS_CANDIDATES = ("\\.\\.\\.", "\u2026", "-\u00bb", "(?i:read more)")
-"""What every text holding one of ``ELLIPSIS_MARKS`` holds one of. RE2 finds each alone by a fast literal search where
-their alternation takes a byte-by-byte scan (9.5 against 16.6 ms on the texts of the benchmark)."""
-
 BOILERPLATE_CANDIDATES = ("(?i:cookie)", "(?i:privacy)", "(?i:terms of use)", "(?i:lorem ipsum)")
 """What every text whose lowercase holds one of ``POLICY_SUBSTRINGS`` or "lorem ipsum" holds one of. RE2's case folding
 matches all that lowercases to these letters (the Kelvin sign too); the one other character that lowercases to ASCII,
-``İ``, lowercases to ``i`` and a combining dot, and no word here ends in ``i``. One at a time, as ``ELLIPSIS_CANDIDATES``."""
+``İ``, lowercases to ``i`` and a combining dot, and no word here ends in ``i``. RE2 finds each alone by a fast literal
+search, where their alternation takes a byte-by-byte scan."""
 
 URL_PATTERN = r"https?://[!$-_a-z]+"
 """NeMo's URL regex written as one character class: ``[$-_]`` already holds the digits, capitals, ``@.&+*(),%``."""
@@ -99,7 +96,8 @@ _CIRCLED_LETTERS = ((0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0
 _FIRST_WORDS = 64
 """Words ``common_english_words`` looks at first; it doubles the chunk until it has counted enough."""
 _LONGEST_WALK = 64
-"""Bytes ``all_unmarked`` walks all candidate words together; the few longer ones are then checked one by one."""
+"""Bytes a walk takes for all its items together (``all_unmarked`` over candidate words, ``_find_line_ends`` back over
+lines' trailing whitespace); the few items still undecided are then done one by one."""
 _SPARSE_MARKS = 64
 """``per_word`` places marks one by one (a binary search each) when fewer than one byte in this many is marked, and
 takes a running sum over all bytes otherwise."""
@@ -241,7 +239,7 @@ class _Utf8:
 class _Batch:
     """A batch of texts and what filters derived from it, kept for the next filter while the batch is the same: a
     stage that removes nothing passes its table on unchanged, and word splits, character classes and line counts are
-    shared by several filters. What is one value per text also outlives a stage that removes texts
+    shared by several filters. Word splits and line and paragraph counts also outlive a stage that removes texts
     (``carry_analyses``). The batch is held so that its buffers' addresses, the key, stay its own."""
 
     key: tuple
@@ -269,10 +267,10 @@ def _derived(texts: pa.Array, name: object, compute: Callable[[pa.Array], Any]) 
 
 
 def carry_analyses(texts: pa.Array, keep: np.ndarray, kept: pa.Array) -> None:
-    """Tells the filters that a stage kept the ``keep`` rows of the batch ``texts`` as the batch ``kept``: what they
-    derived from ``texts`` as one value per text (line and paragraph counts) is kept for the kept rows, so that the
-    next filter finds it. Analyses per byte or per word are dropped: cutting them down costs about what making them
-    again does."""
+    """Tells the filters that a stage kept the ``keep`` rows of the batch ``texts`` as the batch ``kept``: the word split
+    (its whitespace and word-start masks, copied run by run of kept texts, several times cheaper than splitting again)
+    and the line and paragraph counts (one value per text) are cut down to the kept rows, so that the next filter finds
+    them. The rest is dropped: word positions and line splits cost about as much to cut down as to make again."""
     batch = getattr(_LAST_BATCH, "batch", None)
     if batch is None or batch.key != _key(_as_utf8(texts)):
         return
@@ -280,8 +278,10 @@ def carry_analyses(texts: pa.Array, keep: np.ndarray, kept: pa.Array) -> None:
     carried = {name: value.kept(keep) for name, value in batch.derived.items() if isinstance(value, _Pieces)}
     words = batch.derived.get("words")
     if words is not None:
-        carried["utf8"] = _Utf8(kept)
-        carried["words"] = words.kept(keep, carried["utf8"])
+        carried["utf8"] = after = _Utf8(kept)
+        carried["words"] = words.kept(keep, after)
+        if "line ends" in batch.derived:
+            carried["line ends"] = batch.derived["line ends"].kept(keep, words.u, after)
     _LAST_BATCH.batch = _Batch(_key(kept), kept, carried)
 
 
@@ -512,8 +512,29 @@ class _LineEnds:
     """Where each non-blank line of a batch's texts ends: the position of its last byte that is not whitespace, and
     the index of its text, in order. A line is a ``\n``-separated piece of a text; blank means only whitespace."""
 
+    first: np.ndarray
+    """Position of each line's first byte (whitespace or not)."""
     last: np.ndarray
     text: np.ndarray
+
+    def kept(self, keep: np.ndarray, before: _Utf8, after: _Utf8) -> _LineEnds:
+        """The lines of the ``keep`` texts, at their positions in ``after``, the kept texts' bytes."""
+        mine = keep[self.text]
+        text = (np.cumsum(keep) - 1)[self.text[mine]]
+        shift = before.bounds[self.text[mine]] - after.bounds[text]
+        return _LineEnds(self.first[mine] - shift, self.last[mine] - shift, text)
+
+    def ending_with(self, data: np.ndarray, mark: bytes) -> np.ndarray:
+        """Indices of the lines whose text (without the whitespace around it) ends with ``mark``; its ASCII letters
+        match either case (``str.lower`` turns nothing else into an ASCII letter but ``İ``, into ``i`` and a combining
+        mark, and the Kelvin sign, into ``k``; no mark here ends in the one or holds the other)."""
+        lines = np.flatnonzero(self.last - self.first + 1 >= len(mark))
+        for back, byte in enumerate(reversed(mark)):
+            found = data[self.last[lines] - back]
+            if chr(byte).isascii() and chr(byte).isalpha():
+                found = found | np.uint8(0x20)
+            lines = lines[found == byte]
+        return lines
 
 
 def _line_ends(texts: pa.Array) -> _LineEnds:
@@ -549,7 +570,7 @@ def _find_line_ends(texts: pa.Array) -> _LineEnds:
         solid = np.flatnonzero(~space[starts[line] : last[line] + 1])
         last[line] = starts[line] + solid[-1] if len(solid) else starts[line] - 1
     nonblank = last >= starts
-    return _LineEnds(last[nonblank], text[nonblank])
+    return _LineEnds(starts[nonblank], last[nonblank], text[nonblank])
 
 
 def _per_text(texts: pa.Array, score: Callable[[str], float], integers: bool = False) -> pa.Array:
@@ -1075,9 +1096,13 @@ class EllipsisFilter(DocumentFilter):
         _ratio_check("max_num_lines_ending_with_ellipsis_ratio", self.max_num_lines_ending_with_ellipsis_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        # the marks have no letters but "read more", and no character other than A-Z lowercases to its letters
-        marks = "|".join(f"(?i:{_literal(mark)})" for mark in ELLIPSIS_MARKS)
-        return _line_ratio(texts, f"(?:{marks}){_WS}*$", _matching(texts, *ELLIPSIS_CANDIDATES))
+        lines = _line_ends(texts)
+        u = _utf8(texts)
+        ending = np.zeros(len(lines.text), dtype=bool)
+        for mark in ELLIPSIS_MARKS:
+            ending[lines.ending_with(u.data, mark.encode())] = True
+        counts = np.bincount(lines.text, minlength=len(u))
+        return u.finish(_divide(np.bincount(lines.text[ending], minlength=len(u)), counts, 1.0))
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_num_lines_ending_with_ellipsis_ratio)
