@@ -836,6 +836,9 @@ class BoilerPlateStringFilter(DocumentFilter):
         if len(chosen):
             # str.lower() turns İ into i and a combining dot where Arrow's has a plain i: one match fewer, never more
             lowered = pc.utf8_lower(pc.replace_substring(texts.take(pa.array(chosen)), "\u0130", "i\u0307"))
+            holding = _matching(lowered, f"lorem ipsum|{policy}")  # only these have a paragraph to count
+            chosen, lowered = chosen[holding], lowered.take(pa.array(holding))
+        if len(chosen):
             paragraphs = pc.split_pattern(lowered, "\n\n")
             boiler = np.asarray(pc.match_substring_regex(pc.list_flatten(paragraphs), policy), dtype=bool)
             offsets = np.asarray(paragraphs.offsets, dtype=np.int64)
