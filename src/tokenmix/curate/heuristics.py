@@ -7,8 +7,9 @@ The scores follow ``nemo_curator/filters/heuristic_filter.py``: a word is a run 
 The common filters work on the texts' UTF-8 bytes with numpy, a few passes over one buffer for the whole batch:
 no byte of a multi-byte character is below 0x80, so an ASCII character class is counted byte by byte, and the few
 non-ASCII characters a definition names (Unicode spaces, bullets, ``…``) are found by their byte sequences. That is
-exact and several times faster than per-document Python or Arrow's regex kernels; line-based scores use Arrow's
-string kernels, and the n-gram and repetition scores loop over the documents in Python.
+exact and several times faster than per-document Python or Arrow's regex kernels. Lines end where the bytes say
+(each non-blank line's last non-whitespace byte, for punctuation and ellipsis); bullet lines and line and paragraph
+repetition use Arrow's string kernels, and the n-gram scores loop over the documents in Python.
 
 Where NeMo divides by zero (a text without words or lines), the score is the one that removes the document, as
 NeMo's own convention for empty texts does: 1.0 for a ratio that must stay low, 0.0 for one that must stay high.
@@ -510,7 +511,7 @@ def _line_ratio(texts: pa.Array, pattern: str, candidates: np.ndarray | None) ->
 @dataclass(frozen=True)
 class _LineEnds:
     """Where each non-blank line of a batch's texts ends: the position of its last byte that is not whitespace, and
-    the index of its text, in order. A line is a ``\n``-separated piece of a text; blank means only whitespace."""
+    the index of its text, in order. A line is a ``\\n``-separated piece of a text; blank means only whitespace."""
 
     first: np.ndarray
     """Position of each line's first byte (whitespace or not)."""
