@@ -490,14 +490,13 @@ def _holding(texts: pa.Array, chars: str) -> np.ndarray:
     return np.flatnonzero(u.count_positions(np.concatenate([positions for positions, _ in u._occurrences(list(chars))])))
 
 
-def _line_ratio(texts: pa.Array, pattern: str, candidates: np.ndarray | None) -> pa.Array:
+def _line_ratio(texts: pa.Array, pattern: str, chosen: np.ndarray) -> pa.Array:
     """The share of each text's non-blank lines that match ``pattern`` (1.0 without lines). The pattern needs a
     character other than whitespace and allows for the whitespace around a line's text (``_WS``), so that lines need no
-    stripping. Only the ``candidates`` (indices; None: all) are split into lines; the other texts have no such line."""
+    stripping. Only the ``chosen`` texts (indices) are split into lines; the others have no such line."""
     texts = _as_utf8(texts)
     has_text = ~_blank(texts)
     scores = np.where(has_text, 0.0, 1.0)
-    chosen = np.arange(len(texts)) if candidates is None else candidates
     if len(chosen):
         some = texts if len(chosen) == len(texts) else texts.take(pa.array(chosen))
         # a subset is split uncached: caching it would push the whole batch, which the next filter reads, out of the cache
