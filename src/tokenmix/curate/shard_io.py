@@ -32,6 +32,10 @@ from tokenmix.sources.shards import FileShard, PlainText, ShardReadError
 
 OutputFormat = Literal["jsonl", "jsonl.gz", "jsonl.zst", "parquet"]
 OUTPUT_FORMATS: tuple[str, ...] = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet")
+BATCH_BYTES = 4 << 20
+"""Input bytes per batch of records. Each stage costs a fixed few hundred microseconds a batch (numpy and Arrow calls,
+whatever the batch's size), so batches four times the cache builder's 1 MiB run NeMo's heuristic filters about a fifth
+faster (docs/benchmarks.md), for a few tens of MB of memory per worker."""
 INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst", ".ndjson", ".parquet", ".txt", ".txt.gz", ".txt.zst")
 
 
@@ -63,12 +67,6 @@ def shard_stem(url: str) -> str:
         if lower.endswith(suffix):
             return name[: -len(suffix)]
     return name
-
-
-BATCH_BYTES = 4 << 20
-"""Input bytes per batch of records. Each stage costs a fixed few hundred microseconds a batch (numpy and Arrow calls,
-whatever the batch's size), so batches four times the cache builder's 1 MiB run NeMo's heuristic filters about a fifth
-faster (docs/benchmarks.md), for a few tens of MB of memory per worker."""
 
 
 def read_batches(url: str, text_field: str, filename_field: str | None, on_error: str, found: ShardBatches,
