@@ -255,6 +255,15 @@ def _key(texts: pa.Array) -> tuple:
     return (texts.type, texts.offset, len(texts), *(0 if b is None else b.address for b in texts.buffers()))
 
 
+@dataclass(frozen=True)
+class _Cut:
+    """An analysis of an earlier batch, cut down to its ``keep`` rows when a filter first asks for it: stages that
+    remove texts one after another compose their ``keep``s, and only what is used is cut, once."""
+
+    value: Any
+    keep: np.ndarray
+
+
 def _derived(texts: pa.Array, name: object, compute: Callable[[pa.Array], Any]) -> Any:
     """``compute(texts)``, or what it gave for the same batch (the same buffers, offset and length) just before."""
     texts = _as_utf8(texts)
@@ -262,27 +271,32 @@ def _derived(texts: pa.Array, name: object, compute: Callable[[pa.Array], Any]) 
     batch = getattr(_LAST_BATCH, "batch", None)
     if batch is None or batch.key != key:
         batch = _LAST_BATCH.batch = _Batch(key, texts, {})
-    if name not in batch.derived:
-        batch.derived[name] = compute(texts)
-    return batch.derived[name]
+    value = batch.derived.get(name)
+    if value is None:
+        value = batch.derived[name] = compute(texts)
+    elif isinstance(value, _Cut):
+        value = batch.derived[name] = value.value.kept(value.keep, batch.derived["utf8"])
+    return value
 
 
 def carry_analyses(texts: pa.Array, keep: np.ndarray, kept: pa.Array) -> None:
     """Tells the filters that a stage kept the ``keep`` rows of the batch ``texts`` as the batch ``kept``: the word split
-    (its whitespace and word-start masks, copied run by run of kept texts, several times cheaper than splitting again)
-    and the line and paragraph counts (one value per text) are cut down to the kept rows, so that the next filter finds
-    them. The rest is dropped: word positions and line splits cost about as much to cut down as to make again."""
+    (its whitespace and word-start masks, copied run by run of kept texts, several times cheaper than splitting again),
+    the line ends and the line and paragraph counts are cut down to the kept rows when next asked for. The rest is
+    dropped: word positions and line splits cost about as much to cut down as to make again."""
     batch = getattr(_LAST_BATCH, "batch", None)
     if batch is None or batch.key != _key(_as_utf8(texts)):
         return
     kept = _as_utf8(kept)
-    carried = {name: value.kept(keep) for name, value in batch.derived.items() if isinstance(value, _Pieces)}
-    words = batch.derived.get("words")
-    if words is not None:
-        carried["utf8"] = after = _Utf8(kept)
-        carried["words"] = words.kept(keep, after)
-        if "line ends" in batch.derived:
-            carried["line ends"] = batch.derived["line ends"].kept(keep, words.u, after)
+    keep = np.asarray(keep, dtype=bool)
+    carried: dict[object, Any] = {"utf8": _Utf8(kept)}
+    for name, value in batch.derived.items():
+        if isinstance(value, _Cut):
+            composed = value.keep.copy()
+            composed[composed] = keep
+            carried[name] = _Cut(value.value, composed)
+        elif isinstance(value, (_Words, _LineEnds, _Pieces)):
+            carried[name] = _Cut(value, keep)
     _LAST_BATCH.batch = _Batch(_key(kept), kept, carried)
 
 
@@ -325,13 +339,13 @@ class _Words:
             u.first_bytes_of_texts(self.starts_mask, ~self.space)
         self.counts = u.sum_per_text(self.starts_mask)
 
-    def kept(self, keep: np.ndarray, u: _Utf8) -> _Words:
-        """The words of the ``keep`` texts, as ``_Words(u)`` finds them in ``u``, their bytes."""
+    def kept(self, keep: np.ndarray, after: _Utf8) -> _Words:
+        """The words of the ``keep`` texts, as ``_Words(after)`` finds them in ``after``, their bytes."""
         edges = np.diff(np.concatenate(([0], keep.view(np.int8), [0])))
         bounds = self.u.bounds
         runs = list(zip(bounds[np.flatnonzero(edges == 1)].tolist(), bounds[np.flatnonzero(edges == -1)].tolist()))
         words = _Words.__new__(_Words)
-        words.u = u
+        words.u = after
         words.space = np.concatenate([self.space[start:end] for start, end in runs] or [self.space[:0]])
         words.starts_mask = np.concatenate([self.starts_mask[start:end] for start, end in runs] or [self.starts_mask[:0]])
         words.counts = self.counts[keep]
@@ -517,12 +531,15 @@ class _LineEnds:
     last: np.ndarray
     text: np.ndarray
 
-    def kept(self, keep: np.ndarray, before: _Utf8, after: _Utf8) -> _LineEnds:
+    before: _Utf8
+    """The texts' bytes."""
+
+    def kept(self, keep: np.ndarray, after: _Utf8) -> _LineEnds:
         """The lines of the ``keep`` texts, at their positions in ``after``, the kept texts' bytes."""
         mine = keep[self.text]
         text = (np.cumsum(keep) - 1)[self.text[mine]]
-        shift = before.bounds[self.text[mine]] - after.bounds[text]
-        return _LineEnds(self.first[mine] - shift, self.last[mine] - shift, text)
+        shift = self.before.bounds[self.text[mine]] - after.bounds[text]
+        return _LineEnds(self.first[mine] - shift, self.last[mine] - shift, text, after)
 
     def ending_with(self, data: np.ndarray, mark: bytes) -> np.ndarray:
         """Indices of the lines whose text (without the whitespace around it) ends with ``mark``; its ASCII letters
@@ -570,7 +587,7 @@ def _find_line_ends(texts: pa.Array) -> _LineEnds:
         solid = np.flatnonzero(~space[starts[line] : last[line] + 1])
         last[line] = starts[line] + solid[-1] if len(solid) else starts[line] - 1
     nonblank = last >= starts
-    return _LineEnds(starts[nonblank], last[nonblank], text[nonblank])
+    return _LineEnds(starts[nonblank], last[nonblank], text[nonblank], u)
 
 
 def _per_text(texts: pa.Array, score: Callable[[str], float], integers: bool = False) -> pa.Array:
@@ -872,7 +889,7 @@ class _Pieces:
     total_chars: np.ndarray
     distinct_chars: np.ndarray
 
-    def kept(self, keep: np.ndarray) -> _Pieces:
+    def kept(self, keep: np.ndarray, after: _Utf8) -> _Pieces:
         """The counts of the ``keep`` texts."""
         return _Pieces(self.total[keep], self.distinct[keep], self.total_chars[keep], self.distinct_chars[keep])
 
