@@ -46,7 +46,10 @@ BULLETS = "\u2022\u2023\u2043\u204c\u204d\u2219\u25cb\u25cf\u25d8\u25e6\u29be\u2
 """NeMo's bullet characters (C4): a line whose first non-space character is one is a bullet line."""
 
 END_MARKS = ".?!\"'"
-"""Characters that end a line of prose (C4's punctuation rule); none is special inside a regex character class."""
+"""Characters that end a line of prose (C4's punctuation rule); all ASCII, so a line ends with one exactly when its last
+byte that is not whitespace is one (``_END_MARK_BYTES``)."""
+_END_MARK_BYTES = np.zeros(256, dtype=bool)
+_END_MARK_BYTES[[ord(c) for c in END_MARKS]] = True
 
 COMMON_ENGLISH_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
 """Gopher's stop words; matched in lowercase only, so that shouting in capitals does not count."""
@@ -344,10 +347,12 @@ class _Words:
         edges = np.diff(np.concatenate(([0], keep.view(np.int8), [0])))
         bounds = self.u.bounds
         runs = list(zip(bounds[np.flatnonzero(edges == 1)].tolist(), bounds[np.flatnonzero(edges == -1)].tolist()))
+        def cut(values: np.ndarray) -> np.ndarray:
+            return np.concatenate([values[start:end] for start, end in runs] or [values[:0]])
+
         words = _Words.__new__(_Words)
         words.u = after
-        words.space = np.concatenate([self.space[start:end] for start, end in runs] or [self.space[:0]])
-        words.starts_mask = np.concatenate([self.starts_mask[start:end] for start, end in runs] or [self.starts_mask[:0]])
+        words.space, words.starts_mask = cut(self.space), cut(self.starts_mask)
         words.counts = self.counts[keep]
         return words
 
@@ -1093,10 +1098,8 @@ class PunctuationFilter(DocumentFilter):
     def score(self, texts: pa.Array) -> pa.Array:
         lines = _line_ends(texts)
         u = _utf8(texts)
-        marks = np.zeros(256, dtype=bool)
-        marks[[ord(c) for c in END_MARKS]] = True
         counts = np.bincount(lines.text, minlength=len(u))
-        hits = np.bincount(lines.text[~marks[u.data[lines.last]]], minlength=len(u))
+        hits = np.bincount(lines.text[~_END_MARK_BYTES[u.data[lines.last]]], minlength=len(u))
         return u.finish(_divide(hits, counts, 1.0))
 
     def keep(self, scores: pa.Array) -> np.ndarray:
