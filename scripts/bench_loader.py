@@ -16,7 +16,11 @@ best of each counts (the 2-core VMs share hosts). Reports:
   included;
 * the tightest limit: the same gather written into 64-byte-aligned arrays and placed as the loader places
   (``tokenmix.loader.placement.ArrayPlacer``, JAX's dispatch done once);
-* CPU seconds (all threads, ``time.process_time``) per million tokens for each.
+* CPU seconds (all threads, ``time.process_time``) per million tokens for each;
+* beside a training step (``--step_ms``, default 1 ms, standing for the device's step: the consumer sleeps that long
+  after taking each batch, the GIL released as it is while a program waits on its accelerator): the time per step
+  with the default ``prefetch=2`` and with ``prefetch=0`` against the sleep alone, i.e. how much of the loader's own
+  time the step still sees.
 
 Run from the repository root:  .venv/bin/python scripts/bench_loader.py
 """
@@ -40,6 +44,7 @@ from tokenmix.datasets.base import aligned_empty  # noqa: E402
 from tokenmix.loader.placement import ArrayPlacer  # noqa: E402
 
 MAPPING = {"batch": "data"}
+STEP_ALONE, STEP_PREFETCH, STEP_NO_PREFETCH = "step alone", "loader beside the step", "loader, prefetch 0, beside the step"
 
 
 def timed(run: Callable[[], None], tokens: int) -> tuple[float, float]:
@@ -57,6 +62,7 @@ def main() -> None:
     parser.add_argument("--seq_len", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--step_ms", type=float, default=1.0, help="the stand-in training step (a sleep) for the 'beside a step' rows")
     parser.add_argument("--platform", choices=("cpu", "gpu"), default="cpu",
                         help="cpu: a (4, 2) mesh of 8 fake CPU devices; gpu: the machine's GPUs as a (n, 1) mesh")
     args = parser.parse_args()
@@ -85,6 +91,21 @@ def main() -> None:
             with DataLoader(train, args.batch, mesh, MAPPING, fingerprint=fingerprint, prefetch=prefetch) as ld:
                 for sb, _ in zip(ld.iter_from_step(start_step), range(steps)):
                     jax.block_until_ready(sb.batch)
+        return run
+
+    step_s = args.step_ms / 1000
+
+    def beside_step(prefetch: int | None) -> Callable[[], None]:
+        """The consumer takes each batch and then waits ``step_s`` (the device's step); ``None``: the wait alone."""
+        def run() -> None:
+            if prefetch is None:
+                for _ in range(steps):
+                    time.sleep(step_s)
+                return
+            with DataLoader(train, args.batch, mesh, MAPPING, prefetch=prefetch) as ld:
+                for sb, _ in zip(ld.iter_from_step(start_step), range(steps)):
+                    jax.block_until_ready(sb.batch)
+                    time.sleep(step_s)
         return run
 
     def dataset() -> None:
@@ -125,7 +146,8 @@ def main() -> None:
 
         runs = {"loader": stream(False), "loader + fingerprints": stream(True), "loader, prefetch 0": stream(False, 0),
                 "dataset.get_batch": dataset, "memmap gather": memmap,
-                "memmap gather + placement": memmap_placed, "memmap + direct placement": memmap_placed_direct}
+                "memmap gather + placement": memmap_placed, "memmap + direct placement": memmap_placed_direct,
+                **{STEP_ALONE: beside_step(None), STEP_PREFETCH: beside_step(2), STEP_NO_PREFETCH: beside_step(0)}}
         best: dict[str, tuple[float, float]] = {}
         for _ in range(args.repeats):
             for label, run in runs.items():
@@ -136,10 +158,14 @@ def main() -> None:
     limit = best["memmap gather"][0]
     placed = best["memmap gather + placement"][0]
     direct = best["memmap + direct placement"][0]
+    alone, with_prefetch, without = (tokens / best.pop(label)[0] / steps * 1e3 for label in (STEP_ALONE, STEP_PREFETCH, STEP_NO_PREFETCH))
     print(f"{steps} shuffled batches of {args.batch} x {args.seq_len} from {train.names}, best of {args.repeats}:")
     for label, (rate, cpu) in best.items():
         print(f"  {label:<26} {rate / 1e6:7.1f} M tok/s  ratio to memmap {rate / limit:5.2f}x, to memmap + placement "
               f"{rate / placed:5.2f}x, to memmap + direct placement {rate / direct:5.2f}x  CPU {cpu:.3f} s per M tokens")
+    print(f"beside a {args.step_ms:g} ms step (a sleep): {alone:.3f} ms per step alone, {with_prefetch:.3f} ms with the loader "
+          f"(prefetch 2), {without:.3f} ms with prefetch 0: the step sees {with_prefetch - alone:.3f} ms of the loader's "
+          f"{without - alone:.3f} ms")
 
 
 if __name__ == "__main__":
