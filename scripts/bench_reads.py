@@ -1,15 +1,15 @@
 """Shuffled mixture reads when the corpus does not fit in the chunk cache, by cache layout, against a memmap gather.
 
     python scripts/bench_reads.py [--config_path config/shared_corpus.yaml] [--batches 200] [--repeats 3] [--copies 1]
-                                  [--layouts zstd,none,legacy]
+                                  [--layouts zstd,lz4,none,legacy]
 
 ``--copies N`` builds each source from N copies of its train shards (links under new names), for a corpus of several
 GiB of tokens: reads then touch far more shards and pages than the chunk cache, or the CPU caches, hold.
 
-Builds the config's caches three times, into fresh directories: in today's layout (zarr3 shards of 2^20 tokens holding
-chunks of 2^13) with zstd chunks (``build.compression: zstd``, the default) and with uncompressed ones (``none``), and in
-the layout before shards (plain zstd chunks of 2^18 tokens, made by creating the arrays with that layout first; the
-builder writes into the arrays it finds). For each, reads shuffled 64 x 2048 batches of the three-source mixture with
+Builds the config's caches once per layout, into fresh directories: in today's layout (zarr3 shards of 2^20 tokens holding
+chunks of 2^12) with zstd chunks (``build.compression: zstd``, the default), LZ4 ones (``lz4``) and uncompressed ones
+(``none``), and in the layout before shards (plain zstd chunks of 2^18 tokens, made by creating the arrays with that
+layout first; the builder writes into the arrays it finds). For each, reads shuffled 64 x 2048 batches of the three-source mixture with
 ``MixtureDataset.get_batch``:
 
 - chunk cache off (``max_bytes = 0``): every read decompresses what it touches, as with a corpus far larger than the
@@ -40,7 +40,7 @@ from tokenmix.cache import chunk_cache, store
 from tokenmix.cache.reader import TokenCache
 
 LEGACY_CHUNK = 1 << 18
-LAYOUTS = ("zstd", "none", "legacy")
+LAYOUTS = ("zstd", "lz4", "none", "legacy")
 
 
 def legacy_arrays(config, dtype: str) -> None:
@@ -88,7 +88,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tokenmix-bench-reads-") as scratch:
         trains = {}
         for layout in layouts:
-            extra = ["--build.compression", "none"] if layout == "none" else []
+            extra = ["--build.compression", layout] if layout in ("lz4", "none") else []
             config = load_data_config(args.config_path, ["--cache_dir", os.path.join(scratch, layout), *extra])
             if args.copies > 1:
                 config = with_copies(config, args.copies, os.path.join(scratch, "corpus", layout))

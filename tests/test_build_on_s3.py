@@ -88,8 +88,8 @@ def test_two_builders_of_one_s3_cache_build_it_once(s3, tmp_path):
     assert built.ledger.to_json()["shards"] == reference.ledger.to_json()["shards"]
 
 
-@pytest.mark.parametrize("object_reads", ["tensorstore", "fsspec"])
-def test_exact_reads_of_an_s3_cache_match_the_local_cache(s3, tmp_path, monkeypatch, object_reads):
+@pytest.mark.parametrize(("object_reads", "compression"), [("tensorstore", "zstd"), ("fsspec", "zstd"), ("fsspec", "lz4")])
+def test_exact_reads_of_an_s3_cache_match_the_local_cache(s3, tmp_path, monkeypatch, object_reads, compression):
     from helpers import build
 
     from tokenmix.cache import store
@@ -99,7 +99,7 @@ def test_exact_reads_of_an_s3_cache_match_the_local_cache(s3, tmp_path, monkeypa
     monkeypatch.setattr(store, "DATA_INNER", 1 << 10)
     remote, local = f"s3://{BUCKET}/reads-{time.time_ns()}/web", str(tmp_path / "web")
     for location in (remote, local):
-        build(location, demo_urls("webster"))
+        build(location, demo_urls("webster"), compression=compression)
     windows = {}
     for name, location in (("remote", remote), ("local", local)):
         cache = tokenmix.TokenCache(location, chunk_cache=ChunkCache(0), object_reads=object_reads)

@@ -84,12 +84,12 @@ def _every_window(cache: TokenCache, seq_len: int = 700) -> np.ndarray:
     return ds.get_batch(np.random.default_rng(1).permutation(len(ds))).tokens
 
 
-@pytest.mark.parametrize("compression", ["zstd", "none"])
+@pytest.mark.parametrize("compression", ["zstd", "lz4", "none"])
 def test_exact_reads_of_many_shards_match_the_stored_tokens(tmp_path, small_shards, compression):
     location = str(tmp_path / "c")
     build(location, demo_urls("webster"), compression=compression)
     codecs = json.loads((tmp_path / "c" / "input_ids" / "data" / "zarr.json").read_text())["codecs"][0]["configuration"]["codecs"]
-    assert [c["name"] for c in codecs] == (["bytes", "zstd"] if compression == "zstd" else ["bytes"])
+    assert [c["name"] for c in codecs] == {"zstd": ["bytes", "zstd"], "lz4": ["bytes", "blosc"], "none": ["bytes"]}[compression]
     exact = TokenCache(location, chunk_cache=ChunkCache(0))
     assert exact._exact is not None and exact.read_unit == 1 << 9
     assert exact.num_tokens() > 20 * (1 << 12)
@@ -134,8 +134,8 @@ def test_compression_is_part_of_the_identity(tmp_path):
     assert open_cache(config, "web").identity["compression"] == "none"
     with pytest.raises(CacheMismatchError, match=r"compression: cache has 'none', config asks for None[\s\S]*delete the cache"):
         open_cache(load_data_config(str(config_path), ["--build.compression", "zstd"]), "web")
-    with pytest.raises(ValueError, match=r"c.yaml.*build.compression.*'lz4'.*zstd, none"):
-        load_data_config(str(config_path), ["--build.compression", "lz4"])
+    with pytest.raises(ValueError, match=r"c.yaml.*build.compression.*'lz5'.*zstd, lz4, none"):
+        load_data_config(str(config_path), ["--build.compression", "lz5"])
 
 
 def test_a_chunk_cache_made_smaller_stops_holding_blocks_of_a_cache_it_held(tmp_path):
@@ -159,3 +159,23 @@ def test_sources_claim_chunk_cache_room_first_come_and_give_it_back(tmp_path):
     assert first.caches_blocks(first.num_tokens()) and not second.caches_blocks(second.num_tokens())
     del first
     assert second.caches_blocks(second.num_tokens())
+
+
+@pytest.mark.parametrize("compression", ["zstd", "lz4"])
+def test_exact_reads_decode_chunks_that_did_not_compress(tmp_path, compression):
+    """Random tokens do not compress: zstd and blosc then store a chunk raw in their own framing, which reads must undo."""
+    from tokenmix.cache.shard_reads import reads_for
+
+    shard, inner = 1 << 12, 1 << 9
+    location = str(tmp_path / "c")
+    array = store._open_array(location, "x/data", "uint16", shard, inner, create=True, compression=compression)
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.integers(0, 1 << 16, 3 * shard, dtype=np.uint16), np.arange(shard, dtype=np.uint16) % 7])
+    array[: len(values)].write(values).result()
+    metadata = json.loads((tmp_path / "c" / "x" / "data" / "zarr.json").read_text())
+    reads = reads_for(metadata, str(tmp_path / "c" / "x" / "data"), "tensorstore")
+    assert reads is not None and reads.layout.codec == {"zstd": "zstd", "lz4": "blosc"}[compression]
+    begin = rng.integers(0, len(values) - inner, 200)
+    size = np.minimum(rng.integers(1, inner, 200), inner - begin % inner)
+    pieces = reads.read(begin, size, len(values))
+    assert all(np.array_equal(p, values[b : b + n]) for p, b, n in zip(pieces, begin.tolist(), size.tolist()))

@@ -151,7 +151,7 @@ class CacheBuilder:
         if self.options.tokenizer_backend != REFERENCE:
             preload_fast(self.spec.tokenizer_json)  # while the arrays are opened and the first chunks read
         try:
-            array = JaggedArray.open(self.location, TOKENS_ARRAY, self.spec.dtype, create=True, compressed=self.options.compression == "zstd")
+            array = JaggedArray.open(self.location, TOKENS_ARRAY, self.spec.dtype, create=True, compression=self.options.compression)
             if self.spec.format.masks_loss:
                 self._spans = JaggedArray.open(self.location, LOSS_SPANS_ARRAY, "int64", create=True)
                 self._span_values = int(self._spans.row_ends(ledger.rows - 1, ledger.rows)[0]) if ledger.rows else 0

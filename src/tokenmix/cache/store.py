@@ -147,11 +147,20 @@ class JsonDocuments:
         return sorted(k.decode("utf-8") for k in self._kv.list().result())
 
 
-def _array_spec(location: str, sub: str, dtype: str, shard: int, inner: int, level: int | None) -> dict[str, Any]:
+CHUNK_CODECS: dict[str, list[dict[str, Any]]] = {
+    "zstd": [{"name": "zstd", "configuration": {"level": 1}}],
+    "lz4": [{"name": "blosc", "configuration": {"cname": "lz4hc", "clevel": 1, "shuffle": "noshuffle"}}],
+    "none": [],
+}
+"""The zarr3 codecs after ``bytes`` that store a chunk, by ``build.compression``. ``lz4``: LZ4 blocks in a blosc
+container, made by the LZ4HC compressor at level 1 (0.72x the bytes of raw uint16 tokens against zstd's 0.62x, and
+decoded 3.7x as fast; level 5 saved 2.4% more bytes and compressed 22% slower, docs/benchmarks.md); blosc's byte
+shuffle left off (chunks no smaller, decoding 2.5x slower)."""
+
+
+def _array_spec(location: str, sub: str, dtype: str, shard: int, inner: int, compression: str) -> dict[str, Any]:
     """A new 1-d array of ``shard``-element objects, each a zarr3 shard of ``inner``-element chunks compressed apart."""
-    codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
-    if level is not None:
-        codecs.append({"name": "zstd", "configuration": {"level": level}})
+    codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}, *CHUNK_CODECS[compression]]
     index_codecs = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
     return {
         "driver": "zarr3",
@@ -168,9 +177,10 @@ def _array_spec(location: str, sub: str, dtype: str, shard: int, inner: int, lev
     }
 
 
-def _open_array(location: str, sub: str, dtype: str | None, shard: int, inner: int, create: bool, compressed: bool = True) -> ts.TensorStore:
+def _open_array(location: str, sub: str, dtype: str | None, shard: int, inner: int, create: bool,
+                compression: str = "zstd") -> ts.TensorStore:
     """An existing array with the layout it was made with (caches of every tokenmix layout open), or, with ``create``, a
-    new one in today's layout (zstd level 1 chunks, or uncompressed ones)."""
+    new one in today's layout, its chunks stored as ``compression`` says (``CHUNK_CODECS``)."""
     remote_read = not create and urlparse(location).scheme in ("gs", "s3")
     try:
         array = ts.open({"driver": "zarr3", "kvstore": _subspec(location, sub)}, context=_REMOTE_READ_CONTEXT if remote_read else _CONTEXT,
@@ -178,7 +188,7 @@ def _open_array(location: str, sub: str, dtype: str | None, shard: int, inner: i
     except ValueError as e:
         if not create or "NOT_FOUND" not in str(e):
             raise
-        return ts.open(_array_spec(location, sub, dtype, shard, inner, 1 if compressed else None), context=_CONTEXT, create=True).result()
+        return ts.open(_array_spec(location, sub, dtype, shard, inner, compression), context=_CONTEXT, create=True).result()
     if dtype is not None and array.dtype.numpy_dtype != np.dtype(dtype):
         raise ValueError(f"{join_location(location, sub)} holds {array.dtype.numpy_dtype} values, not {dtype}")
     return array
@@ -236,11 +246,11 @@ class JaggedArray:
         self._ends: _ChunkAligned | None = None
 
     @classmethod
-    def open(cls, location: str, name: str, dtype: str | None, create: bool = False, compressed: bool = True) -> JaggedArray:
-        """Open (or, with ``create``, create if absent) the jagged array ``name`` at ``location``; ``compressed`` says
-        how new values are stored (row ends are always compressed). ``dtype`` None opens values of any type (not with
-        ``create``)."""
-        data = _open_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, create, compressed)
+    def open(cls, location: str, name: str, dtype: str | None, create: bool = False, compression: str = "zstd") -> JaggedArray:
+        """Open (or, with ``create``, create if absent) the jagged array ``name`` at ``location``; ``compression`` says
+        how new values are stored (``CHUNK_CODECS``; row ends are always zstd). ``dtype`` None opens values of any type
+        (not with ``create``)."""
+        data = _open_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, create, compression)
         return cls(data, _open_array(location, f"{name}/offsets", "int64", OFFSETS_SHARD, OFFSETS_INNER, create))
 
     @property
