@@ -258,3 +258,17 @@ class CountingDataset(Wrapped):
         with self._lock:
             self.reads.append(np.asarray(indices, np.int64).copy())
         return self.base.read(indices)
+
+
+class FailingDataset(Wrapped):
+    """Reads fail for examples in ``[lo, hi)``."""
+
+    def __init__(self, base, lo: int, hi: int):
+        super().__init__(base)
+        self.lo, self.hi = lo, hi
+
+    def read(self, indices) -> Pending[TokenBatch]:
+        idx = np.asarray(indices)
+        if np.any((idx >= self.lo) & (idx < self.hi)):
+            raise OSError("simulated disk failure")
+        return self.base.read(indices)

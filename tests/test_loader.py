@@ -8,7 +8,9 @@ import gc
 import json
 import logging
 import math
+import multiprocessing
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,7 +25,7 @@ import loader_worker
 import numpy as np
 import pytest
 import yaml
-from helpers import SEQ_LEN, CountingDataset, Wrapped, demo_urls, mixture_yaml
+from helpers import SEQ_LEN, CountingDataset, FailingDataset, Wrapped, demo_urls, mixture_yaml
 from jax.sharding import NamedSharding, PartitionSpec
 
 from tokenmix import (
@@ -39,6 +41,7 @@ from tokenmix import (
 )
 from tokenmix.datasets import Pending
 from tokenmix.loader.fingerprint import combine, row_digests
+from tokenmix.loader.reader_processes import ReaderProcessError
 
 # Eight fake CPU devices. Pytest imports every test module before it runs any test, and nothing imports
 # a JAX backend at import time, so this runs before JAX starts (JAX refuses it afterwards, loudly).
@@ -257,26 +260,12 @@ def test_fingerprints_are_off_by_default_and_then_nothing_is_hashed(train, monke
     def refuse(batch):
         raise AssertionError("rows were hashed with fingerprints off")
 
-    monkeypatch.setattr("tokenmix.loader.loader.row_digests", refuse)
+    monkeypatch.setattr("tokenmix.loader.step_reads.row_digests", refuse)
     mesh = jax.make_mesh((8,), ("data",))
     with DataLoader(train, 16, mesh, {"batch": "data"}) as loader:
         assert loader.batch(0).fingerprint is None
         assert [sb.fingerprint for sb, _ in zip(loader, range(3))] == [None] * 3
         assert loader.batch(0).batch.positions is None and "positions" not in loader.batch(0).batch.arrays()
-
-
-class FailingDataset(Wrapped):
-    """Reads fail for examples in ``[lo, hi)``."""
-
-    def __init__(self, base, lo: int, hi: int):
-        super().__init__(base)
-        self.lo, self.hi = lo, hi
-
-    def read(self, indices) -> Pending[TokenBatch]:
-        idx = np.asarray(indices)
-        if np.any((idx >= self.lo) & (idx < self.hi)):
-            raise OSError("simulated disk failure")
-        return self.base.read(indices)
 
 
 @pytest.mark.timeout(60)
@@ -449,6 +438,83 @@ def test_finite_dataset_stops_at_its_last_full_batch(train):
         past = rf"step {n} needs examples \[{n * 64}, {n * 64 + 64}\) .* has {len(webster)}: its last full batch is step {n - 1}"
         with pytest.raises(IndexError, match=past):
             loader.batch(n)
+
+
+def reader_processes() -> list:
+    return [p for p in multiprocessing.active_children() if p.name.startswith("tokenmix-reader")]
+
+
+@pytest.mark.timeout(120)
+def test_reader_processes_give_the_batches_the_loaders_own_thread_gives(train):
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    ramp = [(0, 16), (3, 32)]  # two batch sizes: a reader's slots hold the larger
+    with DataLoader(train, ramp, mesh, {"batch": "data"}, fingerprint=True, prefetch=0) as threaded:
+        expected = [threaded.batch(s) for s in range(2, 9)]
+    for workers in (1, 2):
+        with DataLoader(train, ramp, mesh, {"batch": "data"}, fingerprint=True, workers=workers, prefetch=1) as loader:
+            it = loader.iter_from_step(2)
+            got = [sb for sb, _ in zip(it, range(7))]
+            assert len(reader_processes()) == workers
+        assert not reader_processes()
+        assert [sb.step for sb in got] == list(range(2, 9))
+        assert [sb.fingerprint for sb in got] == [sb.fingerprint for sb in expected]
+        for ours, theirs in zip(got, expected):
+            for field in FIELDS:
+                a, b = getattr(ours.batch, field).array, getattr(theirs.batch, field).array
+                assert a.sharding == b.sharding and np.array_equal(np.asarray(a), np.asarray(b)), field
+
+
+@pytest.mark.timeout(120)
+def test_reader_processes_end_a_finite_dataset_at_its_last_full_batch(train):
+    webster = train.source("webster").base
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with DataLoader(webster, 64, mesh, {"batch": ("data", "model")}, workers=2) as loader:
+        n = loader.num_steps()
+        assert [sb.step for sb in loader.iter_from_step(n - 3)] == [n - 3, n - 2, n - 1]
+        assert not reader_processes()  # stopped at the end, before the loader is closed
+
+
+@pytest.mark.timeout(120)
+def test_a_read_error_in_a_reader_process_reaches_the_consumer_naming_the_step(train):
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    loader = DataLoader(FailingDataset(train, 3 * 16 + 5, 3 * 16 + 6), 16, mesh, {"batch": "data"}, workers=1)
+    it = iter(loader)
+    assert [next(it).step for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(LoaderError) as info:
+        next(it)
+    error = info.value
+    assert error.step == 3 and np.array_equal(error.indices, np.arange(48, 64))
+    assert str(error).startswith("step 3: loading examples [48, 64) (16 rows") and "simulated disk failure" in str(error)
+    assert isinstance(error.__cause__, ReaderProcessError) and "OSError: simulated disk failure" in str(error.__cause__)
+    with pytest.raises(StopIteration):
+        next(it)
+    assert not reader_processes() and not loader_threads()
+
+
+@pytest.mark.timeout(120)
+def test_a_reader_process_that_dies_is_reported_and_closing_frees_its_memory(train):
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with DataLoader(train, 16, mesh, {"batch": "data"}, workers=1, prefetch=1) as loader:
+        it = iter(loader)
+        next(it)
+        (reader,) = reader_processes()
+        memory = it._prefetcher._processes._memory[0].name
+        assert os.path.exists(f"/dev/shm/{memory}")
+        os.kill(reader.pid, signal.SIGKILL)
+        with pytest.raises(LoaderError, match=r"reader process tokenmix-reader-0-from-step-0 .* exited with code -9"):
+            for _ in range(10):  # a batch or two may be ready already
+                next(it)
+    assert not os.path.exists(f"/dev/shm/{memory}") and not reader_processes()
+
+
+def test_workers_need_prefetch_slots_and_a_dataset_that_pickles(train):
+    mesh = jax.make_mesh((8,), ("data",))
+    with pytest.raises(ValueError, match=r"workers read ahead into prefetch slots.*prefetch >= 1"):
+        DataLoader(train, 16, mesh, {"batch": "data"}, workers=1, prefetch=0)
+    unpicklable = Wrapped(train)
+    unpicklable.hook = lambda: None
+    with pytest.raises(TypeError, match=r"workers=1.*pickling it.*does not pickle.*workers=0"):
+        iter(DataLoader(unpicklable, 16, mesh, {"batch": "data"}, workers=1))
 
 
 def test_batches_that_do_not_fit_the_mesh_are_refused_naming_step_size_and_axes(train, config_path):

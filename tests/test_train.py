@@ -57,7 +57,7 @@ def test_a_few_dozen_steps_lower_the_loss_and_every_source_is_evaluated(tmp_path
 
 def test_a_run_stopped_and_resumed_sees_the_batches_and_reaches_the_parameters_of_an_uninterrupted_one(tmp_path):
     whole = train(_config(tmp_path, "whole"))
-    stopped = _config(tmp_path, "stopped")
+    stopped = _config(tmp_path, "stopped", loader_workers=1)  # its batches read in a process of their own
     first = train(stopped, stop_after=9)  # checkpoints at 6 and at 9, where it stops
     assert first.steps == 9
     resumed = train(stopped)

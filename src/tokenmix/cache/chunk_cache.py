@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +30,11 @@ class ChunkCache:
         self._claims: dict[str, tuple[int, set[int]]] = {}
         """location -> (bytes it claimed, the readers holding the claim)"""
         self._lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled (to a reader process), the process-wide cache stands for that process's own, another for an empty one
+        of its size: what is cached is memory of the process that holds it."""
+        return (_shared, ()) if self is SHARED else (ChunkCache, (self.max_bytes,))
 
     def claim(self, location: str, nbytes: int, holder: int) -> bool:
         """Whether the blocks of the cache at ``location``, ``nbytes`` of tokens so far, are kept here: yes while they
@@ -78,3 +84,7 @@ class ChunkCache:
 
 
 SHARED = ChunkCache()
+
+
+def _shared() -> ChunkCache:
+    return SHARED

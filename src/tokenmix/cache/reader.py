@@ -17,7 +17,7 @@ import tensorstore as ts
 
 from tokenmix._waiting import poll_until
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
-from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, fingerprint_of
+from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, CacheMismatchError, fingerprint_of
 from tokenmix.cache.levanter import LEVANTER_LEDGER, check_levanter_identity, is_levanter, ledger_from_levanter
 from tokenmix.cache.shard_reads import reads_for
 from tokenmix.cache.stats import STATS_FILE
@@ -53,6 +53,7 @@ class TokenCache:
         if object_reads not in ("tensorstore", "fsspec"):
             raise ValueError(f"object_reads (TOKENMIX_OBJECT_READS) must be tensorstore or fsspec, got {object_reads!r}")
         self.location = location
+        self._object_reads = object_reads
         self._chunk_cache = chunk_cache
         self._claimed: tuple[int, ...] | None = None
         """The committed tokens the chunk cache last gave room for, and its size then (empty: refused; None: never
@@ -72,6 +73,11 @@ class TokenCache:
         self._exact = reads_for(self._array.data.spec().to_json()["metadata"], join_location(location, TOKENS_ARRAY, "data"), object_reads)
         self._read_unit = stored if self._exact is not None else int(self._array.data.chunk_layout.write_chunk.shape[0])
         self._spans = JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64") if self.has_loss_spans else None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled (to a loader's reader process), a cache is its location: it opens again there, and must still be the
+        cache it was (same identity fingerprint)."""
+        return _reopen, (self.location, self._chunk_cache, self._object_reads, self.fingerprint)
 
     def _read_ledger(self) -> CacheLedger:
         doc = self._docs.read(LEDGER_FILE)
@@ -253,3 +259,11 @@ class TokenCache:
         committed = self.num_rows()
         if not 0 <= start <= stop <= committed:
             raise IndexError(f"{self.location}: rows [{start}, {stop}) are outside the {committed} committed rows")
+
+
+def _reopen(location: str, chunk_cache: ChunkCache, object_reads: str, fingerprint: str) -> TokenCache:
+    cache = TokenCache(location, chunk_cache=chunk_cache, object_reads=object_reads)
+    if cache.fingerprint != fingerprint:
+        raise CacheMismatchError(f"{location}: the cache was replaced (fingerprint {cache.fingerprint}, was {fingerprint}) while it "
+                                 "was being read; start the loader again")
+    return cache

@@ -12,11 +12,9 @@ process issues that collective in step order.
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
@@ -27,31 +25,17 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from tokenmix._waiting import POLL_MAX_S, POLL_START_S
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch
 from tokenmix.loader.batch import LmBatch, StepBatch
 from tokenmix.loader.batch_schedule import BatchSchedule, BatchSizeSpec
-from tokenmix.loader.fingerprint import combine, row_digests
+from tokenmix.loader.fingerprint import combine
 from tokenmix.loader.placement import ArrayPlacer
 from tokenmix.loader.prefetch import END, Prefetcher
+from tokenmix.loader.reader_processes import ReaderProcesses
 from tokenmix.loader.sharding import AxisMapping, BatchLayout
+from tokenmix.loader.step_reads import LoaderError, StepRead, StepReads
 
-logger = logging.getLogger(__name__)
-
-
-class LoaderError(RuntimeError):
-    """Loading a step failed (waiting for, reading or placing its examples); the message names the step.
-
-    It also names the example indices this process was loading and their sources; the original exception
-    is its ``__cause__``."""
-
-    def __init__(self, message: str, step: int, indices: np.ndarray, sources: list[str]):
-        super().__init__(message)
-        self.step = step
-        self.indices = indices
-        """The global example indices this process was loading (ascending)."""
-        self.sources = sources
-        """The sources those examples come from (mixture source names, or the dataset itself)."""
+__all__ = ["BatchIterator", "DataLoader", "LoaderError"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +64,13 @@ class DataLoader:
     ``fingerprint=True`` adds ``StepBatch.fingerprint`` (a per-row hash while
     reading, and on several processes one all-gather of 16 bytes per row); off, it costs nothing.
 
+    ``workers=N`` (N >= 1) reads in N processes of their own, each reading every N-th step into ``prefetch`` slots of
+    shared memory; the prefetch thread then only copies each step's rows out and places them. Reading takes none of
+    this process's GIL, which a training loop's own Python (dispatching its steps) needs. The readers start in about a
+    second (spawned: they import tokenmix and open the dataset again from its pickled form, so a dataset of one's own
+    must pickle, and a script must guard its entry point with ``if __name__ == "__main__":``). Batches are the same
+    whatever ``workers`` is.
+
     A finite dataset ends iteration at its last full batch (a partial batch would change the shapes and
     the per-example weighting of the step); ``batch(step)`` past it raises ``IndexError``. A dataset whose
     cache is still building is waited for, with a log line naming the step and the examples it needs.
@@ -98,9 +89,14 @@ class DataLoader:
         positions: bool = False,
         batch_axis: str = "batch",
         position_axis: str = "position",
+        workers: int = 0,
     ):
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be an int >= 0 (batches kept ready ahead of the training loop), got {prefetch!r}")
+        if not isinstance(workers, int) or workers < 0:
+            raise ValueError(f"workers must be an int >= 0 (processes that read batches; 0 reads in this process), got {workers!r}")
+        if workers and not prefetch:
+            raise ValueError("workers read ahead into prefetch slots each, so they need prefetch >= 1; set prefetch, or workers=0")
         if not isinstance(read_ahead, int) or read_ahead < 0:
             raise ValueError(f"read_ahead must be an int >= 0 (later steps whose reads start early), got {read_ahead!r}")
         self.dataset = dataset
@@ -108,8 +104,7 @@ class DataLoader:
         self.mesh = mesh
         self.axis_mapping = dict(axis_mapping)
         self.prefetch = prefetch
-        self.read_ahead = read_ahead
-        self.fingerprint = fingerprint
+        self.workers = workers
         self.positions = positions
         self.batch_axis = batch_axis
         self.position_axis = position_axis
@@ -123,6 +118,8 @@ class DataLoader:
                 self._layout(size)
             except ValueError as e:
                 raise ValueError(f"batch_size (the stage from step {start}): {e}") from None
+        self.reads = StepReads(dataset, self.schedule, {size: layout.rows for size, layout in self._layouts.items()}, read_ahead, fingerprint)
+        """What each step reads, and reading it (no JAX: reader processes run it too)."""
 
     def __repr__(self) -> str:
         return f"DataLoader({self.dataset!r}, {self.schedule}, mesh {dict(self.mesh.shape)}, {self.axis_mapping})"
@@ -161,13 +158,13 @@ class DataLoader:
         """Step ``step``'s batch, read now (no prefetch). ``IndexError`` past a finite dataset's last full batch."""
         placed = self._produce(step, threading.Event())
         if placed is END:
-            raise IndexError(self._past_end_message(step))
+            raise IndexError(self.reads.past_end_message(step))
         return self._finish(placed)
 
     __getitem__ = batch
 
     def close(self) -> None:
-        """Stop every iterator's prefetch thread; the loader cannot iterate afterwards."""
+        """Stop every iterator's prefetch thread or reader processes; the loader cannot iterate afterwards."""
         self._closed = True
         for it in list(self._iterators):
             it.close()
@@ -193,40 +190,16 @@ class DataLoader:
     # --- the worker's side (the prefetch thread, or the caller with prefetch=0) ---
 
     def _produce(self, step: int, stop: threading.Event, ahead: dict[int, Pending | Exception] | None = None) -> _Placed | object:
-        """Step ``step``'s placed batch, or ``END``. With ``ahead`` (an iterator's reads started early, by step), the reads
-        of the next ``read_ahead`` steps are started before this one is awaited; a read started early that failed fails
-        its own step."""
-        size, offset = self.schedule.batch_size(step), self.schedule.offset(step)
-        layout = self._layout(size)
-        indices = offset + layout.rows
-        try:
-            started = ahead.pop(step, None) if ahead is not None else None
-            if started is None:
-                if not self._wait_for(step, offset + size, stop):
-                    return END
-                started = self.dataset.read(indices)
-            if ahead is not None:
-                self._read_ahead(step, ahead)
-            if isinstance(started, Exception):
-                raise started
-            data = started.result()
-            digests = row_digests(data) if self.fingerprint else None
-            return _Placed(step, offset, layout, self._place(layout, data), digests)
-        except Exception as e:
-            raise self._load_error(step, indices, e) from e
+        """Step ``step``'s placed batch, or ``END``. ``ahead``: the reads an iterator started early (``StepReads.read``)."""
+        read = self.reads.read(step, stop, ahead)
+        return END if read is None else self._place_read(read)
 
-    def _read_ahead(self, step: int, ahead: dict[int, Pending | Exception]) -> None:
-        """Start the reads of steps after ``step`` (up to ``read_ahead`` of them) whose examples exist already."""
-        for later in range(step + 1, step + 1 + self.read_ahead):
-            if later in ahead:
-                continue
-            offset, size = self.schedule.offset(later), self.schedule.batch_size(later)
-            if self._ready(offset + size) is not True:
-                return
-            try:
-                ahead[later] = self.dataset.read(offset + self._layout(size).rows)
-            except Exception as e:  # noqa: BLE001 - raised by that step, not this one
-                ahead[later] = e
+    def _place_read(self, read: StepRead) -> _Placed:
+        layout = self._layout(read.size)
+        try:
+            return _Placed(read.step, read.offset, layout, self._place(layout, read.data), read.digests)
+        except Exception as e:
+            raise self.reads.load_error(read.step, read.offset + layout.rows, e) from e
 
     def _place(self, layout: BatchLayout, data: TokenBatch) -> LmBatch:
         """The global arrays from this process's rows (in ``layout.rows`` order), one transfer per device shard."""
@@ -242,79 +215,28 @@ class DataLoader:
         positions = hax.NamedArray(placed[4], axes) if self.positions else None
         return LmBatch(tokens, loss_mask, segment_ids, hax.NamedArray(placed[3], (layout.Batch,)), positions)
 
-    def _ready(self, end: int) -> bool | None:
-        """True when examples below ``end`` can be read, False when the dataset ends before ``end``, None to wait."""
-        ds = self.dataset
-        if not ds.is_finite() or ds.current_len() >= end:
-            return True
-        final = ds.final_len()
-        return None if final is None else end <= final
-
-    def _wait_for(self, step: int, end: int, stop: threading.Event) -> bool:
-        """Wait until examples below ``end`` exist; False if the dataset ends first or the loader stops.
-
-        Polls with back-off on ``stop`` rather than calling ``dataset.wait_for_len``, whose wait cannot
-        be interrupted: ``close()`` must not hang while a cache is still building.
-        """
-        ready = self._ready(end)
-        if ready is None:
-            start = time.monotonic()
-            logger.info("step %d needs examples up to %d; %r has %d so far: waiting for its cache to grow",
-                        step, end, self.dataset, self.dataset.current_len())
-            delay = POLL_START_S
-            while ready is None and not stop.wait(delay):
-                delay = min(2 * delay, POLL_MAX_S)
-                ready = self._ready(end)
-            if ready is not None:
-                logger.info("step %d: waited %.1f s for examples up to %d", step, time.monotonic() - start, end)
-        if ready is False:
-            logger.info("%s; iteration stops", self._past_end_message(step))
-        return bool(ready)
-
-    def _past_end_message(self, step: int) -> str:
-        final = self.dataset.final_len() or 0
-        steps = self.schedule.steps_within(final)
-        offset = self.schedule.offset(step)
-        last = f"its last full batch is step {steps - 1}" if steps else "not even step 0 is a full batch"
-        return f"step {step} needs examples [{offset}, {offset + self.schedule.batch_size(step)}) but {self.dataset!r} has {final}: {last}"
-
-    def _load_error(self, step: int, indices: np.ndarray, error: Exception) -> LoaderError:
-        sources = self._sources_of(indices)
-        return LoaderError(
-            f"step {step}: loading examples {_ranges(indices)} ({len(indices)} rows of this process) from {', '.join(sources)} failed: "
-            f"{type(error).__name__}: {error}. Once the cause is fixed, resume with iter_from_step({step}).",
-            step, indices, sources,
-        )
-
-    def _sources_of(self, indices: np.ndarray) -> list[str]:
-        """The source names of ``indices`` with their row counts, for a mixture; else the dataset itself."""
-        locate = getattr(self.dataset, "locate", None)
-        names = getattr(self.dataset, "names", None)
-        if locate is None or names is None:
-            return [repr(self.dataset)]
-        try:
-            ids, _ = locate(indices)
-        except Exception:  # the error being reported may be in the index math itself
-            return [repr(self.dataset)]
-        counts = np.bincount(ids, minlength=len(names))
-        return [f"{names[i]} ({int(counts[i])} row{'' if counts[i] == 1 else 's'})" for i in np.flatnonzero(counts)]
-
 
 class BatchIterator(Iterator[StepBatch]):
-    """Consecutive ``StepBatch``es from a start step, read ahead by a prefetch thread.
+    """Consecutive ``StepBatch``es from a start step, read ahead by a prefetch thread (or the loader's reader
+    processes).
 
-    The thread starts at once and stops on ``close()``, at the end of a ``with`` block, when the
+    The thread (or the processes) starts at once and stops on ``close()``, at the end of a ``with`` block, when the
     iterator is garbage-collected, or when its loader is closed. A read error is raised by ``next()``
     as a ``LoaderError``; the iterator is finished after it.
     """
 
     def __init__(self, loader: DataLoader, start: int):
         self._loader = loader
-        ahead: dict[int, Pending | Exception] = {}
-        prefetcher: Prefetcher[_Placed] = Prefetcher(partial(loader._produce, ahead=ahead), start, loader.prefetch,
-                                                     name=f"tokenmix-loader-from-step-{start}")
-        self._prefetcher = prefetcher
-        self._finalizer = weakref.finalize(self, prefetcher.close)  # the thread holds no reference to self
+        source: Prefetcher[_Placed] | _WithProcesses
+        if loader.workers:
+            processes = ReaderProcesses(loader.reads, start, loader.workers, loader.prefetch, loader.seq_len)
+            source = _WithProcesses(Prefetcher(partial(_take_from, processes, loader._place_read), start, loader.prefetch,
+                                               name=f"tokenmix-loader-from-step-{start}"), processes)
+        else:
+            ahead: dict[int, Pending | Exception] = {}
+            source = Prefetcher(partial(loader._produce, ahead=ahead), start, loader.prefetch, name=f"tokenmix-loader-from-step-{start}")
+        self._prefetcher = source
+        self._finalizer = weakref.finalize(self, source.close)  # the thread holds no reference to self
 
     def __iter__(self) -> BatchIterator:
         return self
@@ -327,7 +249,7 @@ class BatchIterator(Iterator[StepBatch]):
         return self._loader._finish(placed)
 
     def close(self) -> None:
-        """Stop the prefetch thread and wait for it."""
+        """Stop the prefetch thread (or the reader processes) and wait for it."""
         self._finalizer()
 
     def __enter__(self) -> BatchIterator:
@@ -337,13 +259,29 @@ class BatchIterator(Iterator[StepBatch]):
         self.close()
 
 
-def _ranges(indices: np.ndarray) -> str:
-    """Ascending indices as half-open ranges: ``[0, 16), [32, 48)``."""
-    if len(indices) == 0:
-        return "(none)"
-    breaks = np.flatnonzero(np.diff(indices) != 1) + 1
-    starts = np.concatenate([[0], breaks])
-    stops = np.concatenate([breaks, [len(indices)]])
-    parts = [f"[{int(indices[a])}, {int(indices[b - 1]) + 1})" for a, b in zip(starts, stops)]
-    return ", ".join(parts) if len(parts) <= 8 else ", ".join(parts[:8]) + f", ... ({len(parts)} ranges)"
+def _take_from(processes: ReaderProcesses, place: Callable[[StepRead], _Placed], step: int, stop: threading.Event) -> _Placed | object:
+    """Step ``step`` from the reader processes, placed; ``END`` after the last (the processes are then stopped)."""
+    try:
+        read = processes.get(step, stop)
+    except BaseException:
+        processes.close()
+        raise
+    if read is None:
+        processes.close()
+        return END
+    return place(read)
 
+
+class _WithProcesses:
+    """A prefetch thread taking steps from reader processes, and the processes: ``get`` from the one, ``close`` both."""
+
+    def __init__(self, prefetcher: Prefetcher[_Placed], processes: ReaderProcesses):
+        self._prefetcher = prefetcher
+        self._processes = processes
+
+    def get(self) -> _Placed | object:
+        return self._prefetcher.get()
+
+    def close(self) -> None:
+        self._prefetcher.close()
+        self._processes.close()

@@ -9,6 +9,7 @@ A ``TokenFile`` is one file's tokens (memory-mapped, never copied), where each o
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -37,6 +38,15 @@ class TokenFile:
     """Per token, whether it is trained on (uint8 0/1, memory-mapped), where the file has a loss mask."""
     info: dict[str, Any] = field(default_factory=dict)
     """What the file says about itself (tokenizer name, counts), for people and identity."""
+    opened_as: tuple[Callable[..., TokenFile], tuple[Any, ...]] | None = None
+    """How it was opened (a function and its arguments: ``token_files.open_token_file`` sets it), so that another
+    process (a loader's reader) can map it again rather than receive a copy of its tokens."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self.opened_as is None:
+            raise TypeError(f"{self.path}: a TokenFile made by hand cannot be sent to another process (it would copy every "
+                            "token); open it with tokenmix.sources.token_files.open_token_files")
+        return _reopen, (self.opened_as, self.identity())
 
     def identity(self) -> dict[str, Any]:
         """Size and modification time of the token file: a cache over it is told apart from one over another version."""
@@ -60,3 +70,11 @@ def document_ends(tokens: np.ndarray, eos_id: int | None) -> np.ndarray:
     block = 1 << 26  # a bounded scan: a file can be far larger than memory
     ends = np.concatenate([np.flatnonzero(tokens[i : i + block] == eos_id).astype(np.int64) + (i + 1) for i in range(0, n, block)])
     return ends if ends.size and ends[-1] == n else np.append(ends, np.int64(n))
+
+
+def _reopen(opened_as: tuple[Callable[..., TokenFile], tuple[Any, ...]], identity: dict[str, Any]) -> TokenFile:
+    opener, arguments = opened_as
+    file = opener(*arguments)
+    if file.identity() != identity:
+        raise TokenFileError(f"{file.path}: the file changed (size or modification time) while it was being read; start again")
+    return file

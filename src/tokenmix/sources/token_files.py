@@ -17,15 +17,24 @@ def open_token_files(kind: str, urls: list[str], dtype: str | None = None, eos_i
     metadata); ``eos_id`` splits a stream without document boundaries (Nanoset, packed Cerebras HDF5) into documents
     after each EOS.
     """
+    if kind not in TOKEN_FILE_KINDS:
+        raise TokenFileError(f"token_files.kind: {kind!r} is not a kind tokenmix reads; choose one of {list(TOKEN_FILE_KINDS)}")
+    targets = _megatron_prefixes(urls) if kind == "megatron" else datatrove_files(urls) if kind == "datatrove" else expand_urls(urls)
+    return [open_token_file(kind, target, dtype, eos_id) for target in targets]
+
+
+def open_token_file(kind: str, target: str, dtype: str | None = None, eos_id: int | None = None) -> TokenFile:
+    """One token file of ``kind``: a Megatron prefix, or a file's path."""
     if kind == "megatron":
-        return [open_megatron(prefix) for prefix in _megatron_prefixes(urls)]
-    if kind == "datatrove":
-        return [open_datatrove(path, dtype) for path in datatrove_files(urls)]
-    if kind == "nanoset":
-        return [open_nanoset(path, dtype, eos_id) for path in expand_urls(urls)]
-    if kind == "hdf5":
-        return [open_cerebras_hdf5(path, eos_id) for path in expand_urls(urls)]
-    raise TokenFileError(f"token_files.kind: {kind!r} is not a kind tokenmix reads; choose one of {list(TOKEN_FILE_KINDS)}")
+        file = open_megatron(target)
+    elif kind == "datatrove":
+        file = open_datatrove(target, dtype)
+    elif kind == "nanoset":
+        file = open_nanoset(target, dtype, eos_id)
+    else:
+        file = open_cerebras_hdf5(target, eos_id)
+    file.opened_as = (open_token_file, (kind, target, dtype, eos_id))
+    return file
 
 
 def _megatron_prefixes(urls: list[str]) -> list[str]:

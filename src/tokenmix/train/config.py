@@ -41,6 +41,8 @@ class TrainerConfig:
     """Where checkpoints, ``metrics.jsonl`` and ``train.png`` go; a run finding a checkpoint there resumes from it."""
     steps_per_checkpoint: int = 20
     prefetch: int = 2
+    loader_workers: int = 0
+    """Processes that read the training batches (``DataLoader(workers=...)``); 0 reads them in a thread of this one."""
     fingerprint: bool = True
     """Log each batch's fingerprint (what a resumed run must reproduce)."""
 

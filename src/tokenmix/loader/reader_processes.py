@@ -1,0 +1,229 @@
+"""Reading a loader's steps in processes of their own, so that reading takes none of the training program's GIL.
+
+Reader ``w`` of ``N`` reads steps ``start + w``, ``start + w + N``, ... (``StepReads.read``, as the loader's own thread
+would) into a ring of slots in a shared-memory block of its own, and tells the loader which slot holds which step over
+a pipe. The loader takes the steps in order, copies each step's rows out of its slot into arrays of its own (on CPU
+devices a placed array would use the slot's memory in place) and hands the slot back. A reader holds at most as many
+finished steps as it has slots, so it never gets further ahead than that.
+
+Readers are spawned, not forked: the loader's process runs JAX's and tensorstore's threads, which a fork does not
+carry over. A reader imports tokenmix's datasets (no JAX) and unpickles the loader's ``StepReads``: caches pickle as
+their location and open again in the reader (``TokenCache.__reduce__``). Its errors come back as the ``LoaderError``
+naming the step, with the reader's traceback as the cause; a reader that dies is reported with its exit code.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import pickle
+import queue
+import threading
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
+
+import numpy as np
+
+from tokenmix.datasets.base import ALIGNMENT, TokenBatch
+from tokenmix.loader.step_reads import LoaderError, StepRead, StepReads
+
+logger = logging.getLogger(__name__)
+
+_POLL_S = 0.5
+"""How often a wait on a reader checks that it is still alive (and a reader, that it has not been told to stop)."""
+_JOIN_TIMEOUT_S = 10.0
+
+
+class ReaderProcessError(RuntimeError):
+    """What went wrong in a reader process: its own traceback, as text."""
+
+
+@dataclass(frozen=True)
+class _Slots:
+    """Where each array of a batch lies in a reader's shared memory: ``count`` slots of the largest batch this process
+    reads (``rows`` rows of ``seq_len`` tokens), each array on an ``ALIGNMENT``-byte boundary."""
+
+    rows: int
+    seq_len: int
+    count: int
+
+    @property
+    def _specs(self) -> list[tuple[tuple[int, ...], np.dtype]]:
+        shape = (self.rows, self.seq_len)
+        return [(shape, np.dtype(np.int32)), (shape, np.dtype(bool)), (shape, np.dtype(np.int32)), ((self.rows,), np.dtype(np.int32))]
+
+    @property
+    def _padded(self) -> list[int]:
+        return [-(-int(np.prod(shape)) * dtype.itemsize // ALIGNMENT) * ALIGNMENT for shape, dtype in self._specs]
+
+    @property
+    def slot_bytes(self) -> int:
+        return sum(self._padded)
+
+    def arrays(self, buffer: memoryview, slot: int, rows: int) -> list[np.ndarray]:
+        """Slot ``slot``'s tokens, loss mask, segment ids and source ids, for a batch of ``rows`` rows."""
+        at = slot * self.slot_bytes
+        out = []
+        for (shape, dtype), size in zip(self._specs, self._padded):
+            full = np.frombuffer(buffer, dtype, int(np.prod(shape)), at).reshape(shape)
+            out.append(full[:rows])
+            at += size
+        return out
+
+
+class ReaderProcesses:
+    """``workers`` reader processes reading the steps of ``reads`` from ``start`` on, ``depth`` slots each; ``get``
+    returns them in step order. One thread takes them (the loader's prefetch thread)."""
+
+    def __init__(self, reads: StepReads, start: int, workers: int, depth: int, seq_len: int):
+        try:
+            payload = pickle.dumps(reads)
+        except Exception as e:
+            raise TypeError(f"DataLoader(workers={workers}) sends the dataset to its reader processes by pickling it, and "
+                            f"{reads.dataset!r} does not pickle ({type(e).__name__}: {e}); make it picklable, or use workers=0") from e
+        self._reads = reads
+        self._next = start
+        self._start = start
+        self._slots = _Slots(max(len(rows) for rows in reads.rows.values()), seq_len, depth)
+        self._memory: list[SharedMemory] = []
+        self._pipes: list[Connection] = []
+        self._processes: list[multiprocessing.process.BaseProcess] = []
+        self._closed = False
+        context = multiprocessing.get_context("spawn")
+        try:
+            for w in range(workers):
+                memory = SharedMemory(create=True, size=max(1, depth * self._slots.slot_bytes))
+                self._memory.append(memory)
+                ours, theirs = context.Pipe()
+                process = context.Process(target=_reader_main, args=(theirs, payload, start + w, workers, memory.name, self._slots),
+                                          name=f"tokenmix-reader-{w}-from-step-{start}", daemon=True)
+                process.start()
+                theirs.close()
+                self._pipes.append(ours)
+                self._processes.append(process)
+        except BaseException:
+            self.close()
+            raise
+
+    def get(self, step: int, stop: threading.Event) -> StepRead | None:
+        """Step ``step``'s rows (the step after the last one taken), or None after a finite dataset's last full batch or
+        once ``stop`` is set. Raises the ``LoaderError`` of a step that failed."""
+        if step != self._next:
+            raise ValueError(f"reader processes give steps in order: step {self._next} is next, not {step}")
+        w = (step - self._start) % len(self._processes)
+        message = self._receive(w, step, stop)
+        if message is None:
+            return None
+        kind = message[0]
+        if kind == "end":
+            return None
+        if kind == "error":
+            _, error, cause = message
+            raise error from ReaderProcessError(cause)
+        _, got, slot, offset, size, rows, digests = message
+        assert got == step, f"reader {w} sent step {got} where step {step} was due"
+        data = TokenBatch.empty(rows, self._slots.seq_len)
+        _copy(self._slots.arrays(self._memory[w].buf, slot, rows), [data.tokens, data.loss_mask, data.segment_ids, data.source_ids])
+        try:
+            self._pipes[w].send(("free", slot))
+        except OSError:  # the reader has stopped (it reached the dataset's end): it needs no slot back
+            pass
+        self._next += 1
+        return StepRead(step, offset, size, data, digests)
+
+    def _receive(self, w: int, step: int, stop: threading.Event) -> tuple | None:
+        pipe, process = self._pipes[w], self._processes[w]
+        while not stop.is_set():
+            try:
+                if pipe.poll(_POLL_S):
+                    return pipe.recv()
+            except (EOFError, OSError):
+                pass
+            if not process.is_alive():
+                process.join()
+                indices = self._reads.schedule.offset(step) + self._reads.rows[self._reads.schedule.batch_size(step)]
+                raise self._reads.load_error(step, indices, ReaderProcessError(
+                    f"reader process {process.name} (pid {process.pid}) exited with code {process.exitcode} before sending it"))
+        return None
+
+    def close(self) -> None:
+        """Stop the readers, wait for them, and free their shared memory; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for pipe in self._pipes:
+            try:
+                pipe.send(("stop",))
+            except (OSError, ValueError):
+                pass
+        for process in self._processes:
+            process.join(_JOIN_TIMEOUT_S)
+            if process.is_alive():
+                logger.warning("reader process %s did not stop within %.0f s of close; terminating it", process.name, _JOIN_TIMEOUT_S)
+                process.terminate()
+                process.join()
+        for pipe in self._pipes:
+            pipe.close()
+        for memory in self._memory:
+            memory.unlink()
+            memory.close()
+
+
+def _copy(sources: list[np.ndarray], targets: list[np.ndarray]) -> None:
+    """Each source array into its target (a function, so that no view of shared memory outlives the copy)."""
+    for source, target in zip(sources, targets):
+        np.copyto(target, source)
+
+
+def _reader_main(pipe: Connection, payload: bytes, first: int, stride: int, memory_name: str, slots: _Slots) -> None:
+    """A reader process: read steps ``first``, ``first + stride``, ... into free slots until told to stop."""
+    memory = SharedMemory(name=memory_name)  # registered with the loader's resource tracker, which this process shares
+    free: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for slot in range(slots.count):
+        free.put(slot)
+    stop = threading.Event()
+
+    def listen() -> None:
+        try:
+            while True:
+                message = pipe.recv()
+                if message[0] == "free":
+                    free.put(message[1])
+                else:
+                    break
+        except (EOFError, OSError):
+            pass
+        stop.set()
+
+    threading.Thread(target=listen, name="tokenmix-reader-listener", daemon=True).start()
+    step = first
+    try:
+        reads: StepReads = pickle.loads(payload)
+        while not stop.is_set():
+            try:
+                slot = free.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+            try:
+                read = reads.read(step, stop)
+            except LoaderError as e:
+                pipe.send(("error", e, traceback.format_exc()))
+                return
+            if read is None:
+                if not stop.is_set():
+                    pipe.send(("end",))
+                return
+            rows = len(read.data)
+            _copy([read.data.tokens, read.data.loss_mask, read.data.segment_ids, read.data.source_ids], slots.arrays(memory.buf, slot, rows))
+            pipe.send(("batch", step, slot, read.offset, read.size, rows, read.digests))
+            step += stride
+    except BaseException as e:  # anything else (unpickling the dataset, a broken pipe) is reported against the step at hand
+        try:
+            pipe.send(("error", LoaderError(f"step {step}: the reader process failed: {type(e).__name__}: {e}", step,
+                                            np.empty(0, np.int64), []), traceback.format_exc()))
+        except (OSError, ValueError):
+            pass
+    finally:
+        memory.close()
