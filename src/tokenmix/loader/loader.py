@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import haliax as hax
 import jax
@@ -31,9 +32,11 @@ from tokenmix.loader.batch_schedule import BatchSchedule, BatchSizeSpec
 from tokenmix.loader.fingerprint import combine
 from tokenmix.loader.placement import ArrayPlacer
 from tokenmix.loader.prefetch import END, Prefetcher
-from tokenmix.loader.reader_processes import ReaderProcesses
 from tokenmix.loader.sharding import AxisMapping, BatchLayout
 from tokenmix.loader.step_reads import LoaderError, StepRead, StepReads
+
+if TYPE_CHECKING:
+    from tokenmix.loader.reader_processes import ReaderProcesses
 
 __all__ = ["BatchIterator", "DataLoader", "LoaderError"]
 
@@ -229,6 +232,8 @@ class BatchIterator(Iterator[StepBatch]):
         self._loader = loader
         source: Prefetcher[_Placed] | _WithProcesses
         if loader.workers:
+            from tokenmix.loader.reader_processes import ReaderProcesses  # multiprocessing's 18 ms of imports: only when used
+
             processes = ReaderProcesses(loader.reads, start, loader.workers, loader.prefetch, loader.seq_len)
             source = _WithProcesses(Prefetcher(partial(_take_from, processes, loader._place_read), start, loader.prefetch,
                                                name=f"tokenmix-loader-from-step-{start}"), processes)

@@ -31,8 +31,10 @@ from tokenmix.loader.step_reads import LoaderError, StepRead, StepReads
 
 logger = logging.getLogger(__name__)
 
-_POLL_S = 0.5
-"""How often a wait on a reader checks that it is still alive (and a reader, that it has not been told to stop)."""
+_POLL_S = 0.05
+"""How often a wait on a reader checks that it is still alive, or that the loader is stopping."""
+_STOP = -1
+"""Put among a reader's free slots when it is told to stop, so that a wait for a slot ends at once."""
 _JOIN_TIMEOUT_S = 10.0
 
 
@@ -196,16 +198,16 @@ def _reader_main(pipe: Connection, payload: bytes, first: int, stride: int, memo
         except (EOFError, OSError):
             pass
         stop.set()
+        free.put(_STOP)
 
     threading.Thread(target=listen, name="tokenmix-reader-listener", daemon=True).start()
     step = first
     try:
         reads: StepReads = pickle.loads(payload)
-        while not stop.is_set():
-            try:
-                slot = free.get(timeout=_POLL_S)
-            except queue.Empty:
-                continue
+        while True:
+            slot = free.get()
+            if slot == _STOP:
+                return
             try:
                 read = reads.read(step, stop)
             except LoaderError as e:
