@@ -272,3 +272,15 @@ class FailingDataset(Wrapped):
         if np.any((idx >= self.lo) & (idx < self.hi)):
             raise OSError("simulated disk failure")
         return self.base.read(indices)
+
+
+class SlowDataset(Wrapped):
+    """Every read takes ``seconds`` longer (a slow disk or network), before it starts."""
+
+    def __init__(self, base, seconds: float):
+        super().__init__(base)
+        self.seconds = seconds
+
+    def read(self, indices) -> Pending[TokenBatch]:
+        time.sleep(self.seconds)
+        return self.base.read(indices)

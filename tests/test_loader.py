@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ import loader_worker
 import numpy as np
 import pytest
 import yaml
-from helpers import SEQ_LEN, CountingDataset, FailingDataset, Wrapped, demo_urls, mixture_yaml
+from helpers import SEQ_LEN, CountingDataset, FailingDataset, SlowDataset, Wrapped, demo_urls, mixture_yaml
 from jax.sharding import NamedSharding, PartitionSpec
 
 from tokenmix import (
@@ -165,9 +166,12 @@ def test_a_batch_is_placed_on_cpu_devices_without_a_copy(train):
             assert np.array_equal(np.asarray(array), host_array), field
 
 
-def test_packed_sources_stream_through_the_loader_like_token_windows(config_path):
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 1])
+def test_packed_sources_stream_through_the_loader_like_token_windows(config_path, workers):
     """A mixture with a packed source (whole documents, segment ids, padding of id -1 without loss) on a
-    mesh that splits positions too: the loader's batches are the mixture's examples."""
+    mesh that splits positions too: the loader's batches are the mixture's examples, read here or in a reader
+    process."""
     doc = yaml.safe_load(config_path.read_text())
     doc["configs"]["webster"]["packing"] = {"max_segments_per_example": 4, "long_documents": "split"}
     config = draccus.decode(LMMixtureDatasetConfig, doc)
@@ -175,7 +179,7 @@ def test_packed_sources_stream_through_the_loader_like_token_windows(config_path
     mesh = jax.make_mesh((4, 2), ("data", "model"))
     webster = train.names.index("webster")
     padded = 0
-    with DataLoader(train, 32, mesh, {"batch": "data", "position": "model"}, positions=True) as loader:
+    with DataLoader(train, 32, mesh, {"batch": "data", "position": "model"}, positions=True, workers=workers) as loader:
         for sb, _ in zip(loader, range(6)):
             expected = train.get_batch(np.arange(sb.offset, sb.offset + 32))
             arrays = sb.batch.arrays()
@@ -456,7 +460,7 @@ def test_reader_processes_give_the_batches_the_loaders_own_thread_gives(train):
     with DataLoader(train, ramp, mesh, {"batch": "data"}, fingerprint=True, prefetch=0) as threaded:
         expected = [threaded.batch(s) for s in range(2, 9)]
     for workers in (1, 2):
-        with DataLoader(train, ramp, mesh, {"batch": "data"}, fingerprint=True, workers=workers, prefetch=1) as loader:
+        with DataLoader(train, ramp, mesh, {"batch": "data"}, fingerprint=True, workers=workers, prefetch=1, read_ahead=workers) as loader:
             it = loader.iter_from_step(2)
             got = [sb for sb, _ in zip(it, range(7))]
             assert len(reader_processes()) == workers
@@ -493,6 +497,49 @@ def test_a_reader_process_that_dies_is_reported_and_closing_frees_its_memory(tra
             for _ in range(10):  # a batch or two may be ready already
                 next(it)
     assert not os.path.exists(f"/dev/shm/{memory}") and not reader_processes()
+
+
+@pytest.mark.timeout(120)
+def test_reader_processes_stop_promptly_ignore_ctrl_c_and_do_not_outlive_a_killed_loader(train, config_path, tmp_path):
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with DataLoader(train, 16, mesh, {"batch": "data"}, workers=1) as loader:
+        it = iter(loader)
+        first = next(it)
+        (reader,) = reader_processes()
+        os.kill(reader.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group: the loader's to handle
+        assert [next(it).step for _ in range(3)] == [first.step + 1, first.step + 2, first.step + 3]
+    slow = DataLoader(SlowDataset(train, 1.0), 16, mesh, {"batch": "data"}, workers=2, prefetch=4)
+    it = iter(slow)
+    time.sleep(0.5)
+    began = time.monotonic()
+    it.close()  # each reader is inside a 1 s read, with three more free slots it must not fill
+    assert time.monotonic() - began < 2.5 and not reader_processes()
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(f"""
+        import multiprocessing, sys, time
+        sys.path[:0] = [{str(TESTS)!r}]
+        import draccus, jax, yaml
+        from helpers import SlowDataset
+        from tokenmix import DataLoader, LMMixtureDatasetConfig
+        if __name__ == "__main__":
+            config = draccus.decode(LMMixtureDatasetConfig, yaml.safe_load(open({str(config_path)!r})))
+            loader = DataLoader(SlowDataset(config.train_set(64), 60.0), 8, jax.make_mesh((1,), ("data",)), {{"batch": "data"}}, workers=1)
+            it = iter(loader)
+            time.sleep(2)
+            print(multiprocessing.active_children()[0].pid, flush=True)
+            time.sleep(600)
+    """))
+    with open(tmp_path / "killed.err", "w") as err:  # its resource tracker reports the shared memory it cleans up
+        parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err, text=True)
+    line = parent.stdout.readline()
+    assert line.strip().isdigit(), (tmp_path / "killed.err").read_text()
+    orphan = int(line)
+    parent.kill()  # while its reader is inside a 60 s read
+    parent.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{orphan}") and "zombie" not in open(f"/proc/{orphan}/status").read():
+        time.sleep(0.2)
+    assert not os.path.exists(f"/proc/{orphan}") or "zombie" in open(f"/proc/{orphan}/status").read()
 
 
 def test_workers_need_prefetch_slots_and_a_dataset_that_pickles(train):

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from helpers import build, demo_urls
 
-from tokenmix import TokenCache, TokenSeqDataset
+from tokenmix import PackedDataset, TokenCache, TokenSeqDataset
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.ledger import CacheMismatchError
+from tokenmix.cache.token_files import TokenFilesCache
 from tokenmix.sources.token_file import TokenFile, TokenFileError
 from tokenmix.sources.token_files import open_token_files
 
@@ -32,6 +33,23 @@ def test_a_cache_pickles_as_its_location_and_reads_the_same_on_the_other_side(tm
     assert private._chunk_cache is not SHARED and private._chunk_cache.max_bytes == 1234
 
 
+@pytest.mark.parametrize("persist", [True, False])
+def test_a_packed_dataset_pickles_as_how_it_was_made_not_its_plan(tmp_path, persist):
+    location = str(tmp_path / "c")
+    build(location, demo_urls("python_doc"))
+    cache = TokenCache(location)
+    packed = PackedDataset(cache, 256, pad_id=1, long_documents="split", shuffle=True, key=3, persist=persist,
+                           documents=np.arange(0, cache.num_rows(), 2))
+    blob = pickle.dumps(packed)
+    assert len(blob) < 10_000 + 8 * cache.num_rows()  # the document subset travels, not the plan nor the bounds
+    copy = pickle.loads(blob)
+    assert copy.plan_id == packed.plan_id and len(copy) == len(packed)
+    rows = np.random.default_rng(0).permutation(len(packed))[:50]
+    ours, theirs = copy.get_batch(rows), packed.get_batch(rows)
+    for field in ("tokens", "loss_mask", "segment_ids"):
+        assert np.array_equal(getattr(ours, field), getattr(theirs, field)), field
+
+
 def test_a_cache_replaced_before_it_is_opened_again_is_refused(tmp_path):
     location = str(tmp_path / "c")
     build(location, demo_urls("linux_doc"))
@@ -41,7 +59,7 @@ def test_a_cache_replaced_before_it_is_opened_again_is_refused(tmp_path):
     assert pickle.loads(blob).num_rows() == TokenCache(location).num_rows() > rows
     shutil.rmtree(location)
     build(location, demo_urls("linux_doc"), compression="none")  # deleted and made again otherwise: another identity
-    with pytest.raises(CacheMismatchError, match=r"the cache was replaced .* start the loader again"):
+    with pytest.raises(CacheMismatchError, match=r"the cache was replaced while it was being read .* start the loader again"):
         pickle.loads(blob)
 
 
@@ -55,6 +73,9 @@ def test_token_files_pickle_as_how_they_were_opened_and_refuse_a_changed_file(tm
     assert len(blob) < 5_000
     copy = pickle.loads(blob)
     assert np.array_equal(copy.tokens, file.tokens) and np.array_equal(copy.ends, file.ends)
+    cache = TokenFilesCache([file], str(tmp_path / "plans"), {"token_files": "nanoset"})
+    assert len(pickle.dumps(cache)) < 5_000  # its per-document bounds are derived again from the files
+    assert np.array_equal(pickle.loads(pickle.dumps(cache)).row_ends(0, cache.num_rows()), cache.row_ends(0, cache.num_rows()))
     os.utime(path, ns=(1, 1))
     with pytest.raises(TokenFileError, match=r"n_input_ids.npy: the file changed"):
         pickle.loads(blob)

@@ -76,8 +76,9 @@ class TokenCache:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled (to a loader's reader process), a cache is its location: it opens again there, and must still be the
-        cache it was (same identity fingerprint)."""
-        return _reopen, (self.location, self._chunk_cache, self._object_reads, self.fingerprint)
+        cache it was (same identity fingerprint, and its documents so far ending where they ended; it may have grown)."""
+        rows = self.num_rows()
+        return _reopen, (self.location, self._chunk_cache, self._object_reads, self.fingerprint, rows, self.num_tokens())
 
     def _read_ledger(self) -> CacheLedger:
         doc = self._docs.read(LEDGER_FILE)
@@ -261,9 +262,10 @@ class TokenCache:
             raise IndexError(f"{self.location}: rows [{start}, {stop}) are outside the {committed} committed rows")
 
 
-def _reopen(location: str, chunk_cache: ChunkCache, object_reads: str, fingerprint: str) -> TokenCache:
+def _reopen(location: str, chunk_cache: ChunkCache, object_reads: str, fingerprint: str, rows: int, tokens: int) -> TokenCache:
     cache = TokenCache(location, chunk_cache=chunk_cache, object_reads=object_reads)
-    if cache.fingerprint != fingerprint:
-        raise CacheMismatchError(f"{location}: the cache was replaced (fingerprint {cache.fingerprint}, was {fingerprint}) while it "
-                                 "was being read; start the loader again")
+    same = cache.fingerprint == fingerprint and cache.num_rows() >= rows and (not rows or int(cache.row_ends(rows - 1, rows)[0]) == tokens)
+    if not same:
+        raise CacheMismatchError(f"{location}: the cache was replaced while it was being read (it was {fingerprint} with {rows} "
+                                 f"documents ending at token {tokens}); start the loader again")
     return cache

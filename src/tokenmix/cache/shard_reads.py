@@ -152,6 +152,9 @@ class ShardedReads:
 
             decoded = np.empty((len(frames), layout.inner), layout.dtype)
             for frame, row in zip(frames, decoded):
+                if blosc2.get_cbuffer_sizes(frame)[:2] != (row.nbytes, len(frame)):
+                    raise OSError(f"{self.where}: a chunk's blosc header does not describe a whole chunk; the cache was damaged "
+                                  "after it was built: delete it and rebuild")
                 blosc2.decompress(frame, dst=row)
         return [decoded[c][f // item : f // item + m] for c, f, m in zip(piece_chunk.tolist(), first.tolist(), size.tolist())]
 

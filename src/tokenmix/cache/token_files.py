@@ -48,6 +48,10 @@ class TokenFilesCache:
     def __repr__(self) -> str:
         return f"TokenFilesCache({len(self.files)} files from {self.files[0].path!r})"
 
+    def __reduce__(self) -> tuple[type[TokenFilesCache], tuple[list[TokenFile], str, dict[str, Any]]]:
+        """Pickled (to a loader's reader process): its files, which map themselves again; the bounds are derived anew."""
+        return TokenFilesCache, (self.files, self.location, self.identity)
+
     @property
     def dtype(self) -> np.dtype:
         return self._dtype

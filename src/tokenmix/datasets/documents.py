@@ -28,6 +28,10 @@ class CacheDocuments:
         self.span_ends = np.empty(0, np.int64)
         self.refresh()
 
+    def __reduce__(self) -> tuple[type[CacheDocuments], tuple[TokenCache]]:
+        """Pickled (to a loader's reader process), the documents are read again from the cache, not copied."""
+        return CacheDocuments, (self.cache,)
+
     @property
     def rows(self) -> int:
         return len(self.bounds) - 1

@@ -20,6 +20,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,7 @@ class PackedDataset(DirectDataset):
         self._bounds_hash = hashlib.blake2b(digest_size=16)
         self._bounds_hashed = 0
         """How many document bounds ``_bounds_hash`` has taken in (it grows with the cache, hashing each once)."""
+        self._persist = persist
         self._store: PlanStore | None = PlanStore(self.location, self.options) if persist else None
         if self._store is not None:
             self._load()
@@ -101,6 +103,13 @@ class PackedDataset(DirectDataset):
 
     def __repr__(self) -> str:
         return f"PackedDataset({self.cache.location!r}, seq_len={self.seq_len}, plan {self.plan_id})"
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled (to a loader's reader process), a packed dataset is how it was made: the other side opens the cache
+        again and loads the stored plan (or plans the same again, without ``persist``), never a copy of the plan."""
+        made = partial(PackedDataset, pad_id=self.pad_id, max_segments_per_example=self.max_segments, long_documents=self.long_documents,
+                       shuffle=self.shuffle, key=self.key, documents=self._subset, persist=self._persist)
+        return made, (self.cache, self.seq_len, self.source_id)
 
     @property
     def tokens_per_example(self) -> int:

@@ -268,13 +268,13 @@ def _take_from(processes: ReaderProcesses, place: Callable[[StepRead], _Placed],
     """Step ``step`` from the reader processes, placed; ``END`` after the last (the processes are then stopped)."""
     try:
         read = processes.get(step, stop)
+        if read is None:
+            processes.close()
+            return END
+        return place(read)
     except BaseException:
         processes.close()
         raise
-    if read is None:
-        processes.close()
-        return END
-    return place(read)
 
 
 class _WithProcesses:

@@ -14,11 +14,15 @@ naming the step, with the reader's traceback as the cause; a reader that dies is
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
+import os
 import pickle
 import queue
+import signal
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -36,6 +40,9 @@ _POLL_S = 0.05
 _STOP = -1
 """Put among a reader's free slots when it is told to stop, so that a wait for a slot ends at once."""
 _JOIN_TIMEOUT_S = 10.0
+"""How long ``close`` waits for all readers together before terminating those still busy (a read that does not return)."""
+_ORPHAN_GRACE_S = 5.0
+"""How long a reader whose loader is gone (its pipe closed without a stop) may take to finish a read before it exits."""
 
 
 class ReaderProcessError(RuntimeError):
@@ -98,6 +105,7 @@ class ReaderProcesses:
             for w in range(workers):
                 memory = SharedMemory(create=True, size=max(1, depth * self._slots.slot_bytes))
                 self._memory.append(memory)
+                _reserve(memory, workers, depth)
                 ours, theirs = context.Pipe()
                 process = context.Process(target=_reader_main, args=(theirs, payload, start + w, workers, memory.name, self._slots),
                                           name=f"tokenmix-reader-{w}-from-step-{start}", daemon=True)
@@ -146,8 +154,11 @@ class ReaderProcesses:
             if not process.is_alive():
                 process.join()
                 indices = self._reads.schedule.offset(step) + self._reads.rows[self._reads.schedule.batch_size(step)]
-                raise self._reads.load_error(step, indices, ReaderProcessError(
-                    f"reader process {process.name} (pid {process.pid}) exited with code {process.exitcode} before sending it"))
+                hint = (" (SIGBUS: its shared memory could not be backed; free space in /dev/shm, e.g. docker run --shm-size)"
+                        if process.exitcode == -signal.SIGBUS else "")
+                died = ReaderProcessError(f"reader process {process.name} (pid {process.pid}) exited with code {process.exitcode} "
+                                          f"before sending it{hint}")
+                raise self._reads.load_error(step, indices, died) from died
         return None
 
     def close(self) -> None:
@@ -160,17 +171,35 @@ class ReaderProcesses:
                 pipe.send(("stop",))
             except (OSError, ValueError):
                 pass
+        deadline = time.monotonic() + _JOIN_TIMEOUT_S
         for process in self._processes:
-            process.join(_JOIN_TIMEOUT_S)
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in self._processes:
             if process.is_alive():
                 logger.warning("reader process %s did not stop within %.0f s of close; terminating it", process.name, _JOIN_TIMEOUT_S)
                 process.terminate()
-                process.join()
+        for process in self._processes:
+            process.join()
         for pipe in self._pipes:
             pipe.close()
         for memory in self._memory:
             memory.unlink()
             memory.close()
+
+
+def _reserve(memory: SharedMemory, workers: int, depth: int) -> None:
+    """Back every page of ``memory`` now: a shared-memory file is sparse, and a reader writing a page that /dev/shm has
+    no room for dies of SIGBUS, steps later."""
+    if not hasattr(os, "posix_fallocate"):  # not on macOS: there a full /dev/shm shows as the reader's SIGBUS
+        return
+    try:
+        os.posix_fallocate(memory._fd, 0, memory.size)  # type: ignore[attr-defined]  # POSIX SharedMemory's own descriptor
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        raise OSError(errno.ENOSPC, f"DataLoader(workers={workers}, prefetch={depth}) needs {memory.size / 2**20:.0f} MiB of shared "
+                                    "memory per reader and /dev/shm has less free; free space there (in a container, e.g. docker "
+                                    "run --shm-size), or use fewer workers, a smaller prefetch or workers=0") from None
 
 
 def _copy(sources: list[np.ndarray], targets: list[np.ndarray]) -> None:
@@ -181,6 +210,7 @@ def _copy(sources: list[np.ndarray], targets: list[np.ndarray]) -> None:
 
 def _reader_main(pipe: Connection, payload: bytes, first: int, stride: int, memory_name: str, slots: _Slots) -> None:
     """A reader process: read steps ``first``, ``first + stride``, ... into free slots until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops the readers on close
     memory = SharedMemory(name=memory_name)  # registered with the loader's resource tracker, which this process shares
     free: queue.SimpleQueue[int] = queue.SimpleQueue()
     for slot in range(slots.count):
@@ -194,28 +224,34 @@ def _reader_main(pipe: Connection, payload: bytes, first: int, stride: int, memo
                 if message[0] == "free":
                     free.put(message[1])
                 else:
-                    break
-        except (EOFError, OSError):
-            pass
-        stop.set()
-        free.put(_STOP)
+                    stop.set()
+                    free.put(_STOP)
+                    return
+        except (EOFError, OSError):  # the loader is gone without a stop (killed): do not outlive it
+            stop.set()
+            free.put(_STOP)
+            time.sleep(_ORPHAN_GRACE_S)
+            os._exit(1)
 
     threading.Thread(target=listen, name="tokenmix-reader-listener", daemon=True).start()
     step = first
+    ahead: dict = {}
     try:
         reads: StepReads = pickle.loads(payload)
         while True:
             slot = free.get()
-            if slot == _STOP:
+            if slot == _STOP or stop.is_set():
                 return
             try:
-                read = reads.read(step, stop)
+                read = reads.read(step, stop, ahead, stride)
             except LoaderError as e:
                 pipe.send(("error", e, traceback.format_exc()))
                 return
             if read is None:
                 if not stop.is_set():
                     pipe.send(("end",))
+                return
+            if stop.is_set():
                 return
             rows = len(read.data)
             _copy([read.data.tokens, read.data.loss_mask, read.data.segment_ids, read.data.source_ids], slots.arrays(memory.buf, slot, rows))

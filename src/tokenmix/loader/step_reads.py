@@ -64,11 +64,11 @@ class StepReads:
         self.read_ahead = read_ahead
         self.fingerprint = fingerprint
 
-    def read(self, step: int, stop: threading.Event, ahead: dict[int, Pending | Exception] | None = None) -> StepRead | None:
+    def read(self, step: int, stop: threading.Event, ahead: dict[int, Pending | Exception] | None = None, stride: int = 1) -> StepRead | None:
         """Step ``step``'s rows, or None when the dataset ends before the step's last example (or ``stop`` is set while
-        waiting for it). With ``ahead`` (reads started early, by step), the reads of the next ``read_ahead`` steps are
-        started before this one is awaited; a read started early that failed fails its own step. Raises
-        ``LoaderError``."""
+        waiting for it). With ``ahead`` (reads started early, by step), the reads of the next ``read_ahead`` steps this
+        reader will take (every ``stride``-th) are started before this one is awaited; a read started early that failed
+        fails its own step. Raises ``LoaderError``."""
         size, offset = self.schedule.batch_size(step), self.schedule.offset(step)
         indices = offset + self.rows[size]
         try:
@@ -78,7 +78,7 @@ class StepReads:
                     return None
                 started = self.dataset.read(indices)
             if ahead is not None:
-                self._read_ahead(step, ahead)
+                self._read_ahead(step, ahead, stride)
             if isinstance(started, Exception):
                 raise started
             data = started.result()
@@ -86,9 +86,9 @@ class StepReads:
         except Exception as e:
             raise self.load_error(step, indices, e) from e
 
-    def _read_ahead(self, step: int, ahead: dict[int, Pending | Exception]) -> None:
-        """Start the reads of steps after ``step`` (up to ``read_ahead`` of them) whose examples exist already."""
-        for later in range(step + 1, step + 1 + self.read_ahead):
+    def _read_ahead(self, step: int, ahead: dict[int, Pending | Exception], stride: int) -> None:
+        """Start the reads of the next ``read_ahead`` steps after ``step`` (every ``stride``-th) whose examples exist."""
+        for later in range(step + stride, step + stride * (1 + self.read_ahead), stride):
             if later in ahead:
                 continue
             offset, size = self.schedule.offset(later), self.schedule.batch_size(later)
