@@ -4,6 +4,7 @@ processes of 4 devices each (tests/loader_worker.py)."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gc
 import json
 import logging
@@ -540,6 +541,17 @@ def test_reader_processes_stop_promptly_ignore_ctrl_c_and_do_not_outlive_a_kille
     while time.monotonic() < deadline and os.path.exists(f"/proc/{orphan}") and "zombie" not in open(f"/proc/{orphan}/status").read():
         time.sleep(0.2)
     assert not os.path.exists(f"/proc/{orphan}") or "zombie" in open(f"/proc/{orphan}/status").read()
+
+
+def test_too_little_shared_memory_is_refused_at_once_naming_dev_shm(train, monkeypatch):
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    loader = DataLoader(train, 16, jax.make_mesh((8,), ("data",)), {"batch": "data"}, workers=2, prefetch=3)
+    with pytest.raises(OSError, match=r"workers=2, prefetch=3\) needs \d+ MiB of shared memory per reader.*/dev/shm.*--shm-size"):
+        iter(loader)
+    assert not reader_processes()
 
 
 def test_workers_need_prefetch_slots_and_a_dataset_that_pickles(train):
