@@ -90,14 +90,18 @@ class TokenBatch:
         return segment_positions(self.segment_ids)
 
     @staticmethod
+    def layout(n: int, length: int) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """The (shape, dtype) of ``tokens``, ``loss_mask``, ``segment_ids`` and ``source_ids`` for ``n`` examples of
+        ``length`` tokens."""
+        return [((n, length), np.dtype(np.int32)), ((n, length), np.dtype(bool)), ((n, length), np.dtype(np.int32)), ((n,), np.dtype(np.int32))]
+
+    @staticmethod
     def empty(n: int, length: int) -> TokenBatch:
         """A batch of ``n`` examples of ``length`` tokens to fill with ``put``.
 
         Every array starts on a 64-byte boundary, which lets JAX's CPU backend place it on devices without a copy
         (an unaligned array is copied, which doubles the cost of placing a batch: docs/benchmarks.md)."""
-        tokens, loss_mask, segment_ids, source_ids = aligned_empty([((n, length), np.int32), ((n, length), bool),
-                                                                    ((n, length), np.int32), ((n,), np.int32)])
-        return TokenBatch(tokens, loss_mask, segment_ids, source_ids)
+        return TokenBatch(*aligned_empty(TokenBatch.layout(n, length)))
 
     def put(self, rows: np.ndarray, part: TokenBatch) -> None:
         """Write ``part``'s examples into ``rows`` of this batch."""
@@ -200,18 +204,34 @@ ALIGNMENT = 64
 """Bytes every batch array is aligned to: what XLA's CPU client needs to use a host buffer in place."""
 
 
-def aligned_empty(specs: list[tuple[tuple[int, ...], type | np.dtype]]) -> list[np.ndarray]:
+Specs = list[tuple[tuple[int, ...], type | np.dtype]]
+"""Arrays as (shape, dtype) pairs."""
+
+
+def aligned_bytes(specs: Specs) -> int:
+    """Bytes that arrays of the given (shape, dtype)s take laid out one after the other, each on an ``ALIGNMENT``-byte
+    boundary (``aligned_views``)."""
+    return sum(-(-math.prod(shape) * np.dtype(dtype).itemsize // ALIGNMENT) * ALIGNMENT for shape, dtype in specs)
+
+
+def aligned_views(buffer: np.ndarray, specs: Specs) -> list[np.ndarray]:
+    """Arrays of the given (shape, dtype)s laid out in ``buffer`` (uint8, ``aligned_bytes(specs)`` long, starting on an
+    ``ALIGNMENT``-byte boundary), each on such a boundary."""
+    arrays, at = [], 0
+    for shape, dtype in specs:
+        size = math.prod(shape) * np.dtype(dtype).itemsize
+        arrays.append(buffer[at : at + size].view(dtype).reshape(shape))
+        at += -(-size // ALIGNMENT) * ALIGNMENT
+    return arrays
+
+
+def aligned_empty(specs: Specs) -> list[np.ndarray]:
     """Uninitialised arrays of the given (shape, dtype)s, each starting on an ``ALIGNMENT``-byte boundary, carved from
     one allocation."""
-    sizes = [math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in specs]
-    padded = [-(-size // ALIGNMENT) * ALIGNMENT for size in sizes]
-    buffer = np.empty(sum(padded) + ALIGNMENT, np.uint8)
+    size = aligned_bytes(specs)
+    buffer = np.empty(size + ALIGNMENT, np.uint8)
     at = -buffer.ctypes.data % ALIGNMENT
-    arrays = []
-    for (shape, dtype), size, step in zip(specs, sizes, padded):
-        arrays.append(buffer[at : at + size].view(dtype).reshape(shape))
-        at += step
-    return arrays
+    return aligned_views(buffer[at : at + size], specs)
 
 
 def as_indices(indices: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
-from tokenmix.datasets.base import ALIGNMENT, TokenBatch
+from tokenmix.datasets.base import TokenBatch, aligned_bytes, aligned_views
 from tokenmix.loader.step_reads import LoaderError, StepRead, StepReads
 
 logger = logging.getLogger(__name__)
@@ -52,34 +52,21 @@ class ReaderProcessError(RuntimeError):
 @dataclass(frozen=True)
 class _Slots:
     """Where each array of a batch lies in a reader's shared memory: ``count`` slots of the largest batch this process
-    reads (``rows`` rows of ``seq_len`` tokens), each array on an ``ALIGNMENT``-byte boundary."""
+    reads (``rows`` rows of ``seq_len`` tokens), laid out as ``TokenBatch.empty`` lays out a batch."""
 
     rows: int
     seq_len: int
     count: int
 
     @property
-    def _specs(self) -> list[tuple[tuple[int, ...], np.dtype]]:
-        shape = (self.rows, self.seq_len)
-        return [(shape, np.dtype(np.int32)), (shape, np.dtype(bool)), (shape, np.dtype(np.int32)), ((self.rows,), np.dtype(np.int32))]
-
-    @property
-    def _padded(self) -> list[int]:
-        return [-(-int(np.prod(shape)) * dtype.itemsize // ALIGNMENT) * ALIGNMENT for shape, dtype in self._specs]
-
-    @property
     def slot_bytes(self) -> int:
-        return sum(self._padded)
+        return aligned_bytes(TokenBatch.layout(self.rows, self.seq_len))
 
     def arrays(self, buffer: memoryview, slot: int, rows: int) -> list[np.ndarray]:
         """Slot ``slot``'s tokens, loss mask, segment ids and source ids, for a batch of ``rows`` rows."""
-        at = slot * self.slot_bytes
-        out = []
-        for (shape, dtype), size in zip(self._specs, self._padded):
-            full = np.frombuffer(buffer, dtype, int(np.prod(shape)), at).reshape(shape)
-            out.append(full[:rows])
-            at += size
-        return out
+        size = self.slot_bytes
+        views = aligned_views(np.frombuffer(buffer, np.uint8, size, slot * size), TokenBatch.layout(self.rows, self.seq_len))
+        return [view[:rows] for view in views]
 
 
 class ReaderProcesses:
