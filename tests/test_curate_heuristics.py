@@ -370,7 +370,7 @@ def test_batch_repetition_scores_equal_the_plain_python_definitions():
 
 def _python_scores(text: str) -> dict[str, float]:
     """NeMo's definitions of the byte-level heuristics, restated in plain Python over one text."""
-    from tokenmix.curate.heuristics import BULLETS, ELLIPSIS_MARKS, END_MARKS, _is_alphabetic
+    from tokenmix.curate.heuristics import BULLETS, COMMON_ENGLISH_WORDS, ELLIPSIS_MARKS, END_MARKS, URL_PATTERN, _is_alphabetic
 
     words = text.split()
     lines = [line.strip() for line in text.split("\n") if line.strip()]
@@ -394,6 +394,8 @@ def _python_scores(text: str) -> dict[str, float]:
         "bullets": share(sum(line[0] in BULLETS for line in lines), len(lines), 1.0),
         "punctuation": share(sum(line[-1] not in END_MARKS for line in lines), len(lines), 1.0),
         "ellipsis": share(sum(line.lower().endswith(ELLIPSIS_MARKS) for line in lines), len(lines), 1.0),
+        "urls": share(sum(map(len, re.findall(URL_PATTERN, text))), chars, 1.0),
+        "common_english_words": min(sum(w in COMMON_ENGLISH_WORDS for w in words), 2),
     }
 
 
@@ -402,7 +404,8 @@ def test_byte_level_scores_equal_the_plain_python_definitions():
               "\u2022 one\n \u25e6 two\n\t\u2219\nplain", "Read More\nsee READ MORE..\nwait\u2026 \n end \u00bb", "x\r\ny.\r\n\"q\"  \n'",
               "\u65e5\u672c\u8a9e \u0661\u0662 \u216b \u24d0 \U0001F170 \u00e9t\u00e9 123 --", "(a)[b]{c}\u27e8d\u27e9 \b\b", "a" * 3000 + " b",
               "\U0001F600\U0001F600 \U0001F600", "\n\n\n", "ab\u200bcd", "\x1f\x1e\x1d",
-              "end." + " \u3000" * 100 + "\n" + " " * 200 + "\nno mark" + "\t" * 70, "\nstarts with a newline.\n"]
+              "end." + " \u3000" * 100 + "\n" + " " * 200 + "\nno mark" + "\t" * 70, "\nstarts with a newline.\n",
+              "see http://a.b/c?d=1&e#f, https://x.y/\u00e9 httpss://no http:// h http://ok", "the of The to be and that have with"]
     texts = tricky + webster_texts(600) + [None]
     names = list(_python_scores("").keys())
     filters = {f.name: f for f in every_filter()}
@@ -416,7 +419,7 @@ def test_byte_level_scores_equal_the_plain_python_definitions():
 
 _PIECES = ["a", "Z", "é", "\u65e5", "\U0001F170", "\U0001F600", "1", "#", ".", "!", "'", "-", "\u00bb", "\u2026", "[", "]", "(", ")",
            "\u27e8", " ", "\t", "\n", "\n\n", "\r", "\x1c", "\u00a0", "\u3000", "\u2028", "\u0085", "\u2022", "\u25e6", "\b",
-           "read more", "READ MORE..", "...", "\u216b", "\u0661"]
+           "read more", "READ MORE..", "...", "\u216b", "\u0661", "http", "h", "s", "://", "https://x.io/A?b=1", "the", "The", "of", "with"]
 
 
 @settings(max_examples=300, deadline=None)
@@ -445,15 +448,15 @@ def test_a_column_of_one_chunk_is_taken_without_a_copy():
 
 
 def test_filter_stages_share_one_analysis_of_an_unchanged_batch():
-    """Consecutive filter stages over a batch that the first leaves whole find the word split the first made (keyed
-    by the texts' buffers), rather than splitting the batch again."""
+    """Consecutive filter stages over a batch that the first leaves whole find the counts the first one's scan made
+    (keyed by the texts' buffers), rather than scanning the batch again."""
     context = ShardContext("s", 0, 0, "text")
     table = pa.table({"text": pa.array(["a few plain words here", "and some more words there"], pa.large_string())})
     table, removed = ScoreFilter(WordCountFilter(min_words=2), score_field="words").apply(table, context)
     assert not removed
-    words = heuristics._LAST_BATCH.batch.derived["words"]
+    profile = heuristics._LAST_BATCH.batch.derived["profile"]
     table, removed = ScoreFilter(MeanWordLengthFilter(min_mean_word_length=1), score_field="mean").apply(table, context)
-    assert not removed and heuristics._LAST_BATCH.batch.derived["words"] is words
+    assert not removed and heuristics._LAST_BATCH.batch.derived["profile"] is profile
     assert table.column("mean").to_pylist() == pytest.approx([18 / 5, 21 / 5])
 
 
@@ -462,8 +465,8 @@ def test_filter_stages_share_one_analysis_of_an_unchanged_batch():
                 max_size=10))
 def test_analyses_carried_past_removals_equal_analysing_again(rows):
     """After two stages remove texts, one after the other before any filter looks, every filter scores the kept batch
-    from what was carried over from the first batch (``carry_analyses``: word splits, line ends, line and paragraph
-    counts), and the scores equal analysing the kept batch afresh."""
+    from what was carried over from the first batch (``carry_analyses``: the profile, the line and paragraph counts),
+    and the scores equal analysing the kept batch afresh."""
     texts = pa.array([text for text, _, _ in rows], pa.large_string())
     first = np.array([k for _, k, _ in rows])
     filters = every_filter()
@@ -475,7 +478,7 @@ def test_analyses_carried_past_removals_equal_analysing_again(rows):
     kept_again = kept.filter(pa.array(second))
     heuristics.carry_analyses(kept, second, kept_again)
     carried = heuristics._LAST_BATCH.batch
-    assert carried.derived.keys() >= {"words", "line ends", ("pieces", "\n", True), ("pieces", "\n\n", False)}
+    assert carried.derived.keys() >= {"profile", ("pieces", 1, True), ("pieces", 2, False)}
     got = [f.score(kept_again).to_pylist() for f in filters]
     assert heuristics._LAST_BATCH.batch is carried
     heuristics._LAST_BATCH.batch = None
@@ -486,11 +489,10 @@ def test_a_filter_stage_that_removes_texts_carries_the_counts_to_the_next():
     context = ShardContext("s", 0, 0, "text")
     table = pa.table({"text": pa.array(["a\na\nb", "x", "p\n\nq\n\np\nr s t u"], pa.large_string())})
     table, _ = ScoreFilter(RepeatedLinesFilter(max_repeated_line_fraction=0), score_field="lines").apply(table, context)
-    counts = heuristics._LAST_BATCH.batch.derived[("pieces", "\n", True)]
     table, removed = ScoreFilter(WordCountFilter(min_words=2)).apply(table, context)
     assert removed == {"word_count": 1}
     carried = heuristics._LAST_BATCH.batch
-    assert carried.derived[("pieces", "\n", True)].value is counts  # cut down when next asked for
+    assert carried.derived[("pieces", 1, True)].counts.tolist() == [[3, 2, 3, 2], [4, 3, 10, 9]]
     table, _ = ScoreFilter(RepeatedLinesByCharFilter(max_repeated_lines_char_ratio=0), score_field="chars").apply(table, context)
-    assert heuristics._LAST_BATCH.batch is carried and list(carried.derived[("pieces", "\n", True)].total) == [3, 4]
+    assert heuristics._LAST_BATCH.batch is carried
     assert table.column("chars").to_pylist() == pytest.approx([2 / 3, 0.9])

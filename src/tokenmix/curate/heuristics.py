@@ -4,12 +4,14 @@ The scores follow ``nemo_curator/filters/heuristic_filter.py``: a word is a run 
 (``str.split()``; NeMo splits Chinese and Japanese with jieba and MeCab, which is not done here), a line is a
 ``\\n``-separated piece that is not blank, a paragraph a ``\\n\\n``-separated piece, a length counts characters.
 
-The common filters work on the texts' UTF-8 bytes with numpy, a few passes over one buffer for the whole batch:
-no byte of a multi-byte character is below 0x80, so an ASCII character class is counted byte by byte, and the few
-non-ASCII characters a definition names (Unicode spaces, bullets, ``…``) are found by their byte sequences. That is
-exact and several times faster than per-document Python or Arrow's regex kernels. Lines end where the bytes say
-(each non-blank line's last non-whitespace byte, for punctuation and ellipsis); bullet lines and line and paragraph
-repetition use Arrow's string kernels, and the n-gram scores loop over the documents in Python.
+The word, character and line filters are ratios of per-text counts that one pass of compiled code over the batch's
+UTF-8 bytes makes for all of them (``_text_scan.c``: words, characters by class, lines by how they start and end,
+URL characters), and the four repetition filters of counts that one more pass makes for lines and one for paragraphs
+(distinct pieces by a hash of their bytes, compared byte by byte where hashes meet). The counts are made once per
+batch and kept for every filter that asks while the batch is the same, and cut down to the kept texts when a filter
+removes some, so a pipeline of these filters reads each batch's text about once. What a character is comes from this
+module's constants (``_classes``). Boilerplate paragraphs use Arrow's string kernels, and the n-gram scores loop
+over the documents in Python.
 
 Where NeMo divides by zero (a text without words or lines), the score is the one that removes the document, as
 NeMo's own convention for empty texts does: 1.0 for a ratio that must stay low, 0.0 for one that must stay high.
@@ -17,13 +19,13 @@ NeMo's own convention for empty texts does: 1.0 for a ratio that must stay low, 
 
 from __future__ import annotations
 
-import re
+import functools
+import string
 import threading
 import unicodedata
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from itertools import compress, count
 from operator import ne
 from typing import Any, Literal
@@ -32,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tokenmix.curate import _text_scan
 from tokenmix.curate.filters import DocumentFilter, bounds_keep
 from tokenmix.curate.records import as_array
 
@@ -46,10 +49,7 @@ BULLETS = "\u2022\u2023\u2043\u204c\u204d\u2219\u25cb\u25cf\u25d8\u25e6\u29be\u2
 """NeMo's bullet characters (C4): a line whose first non-space character is one is a bullet line."""
 
 END_MARKS = ".?!\"'"
-"""Characters that end a line of prose (C4's punctuation rule); all ASCII, so a line ends with one exactly when its last
-byte that is not whitespace is one (``_END_MARK_BYTES``)."""
-_END_MARK_BYTES = np.zeros(256, dtype=bool)
-_END_MARK_BYTES[[ord(c) for c in END_MARKS]] = True
+"""Characters that end a line of prose (C4's punctuation rule)."""
 
 COMMON_ENGLISH_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
 """Gopher's stop words; matched in lowercase only, so that shouting in capitals does not count."""
@@ -93,21 +93,12 @@ _ALPHANUMERIC = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789\
 _SPACE_CHARS = "\t\n\r\b "
 _PARENTHESES = "{}[]()\u27e8\u27e9"
 _DIGITS = "0123456789"
-_HASH_RUNS = re.compile("#+")
-_WS = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESPACE) + "]"
-"""``WHITESPACE`` as an RE2 character class."""
+_URL_CHARS = "!" + "".join(map(chr, range(ord("$"), ord("_") + 1))) + string.ascii_lowercase
+"""``URL_PATTERN``'s class: what may follow ``http(s)://`` in a URL."""
+_SYMBOL_WORDS = tuple(mark.encode() for mark in ELLIPSIS_MARKS if not any(c in WHITESPACE for c in mark))
+"""The ellipsis marks that can be a word on their own: such a word is a symbol."""
 _CIRCLED_LETTERS = ((0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189))
-_FIRST_WORDS = 64
-"""Words ``common_english_words`` looks at first; it doubles the chunk until it has counted enough."""
-_LONGEST_WALK = 64
-"""Bytes a walk takes for all its items together (``all_unmarked`` over candidate words, ``_find_line_ends`` back over
-lines' trailing whitespace); the few items still undecided are then done one by one."""
-_SPARSE_MARKS = 64
-"""``per_word`` places marks one by one (a binary search each) when fewer than one byte in this many is marked, and
-takes a running sum over all bytes otherwise."""
-_LOOP_TEXTS_FROM_BYTES = 1024
-"""Per-text sums loop over the texts (one ``count_nonzero`` each) when they average at least this many bytes, and
-take one ``reduceat`` pass otherwise: the loop costs about a microsecond a text, the pass about half a nanosecond a byte."""
+_PROFILE_FIELD = {name: i for i, name in enumerate(_text_scan.PROFILE_FIELDS)}
 
 
 def _ratio_check(field: str, value: float) -> None:
@@ -134,117 +125,101 @@ def _as_utf8(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 def _finish(values: np.ndarray, texts: pa.Array) -> pa.Array:
     """Scores as an Arrow array, null where the text is null."""
+    texts = _as_utf8(texts)
     return pa.array(values, mask=np.asarray(texts.is_null(), dtype=bool) if texts.null_count else None)
 
 
-class _Utf8:
-    """A batch of texts as one numpy array of UTF-8 bytes and each text's byte range (null texts are empty)."""
+def _divide(numerator: np.ndarray, denominator: np.ndarray, empty: float) -> np.ndarray:
+    """``numerator / denominator``, and ``empty`` where the denominator is 0."""
+    out = np.full(len(denominator), empty, dtype=np.float64)
+    np.divide(numerator, denominator, out=out, where=denominator > 0)
+    return out
 
-    def __init__(self, texts: pa.Array | pa.ChunkedArray) -> None:
-        texts = _as_utf8(texts)
-        self.texts = texts
-        if texts.null_count:
-            texts = pc.fill_null(texts, "")
-        _, offsets_buffer, data_buffer = texts.buffers()
-        width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
-        offsets = np.zeros(1, np.int64)
-        if len(texts):
-            offsets = np.frombuffer(offsets_buffer, dtype=width)[texts.offset : texts.offset + len(texts) + 1].astype(np.int64)
-        self.bounds = offsets - offsets[0]
-        size = int(self.bounds[-1])
-        self.data = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0] : offsets[0] + size] if size else np.zeros(0, np.uint8)
-        self.ascii = not size or int(self.data.max()) < 0x80
-        self.nonempty_starts = self.bounds[:-1][self.bounds[:-1] < self.bounds[1:]]
 
-    def __len__(self) -> int:
-        return len(self.bounds) - 1
+def _is_alphabetic(code: int) -> bool:
+    char = chr(code)
+    return char.isalpha() or unicodedata.category(char) == "Nl" or any(low <= code <= high for low, high in _CIRCLED_LETTERS)
 
-    @cached_property
-    def leads(self) -> np.ndarray:
-        """Positions of the first bytes of multi-byte characters, found once for every class that names some."""
-        return np.flatnonzero(self.data >= 0xC0)
 
-    @cached_property
-    def char_counts(self) -> np.ndarray:
-        """Characters per text."""
-        return np.asarray(pc.fill_null(pc.utf8_length(self.texts), 0), dtype=np.int64)
+@functools.cache
+def _classes() -> np.ndarray:
+    """Each code point's classes for ``_text_scan`` (its bits), from this module's constants. Whether a character
+    outside ASCII is a letter (``_is_alphabetic``) is decided, and kept here, when a scan first meets it."""
+    classes = np.zeros(_text_scan.MAX_CODE, dtype=np.uint16)
+    for chars, bit in ((WHITESPACE, _text_scan.SPACE), (_ALPHANUMERIC, _text_scan.ALNUM), (_DIGITS, _text_scan.DIGIT),
+                       (_SPACE_CHARS, _text_scan.LAYOUT), (_PARENTHESES, _text_scan.BRACKET), (string.ascii_letters, _text_scan.LETTER),
+                       (BULLETS, _text_scan.BULLET), (END_MARKS, _text_scan.END_MARK), (_URL_CHARS, _text_scan.URL), ("#", _text_scan.HASH)):
+        classes[[ord(c) for c in chars]] |= np.uint16(bit)
+    classes[:0x80] |= np.uint16(_text_scan.KNOWN)
+    return classes
 
-    def count_positions(self, positions: np.ndarray) -> np.ndarray:
-        """How many of the byte ``positions`` fall in each text."""
-        return np.bincount(np.searchsorted(self.bounds, positions, side="right") - 1, minlength=len(self))
 
-    def text_end(self, position: int) -> int:
-        """Where the text that holds byte ``position`` ends."""
-        return int(self.bounds[np.searchsorted(self.bounds, position, side="right")])
+def _bytes_of(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The texts' UTF-8 bytes as one array, and where each text starts and ends in it (null texts are empty)."""
+    if texts.null_count:
+        texts = pc.fill_null(texts, "")
+    _, offsets_buffer, data_buffer = texts.buffers()
+    width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
+    offsets = np.zeros(1, np.int64)
+    if len(texts):
+        offsets = np.frombuffer(offsets_buffer, dtype=width)[texts.offset : texts.offset + len(texts) + 1].astype(np.int64)
+    size = int(offsets[-1] - offsets[0])
+    data = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0] : offsets[0] + size] if size else np.zeros(0, np.uint8)
+    return data, offsets - offsets[0]
 
-    def finish(self, values: np.ndarray) -> pa.Array:
-        """The scores as an Arrow array, null where the text is null."""
-        return _finish(values, self.texts)
 
-    def sum_per_text(self, mask: np.ndarray) -> np.ndarray:
-        """How many of each text's bytes ``mask`` marks."""
-        if len(self) and len(self.data) >= _LOOP_TEXTS_FROM_BYTES * len(self):
-            bounds = self.bounds.tolist()
-            return np.fromiter((np.count_nonzero(mask[s:e]) for s, e in zip(bounds[:-1], bounds[1:])), dtype=np.int64, count=len(self))
-        sums = np.zeros(len(self), dtype=np.int64)
-        if len(self.nonempty_starts):
-            sums[self.bounds[:-1] < self.bounds[1:]] = np.add.reduceat(mask, self.nonempty_starts, dtype=np.int64)
-        return sums
+@dataclass(frozen=True)
+class _Profile:
+    """Per text, the counts ``_text_scan.profile`` makes in one pass (``PROFILE_FIELDS``: words, characters by class,
+    lines by how they start and end, ...), from which every word, character and line heuristic is a ratio."""
 
-    def _occurrences(self, chars: list[str]) -> list[tuple[np.ndarray, int]]:
-        """Where the non-ASCII ``chars`` occur: (start positions, bytes) per group of characters that share a first
-        byte and a length, whose other bytes are looked up in one table."""
-        groups: dict[tuple[int, int], list[bytes]] = {}
-        for char in chars:
-            encoded = char.encode()
-            groups.setdefault((encoded[0], len(encoded)), []).append(encoded)
-        found = []
-        lead_bytes = self.data[self.leads]
-        for (lead, width), members in groups.items():
-            positions = self.leads[lead_bytes == lead]
-            payload = np.zeros(len(positions), dtype=np.int64)
-            for k in range(1, width):
-                payload = payload << 6 | (self.data[positions + k] & 0x3F)
-            table = np.zeros(1 << 6 * (width - 1), dtype=bool)
-            table[[_payload(e[1:]) for e in members]] = True
-            found.append((positions[table[payload]], width))
-        return found
+    counts: np.ndarray
 
-    def char_mask(self, chars: str, whole: bool = False) -> np.ndarray:
-        """Marks the first byte of every occurrence of any of ``chars`` (every byte of it with ``whole``)."""
-        data = self.data
-        ranges = _ranges(sorted(ord(c) for c in chars if ord(c) < 0x80))
-        mask = np.zeros(len(data), dtype=bool)
-        scratch, hit = np.empty(len(data), dtype=np.uint8), np.empty(len(data), dtype=bool)
-        if (ord("A"), ord("Z")) in ranges and (ord("a"), ord("z")) in ranges:  # both cases of a letter: one comparison
-            ranges = [r for r in ranges if r not in ((ord("A"), ord("Z")), (ord("a"), ord("z")))]
-            np.bitwise_or(data, np.uint8(0x20), out=scratch)
-            scratch -= np.uint8(ord("a"))
-            np.less(scratch, np.uint8(26), out=mask)
-        for low, high in ranges:
-            if low == high:
-                np.equal(data, np.uint8(low), out=hit)
-            else:
-                np.subtract(data, np.uint8(low), out=scratch)
-                np.less_equal(scratch, np.uint8(high - low), out=hit)
-            mask |= hit
-        if not self.ascii:
-            for positions, width in self._occurrences([c for c in chars if ord(c) >= 0x80]):
-                for k in range(width if whole else 1):
-                    mask[positions + k] = True
-        return mask
+    def __getitem__(self, field: str) -> np.ndarray:
+        return self.counts[:, _PROFILE_FIELD[field]]
 
-    def first_bytes_of_texts(self, mask: np.ndarray, value: np.ndarray) -> None:
-        """Sets ``mask`` at each non-empty text's first byte to ``value`` there (to undo a shift across texts)."""
-        mask[self.nonempty_starts] = value[self.nonempty_starts]
+    def kept(self, keep: np.ndarray) -> _Profile:
+        return _Profile(self.counts[keep])
+
+
+def _scan_profile(texts: pa.Array) -> _Profile:
+    data, bounds = _bytes_of(texts)
+    counts = np.empty((len(texts), len(_PROFILE_FIELD)), dtype=np.int64)
+    common = tuple(sorted(word.encode() for word in COMMON_ENGLISH_WORDS))
+    ellipsis = tuple(mark.encode() for mark in ELLIPSIS_MARKS)
+    _text_scan.profile(data, bounds, _classes(), _is_alphabetic, _SYMBOL_WORDS, common, ellipsis, counts)
+    return _Profile(counts)
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """Each text cut at a separator: per text, how many pieces and characters, and how many of them are distinct."""
+
+    counts: np.ndarray
+    """Per text: pieces, distinct pieces, characters in the pieces, characters in the distinct ones."""
+
+    def share(self, by_chars: bool) -> np.ndarray:
+        """Distinct pieces (or their characters) over all of them; 0 where there are none."""
+        column = 2 if by_chars else 0
+        return _divide(self.counts[:, column + 1], self.counts[:, column], 0.0)
+
+    def kept(self, keep: np.ndarray) -> _Pieces:
+        return _Pieces(self.counts[keep])
+
+
+def _count_pieces(texts: pa.Array, newlines: int, skip_blank: bool) -> _Pieces:
+    data, bounds = _bytes_of(texts)
+    counts = np.empty((len(texts), 4), dtype=np.int64)
+    _text_scan.pieces(data, bounds, _classes(), newlines, skip_blank, counts)
+    return _Pieces(counts)
 
 
 @dataclass
 class _Batch:
     """A batch of texts and what filters derived from it, kept for the next filter while the batch is the same: a
-    stage that removes nothing passes its table on unchanged, and word splits, character classes and line counts are
-    shared by several filters. Word splits and line and paragraph counts also outlive a stage that removes texts
-    (``carry_analyses``). The batch is held so that its buffers' addresses, the key, stay its own."""
+    stage that removes nothing passes its table on unchanged, and one scan serves many filters. What was derived also
+    outlives a stage that removes texts, cut down to the kept ones (``carry_analyses``). The batch is held so that its
+    buffers' addresses, the key, stay its own."""
 
     key: tuple
     texts: pa.Array
@@ -258,15 +233,6 @@ def _key(texts: pa.Array) -> tuple:
     return (texts.type, texts.offset, len(texts), *(0 if b is None else b.address for b in texts.buffers()))
 
 
-@dataclass(frozen=True)
-class _Cut:
-    """An analysis of an earlier batch, cut down to its ``keep`` rows when a filter first asks for it: stages that
-    remove texts one after another compose their ``keep``s, and only what is used is cut, once."""
-
-    value: Any
-    keep: np.ndarray
-
-
 def _derived(texts: pa.Array, name: object, compute: Callable[[pa.Array], Any]) -> Any:
     """``compute(texts)``, or what it gave for the same batch (the same buffers, offset and length) just before."""
     texts = _as_utf8(texts)
@@ -277,219 +243,43 @@ def _derived(texts: pa.Array, name: object, compute: Callable[[pa.Array], Any]) 
     value = batch.derived.get(name)
     if value is None:
         value = batch.derived[name] = compute(texts)
-    elif isinstance(value, _Cut):
-        value = batch.derived[name] = value.value.kept(value.keep, batch.derived["utf8"])
     return value
 
 
 def carry_analyses(texts: pa.Array, keep: np.ndarray, kept: pa.Array) -> None:
-    """Tells the filters that a stage kept the ``keep`` rows of the batch ``texts`` as the batch ``kept``: the word split
-    (its whitespace and word-start masks, copied run by run of kept texts, several times cheaper than splitting again),
-    the line ends and the line and paragraph counts are cut down to the kept rows when next asked for. The rest is
-    dropped: word positions and line splits cost about as much to cut down as to make again."""
+    """Tells the filters that a stage kept the ``keep`` rows of the batch ``texts`` as the batch ``kept``: what they
+    derived from ``texts`` (per-text counts) is cut down to the kept rows instead of scanning the kept texts again."""
     batch = getattr(_LAST_BATCH, "batch", None)
     if batch is None or batch.key != _key(_as_utf8(texts)):
         return
-    kept = _as_utf8(kept)
     keep = np.asarray(keep, dtype=bool)
-    carried: dict[object, Any] = {"utf8": _Utf8(kept)}
-    for name, value in batch.derived.items():
-        if isinstance(value, _Cut):
-            composed = value.keep.copy()
-            composed[composed] = keep
-            carried[name] = _Cut(value.value, composed)
-        elif isinstance(value, (_Words, _LineEnds, _Pieces)):
-            carried[name] = _Cut(value, keep)
-    _LAST_BATCH.batch = _Batch(_key(kept), kept, carried)
+    kept = _as_utf8(kept)
+    _LAST_BATCH.batch = _Batch(_key(kept), kept, {name: value.kept(keep) for name, value in batch.derived.items()})
 
 
-def _utf8(texts: pa.Array) -> _Utf8:
-    return _derived(texts, "utf8", _Utf8)
+def _profile(texts: pa.Array) -> _Profile:
+    return _derived(texts, "profile", _scan_profile)
 
 
-def _words(texts: pa.Array) -> _Words:
-    return _derived(texts, "words", lambda t: _Words(_utf8(t)))
+def _pieces(texts: pa.Array, newlines: int, skip_blank: bool) -> _Pieces:
+    return _derived(texts, ("pieces", newlines, skip_blank), lambda t: _count_pieces(t, newlines, skip_blank))
 
 
-def _payload(continuation: bytes) -> int:
-    """The 6 bits each continuation byte of a UTF-8 character carries, in order."""
-    value = 0
-    for byte in continuation:
-        value = value << 6 | byte & 0x3F
-    return value
+def _lines(texts: pa.Array) -> _Pieces:
+    """Non-blank ``\\n``-separated lines."""
+    return _pieces(texts, 1, skip_blank=True)
 
 
-def _ranges(codes: list[int]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for code in codes:
-        if out and out[-1][1] == code - 1:
-            out[-1] = (out[-1][0], code)
-        else:
-            out.append((code, code))
-    return out
+def _paragraphs(texts: pa.Array) -> _Pieces:
+    """``\\n\\n``-separated paragraphs, blank ones too."""
+    return _pieces(texts, 2, skip_blank=False)
 
 
-class _Words:
-    """The whitespace-separated words of a batch: how many each text has, where each starts and ends, their bytes."""
-
-    def __init__(self, u: _Utf8) -> None:
-        self.u = u
-        self.space = u.char_mask(WHITESPACE, whole=True)
-        self.starts_mask = np.empty(len(self.space), dtype=bool)
-        if len(self.space):
-            self.starts_mask[0] = not self.space[0]
-            np.greater(self.space[:-1], self.space[1:], out=self.starts_mask[1:])
-            u.first_bytes_of_texts(self.starts_mask, ~self.space)
-        self.counts = u.sum_per_text(self.starts_mask)
-
-    def kept(self, keep: np.ndarray, after: _Utf8) -> _Words:
-        """The words of the ``keep`` texts, as ``_Words(after)`` finds them in ``after``, their bytes."""
-        edges = np.diff(np.concatenate(([0], keep.view(np.int8), [0])))
-        bounds = self.u.bounds
-        runs = list(zip(bounds[np.flatnonzero(edges == 1)].tolist(), bounds[np.flatnonzero(edges == -1)].tolist()))
-        def cut(values: np.ndarray) -> np.ndarray:
-            return np.concatenate([values[start:end] for start, end in runs] or [values[:0]])
-
-        words = _Words.__new__(_Words)
-        words.u = after
-        words.space, words.starts_mask = cut(self.space), cut(self.starts_mask)
-        words.counts = self.counts[keep]
-        return words
-
-    @cached_property
-    def starts(self) -> np.ndarray:
-        """Byte position of every word's first byte, in order."""
-        return np.flatnonzero(self.starts_mask)
-
-    @cached_property
-    def ends(self) -> np.ndarray:
-        """Byte position of every word's last byte, in order."""
-        ends = np.empty(len(self.space), dtype=bool)
-        if len(self.space):
-            np.greater(self.space[1:], self.space[:-1], out=ends[:-1])
-            ends[-1] = not self.space[-1]
-            last = self.u.bounds[1:][self.u.bounds[:-1] < self.u.bounds[1:]] - 1
-            ends[last] = ~self.space[last]
-        return np.flatnonzero(ends)
-
-    @cached_property
-    def byte_lengths(self) -> np.ndarray:
-        """UTF-8 bytes in each word."""
-        return self.ends - self.starts + 1
-
-    def per_word(self, mask: np.ndarray) -> np.ndarray:
-        """How many bytes ``mask`` marks in each word (``mask`` marks no whitespace)."""
-        if np.count_nonzero(mask) * _SPARSE_MARKS < len(mask):
-            word = np.searchsorted(self.starts, np.flatnonzero(mask), side="right") - 1
-            return np.bincount(word, minlength=len(self.starts))
-        before = np.cumsum(mask, dtype=np.int64 if len(mask) >= 2**31 else np.int32)
-        return before[self.ends] - before[self.starts] + mask[self.starts]
-
-    def nonspace_chars(self) -> np.ndarray:
-        """Marks the first byte of every character that is not whitespace."""
-        nonspace = ~self.space
-        if not self.u.ascii:
-            nonspace &= (self.u.data & 0xC0) != 0x80
-        return nonspace
-
-    def char_lengths(self) -> np.ndarray:
-        """Characters in each word."""
-        if self.u.ascii:
-            return self.byte_lengths
-        return self.byte_lengths - self.per_word(((self.u.data & 0xC0) == 0x80) & ~self.space)
-
-    def per_text(self, values: np.ndarray, reduce: np.ufunc, empty: float) -> np.ndarray:
-        """``reduce`` of each text's word values; ``empty`` for a text without words."""
-        out = np.full(len(self.counts), empty, dtype=np.result_type(values.dtype, type(empty)))
-        has = self.counts > 0
-        if has.any():
-            first = np.concatenate(([0], np.cumsum(self.counts)[:-1]))
-            out[has] = reduce.reduceat(values, first[has])
-        return out
-
-    @cached_property
-    def breaks(self) -> np.ndarray:
-        """Whether a word cannot go on at each byte position (one past the end too): whitespace or a text's start."""
-        breaks = np.ones(len(self.space) + 1, dtype=bool)
-        breaks[:-1] = self.space
-        breaks[self.u.bounds] = True
-        return breaks
-
-    def all_unmarked(self, marked: np.ndarray) -> np.ndarray:
-        """Start positions of the words none of whose bytes ``marked`` marks. Only words that begin unmarked are
-        candidates; they are walked a byte at a time, all together, until a break (no mark: found) or a mark (not),
-        and the few still undecided after ``_LONGEST_WALK`` bytes are checked whole, one by one."""
-        positions = np.flatnonzero(self.starts_mask & ~marked)
-        found = [np.zeros(0, dtype=np.int64)]
-        offset = 1
-        while len(positions) and offset <= _LONGEST_WALK:
-            at = positions + offset
-            ended = self.breaks[at]
-            found.append(positions[ended])
-            positions = positions[~ended & ~marked[np.minimum(at, len(marked) - 1)]]
-            offset += 1
-        if len(positions):
-            ends = self.ends[np.searchsorted(self.starts, positions)]
-            found.append(np.array([s for s, e in zip(positions.tolist(), ends.tolist()) if not marked[s : e + 1].any()], dtype=np.int64))
-        return np.concatenate(found)
-
-    def one_of(self, options: tuple[str, ...] | frozenset[str]) -> np.ndarray:
-        """Start positions of the words that are exactly one of ``options`` (each at most 8 UTF-8 bytes, no whitespace)."""
-        data, starts = self.u.data, self.starts
-        encoded = [option.encode() for option in options]
-        firsts = np.zeros(256, dtype=bool)
-        firsts[[e[0] for e in encoded]] = True
-        index = np.flatnonzero(firsts[data[starts]])
-        candidates = starts[index]
-        following = np.where(index + 1 < len(starts), starts[np.minimum(index + 1, len(starts) - 1)], len(data))
-        windows = _windows(data, candidates)
-        found = []
-        for e in encoded:
-            hit = (windows & np.uint64((1 << 8 * len(e)) - 1)) == np.uint64(int.from_bytes(e, "little"))
-            after = candidates[hit] + len(e)
-            # the bytes match and a break follows; a word start in between would mean they ran on into the next text
-            found.append(candidates[hit][self.breaks[after] & (following[hit] >= after)])
-        return np.concatenate(found)
-
-
-def _windows(data: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """The 8 bytes from each position as a little-endian integer (zero bytes past the end of ``data``)."""
-    out = np.zeros(len(positions), dtype=np.uint64)
-    inside = positions <= len(data) - 8
-    if len(data) >= 8:
-        out[inside] = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))[positions[inside]]
-    for i in np.flatnonzero(~inside):
-        out[i] = int.from_bytes(data[positions[i] :].tobytes(), "little")
-    return out
-
-
-def _divide(numerator: np.ndarray, denominator: np.ndarray, empty: float) -> np.ndarray:
-    """``numerator / denominator``, and ``empty`` where the denominator is 0."""
-    out = np.full(len(denominator), empty, dtype=np.float64)
-    np.divide(numerator, denominator, out=out, where=denominator > 0)
-    return out
-
-
-def _char_ratio(texts: pa.Array, chars: str) -> pa.Array:
-    """The share of each text's characters that are in ``chars`` (1.0 for an empty text, as NeMo)."""
-    u = _utf8(texts)
-    return u.finish(_divide(u.sum_per_text(u.char_mask(chars)), u.char_counts, 1.0))
-
-
-def _blank(texts: pa.Array) -> np.ndarray:
-    """Whether each text is empty or only whitespace (Arrow's ``utf8_is_space`` is ``str.isspace``); true for nulls."""
-    space = pc.or_kleene(pc.utf8_is_space(texts), pc.equal(pc.binary_length(texts), 0))
-    return np.asarray(pc.fill_null(space, True), dtype=bool)
-
-
-def _split_texts(texts: pa.Array, separator: str) -> tuple[pa.Array, np.ndarray]:
-    """The pieces of the texts between ``separator``s (a null text is one empty piece) and the index of each one's text."""
-    pieces = pc.split_pattern(pc.fill_null(texts, "") if texts.null_count else texts, separator)
-    return pc.list_flatten(pieces), np.asarray(pc.list_parent_indices(pieces), dtype=np.int64)
-
-
-def _split(texts: pa.Array, separator: str) -> tuple[pa.Array, np.ndarray]:
-    return _derived(texts, ("split", separator), lambda t: _split_texts(t, separator))
+def _ratio(texts: pa.Array, counted: str | np.ndarray, total: str, empty: float) -> pa.Array:
+    """Each text's ``counted`` (a profile field, or counts) over its ``total``; ``empty`` where the total is 0."""
+    profile = _profile(texts)
+    numerator = profile[counted] if isinstance(counted, str) else counted
+    return _finish(_divide(numerator, profile[total], empty), texts)
 
 
 def _matching(texts: pa.Array, *patterns: str) -> np.ndarray:
@@ -499,100 +289,6 @@ def _matching(texts: pa.Array, *patterns: str) -> np.ndarray:
         found |= np.asarray(pc.fill_null(pc.match_substring_regex(texts, pattern), False), dtype=bool)
     return np.flatnonzero(found)
 
-
-def _holding(texts: pa.Array, chars: str) -> np.ndarray:
-    """Indices of the texts that hold any of the non-ASCII ``chars``, found in the batch's bytes (an RE2 class of
-    multi-byte characters scans about five times slower)."""
-    u = _utf8(texts)
-    if u.ascii:
-        return np.zeros(0, dtype=np.int64)
-    return np.flatnonzero(u.count_positions(np.concatenate([positions for positions, _ in u._occurrences(list(chars))])))
-
-
-def _line_ratio(texts: pa.Array, pattern: str, chosen: np.ndarray) -> pa.Array:
-    """The share of each text's non-blank lines that match ``pattern`` (1.0 without lines). The pattern needs a
-    character other than whitespace and allows for the whitespace around a line's text (``_WS``), so that lines need no
-    stripping. Only the ``chosen`` texts (indices) are split into lines; the others have no such line."""
-    texts = _as_utf8(texts)
-    has_text = ~_blank(texts)
-    scores = np.where(has_text, 0.0, 1.0)
-    if len(chosen):
-        some = texts if len(chosen) == len(texts) else texts.take(pa.array(chosen))
-        # a subset is split uncached: caching it would push the whole batch, which the next filter reads, out of the cache
-        lines, parents = _split(some, "\n") if some is texts else _split_texts(some, "\n")
-        counts = np.bincount(parents[~_blank(lines)], minlength=len(some))
-        hits = np.bincount(parents[np.asarray(pc.match_substring_regex(lines, pattern), dtype=bool)], minlength=len(some))
-        scores[chosen] = _divide(hits, counts, 1.0)
-    return _finish(scores, texts)
-
-
-@dataclass(frozen=True)
-class _LineEnds:
-    """Where each non-blank line of a batch's texts ends: the position of its last byte that is not whitespace, and
-    the index of its text, in order. A line is a ``\\n``-separated piece of a text; blank means only whitespace."""
-
-    first: np.ndarray
-    """Position of each line's first byte (whitespace or not)."""
-    last: np.ndarray
-    text: np.ndarray
-
-    before: _Utf8
-    """The texts' bytes."""
-
-    def kept(self, keep: np.ndarray, after: _Utf8) -> _LineEnds:
-        """The lines of the ``keep`` texts, at their positions in ``after``, the kept texts' bytes."""
-        mine = keep[self.text]
-        text = (np.cumsum(keep) - 1)[self.text[mine]]
-        shift = self.before.bounds[self.text[mine]] - after.bounds[text]
-        return _LineEnds(self.first[mine] - shift, self.last[mine] - shift, text, after)
-
-    def ending_with(self, data: np.ndarray, mark: bytes) -> np.ndarray:
-        """Indices of the lines whose text (without the whitespace around it) ends with ``mark``; its ASCII letters
-        match either case (``str.lower`` turns nothing else into an ASCII letter but ``İ``, into ``i`` and a combining
-        mark, and the Kelvin sign, into ``k``; no mark here ends in the one or holds the other)."""
-        lines = np.flatnonzero(self.last - self.first + 1 >= len(mark))
-        for back, byte in enumerate(reversed(mark)):
-            found = data[self.last[lines] - back]
-            if chr(byte).isascii() and chr(byte).isalpha():
-                found = found | np.uint8(0x20)
-            lines = lines[found == byte]
-        return lines
-
-
-def _line_ends(texts: pa.Array) -> _LineEnds:
-    return _derived(texts, "line ends", _find_line_ends)
-
-
-def _find_line_ends(texts: pa.Array) -> _LineEnds:
-    """Lines end at each newline and at each text's end; from each end, step back over the whitespace (``_Words``'
-    mask, so the same set ``str.strip`` removes) until a byte that is not whitespace, or the line's start (blank)."""
-    words = _words(texts)
-    u, space = words.u, words.space
-    newlines = np.flatnonzero(u.data == ord("\n"))
-    text_ends = u.bounds[1:]
-    # merged in order of position; a text ending at position v comes before a newline at v (the next text's first byte)
-    at_newline = np.arange(len(newlines)) + np.searchsorted(text_ends, newlines, side="right")
-    at_text_end = np.arange(len(u)) + np.searchsorted(newlines, text_ends, side="left")
-    ends = np.empty(len(newlines) + len(u), dtype=np.int64)
-    ends[at_newline], ends[at_text_end] = newlines, text_ends
-    text = np.empty(len(ends), dtype=np.int64)
-    text[at_newline], text[at_text_end] = np.searchsorted(u.bounds, newlines, side="right") - 1, np.arange(len(u))
-    after_newline = np.zeros(len(ends), dtype=bool)
-    after_newline[at_newline] = True
-    starts = np.concatenate(([0], ends[:-1] + after_newline[:-1]))
-    last = ends - 1
-    walking = np.flatnonzero(last >= starts)
-    for _ in range(_LONGEST_WALK):
-        walking = walking[space[last[walking]]]
-        if not len(walking):
-            break
-        last[walking] -= 1
-        walking = walking[last[walking] >= starts[walking]]
-    for line in walking.tolist():  # lines still in whitespace after _LONGEST_WALK bytes: found one by one
-        solid = np.flatnonzero(~space[starts[line] : last[line] + 1])
-        last[line] = starts[line] + solid[-1] if len(solid) else starts[line] - 1
-    nonblank = last >= starts
-    return _LineEnds(starts[nonblank], last[nonblank], text[nonblank], u)
 
 
 def _per_text(texts: pa.Array, score: Callable[[str], float], integers: bool = False) -> pa.Array:
@@ -617,8 +313,7 @@ class WordCountFilter(DocumentFilter):
             raise ValueError(f"filter.max_words must be >= min_words ({self.min_words}), got {self.max_words}")
 
     def score(self, texts: pa.Array) -> pa.Array:
-        words = _words(texts)
-        return words.u.finish(words.counts)
+        return _finish(_profile(texts)["words"], texts)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, self.min_words, self.max_words)
@@ -664,9 +359,7 @@ class MeanWordLengthFilter(DocumentFilter):
             )
 
     def score(self, texts: pa.Array) -> pa.Array:
-        words = _words(texts)
-        u = words.u
-        return u.finish(_divide(u.sum_per_text(words.nonspace_chars()), words.counts, 0.0))
+        return _ratio(texts, "nonspace_chars", "words", 0.0)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, self.min_mean_word_length, self.max_mean_word_length)
@@ -684,9 +377,8 @@ class NonAlphaNumericFilter(DocumentFilter):
         _ratio_check("max_non_alpha_numeric_to_text_ratio", self.max_non_alpha_numeric_to_text_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        u = _utf8(texts)
-        chars = u.char_counts
-        return u.finish(_divide(chars - u.sum_per_text(u.char_mask(_ALPHANUMERIC)), chars, 1.0))
+        profile = _profile(texts)
+        return _ratio(texts, profile["chars"] - profile["alphanumeric_chars"], "chars", 1.0)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_non_alpha_numeric_to_text_ratio)
@@ -705,18 +397,7 @@ class SymbolsToWordsFilter(DocumentFilter):
         _ratio_check("max_symbol_to_word_ratio", self.max_symbol_to_word_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        words = _words(texts)
-        u = words.u
-        symbols = [words.one_of(tuple(mark for mark in ELLIPSIS_MARKS if not any(c in WHITESPACE for c in mark)))]
-        hashes = np.flatnonzero(u.data == ord("#"))
-        if len(hashes):
-            starts = words.starts
-            with_hash = np.unique(np.searchsorted(starts, hashes, side="right") - 1)
-            for start, limit in zip(starts[with_hash].tolist(), np.append(starts, len(u.data))[with_hash + 1].tolist()):
-                word = u.data[start : min(limit, u.text_end(start))].tobytes().decode().split(maxsplit=1)[0]
-                if 2 * len(_HASH_RUNS.findall(word)) > len(word):
-                    symbols.append(np.array([start]))
-        return u.finish(_divide(u.count_positions(np.concatenate(symbols)), words.counts, 1.0))
+        return _ratio(texts, "symbol_words", "words", 1.0)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_symbol_to_word_ratio)
@@ -734,7 +415,7 @@ class NumbersFilter(DocumentFilter):
         _ratio_check("max_number_to_text_ratio", self.max_number_to_text_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        return _char_ratio(texts, _DIGITS)
+        return _ratio(texts, "digits", "chars", 1.0)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_number_to_text_ratio)
@@ -752,10 +433,7 @@ class UrlsFilter(DocumentFilter):
         _ratio_check("max_url_to_text_ratio", self.max_url_to_text_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        u = _utf8(texts)
-        chars = u.char_counts
-        rest = np.asarray(pc.fill_null(pc.utf8_length(pc.replace_substring_regex(u.texts, URL_PATTERN, "")), 0), dtype=np.int64)
-        return u.finish(_divide(chars - rest, chars, 1.0))
+        return _ratio(texts, "url_chars", "chars", 1.0)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_url_to_text_ratio)
@@ -773,7 +451,7 @@ class BulletsFilter(DocumentFilter):
         _ratio_check("max_bullet_lines_ratio", self.max_bullet_lines_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        return _line_ratio(texts, f"^{_WS}*[{BULLETS}]", _holding(texts, BULLETS))
+        return _ratio(texts, "bullet_lines", "lines", 1.0)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_bullet_lines_ratio)
@@ -791,7 +469,7 @@ class WhiteSpaceFilter(DocumentFilter):
         _ratio_check("max_white_space_ratio", self.max_white_space_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        return _char_ratio(texts, _SPACE_CHARS)
+        return _ratio(texts, "layout_chars", "chars", 1.0)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_white_space_ratio)
@@ -809,7 +487,7 @@ class ParenthesesFilter(DocumentFilter):
         _ratio_check("max_parentheses_ratio", self.max_parentheses_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        return _char_ratio(texts, _PARENTHESES)
+        return _ratio(texts, "brackets", "chars", 1.0)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_parentheses_ratio)
@@ -827,9 +505,7 @@ class LongWordFilter(DocumentFilter):
         _at_least("max_word_length", self.max_word_length, 0)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        words = _words(texts)
-        u = words.u
-        return u.finish(words.per_text(words.char_lengths(), np.maximum, 0))
+        return _finish(_profile(texts)["longest_word"], texts)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_word_length)
@@ -885,41 +561,6 @@ def _inner_count(flags: np.ndarray) -> int:
     return int(np.count_nonzero(flags[first:last]))
 
 
-@dataclass(frozen=True)
-class _Pieces:
-    """Each text cut at a separator: per text, how many pieces and characters, and how many of them are distinct."""
-
-    total: np.ndarray
-    distinct: np.ndarray
-    total_chars: np.ndarray
-    distinct_chars: np.ndarray
-
-    def kept(self, keep: np.ndarray, after: _Utf8) -> _Pieces:
-        """The counts of the ``keep`` texts."""
-        return _Pieces(self.total[keep], self.distinct[keep], self.total_chars[keep], self.distinct_chars[keep])
-
-
-def _pieces(texts: pa.Array, separator: str, skip_blank: bool) -> _Pieces:
-    return _derived(texts, ("pieces", separator, skip_blank), lambda t: _count_pieces(t, separator, skip_blank))
-
-
-def _count_pieces(texts: pa.Array, separator: str, skip_blank: bool) -> _Pieces:
-    """The pieces of each text between ``separator``s (blank ones left out with ``skip_blank``, blank meaning only
-    Python's whitespace), counted in one pass over the batch: a piece's identity is its dictionary code, so a text's
-    distinct pieces are its distinct (text, code) pairs."""
-    pieces, parents = _split(texts, separator)
-    encoded = pc.dictionary_encode(pieces)
-    codes = np.asarray(encoded.indices, dtype=np.int64)
-    if skip_blank:
-        nonblank = ~_blank(encoded.dictionary)[codes]
-        codes, parents = codes[nonblank], parents[nonblank]
-    _, first = np.unique(parents * (int(codes.max()) + 1 if len(codes) else 1) + codes, return_index=True)
-    chars = np.asarray(pc.utf8_length(encoded.dictionary), dtype=np.int64)[codes]
-    n = len(texts)
-    return _Pieces(np.bincount(parents, minlength=n), np.bincount(parents[first], minlength=n),
-                   np.bincount(parents, weights=chars, minlength=n), np.bincount(parents[first], weights=chars[first], minlength=n))
-
-
 @DocumentFilter.register_subclass("repeated_lines")
 @dataclass(frozen=True)
 class RepeatedLinesFilter(DocumentFilter):
@@ -932,8 +573,7 @@ class RepeatedLinesFilter(DocumentFilter):
         _ratio_check("max_repeated_line_fraction", self.max_repeated_line_fraction)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        lines = _pieces(texts, "\n", skip_blank=True)
-        return _finish(_divide(lines.distinct, lines.total, 0.0), _as_utf8(texts))
+        return _finish(_lines(texts).share(by_chars=False), texts)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, self.max_repeated_line_fraction, None)
@@ -951,8 +591,7 @@ class RepeatedParagraphsFilter(DocumentFilter):
         _ratio_check("max_repeated_paragraphs_ratio", self.max_repeated_paragraphs_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        paragraphs = _pieces(texts, "\n\n", skip_blank=False)
-        return _finish(_divide(paragraphs.distinct, paragraphs.total, 0.0), _as_utf8(texts))
+        return _finish(_paragraphs(texts).share(by_chars=False), texts)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, self.max_repeated_paragraphs_ratio, None)
@@ -971,8 +610,7 @@ class RepeatedLinesByCharFilter(DocumentFilter):
         _ratio_check("max_repeated_lines_char_ratio", self.max_repeated_lines_char_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        lines = _pieces(texts, "\n", skip_blank=True)
-        return _finish(_divide(lines.distinct_chars, lines.total_chars, 0.0), _as_utf8(texts))
+        return _finish(_lines(texts).share(by_chars=True), texts)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, self.max_repeated_lines_char_ratio, None)
@@ -991,8 +629,7 @@ class RepeatedParagraphsByCharFilter(DocumentFilter):
         _ratio_check("max_repeated_paragraphs_char_ratio", self.max_repeated_paragraphs_char_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        paragraphs = _pieces(texts, "\n\n", skip_blank=False)
-        return _finish(_divide(paragraphs.distinct_chars, paragraphs.total_chars, 0.0), _as_utf8(texts))
+        return _finish(_paragraphs(texts).share(by_chars=True), texts)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, self.max_repeated_paragraphs_char_ratio, None)
@@ -1096,11 +733,7 @@ class PunctuationFilter(DocumentFilter):
         _ratio_check("max_num_sentences_without_endmark_ratio", self.max_num_sentences_without_endmark_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        lines = _line_ends(texts)
-        u = _utf8(texts)
-        counts = np.bincount(lines.text, minlength=len(u))
-        hits = np.bincount(lines.text[~_END_MARK_BYTES[u.data[lines.last]]], minlength=len(u))
-        return u.finish(_divide(hits, counts, 1.0))
+        return _ratio(texts, "lines_without_end_mark", "lines", 1.0)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_num_sentences_without_endmark_ratio)
@@ -1119,13 +752,7 @@ class EllipsisFilter(DocumentFilter):
         _ratio_check("max_num_lines_ending_with_ellipsis_ratio", self.max_num_lines_ending_with_ellipsis_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        lines = _line_ends(texts)
-        u = _utf8(texts)
-        ending = np.zeros(len(lines.text), dtype=bool)
-        for mark in ELLIPSIS_MARKS:
-            ending[lines.ending_with(u.data, mark.encode())] = True
-        counts = np.bincount(lines.text, minlength=len(u))
-        return u.finish(_divide(np.bincount(lines.text[ending], minlength=len(u)), counts, 1.0))
+        return _ratio(texts, "ellipsis_lines", "lines", 1.0)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, None, self.max_num_lines_ending_with_ellipsis_ratio)
@@ -1147,30 +774,11 @@ class CommonEnglishWordsFilter(DocumentFilter):
         _at_least("min_num_common_words", self.min_num_common_words, 0)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        enough = self.min_num_common_words if self.stop_at_false else None
-        return _per_text(texts, lambda text: _count_common_words(text, enough), integers=True)
+        common = _profile(texts)["common_words"]
+        return _finish(np.minimum(common, self.min_num_common_words) if self.stop_at_false else common, texts)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, self.min_num_common_words, None)
-
-
-def _count_common_words(text: str, enough: int | None) -> int:
-    """Common English words in ``text``, counting no further than ``enough``: the words are split off a growing
-    chunk at a time, so that a text that has enough early is not split whole."""
-    if enough is None:
-        return sum(map(COMMON_ENGLISH_WORDS.__contains__, text.split()))
-    count, chunk = 0, _FIRST_WORDS
-    while text and count < enough:
-        words = text.split(maxsplit=chunk)
-        text = words.pop() if len(words) > chunk else ""
-        count += sum(map(COMMON_ENGLISH_WORDS.__contains__, words))
-        chunk *= 2
-    return min(count, enough)
-
-
-def _is_alphabetic(code: int) -> bool:
-    char = chr(code)
-    return char.isalpha() or unicodedata.category(char) == "Nl" or any(low <= code <= high for low, high in _CIRCLED_LETTERS)
 
 
 @DocumentFilter.register_subclass("words_without_alphabets")
@@ -1186,35 +794,10 @@ class WordsWithoutAlphabetsFilter(DocumentFilter):
         _ratio_check("min_words_with_alphabets", self.min_words_with_alphabets)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        words = _words(texts)
-        u = words.u
-        alphabetic = ((u.data | np.uint8(0x20)) - np.uint8(ord("a"))) < np.uint8(26)
-        if not u.ascii:
-            leads = np.flatnonzero(u.data >= 0xC0)
-            codes = _decode(u.data, leads)
-            table = np.zeros(0x110000, dtype=bool)
-            table[codes] = True
-            distinct = np.flatnonzero(table)
-            table[distinct] = [_is_alphabetic(code) for code in distinct.tolist()]
-            alphabetic[leads] = table[codes]
-        return u.finish(_divide(words.counts - u.count_positions(words.all_unmarked(alphabetic)), words.counts, 0.0))
+        return _ratio(texts, "words_with_letters", "words", 0.0)
 
     def keep(self, scores: pa.Array) -> np.ndarray:
         return bounds_keep(scores, self.min_words_with_alphabets, None)
-
-
-def _decode(data: np.ndarray, leads: np.ndarray) -> np.ndarray:
-    """The code points of the multi-byte characters that start at ``leads``."""
-    first = data[leads]
-    codes = np.empty(len(leads), dtype=np.int64)
-    for width, low, high in ((2, 0xC0, 0xE0), (3, 0xE0, 0xF0), (4, 0xF0, 0x100)):
-        chosen = np.flatnonzero((first >= low) & (first < high))
-        at = leads[chosen]
-        value = (data[at] & (0x7F >> width)).astype(np.int64)
-        for k in range(1, width):
-            value = value << 6 | (data[at + k] & 0x3F)
-        codes[chosen] = value
-    return codes
 
 
 @DocumentFilter.register_subclass("pornographic_urls")
