@@ -13,6 +13,7 @@ import draccus
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import zstandard
 from hypothesis import given, settings
@@ -415,6 +416,26 @@ def test_byte_level_scores_equal_the_plain_python_definitions():
         for i, text in enumerate(texts):
             expected = {name: None for name in names} if text is None else _python_scores(text)
             assert {name: got[name][i] for name in names} == expected, repr(text[:80] if text else text)
+
+
+def test_invalid_utf8_from_a_parquet_shard_scores_as_replacement_characters(tmp_path):
+    """Arrow does not check that a Parquet shard's strings are UTF-8. A byte that cannot start a UTF-8 sequence, or a
+    sequence cut short by the text's end, scores as one U+FFFD (Python's ``errors="replace"``), and no text is read
+    past its end."""
+    raw = [b"a \xff\xfe word\n\xe2- \xe2\x80x", b"#\xff# http://a.b/\xfe.", b"tail cut short \xe2", b"\xf0\x9f\x98"]
+    offsets = np.cumsum([0, *map(len, raw)]).astype(np.int32)
+    texts = pa.Array.from_buffers(pa.string(), len(raw), [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(raw))])
+    pq.write_table(pa.table({"text": texts}), tmp_path / "bad.parquet")
+    read = pq.read_table(tmp_path / "bad.parquet").column("text")
+    names = list(_python_scores("").keys())
+    filters = {f.name: f for f in every_filter()}
+    repetition = [RepeatedLinesFilter(), RepeatedLinesByCharFilter(), RepeatedParagraphsFilter(), RepeatedParagraphsByCharFilter()]
+    got = {name: filters[name].score(read).to_pylist() for name in names}
+    got_repetition = [f.score(read).to_pylist() for f in repetition]
+    for i, text in enumerate(raw):
+        replaced = text.decode("utf-8", "replace")
+        assert {name: got[name][i] for name in names} == _python_scores(replaced), text
+        assert tuple(g[i] for g in got_repetition) == _python_repetition(replaced), text
 
 
 _PIECES = ["a", "Z", "é", "\u65e5", "\U0001F170", "\U0001F600", "1", "#", ".", "!", "'", "-", "\u00bb", "\u2026", "[", "]", "(", ")",

@@ -99,14 +99,31 @@ static int ends_with_one_of(const Strings *marks, const uint8_t *data, Py_ssize_
     return 0;
 }
 
-/* The code point at p and its width in bytes (the texts are valid UTF-8). */
-static inline uint32_t decode(const uint8_t *p, int *width) {
+#define REPLACEMENT 0xFFFD
+
+/* The code point at p, before end, and its width in bytes. Arrow does not check that a Parquet shard's strings are
+   UTF-8; what is not valid UTF-8 reads as Python's errors="replace" reads it: the longest start of a valid sequence
+   (a lone byte at least) is one character, U+FFFD. */
+static inline uint32_t decode(const uint8_t *p, const uint8_t *end, int *width) {
     uint8_t b = p[0];
-    if (b < 0x80) { *width = 1; return b; }
-    if (b < 0xE0) { *width = 2; return (uint32_t)(b & 0x1F) << 6 | (p[1] & 0x3F); }
-    if (b < 0xF0) { *width = 3; return (uint32_t)(b & 0x0F) << 12 | (uint32_t)(p[1] & 0x3F) << 6 | (p[2] & 0x3F); }
-    *width = 4;
-    return (uint32_t)(b & 0x07) << 18 | (uint32_t)(p[1] & 0x3F) << 12 | (uint32_t)(p[2] & 0x3F) << 6 | (p[3] & 0x3F);
+    *width = 1;
+    if (b < 0x80) return b;
+    int need;
+    uint8_t low = 0x80, high = 0xBF; /* the second byte's range, which rules out overlong forms and surrogates */
+    if (b >= 0xC2 && b <= 0xDF) need = 2;
+    else if (b >= 0xE0 && b <= 0xEF) need = 3, low = b == 0xE0 ? 0xA0 : 0x80, high = b == 0xED ? 0x9F : 0xBF;
+    else if (b >= 0xF0 && b <= 0xF4) need = 4, low = b == 0xF0 ? 0x90 : 0x80, high = b == 0xF4 ? 0x8F : 0xBF;
+    else return REPLACEMENT;
+    uint32_t code = b & (0x7F >> need);
+    for (int k = 1; k < need; k++) {
+        if (p + k >= end || p[k] < (k == 1 ? low : 0x80) || p[k] > (k == 1 ? high : 0xBF)) {
+            *width = k;
+            return REPLACEMENT;
+        }
+        code = code << 6 | (p[k] & 0x3F);
+    }
+    *width = need;
+    return code;
 }
 
 static int learn_letter(uint16_t *classes, uint32_t code, PyObject *is_letter) {
@@ -120,8 +137,8 @@ static int learn_letter(uint16_t *classes, uint32_t code, PyObject *is_letter) {
 }
 
 /* The classes of the character at p outside ASCII, its letter class learnt first if need be; -1 on a Python error. */
-static int wide_classes(const uint8_t *p, uint16_t *classes, PyObject *is_letter, int *width) {
-    uint32_t code = decode(p, width);
+static int wide_classes(const uint8_t *p, const uint8_t *end, uint16_t *classes, PyObject *is_letter, int *width) {
+    uint32_t code = decode(p, end, width);
     if (!(classes[code] & C_KNOWN) && learn_letter(classes, code, is_letter) < 0) return -1;
     return classes[code];
 }
@@ -177,7 +194,12 @@ static PyObject *profile(PyObject *self, PyObject *args) {
                           &ellipsis_tuple, &b.out))
         return NULL;
     Py_ssize_t n = b.bounds.len / 8 - 1;
-    if (n < 0 || check(&b.classes, 2, MAX_CODE, "classes") || check(&b.out, 8, n * P_FIELDS, "out") ||
+    if (n < 0) {
+        release(&b);
+        PyErr_SetString(PyExc_ValueError, "bounds: each text's start, and the last one's end (int64)");
+        return NULL;
+    }
+    if (check(&b.classes, 2, MAX_CODE, "classes") || check(&b.out, 8, n * P_FIELDS, "out") ||
         strings_from(symbol_tuple, &symbols, "symbol words") || strings_from(common_tuple, &common, "common words") ||
         strings_from(ellipsis_tuple, &ellipsis, "ellipsis marks")) {
         release(&b);
@@ -198,8 +220,8 @@ static PyObject *profile(PyObject *self, PyObject *args) {
             release(&b);
             return NULL;
         }
-        /* Characters of an ASCII class, and characters at all (bytes that do not continue one), from the bytes'
-           histogram; the classes' characters outside ASCII are counted as the words are read. */
+        /* Characters of an ASCII class from the bytes' histogram; the classes' characters outside ASCII, and the
+           characters of words, are counted as the words are read. */
         memset(histogram, 0, sizeof histogram);
         Py_ssize_t i = start;
         for (; i + 4 <= end; i += 4) {
@@ -209,16 +231,12 @@ static PyObject *profile(PyObject *self, PyObject *args) {
             histogram[3][data[i + 3]]++;
         }
         for (; i < end; i++) histogram[0][data[i]]++;
-        int64_t by_class[5] = {0}, continuations = 0;
-        for (int byte = 0; byte < 256; byte++) {
+        int64_t by_class[5] = {0};
+        for (int byte = 0; byte < 0x80; byte++) {
             int64_t seen = (int64_t)histogram[0][byte] + histogram[1][byte] + histogram[2][byte] + histogram[3][byte];
-            if (byte >= 0x80) {
-                continuations += byte < 0xC0 ? seen : 0;
-                continue;
-            }
             for (int c = 0; c < 5; c++) by_class[c] += classes[byte] & ascii_class_of[c] ? seen : 0;
         }
-        int64_t chars = (end - start) - continuations, wide_brackets = 0, wide_spaces = 0;
+        int64_t word_chars_total = 0, wide_brackets = 0, wide_spaces = 0;
         int64_t words = 0, longest = 0, letter_words = 0, symbol_words = 0, common_words = 0;
         int64_t lines = 0, no_end_mark = 0, ellipsis_lines = 0, bullet_lines = 0;
         Py_ssize_t line_start = start, line_last = -1;
@@ -241,7 +259,7 @@ static PyObject *profile(PyObject *self, PyObject *args) {
                     i++;
                 } else {
                     int width;
-                    if (!(classes[decode(data + i, &width)] & C_SPACE)) break;
+                    if (!(classes[decode(data + i, data + end, &width)] & C_SPACE)) break;
                     wide_spaces++;
                     i += width;
                 }
@@ -258,7 +276,7 @@ static PyObject *profile(PyObject *self, PyObject *args) {
                     if (k & C_SPACE) break;
                     i++;
                 } else {
-                    int width, wide = wide_classes(data + i, classes, is_letter, &width);
+                    int width, wide = wide_classes(data + i, data + end, classes, is_letter, &width);
                     if (wide < 0) {
                         release(&b);
                         return NULL;
@@ -273,6 +291,7 @@ static PyObject *profile(PyObject *self, PyObject *args) {
                 word_chars++;
             }
             words++;
+            word_chars_total += word_chars;
             if (word_chars > longest) longest = word_chars;
             letter_words += (seen & C_LETTER) != 0;
             Py_ssize_t hash_runs = 0;
@@ -287,9 +306,9 @@ static PyObject *profile(PyObject *self, PyObject *args) {
             no_end_mark += !(data[line_last] < 0x80 && (classes[data[line_last]] & C_END_MARK));
             ellipsis_lines += ends_with_one_of(&ellipsis, data, line_start, line_last);
         }
-        int64_t spaces = by_class[4] + wide_spaces;
+        int64_t spaces = by_class[4] + wide_spaces, chars = word_chars_total + spaces;
         int64_t *c = out + t * P_FIELDS;
-        c[P_WORDS] = words, c[P_CHARS] = chars, c[P_NONSPACE] = chars - spaces, c[P_ALNUM] = by_class[0];
+        c[P_WORDS] = words, c[P_CHARS] = chars, c[P_NONSPACE] = word_chars_total, c[P_ALNUM] = by_class[0];
         c[P_DIGITS] = by_class[1], c[P_LAYOUT] = by_class[2], c[P_BRACKETS] = by_class[3] + wide_brackets;
         c[P_LONGEST_WORD] = longest, c[P_LETTER_WORDS] = letter_words, c[P_SYMBOL_WORDS] = symbol_words;
         c[P_COMMON_WORDS] = common_words, c[P_LINES] = lines, c[P_LINES_WITHOUT_END_MARK] = no_end_mark;
@@ -327,7 +346,12 @@ static PyObject *pieces(PyObject *self, PyObject *args) {
     int skip_blank;
     if (!PyArg_ParseTuple(args, "y*y*y*npw*", &b.data, &b.bounds, &b.classes, &separator, &skip_blank, &b.out)) return NULL;
     Py_ssize_t n = b.bounds.len / 8 - 1;
-    if (n < 0 || check(&b.classes, 2, MAX_CODE, "classes") || check(&b.out, 8, n * 4, "out")) {
+    if (n < 0) {
+        release(&b);
+        PyErr_SetString(PyExc_ValueError, "bounds: each text's start, and the last one's end (int64)");
+        return NULL;
+    }
+    if (check(&b.classes, 2, MAX_CODE, "classes") || check(&b.out, 8, n * 4, "out")) {
         release(&b);
         return NULL;
     }
@@ -358,13 +382,15 @@ static PyObject *pieces(PyObject *self, PyObject *args) {
                 if (to == end || separator == 1 || (to + 1 < end && data[to + 1] == '\n')) break;
                 to++;
             }
-            Py_ssize_t chars = to - from;
-            for (Py_ssize_t i = from; i < to; i++) chars -= (data[i] & 0xC0) == 0x80;
+            Py_ssize_t chars = to - from, wide = 0;
+            for (Py_ssize_t i = from; i < to; i++) wide += data[i] >= 0x80;
             int blank = 1;
-            for (Py_ssize_t i = from, width; blank && i < to; i += width) {
-                int w;
-                blank = (classes[decode(data + i, &w)] & C_SPACE) != 0;
-                width = w;
+            for (Py_ssize_t i = from; (wide || blank) && i < to;) {
+                int width;
+                if (blank) blank = (classes[decode(data + i, data + to, &width)] & C_SPACE) != 0;
+                else decode(data + i, data + to, &width);
+                chars -= width - 1;
+                i += width;
             }
             if (!(skip_blank && blank)) {
                 if (count == capacity) {
@@ -443,7 +469,14 @@ PyMODINIT_FUNC PyInit__text_scan(void) {
     if (m == NULL) return NULL;
     PyObject *fields = PyTuple_New(P_FIELDS);
     if (fields == NULL) goto fail;
-    for (int i = 0; i < P_FIELDS; i++) PyTuple_SET_ITEM(fields, i, PyUnicode_FromString(PROFILE_FIELDS[i]));
+    for (int i = 0; i < P_FIELDS; i++) {
+        PyObject *name = PyUnicode_FromString(PROFILE_FIELDS[i]);
+        if (name == NULL) {
+            Py_DECREF(fields);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(fields, i, name);
+    }
     if (PyModule_AddObject(m, "PROFILE_FIELDS", fields) < 0) {
         Py_DECREF(fields);
         goto fail;

@@ -9,9 +9,11 @@ UTF-8 bytes makes for all of them (``_text_scan.c``: words, characters by class,
 URL characters), and the four repetition filters of counts that one more pass makes for lines and one for paragraphs
 (distinct pieces by a hash of their bytes, compared byte by byte where hashes meet). The counts are made once per
 batch and kept for every filter that asks while the batch is the same, and cut down to the kept texts when a filter
-removes some, so a pipeline of these filters reads each batch's text about once. What a character is comes from this
-module's constants (``_classes``). Boilerplate paragraphs use Arrow's string kernels, and the n-gram scores loop
-over the documents in Python.
+removes some, so a pipeline of these filters reads each batch's text about three times (the scan, lines,
+paragraphs). What a character is comes from this module's constants (``_classes``). Characters are counted as
+Arrow's ``utf8_length`` counts them; a byte that does not start a valid UTF-8 sequence (Arrow does not check a
+Parquet shard's strings) is one character, U+FFFD, and no text is read past its end. Boilerplate paragraphs use
+Arrow's string kernels, and the n-gram scores loop over the documents in Python.
 
 Where NeMo divides by zero (a text without words or lines), the score is the one that removes the document, as
 NeMo's own convention for empty texts does: 1.0 for a ratio that must stay low, 0.0 for one that must stay high.
@@ -123,9 +125,8 @@ def _as_utf8(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
     return texts
 
 
-def _finish(values: np.ndarray, texts: pa.Array) -> pa.Array:
+def _finish(values: np.ndarray, texts: pa.Array | pa.ChunkedArray) -> pa.Array:
     """Scores as an Arrow array, null where the text is null."""
-    texts = _as_utf8(texts)
     return pa.array(values, mask=np.asarray(texts.is_null(), dtype=bool) if texts.null_count else None)
 
 
@@ -288,7 +289,6 @@ def _matching(texts: pa.Array, *patterns: str) -> np.ndarray:
     for pattern in patterns:
         found |= np.asarray(pc.fill_null(pc.match_substring_regex(texts, pattern), False), dtype=bool)
     return np.flatnonzero(found)
-
 
 
 def _per_text(texts: pa.Array, score: Callable[[str], float], integers: bool = False) -> pa.Array:
