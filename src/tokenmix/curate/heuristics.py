@@ -99,6 +99,8 @@ _URL_CHARS = "!" + "".join(map(chr, range(ord("$"), ord("_") + 1))) + string.asc
 """``URL_PATTERN``'s class: what may follow ``http(s)://`` in a URL."""
 _SYMBOL_WORDS = tuple(mark.encode() for mark in ELLIPSIS_MARKS if not any(c in WHITESPACE for c in mark))
 """The ellipsis marks that can be a word on their own: such a word is a symbol."""
+_COMMON_WORDS = tuple(sorted(word.encode() for word in COMMON_ENGLISH_WORDS))
+_ELLIPSIS_MARKS = tuple(mark.encode() for mark in ELLIPSIS_MARKS)
 _CIRCLED_LETTERS = ((0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189))
 _PROFILE_FIELD = {name: i for i, name in enumerate(_text_scan.PROFILE_FIELDS)}
 
@@ -186,9 +188,7 @@ class _Profile:
 def _scan_profile(texts: pa.Array) -> _Profile:
     data, bounds = _bytes_of(texts)
     counts = np.empty((len(texts), len(_PROFILE_FIELD)), dtype=np.int64)
-    common = tuple(sorted(word.encode() for word in COMMON_ENGLISH_WORDS))
-    ellipsis = tuple(mark.encode() for mark in ELLIPSIS_MARKS)
-    _text_scan.profile(data, bounds, _classes(), _is_alphabetic, _SYMBOL_WORDS, common, ellipsis, counts)
+    _text_scan.profile(data, bounds, _classes(), _is_alphabetic, _SYMBOL_WORDS, _COMMON_WORDS, _ELLIPSIS_MARKS, counts)
     return _Profile(counts)
 
 
