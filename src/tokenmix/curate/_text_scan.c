@@ -167,6 +167,19 @@ static Py_ssize_t url_chars(const uint8_t *data, Py_ssize_t start, Py_ssize_t en
     return total;
 }
 
+/* Non-blank lines, and those of them that end without an end mark or with an ellipsis mark. */
+typedef struct {
+    int64_t lines, without_end_mark, ending_with_ellipsis;
+} Lines;
+
+/* Counts the non-blank line [start, last], last its last byte that is not whitespace. */
+static inline void end_line(Lines *line, const uint8_t *data, const uint16_t *classes, const Strings *ellipsis, Py_ssize_t start,
+                            Py_ssize_t last) {
+    line->lines++;
+    line->without_end_mark += !(data[last] < 0x80 && (classes[data[last]] & C_END_MARK));
+    line->ending_with_ellipsis += ends_with_one_of(ellipsis, data, start, last);
+}
+
 typedef struct {
     Py_buffer data, bounds, classes, out;
 } Buffers;
@@ -186,6 +199,27 @@ static int check(Py_buffer *b, Py_ssize_t itemsize, Py_ssize_t items, const char
     return 0;
 }
 
+/* How many texts the bounds describe, after checking the class table and that out holds fields counts per text;
+   -1, with an exception set, if not. */
+static Py_ssize_t texts_in(Buffers *b, Py_ssize_t fields) {
+    Py_ssize_t n = b->bounds.len / 8 - 1;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "bounds: each text's start, and the last one's end (int64)");
+        return -1;
+    }
+    if (check(&b->classes, 2, MAX_CODE, "classes") || check(&b->out, 8, n * fields, "out")) return -1;
+    return n;
+}
+
+/* Whether [start, end) lies in the data, an exception set if not. */
+static int inside(const Buffers *b, Py_ssize_t t, Py_ssize_t start, Py_ssize_t end) {
+    if (start < 0 || end < start || end > b->data.len) {
+        PyErr_Format(PyExc_ValueError, "text %zd: bounds [%zd, %zd) outside the data", t, start, end);
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *profile(PyObject *self, PyObject *args) {
     PyObject *symbol_tuple, *common_tuple, *ellipsis_tuple, *is_letter;
     Buffers b = {0};
@@ -193,14 +227,8 @@ static PyObject *profile(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*w*OOOOw*", &b.data, &b.bounds, &b.classes, &is_letter, &symbol_tuple, &common_tuple,
                           &ellipsis_tuple, &b.out))
         return NULL;
-    Py_ssize_t n = b.bounds.len / 8 - 1;
-    if (n < 0) {
-        release(&b);
-        PyErr_SetString(PyExc_ValueError, "bounds: each text's start, and the last one's end (int64)");
-        return NULL;
-    }
-    if (check(&b.classes, 2, MAX_CODE, "classes") || check(&b.out, 8, n * P_FIELDS, "out") ||
-        strings_from(symbol_tuple, &symbols, "symbol words") || strings_from(common_tuple, &common, "common words") ||
+    Py_ssize_t n = texts_in(&b, P_FIELDS);
+    if (n < 0 || strings_from(symbol_tuple, &symbols, "symbol words") || strings_from(common_tuple, &common, "common words") ||
         strings_from(ellipsis_tuple, &ellipsis, "ellipsis marks")) {
         release(&b);
         return NULL;
@@ -215,8 +243,9 @@ static PyObject *profile(PyObject *self, PyObject *args) {
     const unsigned ascii_class_of[5] = {C_ALNUM, C_DIGIT, C_LAYOUT, C_BRACKET, C_SPACE};
     for (Py_ssize_t t = 0; t < n; t++) {
         const Py_ssize_t start = bounds[t], end = bounds[t + 1];
-        if (start < 0 || end < start || end > b.data.len || end - start >= (Py_ssize_t)1 << 32) {
-            PyErr_Format(PyExc_ValueError, "text %zd: bounds [%zd, %zd) outside the data or over 4 GiB", t, start, end);
+        if (inside(&b, t, start, end) && end - start >= (Py_ssize_t)1 << 32) /* the histogram counts in 32 bits */
+            PyErr_Format(PyExc_ValueError, "text %zd: %zd bytes, over 4 GiB", t, end - start);
+        if (PyErr_Occurred()) {
             release(&b);
             return NULL;
         }
@@ -238,7 +267,8 @@ static PyObject *profile(PyObject *self, PyObject *args) {
         }
         int64_t word_chars_total = 0, wide_brackets = 0, wide_spaces = 0;
         int64_t words = 0, longest = 0, letter_words = 0, symbol_words = 0, common_words = 0;
-        int64_t lines = 0, no_end_mark = 0, ellipsis_lines = 0, bullet_lines = 0;
+        Lines line = {0};
+        int64_t bullet_lines = 0;
         Py_ssize_t line_start = start, line_last = -1;
         i = start;
         for (;;) {
@@ -248,11 +278,7 @@ static PyObject *profile(PyObject *self, PyObject *args) {
                 if (byte < 0x80) {
                     if (!(ascii[byte] & C_SPACE)) break;
                     if (byte == '\n') {
-                        if (line_last >= 0) {
-                            lines++;
-                            no_end_mark += !(data[line_last] < 0x80 && (classes[data[line_last]] & C_END_MARK));
-                            ellipsis_lines += ends_with_one_of(&ellipsis, data, line_start, line_last);
-                        }
+                        if (line_last >= 0) end_line(&line, data, classes, &ellipsis, line_start, line_last);
                         line_start = i + 1;
                         line_last = -1;
                     }
@@ -301,18 +327,14 @@ static PyObject *profile(PyObject *self, PyObject *args) {
             common_words += is_one_of(&common, data + word_start, i - word_start);
             line_last = i - 1;
         }
-        if (line_last >= 0) {
-            lines++;
-            no_end_mark += !(data[line_last] < 0x80 && (classes[data[line_last]] & C_END_MARK));
-            ellipsis_lines += ends_with_one_of(&ellipsis, data, line_start, line_last);
-        }
+        if (line_last >= 0) end_line(&line, data, classes, &ellipsis, line_start, line_last);
         int64_t spaces = by_class[4] + wide_spaces, chars = word_chars_total + spaces;
         int64_t *c = out + t * P_FIELDS;
         c[P_WORDS] = words, c[P_CHARS] = chars, c[P_NONSPACE] = word_chars_total, c[P_ALNUM] = by_class[0];
         c[P_DIGITS] = by_class[1], c[P_LAYOUT] = by_class[2], c[P_BRACKETS] = by_class[3] + wide_brackets;
         c[P_LONGEST_WORD] = longest, c[P_LETTER_WORDS] = letter_words, c[P_SYMBOL_WORDS] = symbol_words;
-        c[P_COMMON_WORDS] = common_words, c[P_LINES] = lines, c[P_LINES_WITHOUT_END_MARK] = no_end_mark;
-        c[P_ELLIPSIS_LINES] = ellipsis_lines, c[P_BULLET_LINES] = bullet_lines;
+        c[P_COMMON_WORDS] = common_words, c[P_LINES] = line.lines, c[P_LINES_WITHOUT_END_MARK] = line.without_end_mark;
+        c[P_ELLIPSIS_LINES] = line.ending_with_ellipsis, c[P_BULLET_LINES] = bullet_lines;
         c[P_URL_CHARS] = url_chars(data, start, end, classes);
     }
     release(&b);
@@ -345,13 +367,8 @@ static PyObject *pieces(PyObject *self, PyObject *args) {
     Py_ssize_t separator;
     int skip_blank;
     if (!PyArg_ParseTuple(args, "y*y*y*npw*", &b.data, &b.bounds, &b.classes, &separator, &skip_blank, &b.out)) return NULL;
-    Py_ssize_t n = b.bounds.len / 8 - 1;
+    Py_ssize_t n = texts_in(&b, 4);
     if (n < 0) {
-        release(&b);
-        PyErr_SetString(PyExc_ValueError, "bounds: each text's start, and the last one's end (int64)");
-        return NULL;
-    }
-    if (check(&b.classes, 2, MAX_CODE, "classes") || check(&b.out, 8, n * 4, "out")) {
         release(&b);
         return NULL;
     }
@@ -369,10 +386,7 @@ static PyObject *pieces(PyObject *self, PyObject *args) {
     Py_ssize_t *table = NULL;
     for (Py_ssize_t t = 0; t < n; t++) {
         const Py_ssize_t start = bounds[t], end = bounds[t + 1];
-        if (start < 0 || end < start || end > b.data.len) {
-            PyErr_Format(PyExc_ValueError, "text %zd: bounds [%zd, %zd) outside the data", t, start, end);
-            goto fail;
-        }
+        if (!inside(&b, t, start, end)) goto fail;
         Py_ssize_t count = 0;
         for (Py_ssize_t from = start;;) {
             Py_ssize_t to = from;
