@@ -10,7 +10,7 @@ import pytest
 import tensorstore as ts
 from helpers import TOKENIZER, build, cache_bytes, demo_urls
 
-from tokenmix import PackedDataset, TokenCache, TokenSeqDataset
+from tokenmix import CacheDamagedError, PackedDataset, TokenCache, TokenSeqDataset
 from tokenmix.cache import store
 from tokenmix.cache.chunk_cache import ChunkCache
 
@@ -39,7 +39,7 @@ def test_tokens_are_stored_in_shards_of_small_separately_compressed_chunks(tmp_p
     assert meta["chunk_grid"]["configuration"]["chunk_shape"] == [store.DATA_SHARD]
     (sharding,) = meta["codecs"]
     assert sharding["name"] == "sharding_indexed" and sharding["configuration"]["chunk_shape"] == [store.DATA_INNER]
-    assert [c["name"] for c in sharding["configuration"]["codecs"]] == ["bytes", "zstd"]
+    assert [c["name"] for c in sharding["configuration"]["codecs"]] == ["bytes", "zstd", "crc32c"]
     objects = list((tmp_path / "c" / "input_ids" / "data" / "c").iterdir())
     assert len(objects) == -(-TokenCache(location).num_tokens() // store.DATA_SHARD)
 
@@ -89,7 +89,7 @@ def test_exact_reads_of_many_shards_match_the_stored_tokens(tmp_path, small_shar
     location = str(tmp_path / "c")
     build(location, demo_urls("webster"), compression=compression)
     codecs = json.loads((tmp_path / "c" / "input_ids" / "data" / "zarr.json").read_text())["codecs"][0]["configuration"]["codecs"]
-    assert [c["name"] for c in codecs] == {"zstd": ["bytes", "zstd"], "lz4": ["bytes", "blosc"], "none": ["bytes"]}[compression]
+    assert [c["name"] for c in codecs] == {"zstd": ["bytes", "zstd"], "lz4": ["bytes", "blosc"], "none": ["bytes"]}[compression] + ["crc32c"]
     exact = TokenCache(location, chunk_cache=ChunkCache(0))
     assert exact._exact is not None and exact.read_unit == 1 << 9
     assert exact.num_tokens() > 20 * (1 << 12)
@@ -117,7 +117,7 @@ def test_a_damaged_shard_index_is_reported_with_the_shard_and_the_fix(tmp_path, 
     raw[5] ^= 0xFF
     shard.write_bytes(bytes(raw))
     cache = TokenCache(location, chunk_cache=ChunkCache(0))
-    with pytest.raises(OSError, match=r"index of shard c/1 is damaged.*rebuild"):
+    with pytest.raises(CacheDamagedError, match=r"input_ids/data elements 4,096-8,191 \(c/1\): damaged index\. They hold rows \d+-\d+\..*--repair"):
         cache.read_ranges(np.array([(1 << 12) + 3]), np.array([10]), cache.num_tokens())
 
 
@@ -173,8 +173,8 @@ def test_exact_reads_decode_chunks_that_did_not_compress(tmp_path, compression):
     values = np.concatenate([rng.integers(0, 1 << 16, 3 * shard, dtype=np.uint16), np.arange(shard, dtype=np.uint16) % 7])
     array[: len(values)].write(values).result()
     metadata = json.loads((tmp_path / "c" / "x" / "data" / "zarr.json").read_text())
-    reads = reads_for(metadata, str(tmp_path / "c" / "x" / "data"), "tensorstore")
-    assert reads is not None and reads.layout.codec == {"zstd": "zstd", "lz4": "blosc"}[compression]
+    reads = reads_for(metadata, location, "x/data", "tensorstore")
+    assert reads is not None and reads.layout.codec == {"zstd": "zstd", "lz4": "blosc"}[compression] and reads.layout.checksummed
     begin = rng.integers(0, len(values) - inner, 200)
     size = np.minimum(rng.integers(1, inner, 200), inner - begin % inner)
     pieces = reads.read(begin, size, len(values))

@@ -41,6 +41,8 @@ Caches
     open_cache                  Open a built (or building) cache of the config, refusing one made with other settings.
     TokenCache                  Random access to the committed documents of one cache.
     TokenFilesCache             The documents of token files, in the order given, as a finished read-only cache.
+    verify_cache                Check every stored byte of a cache against its checksums, bounds and ledger; optionally repair.
+    CacheReport                 What ``verify_cache`` found (and repaired) in one cache.
 
 Datasets
     Dataset                     Random access to examples by index; the length may grow while the underlying cache builds.
@@ -86,6 +88,8 @@ Errors
     CurationInputError          A bad record or an unreadable shard under ``on_error: raise``; the message names the file and the line.
     TokenFileError              A token file that cannot be read as the kind it was declared; the message names the file and the fix.
     CacheWriteError             The cache's storage refused a write (permissions, a full disk, ...); the message says what is kept and what to do.
+    CacheDamagedError           Stored bytes of a cache failed their check: a checksum mismatch, a missing or cut-short object, a damaged index.
+    RepairError                 A cache that cannot be repaired from its inputs; the message says why and what to do instead.
     LoaderError                 Loading a step failed (waiting for, reading or placing its examples); the message names the step.
 """
 
@@ -96,6 +100,7 @@ from tokenmix._lazy import lazy_exports
 if TYPE_CHECKING:
     from tokenmix.cache.builder import BadInputError, ShardTaskError
     from tokenmix.cache.cluster import MissingExtraError
+    from tokenmix.cache.damage import CacheDamagedError
     from tokenmix.cache.executor import DaskExecutorConfig, LocalExecutorConfig, RayExecutorConfig
     from tokenmix.cache.ledger import CacheMismatchError, ShardChangedError, ShardListMismatchError
     from tokenmix.cache.lock import CacheLockedError, LockLostError
@@ -103,12 +108,14 @@ if TYPE_CHECKING:
     from tokenmix.cache.reader import CacheNotFoundError, TokenCache
     from tokenmix.cache.store import CacheWriteError
     from tokenmix.cache.token_files import TokenFilesCache
+    from tokenmix.cache.verify import CacheReport, RepairError
     from tokenmix.config.caches import build_caches, open_cache
     from tokenmix.config.loading import ConfigError, load_data_config
     from tokenmix.config.mixture import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig
     from tokenmix.config.sources import LMDatasetSourceConfig, PackingConfig
     from tokenmix.config.token_files import TokenFilesConfig
     from tokenmix.config.tokenization import TokenizationConfig
+    from tokenmix.config.verification import verify_cache
     from tokenmix.curate.document_dataset import DocumentDataset
     from tokenmix.curate.pipeline import CurationConfig, CurationError, load_curation_config, run_curation
     from tokenmix.curate.shard_io import CurationInputError
@@ -138,9 +145,11 @@ __all__ = [
     "BadRecordError",
     "BatchSchedule",
     "BuildOptions",
+    "CacheDamagedError",
     "CacheLockedError",
     "CacheMismatchError",
     "CacheNotFoundError",
+    "CacheReport",
     "CacheWriteError",
     "ChatLmDatasetFormat",
     "ConfigError",
@@ -169,6 +178,7 @@ __all__ = [
     "PackingConfig",
     "PrebuiltLmDatasetFormat",
     "RayExecutorConfig",
+    "RepairError",
     "ShardChangedError",
     "ShardListMismatchError",
     "ShardReadError",
@@ -192,5 +202,6 @@ __all__ = [
     "load_data_config",
     "open_cache",
     "run_curation",
+    "verify_cache",
 ]
 _exports, __getattr__, __dir__ = lazy_exports(__name__, __file__)

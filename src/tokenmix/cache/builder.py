@@ -29,6 +29,7 @@ from typing import Any
 
 from tokenmix.cache.cluster import ClusterExecutor, TaskFuture
 from tokenmix.cache.executor import LocalExecutorConfig
+from tokenmix.cache.input_digest import records_unchanged
 from tokenmix.cache.ledger import LEDGER_FILE, RETRIED_REASONS, CacheLedger, ShardProgress
 from tokenmix.cache.lock import BuildLock, build_lock
 from tokenmix.cache.options import BuildOptions
@@ -155,7 +156,7 @@ class CacheBuilder:
             if self.spec.format.masks_loss:
                 self._spans = JaggedArray.open(self.location, LOSS_SPANS_ARRAY, "int64", create=True)
                 self._span_values = int(self._spans.row_ends(ledger.rows - 1, ledger.rows)[0]) if ledger.rows else 0
-            self._published = array.committed_rows()
+            self._published = array.committed_rows(unwritten_is_empty=ledger.rows == 0)
             self._docs.write(LEDGER_FILE, ledger.to_json())
         except ValueError as e:  # tensorstore's storage errors
             raise unwritable(self.location, e) from None
@@ -251,8 +252,10 @@ class CacheBuilder:
         names = [s.name for s in self.shards]
         existing = self._docs.read(LEDGER_FILE)
         if existing is None:
-            return CacheLedger(identity=self.identity, shards=[ShardProgress(n) for n in names], info=self.info)
+            return CacheLedger(identity=self.identity, shards=[ShardProgress(n) for n in names], info=self.info, runs=[])
         ledger = CacheLedger.from_json(existing)
+        if ledger.runs is None and ledger.rows == 0:
+            ledger.runs = []
         ledger.check_identity(self.identity, self.location)
         ledger.extend_shards(names, self.location)
         for shard in ledger.shards:
@@ -293,30 +296,12 @@ class CacheBuilder:
         if error is None:
             return False
         progress = ledger.shards[index]
-        if not self._reads_the_same(index, progress):
+        if not records_unchanged(self.shards[index], progress, self.options.chunk_bytes):
             raise error
         logger.info("%s changed (%s -> %s), but the %d records the cache read from it are the same; going on",
                     progress.name, progress.source, identity, progress.position)
         progress.source = identity
         return True
-
-    def _reads_the_same(self, index: int, progress: ShardProgress) -> bool:
-        """Whether the shard's first ``progress.position`` records have the digest the ledger holds (and, for a finished
-        shard, whether it ends there as it did)."""
-        if progress.digest is None:
-            return False
-        whole = progress.finished and progress.error is None  # it was read to its end, so it must still end there
-        digest, end = 0, 0
-        try:
-            for chunk in self.shards[index].read(0, self.options.chunk_bytes):
-                end = chunk.start + len(chunk.records)
-                read = RawChunk(chunk.start, chunk.records[: max(0, progress.position - chunk.start)])
-                digest = (digest + read.digest()) & DIGEST_MASK
-                if end >= progress.position and not whole or end > progress.position:
-                    break
-        except ShardReadError as e:
-            end = e.position
-        return digest == progress.digest and (end == progress.position if whole else end >= progress.position)
 
     def _begin_shard(self, ledger: CacheLedger, index: int) -> None:
         """Record what a shard is before its first record is read (and, from its start, a digest of what is read)."""
@@ -488,6 +473,8 @@ class CacheBuilder:
         shard = ledger.shards[index]
         if chunk.skipped:
             self._on_skipped(ledger, array, index, chunk, writes)
+        if len(chunk.lengths):
+            ledger.note_rows(index, chunk.start, self._span_values)
         writes.extend(array.write_rows(ledger.rows, ledger.tokens, chunk.tokens, chunk.lengths))
         if self._spans is not None:
             writes.extend(self._spans.write_rows(ledger.rows, self._span_values, chunk.spans, chunk.span_counts))

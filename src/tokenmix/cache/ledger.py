@@ -82,6 +82,12 @@ class CacheLedger:
     info: dict[str, Any] = field(default_factory=dict)
     """What made the cache, for people (tokenizer path, source, split); not compared on open."""
     version: int = LEDGER_VERSION
+    runs: list[list[int]] | None = None
+    """Where the rows came from, in row order: ``[shard, position, row, token, span]`` for each run of consecutive rows
+    read from one shard (its index), from record ``position`` on, starting at ``row``, ``token`` and loss-span value
+    ``span``. One run per shard, unless a shard skipped for a passing failure was read again after others (its rows then
+    follow theirs). What ``tokenmix verify`` checks the row bounds against and ``--repair`` re-reads. None in caches built
+    before runs were kept."""
 
     @property
     def fingerprint(self) -> str:
@@ -102,6 +108,7 @@ class CacheLedger:
             finished=doc["finished"],
             info=doc.get("info", {}),
             version=doc["version"],
+            runs=doc.get("runs"),
         )
 
     def copy(self) -> CacheLedger:
@@ -146,6 +153,12 @@ class CacheLedger:
             f"same any more: its {shard.rows:,} rows in the cache came from the old content. Restore the original file, or delete "
             "the cache (or use another cache_dir) to rebuild it from the new one."
         )
+
+    def note_rows(self, shard: int, position: int, span: int) -> None:
+        """Record that the rows about to be appended (at ``rows``, ``tokens`` and loss-span value ``span``) are read
+        from shard ``shard``, from record ``position`` on: a new run unless the last rows came from that shard too."""
+        if self.runs is not None and (not self.runs or self.runs[-1][0] != shard):
+            self.runs.append([shard, position, self.rows, self.tokens, span])
 
     def skipped_totals(self) -> dict[str, int]:
         totals: dict[str, int] = {}

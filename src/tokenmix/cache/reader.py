@@ -17,11 +17,12 @@ import tensorstore as ts
 
 from tokenmix._waiting import poll_until
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
+from tokenmix.cache.damage import CacheDamagedError
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, CacheMismatchError, fingerprint_of
 from tokenmix.cache.levanter import LEVANTER_LEDGER, check_levanter_identity, is_levanter, ledger_from_levanter
 from tokenmix.cache.shard_reads import reads_for
 from tokenmix.cache.stats import STATS_FILE
-from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments, join_location
+from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments
 
 
 class CacheNotFoundError(FileNotFoundError):
@@ -64,15 +65,16 @@ class TokenCache:
             check_levanter_identity(ledger.identity, expected_identity, location)
         elif expected_identity is not None:
             ledger.check_identity(expected_identity, location)
-        self._array = JaggedArray.open(location, TOKENS_ARRAY, ledger.identity["dtype"])
+        levanter = is_levanter(ledger.identity)  # Levanter's builder leaves out chunks of zeros: those read as zeros
+        self._array = JaggedArray.open(location, TOKENS_ARRAY, ledger.identity["dtype"], strict=not levanter)
         self.identity = {**ledger.identity, "dtype": self._array.dtype.name}
         self.fingerprint = fingerprint_of(self.identity)
         stored = int(self._array.data.chunk_layout.read_chunk.shape[0])
         self._chunk = stored * max(1, BLOCK_TOKENS // stored)
         self._itemsize = self._array.dtype.itemsize
-        self._exact = reads_for(self._array.data.spec().to_json()["metadata"], join_location(location, TOKENS_ARRAY, "data"), object_reads)
+        self._exact = reads_for(self._array.data.spec().to_json()["metadata"], location, f"{TOKENS_ARRAY}/data", object_reads)
         self._read_unit = stored if self._exact is not None else int(self._array.data.chunk_layout.write_chunk.shape[0])
-        self._spans = JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64") if self.has_loss_spans else None
+        self._spans = JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64", strict=not levanter) if self.has_loss_spans else None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled (to a loader's reader process), a cache is its location: it opens again there, and must still be the
@@ -124,7 +126,12 @@ class TokenCache:
 
     def num_rows(self) -> int:
         """Documents committed so far (grows while the cache builds)."""
-        return self._array.committed_rows()
+        try:
+            return self._array.committed_rows()
+        except CacheDamagedError:
+            if self._read_ledger().rows == 0:  # a build that has not published yet: the count is not stored
+                return self._array.committed_rows(unwritten_is_empty=True)
+            raise
 
     def num_tokens(self) -> int:
         """Tokens in the committed documents."""
@@ -203,14 +210,22 @@ class TokenCache:
         ranges touch is read and decompressed once), else through tensorstore in one storage batch."""
         if self._exact is not None and self._exact.remote:
             fetching = _REMOTE_READS.submit(self._exact.read, begin, size, committed_tokens)
-            return fetching.result
+            return lambda: self._named(fetching.result)
         if self._exact is not None:
-            tokens = self._exact.read(begin, size, committed_tokens)
+            tokens = self._named(lambda: self._exact.read(begin, size, committed_tokens))  # type: ignore[union-attr]
             return lambda: tokens
         data = self._array.data
+        ranges = [(b, b + m) for b, m in zip(begin.tolist(), size.tolist())]
         with ts.Batch() as batch:
-            reads = [data[b : b + m].read(batch=batch) for b, m in zip(begin.tolist(), size.tolist())]
-        return lambda: [np.asarray(r.result()) for r in reads]
+            reads = [data[b:e].read(batch=batch) for b, e in ranges]
+        return lambda: self._array.awaited(data, ranges, reads)
+
+    def _named(self, read: Callable[[], list[np.ndarray]]) -> list[np.ndarray]:
+        """``read()``, its damage naming the rows it holds."""
+        try:
+            return read()
+        except CacheDamagedError as e:
+            raise e.with_rows(self._array.rows_holding(e.chunks)) from None
 
     def read_chunks(self, chunks: Iterable[int], committed_tokens: int) -> Callable[[], dict[int, np.ndarray]]:
         """Start reading whole chunks of the token stream (their committed part, below ``committed_tokens``).
@@ -227,12 +242,14 @@ class TokenCache:
         if last in wanted:
             wanted[last] = committed_tokens - last * size
         have = self._chunk_cache.get(self.location, wanted)
-        missing: dict[int, Any] = {c: self._array.data[c * size : c * size + need].read() for c, need in wanted.items() if c not in have}
+        data = self._array.data
+        ranges = {c: (c * size, c * size + need) for c, need in wanted.items() if c not in have}
+        reads = [data[b:e].read() for b, e in ranges.values()]
 
         def finish() -> dict[int, np.ndarray]:
-            for c, future in missing.items():
-                have[c] = np.asarray(future.result())
-                self._chunk_cache.put((self.location, c), have[c])
+            for c, tokens in zip(ranges, self._array.awaited(data, list(ranges.values()), reads)):
+                have[c] = tokens
+                self._chunk_cache.put((self.location, c), tokens)
             return have
 
         return finish
@@ -250,11 +267,10 @@ class TokenCache:
         if bad:
             raise IndexError(f"{self.location}: rows {bad[:5]} are outside the {committed} committed rows")
         offsets = self._array.offsets
-        bound_reads = [(offsets[r].read() if r else None, offsets[r + 1].read()) for r in rows]
-        bounds = [(0 if s is None else int(s.result()), int(e.result())) for s, e in bound_reads]
+        ends = self._array.awaited(offsets, [(r, r + 2) for r in rows], [offsets[r : r + 2].read() for r in rows])
+        bounds = [(0 if r == 0 else int(e[0]), int(e[1])) for r, e in zip(rows, ends)]
         data = self._array.data
-        reads = [data[s:e].read() for s, e in bounds]
-        return [np.asarray(r.result()) for r in reads]
+        return self._array.awaited(data, bounds, [data[s:e].read() for s, e in bounds])
 
     def _check_rows(self, start: int, stop: int) -> None:
         committed = self.num_rows()

@@ -15,6 +15,7 @@ until more tokens are committed: every version stored after a commit holds the t
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
@@ -26,6 +27,8 @@ from typing import Any
 import google_crc32c
 import numpy as np
 import zstandard
+
+from tokenmix.cache.damage import CacheDamagedError, DamagedChunk
 
 MISSING = np.uint64(2**64 - 1)
 """A shard index entry for a chunk that was never written."""
@@ -40,6 +43,8 @@ class ShardLayout:
     dtype: np.dtype
     codec: str | None
     """The chunks' compression codec (``zstd``, ``blosc``), None for raw values."""
+    checksummed: bool = False
+    """Whether each stored chunk ends with a crc32c of the bytes before it (zarr3's ``crc32c`` codec)."""
 
     @property
     def chunks_per_shard(self) -> int:
@@ -53,12 +58,15 @@ class ShardLayout:
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any]) -> ShardLayout | None:
         """The layout of a 1-d zarr3 array whose shards this module reads (index at the start, little-endian values, zstd,
-        blosc or no compression), or None for any other layout (tensorstore reads those)."""
+        blosc or no compression, with or without a crc32c per chunk), or None for any other layout (tensorstore reads
+        those)."""
         codecs = metadata.get("codecs", [])
         if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed" or metadata.get("chunk_key_encoding", {}).get("name") != "default":
             return None
         sharding = codecs[0]["configuration"]
         names = [c["name"] for c in sharding["codecs"]]
+        checksummed = names[-1:] == ["crc32c"]
+        names = names[:-1] if checksummed else names
         index_names = [c["name"] for c in sharding.get("index_codecs", [])]
         endians = [c.get("configuration", {}).get("endian", "little") for c in sharding["codecs"][:1] + sharding["index_codecs"][:1]]
         if (sharding.get("index_location") != "start" or names not in (["bytes"], ["bytes", "zstd"], ["bytes", "blosc"])
@@ -66,7 +74,8 @@ class ShardLayout:
             return None
         (shard,) = metadata["chunk_grid"]["configuration"]["chunk_shape"]
         (inner,) = sharding["chunk_shape"]
-        return cls(int(shard), int(inner), np.dtype(metadata["data_type"]).newbyteorder("<"), names[1] if len(names) > 1 else None)
+        return cls(int(shard), int(inner), np.dtype(metadata["data_type"]).newbyteorder("<"), names[1] if len(names) > 1 else None,
+                   checksummed)
 
 
 OPEN_SHARDS = 4096
@@ -83,11 +92,17 @@ class LocalShards:
     def get(self, key: str, held: tuple[int, np.ndarray] | None) -> tuple[int, np.ndarray]:
         """``(inode, bytes)`` of the file now; ``held`` (what an earlier call gave) when it is still that file."""
         path = os.path.join(self.root, key)
-        inode = os.stat(path).st_ino
-        if held is not None and held[0] == inode:
-            return held
-        with open(path, "rb") as f:
-            return os.fstat(f.fileno()).st_ino, np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+        try:
+            inode = os.stat(path).st_ino
+            if held is not None and held[0] == inode:
+                return held
+            with open(path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                if not stat.st_size:  # cut to nothing: nothing to map, and its index is reported missing
+                    return stat.st_ino, np.empty(0, np.uint8)
+                return stat.st_ino, np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "no such file", key) from None
 
 
 class RemoteShards:
@@ -102,16 +117,25 @@ class RemoteShards:
     def read_ranges(self, requests: Sequence[tuple[str, int, int | None]]) -> list[bytes]:
         """The bytes ``[start, stop)`` of each ``(key, start, stop)``; ``stop`` None reads to the object's end."""
         paths = [f"{self.root.rstrip('/')}/{key}" for key, _, _ in requests]
-        return self.fs.cat_ranges(paths, [s for _, s, _ in requests], [e for _, _, e in requests])
+        results = self.fs.cat_ranges(paths, [s for _, s, _ in requests], [e for _, _, e in requests], on_error="return")
+        for (key, _, _), result in zip(requests, results):
+            if isinstance(result, FileNotFoundError):
+                raise FileNotFoundError(errno.ENOENT, "no such object", key)
+            if isinstance(result, BaseException):
+                raise result
+        return results
 
 
 class ShardedReads:
-    """Exact token reads of one sharded array, safe to share between threads."""
+    """Exact token reads of one sharded array, safe to share between threads. Every chunk read is checked (its crc32c,
+    and that its bytes are all there); damaged storage raises ``CacheDamagedError`` naming the chunks."""
 
-    def __init__(self, layout: ShardLayout, source: LocalShards | RemoteShards, where: str):
+    def __init__(self, layout: ShardLayout, source: LocalShards | RemoteShards, location: str, array: str):
+        """``location``: the cache; ``array``: the array under it (``input_ids/data``), for messages."""
         self.layout = layout
         self.source = source
-        self.where = where
+        self.location = location
+        self.array = array
         self._shards: OrderedDict[int, tuple[Any, np.ndarray, np.ndarray | None]] = OrderedDict()
         """shard -> (version, chunk byte ranges, the shard's bytes where held in memory), least recently used first.
         Version None: a complete shard, never written again; else the file's inode, or the committed token count when
@@ -126,6 +150,12 @@ class ShardedReads:
     def read(self, begin: np.ndarray, size: np.ndarray, committed: int) -> list[np.ndarray]:
         """Tokens ``[begin[p], begin[p] + size[p])`` for each piece ``p``, each inside one chunk (``layout.inner``) and
         below ``committed``. Pieces of an uncompressed local cache are views of its memory maps."""
+        try:
+            return self._read(begin, size, committed)
+        except FileNotFoundError as e:  # a stored object gone (``LocalShards``, ``RemoteShards`` name it by its key)
+            raise self._damaged_object(int(str(e.filename).removeprefix("c/")), "missing") from None
+
+    def _read(self, begin: np.ndarray, size: np.ndarray, committed: int) -> list[np.ndarray]:
         layout = self.layout
         chunk = begin // layout.inner
         shard = chunk // layout.chunks_per_shard
@@ -134,29 +164,57 @@ class ShardedReads:
         shard_ids = shard.tolist()
         entries = np.array([shards[s][1][w] for s, w in zip(shard_ids, within)], np.uint64).reshape(-1, 2)
         if np.any(entries[:, 0] == MISSING):
-            bad = int(begin[np.argmax(entries[:, 0] == MISSING)])
-            raise OSError(f"{self.where}: token {bad} is committed but its chunk is missing from shard c/{bad // layout.shard}; "
-                          "the cache was damaged after it was built: delete it and rebuild")
+            raise self._damaged(np.unique(chunk[entries[:, 0] == MISSING]).tolist(), "missing")
         offset, nbytes = entries[:, 0].astype(np.int64), entries[:, 1].astype(np.int64)
         item = layout.dtype.itemsize
         first = (begin - chunk * layout.inner) * item
-        if layout.codec is None:
+        if layout.codec is None and not layout.checksummed:
             pieces = self._bytes(shard_ids, shards, (offset + first).tolist(), (offset + first + size * item).tolist())
             return [p.view(layout.dtype) for p in pieces]
         _, at, piece_chunk = np.unique(chunk, return_index=True, return_inverse=True)
         frames = self._bytes(shard[at].tolist(), shards, offset[at].tolist(), (offset[at] + nbytes[at]).tolist())
-        if layout.codec == "zstd":
-            decoded = [np.frombuffer(b, layout.dtype) for b in zstandard.ZstdDecompressor().multi_decompress_to_buffer(frames, threads=1)]
+        if layout.checksummed:
+            frames = self._checked(frames, nbytes[at].tolist(), chunk[at].tolist())
+        if layout.codec is None:
+            decoded = [f.view(layout.dtype) for f in frames]
+        elif layout.codec == "zstd":
+            try:
+                decoded = [np.frombuffer(b, layout.dtype) for b in zstandard.ZstdDecompressor().multi_decompress_to_buffer(frames, threads=1)]
+            except zstandard.ZstdError:
+                raise self._damaged(chunk[at].tolist(), "undecodable") from None
         else:
             import blosc2  # 0.16 s to import: paid by readers of blosc caches only, not by every cold start
 
             decoded = np.empty((len(frames), layout.inner), layout.dtype)
-            for frame, row in zip(frames, decoded):
+            for frame, row, c in zip(frames, decoded, chunk[at].tolist()):
                 if blosc2.get_cbuffer_sizes(frame)[:2] != (row.nbytes, len(frame)):
-                    raise OSError(f"{self.where}: a chunk's blosc header does not describe a whole chunk; the cache was damaged "
-                                  "after it was built: delete it and rebuild")
+                    raise self._damaged([c], "undecodable")
                 blosc2.decompress(frame, dst=row)
         return [decoded[c][f // item : f // item + m] for c, f, m in zip(piece_chunk.tolist(), first.tolist(), size.tolist())]
+
+    def _checked(self, frames: list[np.ndarray], nbytes: list[int], chunks: list[int]) -> list[np.ndarray]:
+        """Each stored chunk without its crc32c, once its bytes are all there and match it."""
+        out = []
+        for frame, n, c in zip(frames, nbytes, chunks):
+            if len(frame) != n or n < 4:
+                raise self._damaged([c], "cut short")
+            body = frame[:-4]
+            if google_crc32c.value(body) != int.from_bytes(frame[-4:], "little"):
+                raise self._damaged([c], "checksum mismatch")
+            out.append(body)
+        return out
+
+    def _damaged(self, chunks: list[int], problem: str) -> CacheDamagedError:
+        """The error for damaged chunks of this array (rows are named by the cache, which reads the row bounds)."""
+        per_shard = self.layout.chunks_per_shard
+        inner = self.layout.inner
+        return CacheDamagedError(self.location, [DamagedChunk(self.array, c * inner, (c + 1) * inner, problem,
+                                                              f"c/{c // per_shard}, chunk {c % per_shard} of {per_shard}") for c in chunks])
+
+    def _damaged_object(self, shard: int, problem: str) -> CacheDamagedError:
+        """The error for a stored object (a whole shard) that is missing or whose index is damaged."""
+        size = self.layout.shard
+        return CacheDamagedError(self.location, [DamagedChunk(self.array, shard * size, (shard + 1) * size, problem, f"c/{shard}")])
 
     def _get(self, shards: list[int], committed: int) -> dict[int, tuple[Any, np.ndarray, np.ndarray | None]]:
         """Each shard's entry, mapping or fetching what is missing or stale."""
@@ -207,8 +265,10 @@ class ShardedReads:
     def _index(self, raw: bytes | np.ndarray, shard: int) -> np.ndarray:
         layout = self.layout
         head = bytes(raw[: layout.index_bytes])
-        if len(head) < layout.index_bytes or google_crc32c.value(head[:-4]) != int.from_bytes(head[-4:], "little"):
-            raise OSError(f"{self.where}: the index of shard c/{shard} is damaged (checksum mismatch); delete the cache and rebuild it")
+        if len(head) < layout.index_bytes:
+            raise self._damaged_object(shard, "cut short")
+        if google_crc32c.value(head[:-4]) != int.from_bytes(head[-4:], "little"):
+            raise self._damaged_object(shard, "damaged index")
         return np.frombuffer(head[:-4], "<u8").reshape(-1, 2)
 
 
@@ -221,11 +281,11 @@ def make_source(url: str, via: str) -> LocalShards | RemoteShards | None:
         return RemoteShards(url)
     return None
 
-def reads_for(metadata: dict[str, Any], url: str, via: str) -> ShardedReads | None:
-    """The exact reader of an array, or None when tensorstore reads it (another layout, or a store read through
-    tensorstore)."""
+def reads_for(metadata: dict[str, Any], location: str, array: str, via: str) -> ShardedReads | None:
+    """The exact reader of ``array`` (e.g. ``input_ids/data``) of the cache at ``location``, or None when tensorstore
+    reads it (another layout, or a store read through tensorstore)."""
     layout = ShardLayout.from_metadata(metadata)
-    source = make_source(url, via) if layout is not None else None
+    source = make_source(f"{location.rstrip('/')}/{array}", via) if layout is not None else None
     if layout is None or source is None:
         return None
-    return ShardedReads(layout, source, url)
+    return ShardedReads(layout, source, location, array)

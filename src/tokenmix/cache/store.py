@@ -21,6 +21,8 @@ from urllib.parse import urlparse
 import numpy as np
 import tensorstore as ts
 
+from tokenmix.cache.damage import CacheDamagedError, DamagedChunk, locate, problem_of
+
 TOKENS_ARRAY = "input_ids"
 LOSS_SPANS_ARRAY = "loss_spans"
 """Per document, the ``[start, end)`` token ranges trained on (relative to the document), as flat int64
@@ -158,13 +160,27 @@ decoded 3.7x as fast; level 5 saved 2.4% more bytes and compressed 22% slower, d
 shuffle left off (chunks no smaller, decoding 2.5x slower)."""
 
 
+CHECKSUM_CODEC = {"name": "crc32c"}
+"""The last codec of every chunk: a crc32c of its stored bytes, checked by every read (tensorstore's and
+``shard_reads.py``'s), so that bit rot is an error, never other tokens."""
+
+READER_OPTIONS = {"fill_missing_data_reads": False}
+"""How an array is read: a chunk missing from storage is an error, not the fill value (token 0)."""
+
+WRITER_OPTIONS = {**READER_OPTIONS, "store_data_equal_to_fill_value": True}
+"""How a builder opens an array: every chunk it writes is stored, zeros included (tensorstore leaves out a chunk equal
+to the fill value by default), so that a chunk missing from storage is damage, never a run of zeros."""
+
+
 def _array_spec(location: str, sub: str, dtype: str, shard: int, inner: int, compression: str) -> dict[str, Any]:
-    """A new 1-d array of ``shard``-element objects, each a zarr3 shard of ``inner``-element chunks compressed apart."""
-    codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}, *CHUNK_CODECS[compression]]
-    index_codecs = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
+    """A new 1-d array of ``shard``-element objects, each a zarr3 shard of ``inner``-element chunks compressed apart and
+    checksummed."""
+    codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}, *CHUNK_CODECS[compression], CHECKSUM_CODEC]
+    index_codecs = [{"name": "bytes", "configuration": {"endian": "little"}}, CHECKSUM_CODEC]
     return {
         "driver": "zarr3",
         "kvstore": _subspec(location, sub),
+        **WRITER_OPTIONS,
         "metadata": {
             "shape": [CAPACITY],
             "data_type": dtype,
@@ -178,13 +194,16 @@ def _array_spec(location: str, sub: str, dtype: str, shard: int, inner: int, com
 
 
 def _open_array(location: str, sub: str, dtype: str | None, shard: int, inner: int, create: bool,
-                compression: str = "zstd") -> ts.TensorStore:
+                compression: str = "zstd", strict: bool = True) -> ts.TensorStore:
     """An existing array with the layout it was made with (caches of every tokenmix layout open), or, with ``create``, a
-    new one in today's layout, its chunks stored as ``compression`` says (``CHUNK_CODECS``)."""
+    new one in today's layout, its chunks stored as ``compression`` says (``CHUNK_CODECS``). Opened to write
+    (``create``), every chunk is stored; opened to read, a missing chunk is an error unless ``strict`` is off (arrays
+    another program wrote, which may leave out chunks of zeros)."""
     remote_read = not create and urlparse(location).scheme in ("gs", "s3")
+    options = WRITER_OPTIONS if create else READER_OPTIONS if strict else {}
     try:
-        array = ts.open({"driver": "zarr3", "kvstore": _subspec(location, sub)}, context=_REMOTE_READ_CONTEXT if remote_read else _CONTEXT,
-                        open=True).result()
+        array = ts.open({"driver": "zarr3", "kvstore": _subspec(location, sub), **options},
+                        context=_REMOTE_READ_CONTEXT if remote_read else _CONTEXT, open=True).result()
     except ValueError as e:
         if not create or "NOT_FOUND" not in str(e):
             raise
@@ -231,35 +250,54 @@ class _ChunkAligned:
         return [self.array[self.start : self.end].write(self.waiting[0])]
 
 
-def _write_unit(array: ts.TensorStore) -> int:
+def write_unit(array: ts.TensorStore) -> int:
     """Elements per stored object: what a write should cover whole (a shard, or a plain chunk in older caches)."""
     return int(array.chunk_layout.write_chunk.shape[0])
 
 
 class JaggedArray:
-    """Rows of tokens stored as ``data`` + ``offsets`` zarr3 arrays under ``location/name``."""
+    """Rows of tokens stored as ``data`` + ``offsets`` zarr3 arrays under ``location/name``.
 
-    def __init__(self, data: ts.TensorStore, offsets: ts.TensorStore):
+    Every read either returns the stored values or raises ``CacheDamagedError`` naming the chunks that failed their
+    check and the rows they hold; a storage error that is not about the bytes (an unreachable store) is raised as it is.
+    """
+
+    def __init__(self, data: ts.TensorStore, offsets: ts.TensorStore, location: str = "", name: str = TOKENS_ARRAY):
         self.data = data
         self.offsets = offsets
+        self.location = location
+        self.name = name
         self._tokens: _ChunkAligned | None = None
         self._ends: _ChunkAligned | None = None
 
     @classmethod
-    def open(cls, location: str, name: str, dtype: str | None, create: bool = False, compression: str = "zstd") -> JaggedArray:
+    def open(cls, location: str, name: str, dtype: str | None, create: bool = False, compression: str = "zstd",
+             strict: bool = True) -> JaggedArray:
         """Open (or, with ``create``, create if absent) the jagged array ``name`` at ``location``; ``compression`` says
         how new values are stored (``CHUNK_CODECS``; row ends are always zstd). ``dtype`` None opens values of any type
-        (not with ``create``)."""
-        data = _open_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, create, compression)
-        return cls(data, _open_array(location, f"{name}/offsets", "int64", OFFSETS_SHARD, OFFSETS_INNER, create))
+        (not with ``create``). ``strict`` off reads a missing chunk as zeros (for arrays another program wrote)."""
+        data = _open_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, create, compression, strict)
+        return cls(data, _open_array(location, f"{name}/offsets", "int64", OFFSETS_SHARD, OFFSETS_INNER, create, strict=strict),
+                   location, name)
 
     @property
     def dtype(self) -> np.dtype:
         return np.dtype(self.data.dtype.numpy_dtype)
 
-    def committed_rows(self) -> int:
-        """The number of published rows (``offsets[0]``), read fresh from storage."""
-        return int(self.offsets[0].read().result())
+    @property
+    def checksummed(self) -> bool:
+        """Whether every stored chunk carries a checksum (arrays made before checksums do not)."""
+        return all(CHECKSUM_CODEC in _chunk_codecs(a) for a in (self.data, self.offsets))
+
+    def committed_rows(self, unwritten_is_empty: bool = False) -> int:
+        """The number of published rows (``offsets[0]``), read fresh from storage. Before the first publication that
+        value is not stored: ``unwritten_is_empty`` (the ledger holds no rows) reads it as 0, else it is damage."""
+        try:
+            return int(self.read(self.offsets, 0, 1)[0])
+        except CacheDamagedError as e:
+            if unwritten_is_empty and all(c.problem == "missing" for c in e.chunks):
+                return 0
+            raise
 
     def write_rows(self, first_row: int, first_token: int, tokens: np.ndarray, lengths: np.ndarray) -> list[ts.Future]:
         """Start writing rows ``first_row...`` whose tokens begin at ``first_token``; not yet published. Appended tokens
@@ -269,12 +307,12 @@ class JaggedArray:
         if len(tokens):
             if self._tokens is None or self._tokens.end != first_token:
                 futures.extend(self._tokens.flush() if self._tokens is not None else [])
-                self._tokens = _ChunkAligned(self.data, _write_unit(self.data), first_token)
+                self._tokens = _ChunkAligned(self.data, write_unit(self.data), first_token)
             futures.extend(self._tokens.append(tokens))
         if len(lengths):
             if self._ends is None or self._ends.end != first_row + 1:
                 futures.extend(self._ends.flush() if self._ends is not None else [])
-                self._ends = _ChunkAligned(self.offsets, _write_unit(self.offsets), first_row + 1)
+                self._ends = _ChunkAligned(self.offsets, write_unit(self.offsets), first_row + 1)
             futures.extend(self._ends.append(ends))
         return futures
 
@@ -294,7 +332,7 @@ class JaggedArray:
         """``offsets[start + 1 : stop + 1]``: the end position of rows ``start`` to ``stop - 1``."""
         if stop <= start:
             return np.empty(0, np.int64)
-        return self.offsets[start + 1 : stop + 1].read().result()
+        return self.read(self.offsets, start + 1, stop + 1)
 
     def row_bounds(self, start: int, stop: int) -> np.ndarray:
         """Token boundaries of rows ``start`` to ``stop - 1``: ``stop - start + 1`` positions."""
@@ -303,4 +341,64 @@ class JaggedArray:
         return np.concatenate([first, ends])
 
     def read_tokens(self, start: int, stop: int) -> np.ndarray:
-        return self.data[start:stop].read().result()
+        return self.read(self.data, start, stop)
+
+    def read(self, array: ts.TensorStore, start: int, stop: int) -> np.ndarray:
+        """Elements ``[start, stop)`` of ``data`` or ``offsets``, checked."""
+        return self.awaited(array, [(start, stop)], [array[start:stop].read()])[0]
+
+    def awaited(self, array: ts.TensorStore, ranges: list[tuple[int, int]], reads: list[Any]) -> list[np.ndarray]:
+        """The results of reads issued together, one per ``(start, stop)`` range of ``array``; a read that failed on
+        damaged bytes raises ``CacheDamagedError`` for every damaged chunk of the ranges, with the rows they hold."""
+        try:
+            return [np.asarray(r.result()) for r in reads]
+        except ValueError as e:
+            if problem_of(e) is None:
+                raise
+            raise self.damage(array, ranges) from None
+
+    def damage(self, array: ts.TensorStore, ranges: list[tuple[int, int]]) -> CacheDamagedError:
+        """The damage among ``ranges`` of ``array`` (each chunk read alone), naming the rows it holds."""
+        chunks = list({c: None for start, stop in ranges for c in self.locate(array, start, stop)})
+        return CacheDamagedError(self.location, chunks, self.rows_holding(chunks))
+
+    def locate(self, array: ts.TensorStore, start: int, stop: int) -> list[DamagedChunk]:
+        """The damaged chunks among elements ``[start, stop)`` of ``data`` or ``offsets``, each chunk read alone."""
+        name = f"{self.name}/{'data' if array is self.data else 'offsets'}"
+        return locate(name, start, stop, int(array.chunk_layout.read_chunk.shape[0]), lambda a, b: array[a:b].read().result())
+
+    def rows_holding(self, chunks: list[DamagedChunk]) -> tuple[int, int] | None:
+        """The rows whose values (``data``) or bounds (``offsets``) are in ``chunks``, or None where the row bounds
+        needed to tell cannot be read."""
+        if not chunks:
+            return None
+        rows: list[int] = []
+        try:
+            published = int(np.asarray(self.offsets[0].read().result()))
+            for chunk in chunks:
+                if chunk.array.endswith("/offsets"):
+                    rows += [max(0, chunk.start - 1), max(0, min(chunk.stop - 1, published))]
+                else:
+                    rows += [self._row_of(chunk.start, published), self._row_of(chunk.stop - 1, published) + 1]
+        except ValueError:
+            return None
+        return min(rows[0::2]), max(rows[1::2])
+
+    def _row_of(self, token: int, published: int) -> int:
+        """The row holding token ``token`` (a binary search over row ends, one read a step)."""
+        lo, hi = 0, published
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if int(np.asarray(self.offsets[mid + 1].read().result())) <= token:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+
+def _chunk_codecs(array: ts.TensorStore) -> list[dict[str, Any]]:
+    """The codecs each stored chunk of ``array`` passes through (inside its shard, for a sharded array)."""
+    codecs = array.spec().to_json()["metadata"]["codecs"]
+    if len(codecs) == 1 and codecs[0]["name"] == "sharding_indexed":
+        return codecs[0]["configuration"]["codecs"]
+    return codecs

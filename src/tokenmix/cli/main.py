@@ -10,6 +10,7 @@ COMMANDS = {
     "build-cache": ("tokenmix.cli.build_cache", "Build (or resume, or extend) the caches of a data config."),
     "export": ("tokenmix.cli.export", "Write a cache (or a source's token files) as Megatron, datatrove, Nanoset, Levanter or Cerebras HDF5 files."),
     "inspect": ("tokenmix.cli.inspect_cache", "Show a cache's ledger and statistics and decode sample documents."),
+    "verify": ("tokenmix.cli.verify", "Check every stored byte of caches (checksums, row bounds, inputs) and repair damaged rows."),
     "demo": ("tokenmix.cli.demo", "Build the bundled demo mixture's caches and print their statistics."),
     "train": ("tokenmix.cli.train_lm", "Train a tiny transformer on a mixture: per-source eval, checkpoints, exact resume."),
     "plot": ("tokenmix.cli.plot_schedule", "Draw a mixture config's schedule (each source's share by step) as a PNG."),

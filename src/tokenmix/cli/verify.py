@@ -1,0 +1,100 @@
+"""``tokenmix verify CACHE... | --config_path CFG.yaml [--source NAME]``: check every stored byte of caches, and repair.
+
+Reads every chunk of each cache (tokens, row ends, loss spans, packing plans), which checks its checksum and that it is
+there; holds the row ends against the ledger; reads the inputs still reachable and checks them against the digests of
+the records the cache read. Prints a report per cache and exits 1 if any cache is damaged (0 when all are sound).
+
+``--repair`` rewrites the damaged rows from their inputs, when those are unchanged, and checks again. The inputs and
+the encoder come from ``--config_path`` (the config that built the caches) or, without one, from each cache's ledger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from tokenmix import (
+    CacheDamagedError,
+    CacheLockedError,
+    CacheNotFoundError,
+    CacheReport,
+    ConfigError,
+    RepairError,
+    TokenizerLoadError,
+    load_data_config,
+    verify_cache,
+)
+from tokenmix.cli.console import make_console
+from tokenmix.config.caches import cache_targets
+
+logger = logging.getLogger(__name__)
+
+SHOWN = 10
+"""Damaged chunks, problems and inputs listed per cache; more are counted."""
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tokenmix verify", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("caches", nargs="*", help="cache directories or URLs (one source and split each)")
+    parser.add_argument("--config_path", help="a data config: verify its caches (all, or --source), and repair from its inputs")
+    parser.add_argument("--source", action="append", help="with --config_path: only this source's caches (repeatable)")
+    parser.add_argument("--repair", action="store_true", help="rewrite damaged rows from their inputs when those are unchanged")
+    parser.add_argument("--no_inputs", action="store_true", help="do not read the inputs to check them against the ledger")
+    parser.add_argument("--json", action="store_true", help="print the reports as JSON")
+    args, overrides = parser.parse_known_args(argv)
+    if not args.caches and not args.config_path:
+        parser.error("give cache directories, or --config_path")
+    try:
+        config = load_data_config(args.config_path, overrides) if args.config_path else None
+        locations = list(args.caches) or [t.location for t in cache_targets(config, args.source)]  # type: ignore[arg-type]
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        logger.error("%s", e)
+        return 2
+    reports, failed = [], 0
+    for location in locations:
+        try:
+            with logging_redirect_tqdm():
+                reports.append(verify_cache(location, repair=args.repair, inputs=not args.no_inputs, config=config))
+        except (CacheNotFoundError, CacheDamagedError, RepairError, CacheLockedError, TokenizerLoadError) as e:
+            logger.error("%s", e)
+            failed += 1
+    if args.json:
+        print(json.dumps([r.to_json() for r in reports], indent=1))
+    else:
+        console = make_console()
+        for report in reports:
+            _print(console, report)
+    return 1 if failed or not all(r.ok for r in reports) else 0
+
+
+def _print(console, report: CacheReport) -> None:
+    state = "[green]OK[/green]" if report.ok else "[red]DAMAGED[/red]"
+    building = "" if report.finished else " (build unfinished: the published rows were checked)"
+    console.print(f"[bold]{report.location}[/bold]  {state}  {report.rows:,} rows  {report.tokens:,} tokens  "
+                  f"{report.chunks:,} chunks read{building}")
+    if not report.checksummed:
+        console.print("  [yellow]built before chunk checksums: bit rot in it cannot be seen; build it again to have them[/yellow]")
+    for chunk in report.damaged[:SHOWN]:
+        console.print(f"  damaged: {chunk.describe()}")
+    for problem in report.problems[:SHOWN]:
+        console.print(f"  inconsistent: {problem}")
+    hidden = max(0, len(report.damaged) - SHOWN) + max(0, len(report.problems) - SHOWN)
+    if hidden:
+        console.print(f"  ... and {hidden:,} more (--json lists them all)")
+    states: dict[str, list[str]] = {}
+    for check in report.inputs:
+        states.setdefault(check.state, []).append(f"{check.shard}" + (f" ({check.detail})" if check.detail else ""))
+    if states:
+        console.print("  inputs: " + ", ".join(f"{len(v):,} {k}" for k, v in states.items()))
+    for state in ("changed", "unreachable"):
+        for line in states.get(state, [])[:SHOWN]:
+            console.print(f"  input {state}: {line}")
+    for line in report.repaired:
+        console.print(f"  repaired: {line}")
+    if not report.ok and not report.repaired:
+        fix = ("restore the changed inputs, or delete the cache and build it again" if not report.damaged and not report.problems
+               else f"`tokenmix verify {report.location} --repair` rewrites the damaged rows from unchanged inputs")
+        console.print(f"  to fix: {fix}")

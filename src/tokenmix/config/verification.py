@@ -1,0 +1,91 @@
+"""Verifying a cache (``tokenmix verify``), and finding what a repair needs: the cache's inputs and its encoder, from the
+data config that built it or, without one, from the cache's own ledger (its tokenizer, format and shard names).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import draccus
+
+from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
+from tokenmix.cache.stats import STATS_FILE
+from tokenmix.cache.store import JsonDocuments
+from tokenmix.cache.verify import CacheReport, RepairError, scrub
+from tokenmix.cache.verify import repair as repair_from_inputs
+from tokenmix.config.caches import cache_targets
+from tokenmix.config.tokenization import TokenizationConfig
+from tokenmix.formats.base import LmDatasetFormatBase
+from tokenmix.sources.shards import FileShard, Shard
+
+if TYPE_CHECKING:
+    from tokenmix.config.mixture import DataConfig
+    from tokenmix.formats.encoder import EncoderSpec
+
+
+def verify_cache(location: str, repair: bool = False, inputs: bool = True, config: DataConfig | None = None,
+                 progress: bool = True) -> CacheReport:
+    """Check every stored byte of the cache at ``location`` against its checksums, its row bounds against its ledger,
+    and (``inputs``) its inputs against the digests of the records it read; with ``repair``, rewrite the damaged
+    rows from those inputs when they are unchanged, and check again. ``config``: the data config that built the cache
+    (its shards and encoder); without one they are taken from the cache's ledger. Raises ``RepairError`` when a repair
+    cannot be done exactly; never writes anything otherwise."""
+    shards, spec = _inputs_and_encoder(location, config, need_encoder=False)
+    report = scrub(location, shards, inputs=inputs or repair, progress=progress)
+    if repair and not report.ok:
+        shards, spec = _inputs_and_encoder(location, config, need_encoder=True)
+        report = repair_from_inputs(location, report, shards, spec, progress=progress)  # type: ignore[arg-type]
+    return report
+
+
+def _inputs_and_encoder(location: str, config: DataConfig | None, need_encoder: bool) -> tuple[list[Shard] | None, EncoderSpec | None]:
+    """The cache's input shards (None: as the ledger names them) and, when needed, the encoder that built it."""
+    if config is not None:
+        target = next((t for t in cache_targets(config) if t.location.rstrip("/") == location.rstrip("/")), None)
+        if target is None:
+            raise RepairError(f"the data config defines no cache at {location}; give the config that built it")
+        return target.shards, _with_backend(location, target.spec) if need_encoder else None
+    if not need_encoder:
+        return None, None
+    docs = JsonDocuments(location)
+    ledger = CacheLedger.from_json(docs.read(LEDGER_FILE) or {})
+    return _ledger_shards(location, ledger), _with_backend(location, _ledger_encoder(location, ledger))
+
+
+def _ledger_shards(location: str, ledger: CacheLedger) -> list[Shard]:
+    shards: list[Shard] = []
+    for progress in ledger.shards:
+        if progress.name.startswith("hf://"):
+            raise RepairError(f"cannot repair {location} without its data config: {progress.name} is a Hugging Face dataset; "
+                              "give the config that built the cache (--config_path)")
+        shards.append(FileShard(progress.name))
+    return shards
+
+
+def _ledger_encoder(location: str, ledger: CacheLedger) -> EncoderSpec:
+    """The encoder that built the cache, made from its ledger: the tokenizer it names and the format its identity holds;
+    it must give the very identity the cache records."""
+    tokenizer = ledger.info.get("tokenizer")
+    if not tokenizer:
+        raise RepairError(f"cannot repair {location} without its data config: its ledger does not name its tokenizer; give the "
+                          "config that built the cache (--config_path)")
+    identity = ledger.identity
+    fmt = draccus.decode(LmDatasetFormatBase, identity["format"])
+    tokenization = TokenizationConfig(tokenizer=tokenizer, enforce_eos=identity.get("eos_id") is not None,
+                                      enforce_bos=identity.get("bos_id") is not None)
+    spec, made = tokenization.encoder_spec(fmt, f"the tokenizer {tokenizer!r} of the cache at {location}")
+    stored = {k: v for k, v in identity.items() if k != "compression"}
+    if made != stored:
+        differ = sorted(k for k in set(made) | set(stored) if made.get(k) != stored.get(k))
+        raise RepairError(f"cannot repair {location} without its data config: the tokenizer {tokenizer!r} and format its ledger "
+                          f"names give another identity ({', '.join(differ)} differ); give the config that built the cache "
+                          "(--config_path)")
+    return spec
+
+
+def _with_backend(location: str, spec: EncoderSpec) -> EncoderSpec:
+    """The encoder with the tokenizer backend the build used (``stats.json``), so that re-read rows get its very ids."""
+    stats = JsonDocuments(location).read(STATS_FILE) or {}
+    backend = ((stats.get("build") or {}).get("tokenizer_backend") or {}).get("name")
+    return dataclasses.replace(spec, backend=backend) if backend else spec
