@@ -1,12 +1,16 @@
 """One builder per cache: a build lock that holds on local disks and on object stores.
 
-Local paths (``flock``): the builder holds an exclusive ``fcntl.flock`` on ``<cache>/build.lock``. The
-kernel drops it the instant its holder dies, SIGKILL included, so a killed builder's lock is free at
-once and no lock can outlive its holder; the holder writes its host, pid and start time into the file
-so that a waiting builder can say whom it waits for. On release the file is unlinked while still
-locked; a builder that locked a file that is no longer at the path (it lost that race) tries again.
-``flock`` holds between processes of one machine; on a filesystem shared between machines (NFS and
-the like) it may not, and ``build.lock: lease`` uses the lease below instead.
+Local paths (``flock``): the builder holds an exclusive ``fcntl.flock`` on the cache directory and on
+``<cache>/build.lock``. The kernel drops both the instant their holder dies, SIGKILL included, so a killed
+builder's lock is free at once and no lock can outlive its holder; the holder writes its host, pid and
+start time into the file so that a waiting builder can say whom it waits for. The directory's lock is
+what excludes: deleting or replacing ``build.lock`` lets no second builder in. The holder checks before
+each commit, and at release, that ``build.lock`` is still the file it locked, and stops
+(``LockLostError``) when it was deleted or replaced. ``build.lock`` is never opened through a symbolic
+link (one there is refused by name). On release the file is unlinked while still locked; a builder that
+locked a file that is no longer at the path (it lost that race) tries again. ``flock`` holds between
+processes of one machine; on a filesystem shared between machines (NFS and the like) it may not, and
+``build.lock: lease`` uses the lease below instead.
 
 Object stores (gs://, s3://) and ``memory://`` (``lease``): ``<cache>/build.lock`` is a lease object,
 created only if absent and renewed every ``lease_s / 4`` by writes conditioned on the storage
@@ -32,6 +36,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from tokenmix._safe_files import UnsafeFileError, open_lock_file
 from tokenmix._waiting import poll_until
 from tokenmix.cache.store import kvstore_spec, open_kvstore, unwritable
 
@@ -129,31 +134,45 @@ class BuildLock(abc.ABC):
 
 
 class FlockBuildLock(BuildLock):
-    """The build lock of a cache on a local filesystem: an ``flock`` the kernel releases when its holder dies."""
+    """The build lock of a cache on a local filesystem: ``flock``s the kernel releases when their holder dies."""
 
     def __init__(self, location: str, path: str, timeout: float | None):
         super().__init__(location, timeout)
         self.path = path
         self._fd: int | None = None
+        self._dir_fd: int | None = None
 
     def _try_acquire(self) -> bool:
+        directory = os.path.dirname(self.path)
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            os.makedirs(directory, exist_ok=True)
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
             raise unwritable(self.location, e) from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(dir_fd)
+            self.holder = self._recorded_holder()
+            return False
+        try:
+            fd = open_lock_file(self.path, "build lock")
+        except UnsafeFileError:
+            os.close(dir_fd)
+            raise
+        except OSError as e:
+            os.close(dir_fd)
+            raise unwritable(self.location, e) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a builder of an older tokenmix locks the file alone
         except BlockingIOError:
             self.holder = LockHolder.parse(os.pread(fd, 1 << 16, 0))
             os.close(fd)
+            os.close(dir_fd)
             return False
-        try:
-            if os.fstat(fd).st_ino != os.stat(self.path).st_ino:
-                os.close(fd)  # locked a file its holder unlinked on release: the lock is the file now at the path
-                return False
-        except FileNotFoundError:
-            os.close(fd)
+        if not self._still_at_path(fd):
+            os.close(fd)  # locked a file its holder unlinked on release: the lock is the file now at the path
+            os.close(dir_fd)
             return False
         previous = LockHolder.parse(os.pread(fd, 1 << 16, 0))
         if previous is not None:
@@ -162,20 +181,50 @@ class FlockBuildLock(BuildLock):
         os.ftruncate(fd, 0)
         os.pwrite(fd, self.me.encode(), 0)
         os.fsync(fd)
-        self._fd = fd
+        self._fd, self._dir_fd = fd, dir_fd
         return True
 
+    def _recorded_holder(self) -> LockHolder | None:
+        """Who the lock file says holds the lock (read without following a link)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            return LockHolder.parse(os.pread(fd, 1 << 16, 0))
+        finally:
+            os.close(fd)
+
+    def _still_at_path(self, fd: int) -> bool:
+        """Whether the file open as ``fd`` is the one at the lock's path (not deleted, renamed over or replaced)."""
+        try:
+            at_path = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(fd)
+        return (held.st_dev, held.st_ino) == (at_path.st_dev, at_path.st_ino)
+
     def check(self) -> None:
-        """Nothing to check: an flock is held for as long as its holder lives."""
+        """Raise ``LockLostError`` when the lock file was deleted or replaced since it was taken: whoever did that may
+        have let another builder think the cache free, so this build stops before it commits more."""
+        if self._fd is not None and not self._still_at_path(self._fd):
+            raise LockLostError(f"cache at {self.location}: its build lock {self.path} was deleted or replaced while this build "
+                                "held it; this build stopped before its next commit. Re-run the build: it resumes from the last "
+                                "commit (never delete build.lock by hand: a killed builder's lock is released by the kernel).")
 
     def release(self) -> None:
         if self._fd is None:
             return
         try:
-            os.unlink(self.path)  # while still locked: a waiter that opened this file sees it gone and tries again
+            if self._still_at_path(self._fd):
+                os.unlink(self.path)  # while still locked: a waiter that opened this file sees it gone and tries again
+            else:
+                logger.warning("%s: the build lock file was deleted or replaced while this build held it; it is left as it is",
+                               self.location)
         finally:
             os.close(self._fd)
-            self._fd = None
+            os.close(self._dir_fd)  # type: ignore[arg-type]
+            self._fd = self._dir_fd = None
 
 
 class LeaseBuildLock(BuildLock):

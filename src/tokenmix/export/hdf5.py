@@ -26,12 +26,13 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import h5py
 import numpy as np
 from tqdm.auto import tqdm
 
+from tokenmix._safe_files import create_new
 from tokenmix.export.streaming import TokenSource, atomic_files, partial_name, span_mask
 
 logger = logging.getLogger(__name__)
@@ -426,6 +427,8 @@ class _SampleFiles:
         self._options = options
         self.complete = 0
         self._h5: h5py.File | None = None
+        self._file: BinaryIO | None = None
+        """The partial file ``_h5`` writes into, created without following a link."""
         self._held = 0
 
     def write(self, samples: np.ndarray) -> None:
@@ -450,9 +453,7 @@ class _SampleFiles:
     def abort(self) -> None:
         """Drop the file being written."""
         if self._h5 is not None:
-            self._h5.close()
-            self._h5 = None
-        if os.path.exists(self._partial):
+            self._close()
             os.remove(self._partial)
 
     @property
@@ -463,9 +464,19 @@ class _SampleFiles:
     def _partial(self) -> str:
         return partial_name(self._path)
 
+    def _close(self, sync: bool = False) -> None:
+        """Close the file being written; ``sync`` puts its bytes on disk first (before it is renamed into place)."""
+        self._h5.close()  # type: ignore[union-attr]
+        if sync:
+            self._file.flush()  # type: ignore[union-attr]
+            os.fsync(self._file.fileno())  # type: ignore[union-attr]
+        self._file.close()  # type: ignore[union-attr]
+        self._h5 = self._file = None
+
     def _open(self) -> None:
         msl = self._options.max_seq_length
-        self._h5 = h5py.File(self._partial, "w")
+        self._file = create_new(self._partial, "partial export file")
+        self._h5 = h5py.File(self._file, "w")
         # one sample per chunk: a reader takes any sample without decompressing its neighbours
         self._h5.create_dataset("data", shape=(0, 3, msl), maxshape=(self._options.files_per_record, 3, msl), chunks=(1, 3, msl),
                                 dtype=self._options.data_dtype, compression=self._options.compression, track_times=False)
@@ -474,9 +485,7 @@ class _SampleFiles:
     def _finish(self) -> None:
         assert self._h5 is not None
         self._h5.attrs["n_examples"] = self._held
-        self._h5.close()
-        self._h5 = None
-        _sync(self._partial)
+        self._close(sync=True)
         os.replace(self._partial, self._path)
         self.complete += 1
 
@@ -571,15 +580,6 @@ def _source_format(identity: dict[str, Any]) -> str | None:
 
 def _file_name(output_name: str, index: int) -> str:
     return f"{output_name}_{index:05d}.h5"
-
-
-def _sync(path: str) -> None:
-    """Put a closed file's bytes on disk before it is renamed into place."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _is_int(value: Any) -> bool:

@@ -13,6 +13,8 @@ from typing import IO, Any, Protocol
 import numpy as np
 from tqdm.auto import tqdm
 
+from tokenmix._safe_files import create_new
+
 
 class TokenSource(Protocol):
     """What the export reads from a cache: a ``TokenCache``, or any reader with the same members (such as a reader of
@@ -96,8 +98,10 @@ def atomic_files(*paths: str) -> Iterator[list[IO[bytes]]]:
     the last one named, an index, appears only once the data it describes is whole); on failure none appears."""
     for path in paths:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    handles = [open(partial_name(p), "wb") for p in paths]
+    handles: list[IO[bytes]] = []
     try:
+        for path in paths:
+            handles.append(create_new(partial_name(path), "partial export file"))
         yield handles
         for f in handles:
             f.flush()
@@ -108,5 +112,5 @@ def atomic_files(*paths: str) -> Iterator[list[IO[bytes]]]:
     finally:
         for path, f in zip(paths, handles):
             f.close()
-            if os.path.exists(partial_name(path)):
+            if os.path.isfile(partial_name(path)) and not os.path.islink(partial_name(path)):
                 os.remove(partial_name(path))
