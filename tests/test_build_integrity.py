@@ -124,6 +124,49 @@ def test_builders_racing_on_one_cache_end_with_a_single_builds_bytes(tmp_path, r
     assert waited >= min(2, RACE_TRIES), "the builders never overlapped: the race was not tested"
 
 
+def test_a_build_lock_that_is_a_symbolic_link_is_refused_and_its_target_untouched(tmp_path):
+    """Before, the lock was opened through a link planted at its name, and the link's target truncated and overwritten."""
+    location = tmp_path / "c"
+    location.mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("not yours")
+    (location / LOCK_FILE).symlink_to(target)
+    with pytest.raises(tokenmix.UnsafeFileError, match=rf"{location / LOCK_FILE}: the build lock is a symbolic link \(to {target}\)"):
+        build(str(location), SHARDS[:1])
+    assert target.read_text() == "not yours" and (location / LOCK_FILE).is_symlink()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["delete", "replace"])
+def test_deleting_or_replacing_the_build_lock_lets_no_second_builder_in(tmp_path, reference, how):
+    """The lock file of a running build is deleted (or replaced by another file), and a second builder starts: it waits,
+    since the running build still holds the cache directory's lock; the running build finds its lock file gone at its
+    next commit and stops; the second then resumes. The published row count never goes down and the cache ends with
+    an uninterrupted build's bytes. Before, the second builder ran beside the first."""
+    cache_dir = tmp_path / "c"
+    config = write_config(tmp_path / "c.yaml", cache_dir, SHARDS)
+    location = cache_dir / "web" / "train"
+    watcher = RowWatcher(location)
+    first = start_builder(config, time.time())
+    deadline = time.monotonic() + 120
+    while not (watcher.seen and watcher.seen[-1] > 0):
+        assert time.monotonic() < deadline and first.poll() is None, "the first build never published a row"
+        time.sleep(0.005)
+    if how == "delete":
+        (location / LOCK_FILE).unlink()
+    else:
+        (location / "stranger").write_text("{}")
+        os.replace(location / "stranger", location / LOCK_FILE)
+    second = start_builder(config, time.time())
+    out_first, out_second = first.communicate(timeout=240)[0], second.communicate(timeout=240)[0]
+    seen = watcher.stop()
+    assert first.returncode == 1 and "LockLostError" in out_first and "was deleted or replaced while this build held it" in out_first, out_first
+    assert second.returncode == 0, out_second
+    assert seen == sorted(seen), "the published row count went down"
+    assert cache_bytes(str(location)) == reference["listed"]
+    assert not (location / LOCK_FILE).exists()
+
+
 def test_a_second_builder_refuses_at_once_naming_the_holder(tmp_path):
     location = str(tmp_path / "c")
     with build_lock(location):

@@ -14,7 +14,7 @@ import pytest
 from helpers import DEMO_CORPUS, TOKENIZER, build, read_jsonl_zst, write_jsonl
 
 import tokenmix
-from tokenmix import SupervisedLmDatasetFormat, TokenCache
+from tokenmix import SupervisedLmDatasetFormat, TokenCache, UnsafeFileError
 from tokenmix.export import export_datatrove
 from tokenmix.export.hdf5 import DATA_PARAMS, Hdf5ExportOptions, export_hdf5, read_hdf5_samples
 
@@ -283,3 +283,16 @@ def test_a_failed_export_leaves_only_whole_files_and_a_rerun_finishes_it(caches,
     assert not [f for f in os.listdir(out) if f.endswith(".partial")]
     with pytest.raises(FileExistsError, match="finished HDF5 export"):
         export_hdf5(cache, str(out), Hdf5ExportOptions(max_seq_length=MSL), progress=False)
+
+
+@pytest.mark.parametrize("name", [".examples_00000.h5.partial", "examples_00000.h5", ".data_params.json.partial"])
+def test_a_symbolic_link_where_an_export_writes_is_refused_and_its_target_untouched(caches, tmp_path, name):
+    """A link planted where a partial (or an unfinished export's) file goes is refused by name: before, the export
+    wrote its samples through it, over the link's target."""
+    out, target = tmp_path / "out", tmp_path / "precious"
+    out.mkdir()
+    target.write_bytes(b"not yours")
+    (out / name).symlink_to(target)
+    with pytest.raises(UnsafeFileError, match=rf"{out / name}: the .* is a symbolic link \(to {target}\)"):
+        export(caches["text"], out, files_per_record=20)
+    assert target.read_bytes() == b"not yours" and (out / name).is_symlink()

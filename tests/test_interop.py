@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tokenmix
-from tokenmix import SupervisedLmDatasetFormat, TokenCache
+from tokenmix import SupervisedLmDatasetFormat, TokenCache, UnsafeFileError
 from tokenmix.cache import CacheMismatchError
 from tokenmix.datasets.splits import parse_split, split_bounds
 from tokenmix.export import export_datatrove, export_levanter, export_megatron, export_nanoset
@@ -250,6 +251,21 @@ def test_an_export_that_fails_part_way_leaves_no_file(tmp_path, text_cache):
         streaming.BATCH_TOKENS = old
     assert os.listdir(tmp_path / "m") == []
     assert not os.path.exists(partial_name(str(tmp_path / "m" / "web.bin")))
+
+
+@pytest.mark.parametrize("suffix", [".bin", ".idx"])
+def test_a_symbolic_link_where_an_export_writes_its_partial_file_is_refused_and_its_target_untouched(tmp_path, text_cache, suffix):
+    """Before, the partial file was opened through a link planted at its name, writing token bytes over the link's target."""
+    target = tmp_path / "precious"
+    target.write_bytes(b"not yours")
+    prefix = tmp_path / "m" / "web"
+    prefix.parent.mkdir()
+    partial = Path(partial_name(str(prefix) + suffix))
+    partial.symlink_to(target)
+    with pytest.raises(UnsafeFileError, match=rf"{partial}: the partial export file is a symbolic link \(to {target}\)"):
+        export_megatron(text_cache, str(prefix), progress=False)
+    assert target.read_bytes() == b"not yours" and partial.is_symlink()
+    assert not os.path.exists(str(prefix) + ".bin") and not os.path.exists(str(prefix) + ".idx")
 
 
 @pytest.mark.parametrize("damage,message", [

@@ -88,6 +88,7 @@ Errors
     CurationInputError          A bad record or an unreadable shard under ``on_error: raise``; the message names the file and the line.
     TokenFileError              A token file that cannot be read as the kind it was declared; the message names the file and the fix.
     CacheWriteError             The cache's storage refused a write (permissions, a full disk, ...); the message says what is kept and what to do.
+    UnsafeFileError             A path where tokenmix writes a file of its own holds a symbolic link (or something else that is not a file).
     CacheDamagedError           Stored bytes of a cache failed their check: a checksum mismatch, a missing or cut-short object, a damaged index.
     RepairError                 A cache that cannot be repaired from its inputs; the message says why and what to do instead.
     LoaderError                 Loading a step failed (waiting for, reading or placing its examples); the message names the step.
@@ -98,6 +99,7 @@ from typing import TYPE_CHECKING
 from tokenmix._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from tokenmix._safe_files import UnsafeFileError
     from tokenmix.cache.builder import BadInputError, ShardTaskError
     from tokenmix.cache.cluster import MissingExtraError
     from tokenmix.cache.damage import CacheDamagedError
@@ -195,6 +197,7 @@ __all__ = [
     "TokenSeqDataset",
     "TokenizationConfig",
     "TokenizerLoadError",
+    "UnsafeFileError",
     "batch_fingerprint",
     "build_caches",
     "export_cache",

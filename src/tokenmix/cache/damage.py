@@ -61,24 +61,26 @@ class CacheDamagedError(OSError):
 
 
 _PROBLEMS = (
-    ("Digest mismatch", "checksum mismatch"),
     ("shard index", "damaged index"),
+    ("Digest mismatch", "checksum mismatch"),
     ("is missing", "missing"),
     ("NOT_FOUND", "missing"),
     ("is not valid for value of size", "cut short"),
     ("OUT_OF_RANGE", "cut short"),
-    ("DATA_LOSS", "undecodable"),
-    ("Error decoding", "undecodable"),
+    ("data_loss", "undecodable"),
+    ("error decoding", "undecodable"),
     ("blosc", "undecodable"),
     ("zstd", "undecodable"),
 )
+"""Markers of a storage error's text (compared without case), most specific first. A decoder's error (blosc, zstd)
+comes before the chunk's checksum is checked, which tensorstore does once the decoder has read the whole chunk."""
 
 
 def problem_of(error: BaseException) -> str | None:
     """What a storage read error says about the stored bytes (``checksum mismatch``, ``missing``, ...), or None for an
     error that is not about them (an unreachable store, a permission)."""
-    text = str(error)
-    return next((problem for marker, problem in _PROBLEMS if marker in text), None)
+    text = str(error).lower()
+    return next((problem for marker, problem in _PROBLEMS if marker.lower() in text), None)
 
 
 _STORED = re.compile(r'shard entry \{(\d+)\}/\{(\d+)\}.*?"[^"]*?/(c/\d+)"')

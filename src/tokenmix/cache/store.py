@@ -370,19 +370,24 @@ class JaggedArray:
     def rows_holding(self, chunks: list[DamagedChunk]) -> tuple[int, int] | None:
         """The rows whose values (``data``) or bounds (``offsets``) are in ``chunks``, or None where the row bounds
         needed to tell cannot be read."""
-        if not chunks:
-            return None
-        rows: list[int] = []
         try:
-            published = int(np.asarray(self.offsets[0].read().result()))
-            for chunk in chunks:
-                if chunk.array.endswith("/offsets"):
-                    rows += [max(0, chunk.start - 1), max(0, min(chunk.stop - 1, published))]
-                else:
-                    rows += [self._row_of(chunk.start, published), self._row_of(chunk.stop - 1, published) + 1]
+            published: int | None = int(np.asarray(self.offsets[0].read().result()))
         except ValueError:
-            return None
-        return min(rows[0::2]), max(rows[1::2])
+            published = None
+        firsts, stops = [], []
+        for chunk in chunks:
+            if chunk.array.endswith("/offsets"):  # offsets[i] is where row i - 1 ends
+                firsts.append(max(0, chunk.start - 1))
+                stops.append(chunk.stop - 1 if published is None else min(chunk.stop - 1, published))
+                continue
+            if published is None:
+                return None
+            try:
+                firsts.append(self._row_of(chunk.start, published))
+                stops.append(self._row_of(chunk.stop - 1, published) + 1)
+            except ValueError:
+                return None
+        return (min(firsts), max(stops)) if firsts else None
 
     def _row_of(self, token: int, published: int) -> int:
         """The row holding token ``token`` (a binary search over row ends, one read a step)."""

@@ -18,12 +18,14 @@ from rich.table import Table
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tokenmix import (
+    CacheDamagedError,
     CacheLockedError,
     CacheWriteError,
     ConfigError,
     LockLostError,
     MissingExtraError,
     ShardTaskError,
+    UnsafeFileError,
     build_caches,
     load_data_config,
 )
@@ -57,7 +59,7 @@ def run(argv: list[str]) -> int:
         with logging_redirect_tqdm():
             results = build_caches(config, sources=args.source)
     except (ConfigError, ValueError, FileNotFoundError, MissingExtraError, ConnectionError, ShardTaskError, CacheLockedError,
-            LockLostError, CacheWriteError) as e:
+            LockLostError, CacheWriteError, CacheDamagedError, UnsafeFileError) as e:
         logger.error("%s", e)
         return 1
     make_console().print(summary_table(results))

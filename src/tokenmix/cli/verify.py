@@ -24,6 +24,7 @@ from tokenmix import (
     ConfigError,
     RepairError,
     TokenizerLoadError,
+    UnsafeFileError,
     load_data_config,
     verify_cache,
 )
@@ -58,7 +59,7 @@ def run(argv: list[str]) -> int:
         try:
             with logging_redirect_tqdm():
                 reports.append(verify_cache(location, repair=args.repair, inputs=not args.no_inputs, config=config))
-        except (CacheNotFoundError, CacheDamagedError, RepairError, CacheLockedError, TokenizerLoadError) as e:
+        except (CacheNotFoundError, CacheDamagedError, RepairError, CacheLockedError, TokenizerLoadError, UnsafeFileError) as e:
             logger.error("%s", e)
             failed += 1
     if args.json:

@@ -26,9 +26,11 @@ if TYPE_CHECKING:
 
 def verify_cache(location: str, repair: bool = False, inputs: bool = True, config: DataConfig | None = None,
                  progress: bool = True) -> CacheReport:
-    """Check every stored byte of the cache at ``location`` against its checksums, its row bounds against its ledger,
-    and (``inputs``) its inputs against the digests of the records it read; with ``repair``, rewrite the damaged
-    rows from those inputs when they are unchanged, and check again. ``config``: the data config that built the cache
+    """Check every stored byte of a cache against its checksums, bounds and ledger; optionally repair.
+
+    Reads every stored chunk of the cache at ``location``, holds its row bounds against its ledger and (``inputs``) its
+    inputs against the digests of the records it read; with ``repair``, rewrites the damaged rows from those inputs when
+    they are unchanged, and checks again. ``config``: the data config that built the cache
     (its shards and encoder); without one they are taken from the cache's ledger. Raises ``RepairError`` when a repair
     cannot be done exactly; never writes anything otherwise."""
     shards, spec = _inputs_and_encoder(location, config, need_encoder=False)

@@ -32,7 +32,7 @@ import h5py
 import numpy as np
 from tqdm.auto import tqdm
 
-from tokenmix._safe_files import create_new
+from tokenmix._safe_files import create_new, refuse_unsafe
 from tokenmix.export.streaming import TokenSource, atomic_files, partial_name, span_mask
 
 logger = logging.getLogger(__name__)
@@ -524,6 +524,8 @@ def _clear_unfinished(output_dir: str, output_name: str) -> None:
     name, params = re.escape(output_name), re.escape(DATA_PARAMS)
     ours = re.compile(rf"{name}_\d{{5}}\.h5|\.{name}_\d{{5}}\.h5\.partial|\.{params}\.partial")
     left = sorted(f for f in os.listdir(output_dir) if ours.fullmatch(f))
+    for f in left:
+        refuse_unsafe(os.path.join(output_dir, f), "file of an unfinished export")  # never an export's: a link planted there
     if left:
         logger.warning("%s: removing %d files an unfinished export left (%s ...)", output_dir, len(left), left[0])
         for f in left:
