@@ -19,8 +19,8 @@ import pytest
 from helpers import REPO
 
 SRC = REPO / "src"
-RANK = {"_lazy": 0, "_waiting": 0, "_safe_files": 0, "sources": 1, "formats": 2, "cache": 3, "datasets": 4, "loader": 5, "config": 6, "curate": 7, "export": 7, "": 8,
-        "train": 9, "cli": 10}
+RANK = {"_lazy": 0, "_waiting": 0, "_safe_files": 0, "sources": 1, "formats": 2, "cache": 3, "datasets": 4, "loader": 5, "config": 6,
+        "curate": 7, "export": 7, "": 8, "train": 9, "cli": 10}
 """Stage of each top-level name under tokenmix ("" is the package itself, its public face)."""
 
 

@@ -5,7 +5,6 @@ from the cache's inputs to the very bytes the build wrote. Real caches, real fil
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 from helpers import REPO, TOKENIZER, cache_bytes, demo_urls, write_jsonl
 
 import tokenmix
-from tokenmix import CacheDamagedError, SupervisedLmDatasetFormat, TokenCache, TokenSeqDataset
+from tokenmix import CacheDamagedError, TokenCache, TokenSeqDataset
 from tokenmix.cache import store
 from tokenmix.cache.chunk_cache import ChunkCache
 from tokenmix.export import export_cache
