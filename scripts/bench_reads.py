@@ -7,8 +7,9 @@
 GiB of tokens: reads then touch far more shards and pages than the chunk cache, or the CPU caches, hold.
 
 Builds the config's caches once per layout, into fresh directories: in today's layout (zarr3 shards of 2^20 tokens holding
-chunks of 2^12) with zstd chunks (``build.compression: zstd``, the default), LZ4 ones (``lz4``) and uncompressed ones
-(``none``), and in the layout before shards (plain zstd chunks of 2^18 tokens, made by creating the arrays with that
+chunks of 2^12, each chunk with its crc32c) with zstd chunks (``build.compression: zstd``, the default), LZ4 ones (``lz4``)
+and uncompressed ones (``none``); each of those without the crc32c (``zstd-unchecked`` ...: what reading costs without
+verification, printed as a ratio); and in the layout before shards (plain zstd chunks of 2^18 tokens, made by creating the arrays with that
 layout first; the builder writes into the arrays it finds). For each, reads shuffled 64 x 2048 batches of the three-source mixture with
 ``MixtureDataset.get_batch``:
 
@@ -40,7 +41,7 @@ from tokenmix.cache import chunk_cache, store
 from tokenmix.cache.reader import TokenCache
 
 LEGACY_CHUNK = 1 << 18
-LAYOUTS = ("zstd", "lz4", "none", "legacy")
+LAYOUTS = ("zstd", "lz4", "none", "zstd-unchecked", "lz4-unchecked", "none-unchecked", "legacy")
 
 
 def legacy_arrays(config, dtype: str) -> None:
@@ -53,6 +54,19 @@ def legacy_arrays(config, dtype: str) -> None:
                 "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk]}},
                 "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd", "configuration": {"level": 1}}]}},
                 create=True).result()
+
+
+def unchecked_arrays(config, dtype: str, compression: str) -> None:
+    """Create every train cache's arrays in today's layout but without the crc32c of each chunk (as before checksums):
+    the same reads, unverified, to measure what verification costs."""
+    for name in config.configs:
+        location = config.cache_location(name, "train")
+        for sub, kind, shard, inner in (("input_ids/data", dtype, store.DATA_SHARD, store.DATA_INNER),
+                                        ("input_ids/offsets", "int64", store.OFFSETS_SHARD, store.OFFSETS_INNER)):
+            spec = store._array_spec(location, sub, kind, shard, inner, compression if sub.endswith("data") else "zstd")
+            sharding = spec["metadata"]["codecs"][0]["configuration"]
+            sharding["codecs"] = [c for c in sharding["codecs"] if c != store.CHECKSUM_CODEC]
+            ts.open(spec, create=True).result()
 
 
 def disk_bytes(path: str) -> int:
@@ -88,12 +102,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tokenmix-bench-reads-") as scratch:
         trains = {}
         for layout in layouts:
-            extra = ["--build.compression", layout] if layout in ("lz4", "none") else []
+            compression = layout.removesuffix("-unchecked")
+            extra = ["--build.compression", compression] if compression in ("lz4", "none") else []
             config = load_data_config(args.config_path, ["--cache_dir", os.path.join(scratch, layout), *extra])
             if args.copies > 1:
                 config = with_copies(config, args.copies, os.path.join(scratch, "corpus", layout))
             if layout == "legacy":
                 legacy_arrays(config, "uint16")
+            if layout.endswith("-unchecked"):
+                unchecked_arrays(config, "uint16", compression)
             started = time.perf_counter()
             build_caches(config, progress=False)
             built = time.perf_counter() - started
@@ -129,6 +146,11 @@ def main() -> None:
     for label, rate in results.items():
         print(f"  {label:<20} {rate / 1e6:8.1f} M tokens/s  {rate / memmap:.3f}x memmap")
     print("| " + " | ".join(f"{results[k] / 1e6:.1f} M ({results[k] / memmap:.3f}x)" for k in runs) + f" | {memmap / 1e6:.0f} M |")
+    for layout in layouts:
+        if f"{layout}-unchecked" in layouts:
+            cost = ", ".join(f"cache {state}: {results[f'{layout}, cache {state}'] / results[f'{layout}-unchecked, cache {state}']:.3f}x"
+                             for state in ("off", "on"))
+            print(f"  checksum verification, {layout}: {cost} the reads of the same layout without checksums")
 
 
 if __name__ == "__main__":

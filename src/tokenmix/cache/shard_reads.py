@@ -32,6 +32,9 @@ from tokenmix.cache.damage import CacheDamagedError, DamagedChunk
 
 MISSING = np.uint64(2**64 - 1)
 """A shard index entry for a chunk that was never written."""
+CRC32C_RESIDUE = 0x48674BC7
+"""The crc32c of any bytes followed by their own crc32c (little-endian): a chunk is checked with one pass over it."""
+_crc32c = google_crc32c.value
 
 
 @dataclass(frozen=True)
@@ -194,15 +197,12 @@ class ShardedReads:
 
     def _checked(self, frames: list[np.ndarray], nbytes: list[int], chunks: list[int]) -> list[np.ndarray]:
         """Each stored chunk without its crc32c, once its bytes are all there and match it."""
-        out = []
-        for frame, n, c in zip(frames, nbytes, chunks):
-            if len(frame) != n or n < 4:
-                raise self._damaged([c], "cut short")
-            body = frame[:-4]
-            if google_crc32c.value(body) != int.from_bytes(frame[-4:], "little"):
-                raise self._damaged([c], "checksum mismatch")
-            out.append(body)
-        return out
+        if any(len(frame) != n or n < 4 for frame, n in zip(frames, nbytes)):
+            raise self._damaged([c for frame, n, c in zip(frames, nbytes, chunks) if len(frame) != n or n < 4], "cut short")
+        sums = [_crc32c(frame) for frame in frames]
+        if sums.count(CRC32C_RESIDUE) != len(sums):
+            raise self._damaged([c for total, c in zip(sums, chunks) if total != CRC32C_RESIDUE], "checksum mismatch")
+        return [frame[:-4] for frame in frames]
 
     def _damaged(self, chunks: list[int], problem: str) -> CacheDamagedError:
         """The error for damaged chunks of this array (rows are named by the cache, which reads the row bounds)."""
