@@ -453,3 +453,78 @@ def test_a_truncated_shard_raises_naming_it_or_keeps_its_readable_records_and_co
     assert 0 < len(kept) < len(full) and kept == full[: len(kept)]
     assert stats["sources"]["web"]["shards_failed"] == {"truncated_file": 1} and stats["sources"]["web"]["read"] == len(kept)
     assert stats["accounted"]
+
+
+HOLD_MODULE = '''
+import os
+import pathlib
+import time
+
+
+def hold(text):
+    """A score function that marks the worker as busy and never returns: the run is still in its tasks when killed."""
+    pathlib.Path(os.environ["CURATE_BUSY_DIR"], str(os.getpid())).touch()
+    while True:
+        time.sleep(0.1)
+'''
+
+
+def test_sigkill_of_the_curate_process_alone_takes_its_workers_and_resource_tracker_with_it(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import yaml
+
+    (tmp_path / "curate_hold.py").write_text(HOLD_MODULE)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    for k in range(2):
+        (tmp_path / f"s{k}.jsonl").write_text('{"text": "one two three"}\n')
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump({
+        "sources": [{"name": "s", "paths": [str(tmp_path / "s{0..1}.jsonl")]}],
+        "stages": [{"type": "score_filter", "filter": {"type": "function", "score_function": "curate_hold:hold"}}],
+        "output": {"path": str(tmp_path / "out"), "format": "jsonl", "write_to_filename": True}, "num_workers": 2}))
+    env = {**os.environ, "CURATE_BUSY_DIR": str(busy),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    main = subprocess.Popen([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(tmp_path / "pipeline.yaml")],
+                            cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    descendants: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(os.listdir(busy)) < 2:
+            assert main.poll() is None, main.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the workers never started their tasks"
+            time.sleep(0.1)
+        descendants = psutil.Process(main.pid).children(recursive=True)
+        workers = [p for p in descendants if str(p.pid) in os.listdir(busy)]
+        trackers = [p for p in descendants if "resource_tracker" in " ".join(p.cmdline())]
+        assert len(workers) == 2 and len(trackers) == 1, [p.cmdline() for p in descendants]
+        os.kill(main.pid, signal.SIGKILL)
+        main.wait()
+
+        def alive() -> list[psutil.Process]:
+            left = []
+            for p in descendants:
+                try:
+                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                        left.append(p)
+                except psutil.NoSuchProcess:
+                    pass
+            return left
+
+        deadline = time.monotonic() + 60
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(), f"still running 60 s after the curate process was killed: {[p.cmdline() for p in alive()]}"
+    finally:
+        for p in descendants:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if main.poll() is None:
+            main.kill()
+            main.wait()
