@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 from collections import Counter
+from pathlib import Path
 
 import orjson
 import pyarrow as pa
@@ -27,6 +28,7 @@ from tokenmix.curate import (
     ExactDedup,
     FieldFilter,
     Modify,
+    Score,
     ScoreFilter,
     Shuffle,
     ShuffleConfig,
@@ -50,7 +52,7 @@ SOURCES = ("linux_doc", "python_doc", "webster")
 def _read(path) -> list[dict]:
     path = str(path)
     if path.endswith(".parquet"):
-        return pq.read_table(path).to_pylist()
+        return pq.ParquetFile(path).read().to_pylist()  # not read_table: its dataset scanner owns the names __filename, ...
     with open(path, "rb") as f:
         raw = f.read()
     if path.endswith(".zst"):
@@ -528,3 +530,60 @@ def test_sigkill_of_the_curate_process_alone_takes_its_workers_and_resource_trac
         if main.poll() is None:
             main.kill()
             main.wait()
+
+
+ENGINE_LIKE_FIELDS = ("__index", "__filename", "__batch_index", "__last_in_fragment", "__fragment_index", "__position", "__absent", "__~x")
+"""Field names in the engine's ``__`` space: its own columns, and the columns Arrow's dataset scanner adds."""
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_fields_named_like_the_engines_columns_pass_through_untouched(tmp_path, on_error):
+    records = []
+    for i in range(40):
+        record = {"text": f"document {i}" + " word" * (i % 5), "filename": f"earlier-{i % 3}.jsonl"}
+        record.update({name: f"{name}-{i}" for name in ENGINE_LIKE_FIELDS if (i + len(name)) % 4})
+        if i % 7 == 0:
+            record["__index"] = i
+        records.append(record)
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:20]))
+    columns = {name: [r.get(name) for r in records[20:]] for name in ("text", "filename", *ENGINE_LIKE_FIELDS[1:])}
+    pq.write_table(pa.table(columns), tmp_path / "b.parquet")
+    parquet_records = [{k: v for k, v in r.items() if k != "__index"} | {name: r.get(name) for name in ENGINE_LIKE_FIELDS[1:]}
+                       for r in records[20:]]
+    expected = [{**r, "__score": len(r["text"].split())} for r in records[:20] + parquet_records]
+    sources = [CurationSource("s", [str(tmp_path / "a.jsonl"), str(tmp_path / "b.parquet")])]
+    score = DocumentFilter.get_choice_class("word_count")()
+    stages = [AddId(id_field="__id"), FieldFilter("__id", "!=", ""),
+              Modify(DocumentModifier.get_choice_class("whitespace")()), Score(score, score_field="__score")]
+
+    def run(output, **kw):
+        stats = run_curation(CurationConfig(sources=sources, stages=stages, output=output, on_error=on_error, num_workers=0, **kw))
+        assert stats["accounted"] and stats["output"]["records"] == len(records)
+        rows = [r for name in sorted(os.listdir(output.path)) if name.startswith("part-") for r in _read(Path(output.path) / name)]
+        assert all(r.pop("__id").startswith("s-0000") for r in rows)
+        return rows
+
+    assert run(CurationOutput(str(tmp_path / "in_order"), "jsonl", partitions=3)) == expected
+    shuffled = run(CurationOutput(str(tmp_path / "shuffled"), "jsonl.zst", partitions=2), shuffle=ShuffleConfig(seed=1))
+    assert sorted(json.dumps(r, sort_keys=True) for r in shuffled) == sorted(json.dumps(r, sort_keys=True) for r in expected)
+    as_parquet = run(CurationOutput(str(tmp_path / "parquet"), "parquet", partitions=1))
+    assert [{k: v for k, v in r.items() if v is not None} for r in as_parquet] == [
+        {k: (json.dumps(v) if k == "__index" and v is not None else v) for k, v in r.items() if v is not None} for r in expected]
+
+
+def test_add_filename_names_the_shard_read_now_and_a_chain_of_steps_round_trips(tmp_path):
+    (tmp_path / "raw").mkdir()
+    records = [{"text": f"record {i}", **({"filename": "from-an-earlier-pipeline.jsonl"} if i % 3 == 0 else {}),
+                **({"filename": i} if i % 3 == 1 else {}), "n": i} for i in range(30)]
+    for k in range(2):
+        (tmp_path / "raw" / f"books_{k:02d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[k * 15:(k + 1) * 15]))
+    step1 = DocumentDataset.read_json(str(tmp_path / "raw"), add_filename=True).to_json(str(tmp_path / "step1"), write_to_filename=True,
+                                                                                         num_workers=0)
+    assert step1["accounted"] and step1["output"]["records"] == 30
+    for k in range(2):
+        name = f"books_{k:02d}.jsonl"
+        assert _read(tmp_path / "step1" / name) == [{**r, "filename": name} for r in records[k * 15:(k + 1) * 15]]
+    step2 = DocumentDataset.read_json(str(tmp_path / "step1"), add_filename=True).to_json(str(tmp_path / "step2"), write_to_filename=True,
+                                                                                          num_workers=0)
+    assert step2["output"]["records"] == 30
+    assert _outputs(tmp_path / "step2") == _outputs(tmp_path / "step1")

@@ -45,7 +45,7 @@ from tokenmix.cache.executor import ExecutorConfig, LocalExecutorConfig
 from tokenmix.curate import blend as blending
 from tokenmix.curate import exact_dedup, fuzzy_dedup, minhash, scatter
 from tokenmix.curate.execution import open_executor, run_tasks
-from tokenmix.curate.records import as_array, concat
+from tokenmix.curate.records import as_array, concat, field_column
 from tokenmix.curate.shard_io import (
     BATCH_BYTES,
     OUTPUT_FORMATS,
@@ -269,7 +269,7 @@ def run_map_task(task: MapTask) -> dict[str, Any]:
                     stats["removed"].update(dropped)
                 stats["out"] += table.num_rows
             if task.barrier is not None and table.num_rows:
-                artifacts.append(_artifact(task.barrier, as_array(table.column(task.barrier.text_field or shard.text_field))))
+                artifacts.append(_artifact(task.barrier, as_array(field_column(table, task.barrier.text_field or shard.text_field))))
             writer.write(table)
             written += table.num_rows
             nbytes += table.nbytes

@@ -27,7 +27,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from tokenmix.curate.records import POSITION, concat, is_hidden, records_table, table_rows
+from tokenmix.curate.records import (
+    POSITION,
+    concat,
+    engine_table,
+    field_column,
+    field_name,
+    has_field,
+    is_hidden,
+    records_table,
+    set_field,
+    table_rows,
+    user_table,
+)
 from tokenmix.sources.shards import FileShard, PlainText, ShardReadError
 
 OutputFormat = Literal["jsonl", "jsonl.gz", "jsonl.zst", "parquet"]
@@ -71,8 +83,11 @@ def shard_stem(url: str) -> str:
 
 def read_batches(url: str, text_field: str, filename_field: str | None, on_error: str, found: ShardBatches,
                  chunk_bytes: int = BATCH_BYTES) -> Iterator[pa.Table]:
-    """The records of one shard, in order, as tables with their positions (and ``filename_field`` set to the shard's
-    base name when given). Bad records are raised or counted in ``found`` as ``on_error`` says."""
+    """The records of one shard, in order, as tables with their positions, and ``filename_field`` set to the shard's
+    base name when given (NeMo Curator's ``add_filename``): a record that already has that field gets the name of the
+    shard it is read from now, as NeMo does. In a chain of steps, each writing its shards under their input's names
+    and the next reading them, the field then names the file the record was read from, which is the file the step
+    writes it to. Bad records are raised or counted in ``found`` as ``on_error`` says."""
     shard = FileShard(url)
     batches = _parquet_batches(shard) if shard.kind == "parquet" else _record_batches(shard, text_field, on_error, found, chunk_bytes)
     name = posixpath.basename(url.rstrip("/"))
@@ -82,7 +97,7 @@ def read_batches(url: str, text_field: str, filename_field: str | None, on_error
                 found.read += table.num_rows
                 table = _check_text_column(table, shard, text_field, on_error, found)
             if filename_field is not None and table.num_rows:
-                table = table.append_column(filename_field, pa.array([name] * table.num_rows, pa.string()))
+                table = set_field(table, filename_field, pa.array([name] * table.num_rows, pa.string()))
             if table.num_rows:
                 yield table
     except ShardReadError as e:
@@ -146,7 +161,7 @@ def _parquet_batches(shard: FileShard) -> Iterator[pa.Table]:
     try:
         position = 0
         for table in row_groups(shard.name):
-            yield table.append_column(POSITION, pa.array(range(position, position + table.num_rows), pa.int64()))
+            yield engine_table(table).append_column(POSITION, pa.array(range(position, position + table.num_rows), pa.int64()))
             position += table.num_rows
     except FileNotFoundError as e:
         raise ShardReadError(shard.name, 0, "missing_file", str(e)) from e
@@ -155,15 +170,16 @@ def _parquet_batches(shard: FileShard) -> Iterator[pa.Table]:
 
 
 def _check_text_column(table: pa.Table, shard: FileShard, text_field: str, on_error: str, found: ShardBatches) -> pa.Table:
-    if text_field not in table.column_names or not (pa.types.is_string(table.schema.field(text_field).type)
-                                                    or pa.types.is_large_string(table.schema.field(text_field).type)):
-        reason = "missing_text" if text_field not in table.column_names else "text_not_a_string"
+    if not has_field(table, text_field) or not (pa.types.is_string(field_column(table, text_field).type)
+                                                or pa.types.is_large_string(field_column(table, text_field).type)):
+        reason = "missing_text" if not has_field(table, text_field) else "text_not_a_string"
         if on_error == "raise":
             raise CurationInputError(f"{shard.name}: column {text_field!r} {'is missing' if reason == 'missing_text' else 'is not text'}; "
-                                     f"columns are {[n for n in table.column_names if not is_hidden(n)]}; set text_field to the text column")
+                                     f"columns are {[field_name(n) for n in table.column_names if not is_hidden(n)]}; set text_field to "
+                                     "the text column")
         found.bad[reason] += table.num_rows
         return table.slice(0, 0)
-    nulls = table.column(text_field).is_null()
+    nulls = field_column(table, text_field).is_null()
     count = pa.compute.sum(nulls).as_py() or 0
     if count:
         if on_error == "raise":
@@ -205,7 +221,7 @@ class ShardWriter:
             return
         self.records += table.num_rows
         if self.fmt == "parquet":
-            self._write_parquet(table if self.keep_hidden else table.select([n for n in table.column_names if not is_hidden(n)]))
+            self._write_parquet(table if self.keep_hidden else user_table(table))
             return
         self._stream.write(b"".join(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE) for row in table_rows(table)))
 
