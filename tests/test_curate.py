@@ -587,3 +587,57 @@ def test_add_filename_names_the_shard_read_now_and_a_chain_of_steps_round_trips(
                                                                                           num_workers=0)
     assert step2["output"]["records"] == 30
     assert _outputs(tmp_path / "step2") == _outputs(tmp_path / "step1")
+
+
+def test_parquet_output_holds_the_records_fields_only_when_its_batches_differ_in_fields(tmp_path):
+    records = [{"text": f"record {i}", **({"extra": i} if i % 2 else {})} for i in range(6)]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    run_curation(CurationConfig(sources=[CurationSource("s", [str(tmp_path / "s.jsonl")])], chunk_bytes=1, num_workers=0,
+                                output=CurationOutput(str(tmp_path / "out"), "parquet", write_to_filename=True)))
+    assert _read(tmp_path / "out" / "s" / "s.parquet") == [{"text": r["text"], "extra": r.get("extra")} for r in records]
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["write_to_filename", "shuffled_partitions"])
+def test_a_finished_curation_writes_again_the_outputs_deleted_cut_or_garbled_since(tmp_path, partitioned):
+    out = tmp_path / "out"
+    config = CurationConfig(sources=[_demo_source(s) for s in SOURCES], stages=[AddId(), ExactDedup()], num_workers=0,
+                            shuffle=ShuffleConfig(seed=3) if partitioned else None,
+                            output=CurationOutput(str(out), "jsonl.zst", write_to_filename=not partitioned, partitions=4 if partitioned else None))
+    first = run_curation(config)
+    reference = _outputs(out)
+    assert len(reference) >= 4
+    deleted, cut, garbled = sorted(reference)[:3]
+    os.remove(out / deleted)
+    (out / cut).write_bytes(reference[cut][:-7])
+    flipped = bytearray(reference[garbled])
+    flipped[len(flipped) // 2] ^= 0x10
+    (out / garbled).write_bytes(bytes(flipped))
+    again = run_curation(config)
+    assert _outputs(out) == reference
+    assert again["output"] == first["output"] and again["sources"] == first["sources"]
+    assert not [f for _, _, files in os.walk(out) for f in files if f.endswith(".partial")]
+    untouched = {name: os.stat(out / name).st_mtime_ns for name in reference}
+    assert run_curation(config)["output"] == first["output"]
+    assert {name: os.stat(out / name).st_mtime_ns for name in reference} == untouched
+
+
+@pytest.mark.parametrize("where", ["output shard", "statistics"])
+def test_a_symlink_where_a_temporary_file_goes_is_refused_by_name_and_its_target_left_alone(tmp_path, where):
+    from tokenmix.curate.partial_files import UnsafePartialFileError
+
+    (tmp_path / "s.jsonl").write_text('{"text": "one two three"}\n')
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    link = out / "s" / ".s.jsonl.partial" if where == "output shard" else out / "curation_stats.json.partial"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(victim)
+    config = CurationConfig(sources=[CurationSource("s", [str(tmp_path / "s.jsonl")])], num_workers=0,
+                            output=CurationOutput(str(out), "jsonl", write_to_filename=True))
+    with pytest.raises(UnsafePartialFileError, match=rf"{link} is a symbolic link, where curation writes a temporary file.*remove it"):
+        run_curation(config)
+    assert victim.read_text() == "precious" and link.is_symlink()
+    link.unlink()
+    link.write_bytes(b"left by a killed run")
+    assert run_curation(config)["output"]["records"] == 1
+    assert _read(out / "s" / "s.jsonl") == [{"text": "one two three"}] and not link.exists()

@@ -19,7 +19,7 @@ import posixpath
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 import fsspec
 import orjson
@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
+from tokenmix.curate.partial_files import PartialFile
 from tokenmix.curate.records import (
     POSITION,
     concat,
@@ -191,7 +192,8 @@ def _check_text_column(table: pa.Table, shard: FileShard, text_field: str, on_er
 
 
 class ShardWriter:
-    """Writes one output shard under a temporary name; ``close`` renames it to ``url`` once every batch is in.
+    """Writes one output shard under a temporary name (``partial_files``); ``close`` renames it to ``url`` once every
+    batch is in and returns its size and digest.
 
     ``keep_hidden`` keeps the engine's columns (for the intermediate shards between a pipeline's phases).
     """
@@ -205,7 +207,7 @@ class ShardWriter:
         self.tmp_path = posixpath.join(parent, f".{name}.partial")
         self.fs.makedirs(parent, exist_ok=True)
         self.records = 0
-        self._file: BinaryIO = self.fs.open(self.tmp_path, "wb")
+        self._file = PartialFile(self.fs, self.tmp_path)
         self._stream: Any = None
         self._parquet: pq.ParquetWriter | None = None
         if fmt == "jsonl.gz":
@@ -231,29 +233,32 @@ class ShardWriter:
             self._file.close()
             with self.fs.open(self.tmp_path, "rb") as f:
                 written = pq.read_table(f)
+            self._file.discard()
             table = concat([written, table])
-            self._file = self.fs.open(self.tmp_path, "wb")
+            if not self.keep_hidden:
+                table = user_table(table)
+            self._file = PartialFile(self.fs, self.tmp_path)
             self._parquet = None
         if self._parquet is None:
             self._parquet = pq.ParquetWriter(self._file, table.schema, compression="zstd", write_statistics=False)
         self._parquet.write_table(table, row_group_size=max(1, table.num_rows))
 
-    def close(self) -> None:
-        """Finish the file and give it its name."""
+    def close(self) -> dict[str, Any]:
+        """Finish the file and give it its name; its size and digest (``partial_files.damage`` checks them)."""
         if self.fmt == "parquet":
             if self._parquet is None:
                 self._parquet = pq.ParquetWriter(self._file, pa.schema([]), compression="zstd")
             self._parquet.close()
         elif self._stream is not self._file:
             self._stream.close()
-        self._file.close()
-        self.fs.mv(self.tmp_path, self.path)
+        self._file.publish(self.path)
+        return self._file.record()
 
     def abort(self) -> None:
         """Give up on the shard: its temporary file is removed, no output shard appears."""
         for close in (self._parquet.close if self._parquet is not None else None,
                       self._stream.close if self._stream is not None and self._stream is not self._file else None,
-                      self._file.close, lambda: self.fs.rm(self.tmp_path)):
+                      self._file.discard):
             try:
                 if close is not None:
                     close()
@@ -262,13 +267,17 @@ class ShardWriter:
 
 
 def write_whole(url: str, write: Any) -> None:
-    """Write a small file whole: ``write(f)`` fills ``<url>.partial``, which is then renamed to ``url``, so the name
-    only ever holds a complete file (statistics, decisions, artifacts)."""
+    """Write a small file whole: ``write(f)`` fills ``<url>.partial`` (``partial_files``), which is then renamed to
+    ``url``, so the name only ever holds a complete file (statistics, decisions, artifacts)."""
     fs, path = fsspec.core.url_to_fs(url)
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
-    with fs.open(path + ".partial", "wb") as f:
-        write(f)
-    fs.mv(path + ".partial", path)
+    partial = PartialFile(fs, path + ".partial")
+    try:
+        write(partial)
+    except BaseException:
+        partial.discard()
+        raise
+    partial.publish(path)
 
 
 def write_table(url: str, table: pa.Table, statistics: bool = False) -> None:
