@@ -10,11 +10,12 @@ optional offline blend in front. It runs in passes, each a set of independent ta
 2. when writing partitions: a scatter pass (one task per shard: each record, each blend copy, to its bucket) and a
    gather pass (one task per partition, a bucket at a time: bounded memory) (``scatter.py``, ``blend.py``).
 
-Every task writes its output under a temporary name and renames it when complete, then writes its statistics; a task
-whose statistics are there is done. So a run killed at any moment and run again redoes only unfinished tasks and
-produces byte-identical output. A pipeline's work goes to ``<output>/.curate/<key>``, the key a hash of the pipeline and
-of its inputs' sizes and modification times (or ETags): work done for another pipeline, or over inputs that have since
-changed, is never reused for this one.
+Every task writes its output under a temporary name and renames it when complete, then writes its statistics, which
+record each file's size and digest; a task whose statistics are there and whose files are still as it wrote them is
+done. So a run killed at any moment and run again redoes only unfinished tasks and produces byte-identical output, and
+a finished run run again writes anew only the outputs deleted or damaged since. A pipeline's work goes to
+``<output>/.curate/<key>``, the key a hash of the pipeline and of its inputs' sizes and modification times (or ETags):
+work done for another pipeline, or over inputs that have since changed, is never reused for this one.
 
 ``curation_stats.json`` accounts for every input record: read, bad (by reason), removed by each stage (by reason,
 per source), blended, written.
