@@ -566,6 +566,9 @@ def test_fields_named_like_the_engines_columns_pass_through_untouched(tmp_path, 
     assert run(CurationOutput(str(tmp_path / "in_order"), "jsonl", partitions=3)) == expected
     shuffled = run(CurationOutput(str(tmp_path / "shuffled"), "jsonl.zst", partitions=2), shuffle=ShuffleConfig(seed=1))
     assert sorted(json.dumps(r, sort_keys=True) for r in shuffled) == sorted(json.dumps(r, sort_keys=True) for r in expected)
+    looked_at = list(DocumentDataset.read_json([str(tmp_path / "a.jsonl")], on_error=on_error).iter_batches())
+    assert [set(t.column_names) for t in looked_at] == [{"text", "filename", *ENGINE_LIKE_FIELDS}]
+    assert looked_at[0].column("__filename").to_pylist() == [r.get("__filename") for r in records[:20]]
     as_parquet = run(CurationOutput(str(tmp_path / "parquet"), "parquet", partitions=1))
     assert [{k: v for k, v in r.items() if v is not None} for r in as_parquet] == [
         {k: (json.dumps(v) if k == "__index" and v is not None else v) for k, v in r.items() if v is not None} for r in expected]
