@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 from collections import Counter
+from pathlib import Path
 
 import orjson
 import pyarrow as pa
@@ -27,6 +28,7 @@ from tokenmix.curate import (
     ExactDedup,
     FieldFilter,
     Modify,
+    Score,
     ScoreFilter,
     Shuffle,
     ShuffleConfig,
@@ -50,7 +52,7 @@ SOURCES = ("linux_doc", "python_doc", "webster")
 def _read(path) -> list[dict]:
     path = str(path)
     if path.endswith(".parquet"):
-        return pq.read_table(path).to_pylist()
+        return pq.ParquetFile(path).read().to_pylist()  # not read_table: its dataset scanner owns the names __filename, ...
     with open(path, "rb") as f:
         raw = f.read()
     if path.endswith(".zst"):
@@ -453,3 +455,192 @@ def test_a_truncated_shard_raises_naming_it_or_keeps_its_readable_records_and_co
     assert 0 < len(kept) < len(full) and kept == full[: len(kept)]
     assert stats["sources"]["web"]["shards_failed"] == {"truncated_file": 1} and stats["sources"]["web"]["read"] == len(kept)
     assert stats["accounted"]
+
+
+HOLD_MODULE = '''
+import os
+import pathlib
+import time
+
+
+def hold(text):
+    """A score function that marks the worker as busy and never returns: the run is still in its tasks when killed."""
+    pathlib.Path(os.environ["CURATE_BUSY_DIR"], str(os.getpid())).touch()
+    while True:
+        time.sleep(0.1)
+'''
+
+
+def test_sigkill_of_the_curate_process_alone_takes_its_workers_and_resource_tracker_with_it(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import yaml
+
+    (tmp_path / "curate_hold.py").write_text(HOLD_MODULE)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    for k in range(2):
+        (tmp_path / f"s{k}.jsonl").write_text('{"text": "one two three"}\n')
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump({
+        "sources": [{"name": "s", "paths": [str(tmp_path / "s{0..1}.jsonl")]}],
+        "stages": [{"type": "score_filter", "filter": {"type": "function", "score_function": "curate_hold:hold"}}],
+        "output": {"path": str(tmp_path / "out"), "format": "jsonl", "write_to_filename": True}, "num_workers": 2}))
+    env = {**os.environ, "CURATE_BUSY_DIR": str(busy),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    main = subprocess.Popen([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(tmp_path / "pipeline.yaml")],
+                            cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    descendants: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(os.listdir(busy)) < 2:
+            assert main.poll() is None, main.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the workers never started their tasks"
+            time.sleep(0.1)
+        descendants = psutil.Process(main.pid).children(recursive=True)
+        workers = [p for p in descendants if str(p.pid) in os.listdir(busy)]
+        trackers = [p for p in descendants if "resource_tracker" in " ".join(p.cmdline())]
+        assert len(workers) == 2 and len(trackers) == 1, [p.cmdline() for p in descendants]
+        os.kill(main.pid, signal.SIGKILL)
+        main.wait()
+
+        def alive() -> list[psutil.Process]:
+            left = []
+            for p in descendants:
+                try:
+                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                        left.append(p)
+                except psutil.NoSuchProcess:
+                    pass
+            return left
+
+        deadline = time.monotonic() + 60
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(), f"still running 60 s after the curate process was killed: {[p.cmdline() for p in alive()]}"
+    finally:
+        for p in descendants:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if main.poll() is None:
+            main.kill()
+            main.wait()
+
+
+ENGINE_LIKE_FIELDS = ("__index", "__filename", "__batch_index", "__last_in_fragment", "__fragment_index", "__position", "__absent", "__~x")
+"""Field names in the engine's ``__`` space: its own columns, and the columns Arrow's dataset scanner adds."""
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_fields_named_like_the_engines_columns_pass_through_untouched(tmp_path, on_error):
+    records = []
+    for i in range(40):
+        record = {"text": f"document {i}" + " word" * (i % 5), "filename": f"earlier-{i % 3}.jsonl"}
+        record.update({name: f"{name}-{i}" for name in ENGINE_LIKE_FIELDS if (i + len(name)) % 4})
+        if i % 7 == 0:
+            record["__index"] = i
+        records.append(record)
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:20]))
+    columns = {name: [r.get(name) for r in records[20:]] for name in ("text", "filename", *ENGINE_LIKE_FIELDS[1:])}
+    pq.write_table(pa.table(columns), tmp_path / "b.parquet")
+    parquet_records = [{k: v for k, v in r.items() if k != "__index"} | {name: r.get(name) for name in ENGINE_LIKE_FIELDS[1:]}
+                       for r in records[20:]]
+    expected = [{**r, "__score": len(r["text"].split())} for r in records[:20] + parquet_records]
+    sources = [CurationSource("s", [str(tmp_path / "a.jsonl"), str(tmp_path / "b.parquet")])]
+    score = DocumentFilter.get_choice_class("word_count")()
+    stages = [AddId(id_field="__id"), FieldFilter("__id", "!=", ""),
+              Modify(DocumentModifier.get_choice_class("whitespace")()), Score(score, score_field="__score")]
+
+    def run(output, **kw):
+        stats = run_curation(CurationConfig(sources=sources, stages=stages, output=output, on_error=on_error, num_workers=0, **kw))
+        assert stats["accounted"] and stats["output"]["records"] == len(records)
+        rows = [r for name in sorted(os.listdir(output.path)) if name.startswith("part-") for r in _read(Path(output.path) / name)]
+        assert all(r.pop("__id").startswith("s-0000") for r in rows)
+        return rows
+
+    assert run(CurationOutput(str(tmp_path / "in_order"), "jsonl", partitions=3)) == expected
+    shuffled = run(CurationOutput(str(tmp_path / "shuffled"), "jsonl.zst", partitions=2), shuffle=ShuffleConfig(seed=1))
+    assert sorted(json.dumps(r, sort_keys=True) for r in shuffled) == sorted(json.dumps(r, sort_keys=True) for r in expected)
+    looked_at = list(DocumentDataset.read_json([str(tmp_path / "a.jsonl")], on_error=on_error).iter_batches())
+    assert [set(t.column_names) for t in looked_at] == [{"text", "filename", *ENGINE_LIKE_FIELDS}]
+    assert looked_at[0].column("__filename").to_pylist() == [r.get("__filename") for r in records[:20]]
+    as_parquet = run(CurationOutput(str(tmp_path / "parquet"), "parquet", partitions=1))
+    assert [{k: v for k, v in r.items() if v is not None} for r in as_parquet] == [
+        {k: (json.dumps(v) if k == "__index" and v is not None else v) for k, v in r.items() if v is not None} for r in expected]
+
+
+def test_add_filename_names_the_shard_read_now_and_a_chain_of_steps_round_trips(tmp_path):
+    (tmp_path / "raw").mkdir()
+    records = [{"text": f"record {i}", **({"filename": "from-an-earlier-pipeline.jsonl"} if i % 3 == 0 else {}),
+                **({"filename": i} if i % 3 == 1 else {}), "n": i} for i in range(30)]
+    for k in range(2):
+        (tmp_path / "raw" / f"books_{k:02d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[k * 15:(k + 1) * 15]))
+    step1 = DocumentDataset.read_json(str(tmp_path / "raw"), add_filename=True).to_json(str(tmp_path / "step1"), write_to_filename=True,
+                                                                                         num_workers=0)
+    assert step1["accounted"] and step1["output"]["records"] == 30
+    for k in range(2):
+        name = f"books_{k:02d}.jsonl"
+        assert _read(tmp_path / "step1" / name) == [{**r, "filename": name} for r in records[k * 15:(k + 1) * 15]]
+    step2 = DocumentDataset.read_json(str(tmp_path / "step1"), add_filename=True).to_json(str(tmp_path / "step2"), write_to_filename=True,
+                                                                                          num_workers=0)
+    assert step2["output"]["records"] == 30
+    assert _outputs(tmp_path / "step2") == _outputs(tmp_path / "step1")
+
+
+def test_parquet_output_holds_the_records_fields_only_when_its_batches_differ_in_fields(tmp_path):
+    records = [{"text": f"record {i}", **({"extra": i} if i % 2 else {})} for i in range(6)]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    run_curation(CurationConfig(sources=[CurationSource("s", [str(tmp_path / "s.jsonl")])], chunk_bytes=1, num_workers=0,
+                                output=CurationOutput(str(tmp_path / "out"), "parquet", write_to_filename=True)))
+    assert _read(tmp_path / "out" / "s" / "s.parquet") == [{"text": r["text"], "extra": r.get("extra")} for r in records]
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["write_to_filename", "shuffled_partitions"])
+def test_a_finished_curation_writes_again_the_outputs_deleted_cut_or_garbled_since(tmp_path, partitioned):
+    out = tmp_path / "out"
+    config = CurationConfig(sources=[_demo_source(s) for s in SOURCES], stages=[AddId(), ExactDedup()], num_workers=0,
+                            shuffle=ShuffleConfig(seed=3) if partitioned else None,
+                            output=CurationOutput(str(out), "jsonl.zst", write_to_filename=not partitioned, partitions=4 if partitioned else None))
+    first = run_curation(config)
+    reference = _outputs(out)
+    assert len(reference) >= 4
+    deleted, cut, garbled = sorted(reference)[:3]
+    os.remove(out / deleted)
+    (out / cut).write_bytes(reference[cut][:-7])
+    flipped = bytearray(reference[garbled])
+    flipped[len(flipped) // 2] ^= 0x10
+    (out / garbled).write_bytes(bytes(flipped))
+    again = run_curation(config)
+    assert _outputs(out) == reference
+    assert again["output"] == first["output"] and again["sources"] == first["sources"]
+    assert not [f for _, _, files in os.walk(out) for f in files if f.endswith(".partial")]
+    untouched = {name: os.stat(out / name).st_mtime_ns for name in reference}
+    assert run_curation(config)["output"] == first["output"]
+    assert {name: os.stat(out / name).st_mtime_ns for name in reference} == untouched
+
+
+@pytest.mark.parametrize("where", ["output shard", "statistics"])
+def test_a_symlink_where_a_temporary_file_goes_is_refused_by_name_and_its_target_left_alone(tmp_path, where):
+    from tokenmix import UnsafeFileError
+
+    (tmp_path / "s.jsonl").write_text('{"text": "one two three"}\n')
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    link = out / "s" / ".s.jsonl.partial" if where == "output shard" else out / "curation_stats.json.partial"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(victim)
+    config = CurationConfig(sources=[CurationSource("s", [str(tmp_path / "s.jsonl")])], num_workers=0,
+                            output=CurationOutput(str(out), "jsonl", write_to_filename=True))
+    with pytest.raises(UnsafeFileError, match=rf"{link}: the temporary file of a curation is a symbolic link \(to .*\).*Remove the link"):
+        run_curation(config)
+    assert victim.read_text() == "precious" and link.is_symlink()
+    link.unlink()
+    link.write_bytes(b"left by a killed run")
+    assert run_curation(config)["output"]["records"] == 1
+    assert _read(out / "s" / "s.jsonl") == [{"text": "one two three"}] and not link.exists()

@@ -42,7 +42,8 @@ def create_new(path: str, what: str) -> BinaryIO:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NO_LINK, 0o644)
     except FileExistsError:
         refuse_unsafe(path, what)
-        raise
+        raise UnsafeFileError(f"{path}: the {what} was created by another process while this one created it: two runs are "
+                              "writing the same output; run one at a time") from None
     return os.fdopen(fd, "w+b")
 
 

@@ -30,11 +30,10 @@ import multiprocessing
 import os
 import pickle
 import tempfile
-import threading
-import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import IO, Any
 
+from tokenmix._parent_death import exit_when_parent_dies
 from tokenmix.formats.backends import FAST
 from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
 from tokenmix.sources.shards import RawChunk
@@ -181,17 +180,11 @@ def init_worker(parent_pid: int, threads: int, spec_fd: int | None) -> None:
     global _spec_fd
     _spec_fd = -1 if spec_fd is None else spec_fd
     os.environ["RAYON_NUM_THREADS"] = str(threads)
-    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    exit_when_parent_dies(parent_pid)
 
 
 def warm_up() -> None:
     """A no-op task that makes the pool start its processes (and their imports) right away."""
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    while os.getppid() == parent_pid:
-        time.sleep(1.0)
-    os._exit(1)
 
 
 def encode_in_worker(spec_index: int, location: SpecLocation, chunk: RawChunk) -> EncodedChunk:

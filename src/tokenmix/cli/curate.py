@@ -40,6 +40,7 @@ def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tokenmix curate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config_path", required=True, help="curation pipeline YAML")
     args, overrides = parser.parse_known_args(argv)
+    from tokenmix import UnsafeFileError
     from tokenmix.cache.cluster import MissingExtraError
     from tokenmix.config.loading import ConfigError
     from tokenmix.curate import CurationError, CurationInputError, load_curation_config, run_curation
@@ -49,7 +50,8 @@ def run(argv: list[str]) -> int:
         config = load_curation_config(args.config_path, overrides)
         with logging_redirect_tqdm():
             stats = run_curation(config)
-    except (ConfigError, CurationError, CurationInputError, NoShardsError, MissingExtraError, ConnectionError, FileNotFoundError) as e:
+    except (ConfigError, CurationError, CurationInputError, NoShardsError, MissingExtraError, ConnectionError, FileNotFoundError,
+            UnsafeFileError) as e:
         logger.error("%s", e)
         return 1
     make_console().print(summary_table(stats))

@@ -15,6 +15,7 @@ a shuffle (the engine runs them in that order); either rule broken is an error t
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ import pyarrow as pa
 
 from tokenmix.cache.executor import ExecutorConfig, LocalExecutorConfig
 from tokenmix.curate.pipeline import (
+    STATS_FILE,
     BlendConfig,
     CurationConfig,
     CurationOutput,
@@ -29,6 +31,7 @@ from tokenmix.curate.pipeline import (
     ShuffleConfig,
     run_curation,
 )
+from tokenmix.curate.records import user_table
 from tokenmix.curate.shard_io import ShardBatches, read_batches
 from tokenmix.curate.stages import ExactDedup, ShardContext, Stage
 from tokenmix.sources.urls import expand_urls
@@ -64,7 +67,7 @@ class DocumentDataset:
         paths = []
         for pattern in [input_files] if isinstance(input_files, str) else list(input_files):
             if _is_directory(pattern):
-                paths += [glob for glob in (f"{pattern.rstrip('/')}/*{suffix}" for suffix in suffixes) if _matches(glob)]
+                paths += _shards_in(pattern, suffixes)
             else:
                 paths.append(pattern)
         if not paths:
@@ -80,8 +83,8 @@ class DocumentDataset:
         return dataclasses.replace(self, stages=(*self.stages, stage))
 
     def iter_batches(self) -> Iterator[pa.Table]:
-        """The documents as Arrow tables, with the stages run, in this process (for looking at a small dataset;
-        ``exact_dedup``, blends and shuffles need ``to_json``/``to_parquet``)."""
+        """The documents as Arrow tables of their fields, with the stages run, in this process (for looking at a small
+        dataset; ``exact_dedup``, blends and shuffles need ``to_json``/``to_parquet``)."""
         if self.blend is not None or self.shuffle is not None or any(isinstance(s, ExactDedup) for s in self.stages):
             raise ValueError("exact_dedup, blends and shuffles run over all shards at once; write the dataset with to_json or to_parquet")
         for rank, source in enumerate(self.sources):
@@ -92,7 +95,7 @@ class DocumentDataset:
                         if table.num_rows:
                             table, _ = stage.apply(table, context)
                     if table.num_rows:
-                        yield table
+                        yield user_table(table)
 
     def to_json(self, output_path: str, write_to_filename: bool = False, compression: Literal["gzip", "zstd"] | None = None,
                 partitions: int | None = None, executor: ExecutorConfig | None = None, num_workers: int | None = None) -> dict[str, Any]:
@@ -159,8 +162,13 @@ def _is_directory(url: str) -> bool:
     return not any(c in url for c in "*?[{") and fs.isdir(path)
 
 
-def _matches(pattern: str) -> bool:
+def _shards_in(directory: str, suffixes: tuple[str, ...]) -> list[str]:
+    """The files of ``directory`` ending in each of ``suffixes`` in turn, each group in name order, less the statistics
+    an earlier curation wrote there (``curation_stats.json`` is no shard): a step reads the directory the step before
+    it wrote."""
     import fsspec
 
-    fs, path = fsspec.core.url_to_fs(pattern)
-    return bool(fs.glob(path))
+    fs, path = fsspec.core.url_to_fs(directory)
+    found = [name for suffix in suffixes for name in sorted(fs.glob(posixpath.join(path, f"*{suffix}")))
+             if posixpath.basename(name) != STATS_FILE]
+    return [fs.unstrip_protocol(name) for name in found] if "://" in directory else found

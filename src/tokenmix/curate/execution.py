@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tokenmix._parent_death import exit_when_parent_dies
 from tokenmix.cache.cluster import ClusterExecutor, TaskFuture
 from tokenmix.cache.executor import ExecutorConfig, LocalExecutorConfig
 from tokenmix.curate.shard_io import CurationInputError
@@ -24,14 +25,16 @@ logger = logging.getLogger(__name__)
 
 class ProcessPoolExecutor(ClusterExecutor):
     """Tasks in worker processes on this machine (``num_workers`` of them, one per core when unset); 0 runs them in
-    this process, one at a time."""
+    this process, one at a time. A worker exits when this process dies, even in the middle of a task
+    (``exit_when_parent_dies``), and the ``multiprocessing`` resource tracker exits once the last of them has."""
 
     name = "local"
 
     def __init__(self, num_workers: int | None):
         super().__init__(max_retries=0, max_in_flight=None)
         self.workers = (os.cpu_count() or 1) if num_workers is None else num_workers
-        self._pool = (concurrent.futures.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        self._pool = (concurrent.futures.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                                             initializer=exit_when_parent_dies, initargs=(os.getpid(),))
                       if self.workers > 0 else None)
 
     def parallelism(self) -> int:

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from tokenmix.curate.minhash import MinHashConfig, jaccard
-from tokenmix.curate.records import as_array
+from tokenmix.curate.records import as_array, column_name
 from tokenmix.curate.scatter import mix64
 from tokenmix.curate.shard_io import exists, local_or_url_join, read_table, write_json, write_table
 from tokenmix.curate.stages import ShardContext, Stage
@@ -229,7 +229,7 @@ def _similar(edges: np.ndarray, task: EdgesTask) -> np.ndarray:
     texts: dict[int, str] = {}
     for t in np.unique(tasks).tolist():
         wanted = rows[tasks == t]
-        column = read_table(task.intermediate_urls[t], columns=[task.text_fields[t]]).column(0)
+        column = read_table(task.intermediate_urls[t], columns=[column_name(task.text_fields[t])]).column(0)
         for doc, text in zip(pack(t, wanted).tolist(), column.take(pa.array(wanted)).to_pylist(), strict=True):
             texts[doc] = text
     return np.array([jaccard(texts[a], texts[b], task.check.minhash) >= task.check.jaccard_threshold for a, b in edges.tolist()], dtype=bool)

@@ -10,11 +10,12 @@ optional offline blend in front. It runs in passes, each a set of independent ta
 2. when writing partitions: a scatter pass (one task per shard: each record, each blend copy, to its bucket) and a
    gather pass (one task per partition, a bucket at a time: bounded memory) (``scatter.py``, ``blend.py``).
 
-Every task writes its output under a temporary name and renames it when complete, then writes its statistics; a task
-whose statistics are there is done. So a run killed at any moment and run again redoes only unfinished tasks and
-produces byte-identical output. A pipeline's work goes to ``<output>/.curate/<key>``, the key a hash of the pipeline and
-of its inputs' sizes and modification times (or ETags): work done for another pipeline, or over inputs that have since
-changed, is never reused for this one.
+Every task writes its output under a temporary name and renames it when complete, then writes its statistics, which
+record each file's size and digest; a task whose statistics are there and whose files are still as it wrote them is
+done. So a run killed at any moment and run again redoes only unfinished tasks and produces byte-identical output, and
+a finished run run again writes anew only the outputs deleted or damaged since. A pipeline's work goes to
+``<output>/.curate/<key>``, the key a hash of the pipeline and of its inputs' sizes and modification times (or ETags):
+work done for another pipeline, or over inputs that have since changed, is never reused for this one.
 
 ``curation_stats.json`` accounts for every input record: read, bad (by reason), removed by each stage (by reason,
 per source), blended, written.
@@ -45,7 +46,8 @@ from tokenmix.cache.executor import ExecutorConfig, LocalExecutorConfig
 from tokenmix.curate import blend as blending
 from tokenmix.curate import exact_dedup, fuzzy_dedup, minhash, scatter
 from tokenmix.curate.execution import open_executor, run_tasks
-from tokenmix.curate.records import as_array, concat
+from tokenmix.curate.partial_files import damage
+from tokenmix.curate.records import as_array, concat, field_column
 from tokenmix.curate.shard_io import (
     BATCH_BYTES,
     OUTPUT_FORMATS,
@@ -269,14 +271,14 @@ def run_map_task(task: MapTask) -> dict[str, Any]:
                     stats["removed"].update(dropped)
                 stats["out"] += table.num_rows
             if task.barrier is not None and table.num_rows:
-                artifacts.append(_artifact(task.barrier, as_array(table.column(task.barrier.text_field or shard.text_field))))
+                artifacts.append(_artifact(task.barrier, as_array(field_column(table, task.barrier.text_field or shard.text_field))))
             writer.write(table)
             written += table.num_rows
             nbytes += table.nbytes
     except BaseException:
         writer.abort()
         raise
-    writer.close()
+    output = writer.close()
     if isinstance(task.barrier, ExactDedup) and task.artifact_url is not None:
         all_hashes = np.concatenate(artifacts) if artifacts else np.empty((0, 2), dtype=np.uint64)
         exact_dedup.write_hashes(task.artifact_url, all_hashes, np.arange(written, dtype=np.int64))
@@ -287,7 +289,8 @@ def run_map_task(task: MapTask) -> dict[str, Any]:
         fuzzy_dedup.write_signatures(task.artifact_url, sigs, present)
     result = {"read": found.read, "bad": dict(found.bad), "failed": found.failed,
               "stages": [{**s, "removed": dict(s["removed"])} for s in stage_stats],
-              "first_stage": task.first_stage - (1 if task.removal_urls else 0), "written": written, "bytes": nbytes}
+              "first_stage": task.first_stage - (1 if task.removal_urls else 0), "written": written, "bytes": nbytes,
+              "files": {task.output_url: output}}
     write_json(task.stats_url, result)
     return result
 
@@ -335,9 +338,8 @@ def run_scatter_task(task: ScatterTask) -> dict[str, Any]:
         for writer in writers.values():
             writer.abort()
         raise
-    for writer in writers.values():
-        writer.close()
-    result = {"buckets": {str(b): w.records for b, w in sorted(writers.items())}, "written": written}
+    files = {w.url: w.close() for _, w in sorted(writers.items())}
+    result = {"buckets": {str(b): w.records for b, w in sorted(writers.items())}, "written": written, "files": files}
     write_json(task.stats_url, result)
     return result
 
@@ -364,8 +366,7 @@ def run_gather_task(task: GatherTask) -> dict[str, Any]:
     except BaseException:
         writer.abort()
         raise
-    writer.close()
-    result = {"written": written, "max_bucket_bytes": largest}
+    result = {"written": written, "max_bucket_bytes": largest, "files": {task.output_url: writer.close()}}
     write_json(task.stats_url, result)
     return result
 
@@ -445,13 +446,20 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     work = local_or_url_join(out, WORK_DIR, key)
     if read_json(local_or_url_join(work, "pipeline.json")) is None:
         write_json(local_or_url_join(work, "pipeline.json"), fingerprint)
-    finished = read_json(local_or_url_join(work, STATS_FILE))
-    if finished is not None:
-        logger.info("%s: this pipeline already ran to completion over these inputs (%s); nothing to do", out, work)
-        return finished
-
     segments = _segments(config.stages)
     partitioned = not config.output.write_to_filename
+    checked: dict[str, str | None] = {}
+    finished = read_json(local_or_url_join(work, STATS_FILE))
+    if finished is not None:
+        final_stats = ([local_or_url_join(work, "gather", "stats", f"{p:06d}.json") for p in range(_partitions(config, shards))] if partitioned
+                       else [local_or_url_join(work, f"pass-{len(segments) - 1}", "stats", f"{s.index:06d}.json") for s in shards])
+        damaged = [d for url in final_stats for d in _damaged_files(url, read_json(url), True, checked)]
+        if not damaged:
+            logger.info("%s: this pipeline already ran to completion over these inputs (%s), and its outputs are as it wrote them; "
+                        "nothing to do", out, work)
+            return finished
+        logger.warning("%s: this pipeline ran to completion, but outputs are no longer as it wrote them (%d: %s); writing them again",
+                       out, len(damaged), "; ".join(damaged[:5]) + ("; ..." if len(damaged) > 5 else ""))
     suffix = output_suffix(config.output.format)
     map_results: list[list[dict[str, Any]]] = []
     removal_urls: list[str] = []
@@ -475,7 +483,7 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
                     barrier=barrier, stats_url=local_or_url_join(phase, "stats", f"{shard.index:06d}.json"),
                     filename_field=config.filename_field, on_error=config.on_error, chunk_bytes=config.chunk_bytes))
             map_results.append(_run_phase(executor, run_map_task, tasks, [t.stats_url for t in tasks], f"pass {k + 1}/{len(segments)}",
-                                          records=lambda r: r["read"]))
+                                          checked, records=lambda r: r["read"], final=last and not partitioned))
             total = sum(r["written"] for r in map_results[-1])
             artifacts = [t.artifact_url for t in tasks if t.artifact_url]
             if isinstance(barrier, ExactDedup):
@@ -483,7 +491,7 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
                 removal_reason = "exact_duplicate"
             elif isinstance(barrier, fuzzy_dedup.FuzzyDedup):
                 def run_phase(fn: Any, phase_tasks: list[Any], stats_urls: list[str], label: str) -> list[dict[str, Any]]:
-                    return _run_phase(executor, fn, phase_tasks, stats_urls, label)
+                    return _run_phase(executor, fn, phase_tasks, stats_urls, label, checked)
 
                 names = [s.name for s in config.sources]
                 removal_urls, decisions[str(first_stage + len(stages))] = fuzzy_dedup.decide(
@@ -493,15 +501,15 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
         blend_stats = shuffle_stats = None
         outputs: list[str]
         if partitioned:
-            outputs, blend_stats, shuffle_stats = _write_partitions(config, executor, shards, map_results[-1], work, len(segments) - 1)
+            outputs, blend_stats, shuffle_stats = _write_partitions(config, executor, shards, map_results[-1], work, len(segments) - 1, checked)
         else:
             outputs = [t.output_url for t in tasks]
     stats = _statistics(config, shards, map_results, blend_stats, outputs, time.perf_counter() - started)
     stats["shuffle"] = shuffle_stats
     for index, decision in decisions.items():
         stats["stages"][int(index)]["fuzzy_dedup"] = decision
-    write_json(local_or_url_join(work, STATS_FILE), stats)
     write_json(local_or_url_join(out, STATS_FILE), stats)
+    write_json(local_or_url_join(work, STATS_FILE), stats)  # last: the run counts as finished once it is there
     if not config.keep_intermediate:
         _remove_intermediates(work)
     return stats
@@ -523,10 +531,26 @@ def _segments(stages: list[Stage]) -> list[tuple[int, list[Stage], Stage | None]
     return segments
 
 
-def _run_phase(executor: Any, fn: Any, tasks: list[Any], stats_urls: list[str], label: str,
-               records: Any = None) -> list[dict[str, Any]]:
-    """Run the tasks of one pass that have not finished yet; the stats of every task, in task order."""
+def _run_phase(executor: Any, fn: Any, tasks: list[Any], stats_urls: list[str], label: str, checked: dict[str, str | None],
+               records: Any = None, final: bool = False) -> list[dict[str, Any]]:
+    """Run the tasks of one pass that have not finished yet; the stats of every task, in task order.
+
+    A task has finished when its stats are there and every file it wrote is still as it wrote it (``_damaged_files``;
+    ``final``: the pass writes the pipeline's outputs, checked down to their digests)."""
     results: list[dict[str, Any] | None] = [read_json(url) for url in stats_urls]
+    damaged: list[str] = []
+    with tqdm(total=sum(r is not None for r in results), desc=f"{label}: checking outputs", unit="task", dynamic_ncols=True,
+              disable=not final) as bar:
+        for i, url in enumerate(stats_urls):
+            if results[i] is not None:
+                found = _damaged_files(url, results[i], final, checked)
+                if found:
+                    damaged += found
+                    results[i] = None
+                bar.update(1)
+    if damaged:
+        logger.warning("%s: %d files of finished tasks are not as those tasks wrote them, so the tasks run again: %s", label, len(damaged),
+                       "; ".join(damaged[:3]) + ("; ..." if len(damaged) > 3 else ""))
     todo = [i for i, r in enumerate(results) if r is None]
     if len(todo) < len(tasks):
         logger.info("%s: %d of %d tasks done by an earlier run", label, len(tasks) - len(todo), len(tasks))
@@ -541,8 +565,28 @@ def _run_phase(executor: Any, fn: Any, tasks: list[Any], stats_urls: list[str], 
     return [r for r in results if r is not None]
 
 
+def _damaged_files(stats_url: str, result: dict[str, Any] | None, final: bool, checked: dict[str, str | None]) -> list[str]:
+    """What is wrong with the files a finished task wrote (``result``, its stats), as ``'<file>: <what>'``: a final
+    output (one a user reads) is checked by size and digest, an intermediate one (the engine's, read once more at
+    most) by size. ``checked`` keeps each file's answer for the rest of the run."""
+    if result is None:
+        return [f"{stats_url}: missing"]
+    found = []
+    for url, record in result.get("files", {}).items():
+        if url not in checked:
+            checked[url] = damage(url, record, final)
+        if checked[url] is not None:
+            found.append(f"{url}: {checked[url]}")
+    return found
+
+
+def _partitions(config: CurationConfig, shards: list[ShardRef]) -> int:
+    """How many partitions a partitioned output has: as asked, or one per input shard."""
+    return config.output.partitions or len(shards)
+
+
 def _write_partitions(config: CurationConfig, executor: Any, shards: list[ShardRef], results: list[dict[str, Any]], work: str,
-                      last_pass: int) -> tuple[list[str], dict[str, Any] | None, dict[str, Any] | None]:
+                      last_pass: int, checked: dict[str, str | None]) -> tuple[list[str], dict[str, Any] | None, dict[str, Any] | None]:
     """Blend (when asked), then scatter and gather into the output partitions; the output files, the blend's and the
     shuffle's statistics."""
     names = [s.name for s in config.sources]
@@ -560,7 +604,7 @@ def _write_partitions(config: CurationConfig, executor: Any, shards: list[ShardR
         plans = blending.plan_sources(counts, counts, None)
         blend_stats = None
     total = sum(p.wanted for p in plans)
-    partitions = config.output.partitions or len(shards)
+    partitions = _partitions(config, shards)
     seed = config.shuffle.seed if config.shuffle is not None else None
     nbytes = sum(r["bytes"] * (plans[names.index(s.source)].wanted / max(plans[names.index(s.source)].count, 1))
                  for s, r in zip(shards, results, strict=True))
@@ -573,7 +617,7 @@ def _write_partitions(config: CurationConfig, executor: Any, shards: list[ShardR
                                  plans[names.index(shard.source)], first[shard.source], seed, buckets, partitions, total,
                                  local_or_url_join(scatter_dir, "data"), local_or_url_join(scatter_dir, "stats", f"{shard.index:06d}.json")))
         first[shard.source] += result["written"]
-    scattered = _run_phase(executor, run_scatter_task, tasks, [t.stats_url for t in tasks], "scatter")
+    scattered = _run_phase(executor, run_scatter_task, tasks, [t.stats_url for t in tasks], "scatter", checked)
     suffix = output_suffix(config.output.format)
     gathers = []
     for p in range(partitions):
@@ -584,7 +628,7 @@ def _write_partitions(config: CurationConfig, executor: Any, shards: list[ShardR
             members.append((bucket, urls))
         gathers.append(GatherTask(p, members, seed, local_or_url_join(config.output.path, f"part-{p:05d}{suffix}"), config.output.format,
                                   local_or_url_join(work, "gather", "stats", f"{p:06d}.json")))
-    gathered = _run_phase(executor, run_gather_task, gathers, [g.stats_url for g in gathers], "gather")
+    gathered = _run_phase(executor, run_gather_task, gathers, [g.stats_url for g in gathers], "gather", checked, final=True)
     shuffle_stats = None if seed is None else {"seed": seed, "partitions": partitions, "buckets": buckets, "record_bytes": int(nbytes),
                                                 "max_bucket_bytes": max(g["max_bucket_bytes"] for g in gathered)}
     return [g.output_url for g in gathers], blend_stats, shuffle_stats

@@ -27,7 +27,8 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from tokenmix.curate.stages import ShardContext, Stage, set_column
+from tokenmix.curate.records import field_column, set_field
+from tokenmix.curate.stages import ShardContext, Stage
 
 logger = logging.getLogger(__name__)
 
@@ -85,16 +86,16 @@ class QualityClassifier(Stage):
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
         classifier = _classifier(self.model_path, self.device, self.dtype)
-        texts = table.column(self.text_field or context.text_field).to_pylist()
+        texts = field_column(table, self.text_field or context.text_field).to_pylist()
         probabilities = classifier.probabilities(texts, self.batch_size, self.max_length)
         missing = np.isnan(probabilities[:, 0])
         predicted = probabilities.argmax(axis=1)
         labels = pa.array([None if m else classifier.labels[p] for m, p in zip(missing.tolist(), predicted.tolist())], pa.string())
         scores = pa.array(probabilities.max(axis=1).astype(np.float64), pa.float64(), mask=missing)
-        table = set_column(set_column(table, self.label_field, labels), self.score_field, scores)
+        table = set_field(set_field(table, self.label_field, labels), self.score_field, scores)
         if self.scores_field is not None:
             columns = [pa.array(probabilities[:, j].astype(np.float64), pa.float64()) for j in range(len(classifier.labels))]
-            table = set_column(table, self.scores_field, pa.StructArray.from_arrays(columns, names=classifier.labels, mask=pa.array(missing)))
+            table = set_field(table, self.scores_field, pa.StructArray.from_arrays(columns, names=classifier.labels, mask=pa.array(missing)))
         return table, Counter()
 
     @property

@@ -8,7 +8,10 @@ their fields) and the fields kept as JSON text because their values have no comm
 metadata). ``table_rows`` undoes both.
 
 Columns whose names start with ``__`` are the engine's own (a record's position in its input shard, its copies in a
-blend) and never reach the output.
+blend) and never reach the output. A record field may have any name, those starting with ``__`` too, so such a field
+is held in a column named ``__~`` + the rest of its name (``__index`` in ``__~index``, ``__~x`` in ``__~~x``) and
+gets its own name back on the way out (``column_name``, ``field_name``): no field can take or hide an engine column.
+Stages name fields, never columns: ``field_column`` and ``set_field`` take a field's name.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ ABSENT = "__absent"
 """The fields a record did not have, NUL-separated; null where it had them all."""
 JSON_FIELDS_KEY = b"tokenmix.json_fields"
 """Schema metadata: the fields stored as JSON text (NUL-separated), because their values have no common Arrow type."""
+_ENGINE = "__"
+_ESCAPED = "__~"
 
 
 def as_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -37,7 +42,74 @@ def as_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 def is_hidden(name: str) -> bool:
     """Whether a column is the engine's own rather than a record field."""
-    return name.startswith("__")
+    return name.startswith(_ENGINE) and not name.startswith(_ESCAPED)
+
+
+def column_name(field: str) -> str:
+    """The column that holds the record field ``field``: its own name, unless that starts with ``__`` (the engine's)."""
+    return _ESCAPED + field[len(_ENGINE):] if field.startswith(_ENGINE) else field
+
+
+def field_name(column: str) -> str:
+    """The record field a column holds (``column_name`` undone)."""
+    return _ENGINE + column[len(_ESCAPED):] if column.startswith(_ESCAPED) else column
+
+
+def field_column(table: pa.Table, field: str) -> pa.ChunkedArray:
+    """The values of the record field ``field``; ``KeyError`` when no record has it."""
+    return table.column(column_name(field))
+
+
+def has_field(table: pa.Table, field: str) -> bool:
+    """Whether some record of ``table`` has the field ``field``."""
+    return column_name(field) in table.column_names
+
+
+def set_field(table: pa.Table, field: str, values: pa.Array) -> pa.Table:
+    """``table`` with the field ``field`` set to ``values`` in every record: replaced in place where the field is there
+    (so a record keeps its fields' order), else added last. A record that lacked the field has it now, and a field
+    that was carried as JSON text holds ``values`` as they are."""
+    column = column_name(field)
+    if column in table.column_names:
+        table = table.set_column(table.column_names.index(column), column, values)
+    else:
+        table = table.append_column(column, values)
+    if column in json_fields(table):
+        table = _with_json_fields(table, json_fields(table) - {column})
+    if ABSENT in table.column_names:
+        lists = table.column(ABSENT).to_pylist()
+        if any(a and column in a.split("\0") for a in lists):
+            kept = ["\0".join(n for n in a.split("\0") if n != column) or None if a else None for a in lists]
+            table = table.set_column(table.column_names.index(ABSENT), ABSENT, pa.array(kept, pa.string()))
+    return table
+
+
+def user_table(table: pa.Table) -> pa.Table:
+    """The record fields of ``table`` under their own names, the engine's columns left out (fields carried as JSON text
+    stay text, named in the schema's metadata)."""
+    visible = table.select([n for n in table.column_names if not is_hidden(n)])
+    return _renamed(visible, field_name)
+
+
+def engine_table(table: pa.Table) -> pa.Table:
+    """A table of record fields (a Parquet shard as read) with each field in its column (``column_name``)."""
+    return _renamed(table, column_name)
+
+
+def _renamed(table: pa.Table, rename: Any) -> pa.Table:
+    names = [rename(n) for n in table.column_names]
+    if names == table.column_names:
+        return table
+    renamed = table.rename_columns(names)
+    as_json = json_fields(table)
+    return _with_json_fields(renamed, {rename(n) for n in as_json}) if as_json else renamed
+
+
+def _with_json_fields(table: pa.Table, names: set[str]) -> pa.Table:
+    metadata = {k: v for k, v in (table.schema.metadata or {}).items() if k != JSON_FIELDS_KEY}
+    if names:
+        metadata[JSON_FIELDS_KEY] = "\0".join(sorted(names)).encode()
+    return table.replace_schema_metadata(metadata or None)
 
 
 def records_table(records: list[dict[str, Any]], positions: list[int]) -> pa.Table:
@@ -53,14 +125,15 @@ def records_table(records: list[dict[str, Any]], positions: list[int]) -> pa.Tab
     json_fields: list[str] = []
     for name in names:
         values = [record.get(name) for record in records]
+        column = column_name(name)
         try:
-            columns[name] = pa.array(values)
+            columns[column] = pa.array(values)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            json_fields.append(name)
-            columns[name] = pa.array([None if v is None else orjson.dumps(v).decode() for v in values], pa.string())
+            json_fields.append(column)
+            columns[column] = pa.array([None if v is None else orjson.dumps(v).decode() for v in values], pa.string())
     columns[POSITION] = pa.array(positions, pa.int64())
     if not uniform:
-        columns[ABSENT] = pa.array(["\0".join(n for n in names if n not in record) or None for record in records], pa.string())
+        columns[ABSENT] = pa.array(["\0".join(column_name(n) for n in names if n not in record) or None for record in records], pa.string())
     table = pa.table(columns)
     if json_fields:
         table = table.replace_schema_metadata({JSON_FIELDS_KEY: "\0".join(json_fields).encode()})
@@ -74,8 +147,8 @@ def json_fields(table: pa.Table) -> set[str]:
 
 
 def table_rows(table: pa.Table) -> list[dict[str, Any]]:
-    """The records of ``table`` as they were read (absent fields left out, JSON-text fields parsed), with the fields
-    stages added; hidden columns dropped."""
+    """The records of ``table`` as they were read (absent fields left out, JSON-text fields parsed, fields under their
+    own names), with the fields stages added; the engine's columns dropped."""
     as_json = json_fields(table)
     absent = table.column(ABSENT).to_pylist() if ABSENT in table.column_names else None
     visible = table.select([n for n in table.column_names if not is_hidden(n)])
@@ -87,6 +160,8 @@ def table_rows(table: pa.Table) -> list[dict[str, Any]]:
         for name in as_json:
             if row.get(name) is not None:
                 row[name] = orjson.loads(row[name])
+    if any(field_name(n) != n for n in visible.column_names):
+        rows = [{field_name(k): v for k, v in row.items()} for row in rows]
     return rows
 
 

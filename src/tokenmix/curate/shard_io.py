@@ -19,7 +19,7 @@ import posixpath
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 import fsspec
 import orjson
@@ -27,7 +27,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from tokenmix.curate.records import POSITION, concat, is_hidden, records_table, table_rows
+from tokenmix.curate.partial_files import PartialFile
+from tokenmix.curate.records import (
+    POSITION,
+    concat,
+    engine_table,
+    field_column,
+    field_name,
+    has_field,
+    is_hidden,
+    records_table,
+    set_field,
+    table_rows,
+    user_table,
+)
 from tokenmix.sources.shards import FileShard, PlainText, ShardReadError
 
 OutputFormat = Literal["jsonl", "jsonl.gz", "jsonl.zst", "parquet"]
@@ -71,8 +84,11 @@ def shard_stem(url: str) -> str:
 
 def read_batches(url: str, text_field: str, filename_field: str | None, on_error: str, found: ShardBatches,
                  chunk_bytes: int = BATCH_BYTES) -> Iterator[pa.Table]:
-    """The records of one shard, in order, as tables with their positions (and ``filename_field`` set to the shard's
-    base name when given). Bad records are raised or counted in ``found`` as ``on_error`` says."""
+    """The records of one shard, in order, as tables with their positions, and ``filename_field`` set to the shard's
+    base name when given (NeMo Curator's ``add_filename``): a record that already has that field gets the name of the
+    shard it is read from now, as NeMo does. In a chain of steps, each writing its shards under their input's names
+    and the next reading them, the field then names the file the record was read from, which is the file the step
+    writes it to. Bad records are raised or counted in ``found`` as ``on_error`` says."""
     shard = FileShard(url)
     batches = _parquet_batches(shard) if shard.kind == "parquet" else _record_batches(shard, text_field, on_error, found, chunk_bytes)
     name = posixpath.basename(url.rstrip("/"))
@@ -82,7 +98,7 @@ def read_batches(url: str, text_field: str, filename_field: str | None, on_error
                 found.read += table.num_rows
                 table = _check_text_column(table, shard, text_field, on_error, found)
             if filename_field is not None and table.num_rows:
-                table = table.append_column(filename_field, pa.array([name] * table.num_rows, pa.string()))
+                table = set_field(table, filename_field, pa.array([name] * table.num_rows, pa.string()))
             if table.num_rows:
                 yield table
     except ShardReadError as e:
@@ -146,7 +162,7 @@ def _parquet_batches(shard: FileShard) -> Iterator[pa.Table]:
     try:
         position = 0
         for table in row_groups(shard.name):
-            yield table.append_column(POSITION, pa.array(range(position, position + table.num_rows), pa.int64()))
+            yield engine_table(table).append_column(POSITION, pa.array(range(position, position + table.num_rows), pa.int64()))
             position += table.num_rows
     except FileNotFoundError as e:
         raise ShardReadError(shard.name, 0, "missing_file", str(e)) from e
@@ -155,15 +171,16 @@ def _parquet_batches(shard: FileShard) -> Iterator[pa.Table]:
 
 
 def _check_text_column(table: pa.Table, shard: FileShard, text_field: str, on_error: str, found: ShardBatches) -> pa.Table:
-    if text_field not in table.column_names or not (pa.types.is_string(table.schema.field(text_field).type)
-                                                    or pa.types.is_large_string(table.schema.field(text_field).type)):
-        reason = "missing_text" if text_field not in table.column_names else "text_not_a_string"
+    if not has_field(table, text_field) or not (pa.types.is_string(field_column(table, text_field).type)
+                                                or pa.types.is_large_string(field_column(table, text_field).type)):
+        reason = "missing_text" if not has_field(table, text_field) else "text_not_a_string"
         if on_error == "raise":
             raise CurationInputError(f"{shard.name}: column {text_field!r} {'is missing' if reason == 'missing_text' else 'is not text'}; "
-                                     f"columns are {[n for n in table.column_names if not is_hidden(n)]}; set text_field to the text column")
+                                     f"columns are {[field_name(n) for n in table.column_names if not is_hidden(n)]}; set text_field to "
+                                     "the text column")
         found.bad[reason] += table.num_rows
         return table.slice(0, 0)
-    nulls = table.column(text_field).is_null()
+    nulls = field_column(table, text_field).is_null()
     count = pa.compute.sum(nulls).as_py() or 0
     if count:
         if on_error == "raise":
@@ -175,7 +192,8 @@ def _check_text_column(table: pa.Table, shard: FileShard, text_field: str, on_er
 
 
 class ShardWriter:
-    """Writes one output shard under a temporary name; ``close`` renames it to ``url`` once every batch is in.
+    """Writes one output shard under a temporary name (``partial_files``); ``close`` renames it to ``url`` once every
+    batch is in and returns its size and digest.
 
     ``keep_hidden`` keeps the engine's columns (for the intermediate shards between a pipeline's phases).
     """
@@ -189,7 +207,7 @@ class ShardWriter:
         self.tmp_path = posixpath.join(parent, f".{name}.partial")
         self.fs.makedirs(parent, exist_ok=True)
         self.records = 0
-        self._file: BinaryIO = self.fs.open(self.tmp_path, "wb")
+        self._file = PartialFile(self.fs, self.tmp_path)
         self._stream: Any = None
         self._parquet: pq.ParquetWriter | None = None
         if fmt == "jsonl.gz":
@@ -205,7 +223,7 @@ class ShardWriter:
             return
         self.records += table.num_rows
         if self.fmt == "parquet":
-            self._write_parquet(table if self.keep_hidden else table.select([n for n in table.column_names if not is_hidden(n)]))
+            self._write_parquet(table if self.keep_hidden else user_table(table))
             return
         self._stream.write(b"".join(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE) for row in table_rows(table)))
 
@@ -215,29 +233,32 @@ class ShardWriter:
             self._file.close()
             with self.fs.open(self.tmp_path, "rb") as f:
                 written = pq.read_table(f)
+            self._file.discard()
             table = concat([written, table])
-            self._file = self.fs.open(self.tmp_path, "wb")
+            if not self.keep_hidden:
+                table = user_table(table)
+            self._file = PartialFile(self.fs, self.tmp_path)
             self._parquet = None
         if self._parquet is None:
             self._parquet = pq.ParquetWriter(self._file, table.schema, compression="zstd", write_statistics=False)
         self._parquet.write_table(table, row_group_size=max(1, table.num_rows))
 
-    def close(self) -> None:
-        """Finish the file and give it its name."""
+    def close(self) -> dict[str, Any]:
+        """Finish the file and give it its name; its size and digest (``partial_files.damage`` checks them)."""
         if self.fmt == "parquet":
             if self._parquet is None:
                 self._parquet = pq.ParquetWriter(self._file, pa.schema([]), compression="zstd")
             self._parquet.close()
         elif self._stream is not self._file:
             self._stream.close()
-        self._file.close()
-        self.fs.mv(self.tmp_path, self.path)
+        self._file.publish(self.path)
+        return self._file.record()
 
     def abort(self) -> None:
         """Give up on the shard: its temporary file is removed, no output shard appears."""
         for close in (self._parquet.close if self._parquet is not None else None,
                       self._stream.close if self._stream is not None and self._stream is not self._file else None,
-                      self._file.close, lambda: self.fs.rm(self.tmp_path)):
+                      self._file.discard):
             try:
                 if close is not None:
                     close()
@@ -246,13 +267,17 @@ class ShardWriter:
 
 
 def write_whole(url: str, write: Any) -> None:
-    """Write a small file whole: ``write(f)`` fills ``<url>.partial``, which is then renamed to ``url``, so the name
-    only ever holds a complete file (statistics, decisions, artifacts)."""
+    """Write a small file whole: ``write(f)`` fills ``<url>.partial`` (``partial_files``), which is then renamed to
+    ``url``, so the name only ever holds a complete file (statistics, decisions, artifacts)."""
     fs, path = fsspec.core.url_to_fs(url)
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
-    with fs.open(path + ".partial", "wb") as f:
-        write(f)
-    fs.mv(path + ".partial", path)
+    partial = PartialFile(fs, path + ".partial")
+    try:
+        write(partial)
+    except BaseException:
+        partial.discard()
+        raise
+    partial.publish(path)
 
 
 def write_table(url: str, table: pa.Table, statistics: bool = False) -> None:

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from tokenmix.curate.filters import DocumentFilter
 from tokenmix.curate.heuristics import carry_analyses  # and registers the heuristic filters as choices of DocumentFilter
 from tokenmix.curate.modifiers import DocumentModifier
-from tokenmix.curate.records import POSITION, as_array
+from tokenmix.curate.records import POSITION, as_array, field_column, has_field, set_field
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class AddId(Stage):
         prefix = f"{self.id_prefix or context.source}-{context.shard_index:05d}-"
         positions = table.column(POSITION).to_numpy()
         ids = pa.array([f"{prefix}{p:09d}" for p in positions.tolist()], pa.string())
-        return set_column(table, self.id_field, ids), Counter()
+        return set_field(table, self.id_field, ids), Counter()
 
 
 @Stage.register_subclass("score_filter")
@@ -88,16 +88,16 @@ class ScoreFilter(Stage):
     """Keep what the rule would remove instead."""
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
-        texts = as_array(table.column(self.text_field or context.text_field))
+        texts = as_array(field_column(table, self.text_field or context.text_field))
         scores = self.filter.score(texts)
         if self.score_field is not None:
-            table = set_column(table, self.score_field, scores)
+            table = set_field(table, self.score_field, scores)
         keep = self.filter.keep(scores)
         if self.invert:
             keep = ~keep
         kept, removed = _keep(table, keep, self.filter.reason)
         if removed:
-            carry_analyses(texts, keep, as_array(kept.column(self.text_field or context.text_field)))
+            carry_analyses(texts, keep, as_array(field_column(kept, self.text_field or context.text_field)))
         return kept, removed
 
     @property
@@ -118,8 +118,8 @@ class Score(Stage):
     """Unset: the filter's reason (``word_count``, ``repeating_top_ngrams_3``)."""
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
-        scores = self.filter.score(as_array(table.column(self.text_field or context.text_field)))
-        return set_column(table, self.score_field or self.filter.reason, scores), Counter()
+        scores = self.filter.score(as_array(field_column(table, self.text_field or context.text_field)))
+        return set_field(table, self.score_field or self.filter.reason, scores), Counter()
 
     @property
     def label(self) -> str:
@@ -146,9 +146,9 @@ class FieldFilter(Stage):
             raise ValueError(f"field_filter.op: {self.op!r} is not one of {list(_OPERATORS)}")
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
-        if self.field not in table.column_names:
+        if not has_field(table, self.field):
             return _keep(table, np.zeros(table.num_rows, dtype=bool), self.label)
-        values = table.column(self.field).to_pylist()
+        values = field_column(table, self.field).to_pylist()
         compare = _OPERATORS[self.op]
         keep = np.array([v is not None and _compares(compare, v, self.value) for v in values], dtype=bool)
         return _keep(table, keep, self.label)
@@ -176,7 +176,7 @@ class Modify(Stage):
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
         name = self.text_field or context.text_field
-        return set_column(table, name, self.modifier.modify(as_array(table.column(name)))), Counter()
+        return set_field(table, name, self.modifier.modify(as_array(field_column(table, name)))), Counter()
 
     @property
     def label(self) -> str:
@@ -198,13 +198,6 @@ class ExactDedup(Stage):
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
         raise TypeError("exact_dedup runs between passes of the pipeline, not on one batch")
-
-
-def set_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
-    """``table`` with the column ``name`` set to ``values`` (replaced where there, else added)."""
-    if name in table.column_names:
-        return table.set_column(table.column_names.index(name), name, values)
-    return table.append_column(name, values)
 
 
 def _keep(table: pa.Table, keep: np.ndarray, reason: str) -> tuple[pa.Table, Counter[str]]:
