@@ -21,6 +21,7 @@ from dataclasses import asdict
 from importlib.util import find_spec
 from pathlib import Path
 
+from tokenmix._safe_files import create_new
 from tokenmix.formats.tokenizer import TokenizerIdentity, TokenizerInfo, describe_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -117,7 +118,8 @@ def _store(key: str, identity: TokenizerIdentity) -> None:
     scratch = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        scratch.write_text(json.dumps(asdict(identity), sort_keys=True))
+        with create_new(str(scratch), "scratch file of a tokenizer description") as f:
+            f.write(json.dumps(asdict(identity), sort_keys=True).encode("utf-8"))
         os.replace(scratch, target)
     except OSError as e:  # a read-only home: every open describes the tokenizer, as before
         logger.debug("could not remember the tokenizer description in %s: %s", target.parent, e)
