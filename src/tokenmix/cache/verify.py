@@ -117,9 +117,9 @@ def scrub(location: str, shards: Sequence[Shard] | None = None, inputs: bool = T
                 values = ledger.tokens
             if kind == "tokens":
                 report.tokens = values or 0
-            if values is None:
+            if values is None and not any(c.array == f"{array.name}/offsets" for c in report.damaged):
                 report.problems.append(f"{array.name}/data: where its values end cannot be read, so they were not checked")
-            else:
+            elif values is not None:
                 vocab = ledger.identity.get("vocab_size") if kind == "tokens" else None
                 _scan_values(array, values, vocab, report, bar)
     _check_ledger(ledger, report, bounds)
@@ -368,9 +368,13 @@ def _can_repair(location: str, ledger: CacheLedger, report: CacheReport) -> None
 
 def _damaged_objects(report: CacheReport, arrays: dict[str, JaggedArray], runs: list[Run]) -> list[tuple[str, str, int, int]]:
     """``(array, data|offsets, start, stop)`` of each stored object holding a damaged chunk, its committed part only."""
-    spans = runs[-1].span if runs else 0
+    spans = 0
     if LOSS_SPANS_ARRAY in arrays and report.rows:
-        spans = int(arrays[LOSS_SPANS_ARRAY].read(arrays[LOSS_SPANS_ARRAY].offsets, report.rows, report.rows + 1)[0])
+        try:
+            spans = int(arrays[LOSS_SPANS_ARRAY].row_ends(report.rows - 1, report.rows)[0])
+        except CacheDamagedError:
+            raise RepairError(f"cannot repair {report.location}: where its loss spans end is damaged too, so what the last "
+                              "rows hold cannot be placed; delete the cache and build it again") from None
     totals = {(TOKENS_ARRAY, "data"): report.tokens, (TOKENS_ARRAY, "offsets"): report.rows + 1,
               (LOSS_SPANS_ARRAY, "data"): spans, (LOSS_SPANS_ARRAY, "offsets"): report.rows + 1}
     objects = set()
