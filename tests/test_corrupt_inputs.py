@@ -10,16 +10,18 @@ import json
 import random
 import subprocess
 import sys
+import threading
+import time
 import zlib
 from pathlib import Path
 
 import pytest
 import yaml
 import zstandard
-from helpers import DEMO_CORPUS, REPO, TOKENIZER, write_lines
+from helpers import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes, write_lines
 
 import tokenmix
-from tokenmix import ShardReadError, TokenCache
+from tokenmix import BadInputError, ShardReadError, TokenCache
 from tokenmix.sources import FileShard
 
 LINES = [
@@ -64,6 +66,37 @@ def _build(tmp_path: Path, name: str, urls: list[str], **build) -> tuple[dict, s
 def _rows(location: str) -> list[list[int]]:
     cache = TokenCache(location)
     return [row.tolist() for row in cache.get_rows(range(cache.num_rows()))]
+
+
+def _arrays(location: str) -> dict[str, bytes]:
+    """The stored token and offset arrays of a cache: what its ledger and statistics leave out."""
+    return {name: data for name, data in cache_bytes(location).items() if name.startswith("input_ids/")}
+
+
+class _PublishedRows:
+    """Every row count readers are shown while a build runs (polled from another thread)."""
+
+    def __init__(self, location: str):
+        self.location = location
+        self.seen: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        cache = None
+        while not self._stop.is_set():
+            try:
+                cache = cache or TokenCache(self.location)
+                self.seen.append(cache.num_rows())
+            except FileNotFoundError:
+                pass
+            time.sleep(0.001)
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join()
+        return self.seen
 
 
 def test_every_bit_flip_of_a_gzip_shard_reads_whole_or_is_a_named_shard_error(tmp_path):
@@ -120,6 +153,76 @@ def test_the_cli_counts_gzip_shards_zlib_refuses_names_them_and_finishes(tmp_pat
     stats = json.loads((tmp_path / "cache" / "web" / "train" / "stats.json").read_text())
     assert stats["skipped_by_reason"] == {"corrupt_shard": 3}
     assert stats["documents"] == len(GOOD)
+
+
+def _flip_read_as_a_cut(whole: bytes) -> bytes:
+    """A flip after which zlib decodes to the file's end without an error and without reaching the end of the member:
+    a cut short file to a reader, but one whose decoded bytes are not the original's."""
+    for byte in range(len(whole) - 9, 10, -1):
+        for bit in range(8):
+            damaged = _flipped(whole, byte, bit)
+            decoder = zlib.decompressobj(wbits=31)
+            try:
+                decoded = decoder.decompress(damaged)
+            except zlib.error:
+                continue
+            if not decoder.eof and not DATA.startswith(decoded):
+                return damaged
+    raise AssertionError("no flip that reads as a cut")
+
+
+def test_a_bit_flip_that_reads_as_a_cut_adds_no_row(tmp_path):
+    """Why a shard cut short keeps no row: a cut cannot be told from a flip that makes the decoder run past the end."""
+    path = tmp_path / "flip.jsonl.gz"
+    path.write_bytes(_flip_read_as_a_cut(gzip.compress(b"".join(LINES[:24]))))
+    good = write_lines(tmp_path / "good.jsonl", GOOD)
+    stats, location = _build(tmp_path, "cache", [good, str(path)])
+    assert stats["skipped_by_reason"] == {"truncated_file": 1}
+    assert stats["shards"][str(path)]["documents"] == 0
+    _, alone = _build(tmp_path, "alone", [good])
+    assert _rows(location) == _rows(alone)
+
+
+DAMAGED_ENDS = {
+    "gzip CRC-32": (".jsonl.gz", lambda: _flipped(gzip.compress(DATA), -7, 3), "incorrect data check"),
+    "gzip length": (".jsonl.gz", lambda: _flipped(gzip.compress(DATA), -2, 0), "incorrect length check"),
+    "zstd checksum of the last frame": (".jsonl.zst", lambda: _flipped(_zstd_frames(DATA), -2, 5), "doesn't match checksum"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED_ENDS))
+def test_a_shard_whose_checksum_fails_at_its_end_adds_no_row_and_is_not_tried_again(tmp_path, case, caplog):
+    suffix, damaged, cause = DAMAGED_ENDS[case]
+    path = tmp_path / f"damaged{suffix}"
+    path.write_bytes(damaged())
+    before, after = write_lines(tmp_path / "before.jsonl", GOOD[:2]), write_lines(tmp_path / "after.jsonl", GOOD[2:])
+    location = str(tmp_path / "cache" / "web" / "train")
+    watcher = _PublishedRows(location)
+    try:
+        stats, _ = _build(tmp_path, "cache", [before, str(path), after])
+    finally:
+        seen = watcher.stop()
+    assert stats["skipped_by_reason"] == {"corrupt_shard": 1}
+    shard = stats["shards"][str(path)]
+    assert shard["documents"] == shard["records"] == 0
+    assert cause in shard["error"] and "starts at byte" in shard["error"] and "record positions read is kept" in shard["error"]
+    assert seen and max(seen) <= len(GOOD) and seen == sorted(seen), "rows of the damaged shard were published"
+    _, alone = _build(tmp_path, "alone", [before, after])
+    assert _rows(location) == _rows(alone)
+    assert _arrays(location) == _arrays(alone), "the damaged shard's tokens are left in storage"
+    with caplog.at_level("INFO", logger="tokenmix.cache.builder"):
+        again, _ = _build(tmp_path, "cache", [before, str(path), after])
+    assert "trying" not in caplog.text and again == stats
+
+
+def test_a_raising_build_stops_at_a_corrupt_shard_keeping_only_the_rows_before_it(tmp_path):
+    path = tmp_path / "damaged.jsonl.gz"
+    path.write_bytes(_flipped(gzip.compress(DATA), -7, 3))
+    before = write_lines(tmp_path / "before.jsonl", GOOD)
+    with pytest.raises(BadInputError) as err:
+        _build(tmp_path, "cache", [before, str(path)], on_error="raise")
+    assert f"{path}: corrupt_shard" in str(err.value) and "incorrect data check" in str(err.value)
+    assert TokenCache(str(tmp_path / "cache" / "web" / "train")).num_rows() == len(GOOD)
 
 
 JUNK = b"these bytes are no frame\n"

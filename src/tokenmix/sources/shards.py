@@ -91,8 +91,8 @@ class Shard(Protocol):
     name: str
     verified_at_end: bool
     """Whether the shard's records are known to be sound only once it was read to its end (a compressed stream's
-    checksums are checked there): a build commits none of its rows before its end, and keeps none when the end reports
-    ``corrupt_shard`` or is never reached (``missing_file``, ``unreadable_file``)."""
+    checksums are checked there): a build commits none of its rows before its end, and keeps none when its checksums
+    fail (``corrupt_shard``) or are never reached (``truncated_file``, ``missing_file``, ``unreadable_file``)."""
 
     def size_bytes(self) -> int | None:
         """Stored size, for progress and ETA; ``None`` when unknown."""
