@@ -98,6 +98,10 @@ class DelegatingShard:
         self._shard = FileShard(url)
         self.name = url
 
+    @property
+    def verified_at_end(self):
+        return self._shard.verified_at_end
+
     def size_bytes(self):
         return self._shard.size_bytes()
 

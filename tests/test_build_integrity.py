@@ -181,8 +181,14 @@ def test_a_second_builder_refuses_at_once_naming_the_holder(tmp_path):
     assert build(location, SHARDS[:1], lock_timeout_s=0)["documents"] > 0
 
 
-def _kill_mid_build(config: Path, location: Path, *overrides: str) -> dict:
-    """Start a builder, SIGKILL it once it has committed some rows but not all, and return its ledger."""
+def _mid_shard(ledger: dict) -> bool:
+    """Whether a ledger holds part of a shard (only uncompressed shards are committed before their end)."""
+    return any(0 < s["position"] for s in ledger["shards"] if not s["finished"])
+
+
+def _kill_mid_build(config: Path, location: Path, *overrides: str, when=_mid_shard) -> dict:
+    """Start a builder, SIGKILL it once it has committed some rows but not all (and ``when`` holds of its ledger), and
+    return its ledger."""
     proc = start_builder(config, 0, *overrides)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -190,7 +196,7 @@ def _kill_mid_build(config: Path, location: Path, *overrides: str) -> dict:
             ledger = json.loads((location / "ledger.json").read_text())
         except (FileNotFoundError, ValueError):
             ledger = None
-        if ledger and ledger["rows"] > 0 and any(0 < s["position"] for s in ledger["shards"] if not s["finished"]):
+        if ledger and ledger["rows"] > 0 and when(ledger):
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
             return json.loads((location / "ledger.json").read_text())
@@ -205,7 +211,7 @@ def test_a_killed_builders_lock_is_taken_over_and_the_build_completes(tmp_path, 
     config = write_config(tmp_path / "c.yaml", tmp_path / "cache", SHARDS)
     location = tmp_path / "cache" / "web" / "train"
     overrides = ("--build.lock", lock, "--build.lock_lease_s", "1.5")
-    _kill_mid_build(config, location, *overrides)
+    _kill_mid_build(config, location, *overrides, when=lambda ledger: True)  # compressed shards: between two of them
     assert (location / LOCK_FILE).exists(), "a SIGKILLed builder leaves its lock behind"
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="tokenmix.cache.lock"):

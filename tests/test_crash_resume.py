@@ -1,5 +1,6 @@
 """SIGKILL a real cache build (driver and workers) at random instants; the resumed build is identical."""
 
+import gzip
 import os
 import random
 import shutil
@@ -10,6 +11,7 @@ import time
 
 import pytest
 import yaml
+import zstandard
 from helpers import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes
 
 from tokenmix import CacheNotFoundError, TokenCache
@@ -17,8 +19,18 @@ from tokenmix import CacheNotFoundError, TokenCache
 COPIES = 4
 
 
+def _corrupt_copy(source: str, target) -> None:
+    """A shard of the demo corpus as gzip whose CRC-32 fails at its end: its rows are written, then taken back."""
+    data = zstandard.ZstdDecompressor().stream_reader((DEMO_CORPUS / source / "train-00-of-02.jsonl.zst").read_bytes(),
+                                                      read_across_frames=True).read()
+    damaged = bytearray(gzip.compress(data))
+    damaged[-7] ^= 1 << 3
+    target.write_bytes(bytes(damaged))
+
+
 def _config(tmp_path, cache_dir):
-    """The demo corpus, each shard listed as 4 copies, so a build lasts long enough to be killed often."""
+    """The demo corpus, each shard listed as 4 copies, so a build lasts long enough to be killed often; after the first
+    copy of each source, a copy whose checksum fails (counted, no row kept)."""
     corpus = tmp_path / "corpus"
     sources = {}
     for s in ("linux_doc", "python_doc", "webster"):
@@ -30,6 +42,11 @@ def _config(tmp_path, cache_dir):
                 if not target.exists():
                     shutil.copyfile(DEMO_CORPUS / s / f"train-0{i}-of-02.jsonl.zst", target)
                 urls.append(str(target))
+            if copy == 0:
+                corrupt = corpus / s / "corrupt-train-00.jsonl.gz"
+                if not corrupt.exists():
+                    _corrupt_copy(s, corrupt)
+                urls.append(str(corrupt))
         sources[s] = {"train_urls": urls}
     path = tmp_path / f"{os.path.basename(cache_dir)}.yaml"
     path.write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": str(cache_dir), "configs": sources}))
@@ -38,7 +55,7 @@ def _config(tmp_path, cache_dir):
 
 def _command(config, backend):
     return [sys.executable, "-m", "tokenmix.cli.main", "build-cache", "--config_path", config, "--build.tokenizer_backend", backend,
-            "--build.num_workers", "2", "--build.chunk_bytes", "32768", "--build.commit_interval_s", "0"]
+            "--build.num_workers", "2", "--build.chunk_bytes", "32768", "--build.commit_interval_s", "0", "--build.on_error", "skip"]
 
 
 def _timed_reference(config, first_ledger):
@@ -76,6 +93,7 @@ def test_sigkill_at_random_points_then_resume_gives_an_identical_cache(tmp_path,
     reference_dir = tmp_path / "reference"
     began, finished = _timed_reference((_config(tmp_path, reference_dir), backend), reference_dir / "linux_doc" / "train" / "ledger.json")
     reference = {s: TokenCache(str(reference_dir / s / "train")) for s in ("linux_doc", "python_doc", "webster")}
+    assert all(cache.ledger.skipped_totals() == {"corrupt_shard": 1} for cache in reference.values())
 
     crashed_dir = tmp_path / "crashed"
     config = (_config(tmp_path, crashed_dir), backend)

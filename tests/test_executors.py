@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
+import re
 import shutil
 import signal
 import subprocess
@@ -186,6 +188,36 @@ def test_a_shard_failing_every_try_stops_the_build_naming_it_then_a_rerun_resume
     stats = _build(location, [FileShard(u) for u in corpus], executor=RayExecutorConfig())
     assert stats["build"]["resumed_at_row"] == rows
     assert cache_bytes(location) == cache_bytes(reference)
+
+
+@pytest.mark.timeout(180)
+def test_a_compressed_shard_failing_its_checksum_is_refused_whole_on_a_cluster_as_locally(dask_address, tmp_path):
+    """Its staged chunks are never appended; the local build takes its written rows back: the same bytes, tokens and loss
+    spans, as a build that never listed it."""
+    rng = random.Random(7)
+    words = [f"w{rng.getrandbits(24):06x}" for _ in range(3000)]
+    records = [{"prompt": " ".join(rng.choices(words, k=i % 4 + 1)), "response": " ".join(rng.choices(words, k=i % 6 + 1))}
+               for i in range(9000)]
+    lines = [json.dumps(r).encode() for r in records]
+    damaged = tmp_path / "damaged.jsonl.gz"
+    write_lines(damaged, lines[:6000])
+    data = bytearray(damaged.read_bytes())
+    data[-7] ^= 1 << 3  # in the CRC-32 at its end, found after every record was read
+    damaged.write_bytes(bytes(data))
+    before, after = write_lines(tmp_path / "before.jsonl", lines[6000:7500]), write_lines(tmp_path / "after.jsonl", lines[7500:])
+    fmt = SupervisedLmDatasetFormat(max_seq_length=64)
+    urls = [before, str(damaged), after]
+    local = _build(str(tmp_path / "local"), [FileShard(u) for u in urls], fmt=fmt, num_workers=0, chunk_bytes=4096)
+    on_dask = _build(str(tmp_path / "dask"), [FileShard(u) for u in urls], fmt=fmt, chunk_bytes=4096,
+                     executor=DaskExecutorConfig(address=dask_address))
+    assert local["skipped_by_reason"] == {"corrupt_shard": 1} and local["documents"] == 3000
+    read = re.search(r"none of the (\d+) record positions read is kept", local["shards"][str(damaged)]["error"])
+    assert read and int(read.group(1)) > 3000, "most records were read before the CRC failed, and taken back"
+    assert cache_bytes(str(tmp_path / "dask")) == cache_bytes(str(tmp_path / "local")) and on_dask == {**local, "build": on_dask["build"]}
+    _build(str(tmp_path / "without"), [FileShard(u) for u in (before, after)], fmt=fmt, num_workers=0, chunk_bytes=4096)
+    arrays = {name: data for name, data in cache_bytes(str(tmp_path / "local")).items() if "/" in name}
+    assert arrays == {name: data for name, data in cache_bytes(str(tmp_path / "without")).items() if "/" in name}
+    assert any(name.startswith("loss_spans/") for name in arrays)
 
 
 @pytest.mark.timeout(120)

@@ -7,7 +7,9 @@ On a cluster (Ray, Dask) each task reads and encodes a whole shard and stages it
 cache (``shard_task.py``); the driver takes finished shards in listed order, appends their staged
 chunks the same way and retries failed tasks. Either way rows are in listed-shard order whatever the
 worker count, a killed build resumes from its ledger and rewrites exactly the bytes it would have
-written, and readers see only committed rows.
+written, and readers see only committed rows. A shard whose records are verified only at its end
+(a compressed file: ``Shard.verified_at_end``) is held: none of its rows is committed before its end,
+and when its checksums fail there (or are never reached) its rows are taken back, never published.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 from tokenmix.cache.cluster import ClusterExecutor, TaskFuture
 from tokenmix.cache.executor import LocalExecutorConfig
 from tokenmix.cache.input_digest import records_unchanged
-from tokenmix.cache.ledger import LEDGER_FILE, RETRIED_REASONS, CacheLedger, ShardProgress
+from tokenmix.cache.ledger import CHECKED_END_REASONS, LEDGER_FILE, RETRIED_REASONS, CacheLedger, ShardProgress
 from tokenmix.cache.lock import BuildLock, build_lock
 from tokenmix.cache.options import BuildOptions
 from tokenmix.cache.pool import Completed, EncoderPool
@@ -82,6 +84,18 @@ class _ShardEnd:
 
 
 @dataclass
+class _HeldShard:
+    """A shard verified only at its end whose rows are being written: where the build stood before its first row, to go
+    back to if its end refuses them. Nothing is committed while a shard is held."""
+
+    index: int
+    progress: ShardProgress
+    rows: int
+    tokens: int
+    span_values: int
+
+
+@dataclass
 class _ShardTask:
     """A shard submitted to a cluster: its job, how many tries failed before it, and its result once fetched."""
 
@@ -125,6 +139,7 @@ class CacheBuilder:
         """Rows readers see (``offsets[0]``): never lowered."""
         self._backend: Future = Future()
         """The tokenizer backend chosen for this build (``_choose_in_background``)."""
+        self._held: _HeldShard | None = None
 
     def build(self) -> dict[str, Any]:
         """Run the build to the end and return the cache statistics (a finished cache is left untouched).
@@ -448,12 +463,15 @@ class CacheBuilder:
             failed[index] = message
 
     def _apply_staged(self, ledger: CacheLedger, array: JaggedArray, result: ShardResult, location: str, writes: list) -> None:
-        """Append a finished shard task's staged chunks as the local path appends encoded chunks, then end the shard."""
-        for chunk in staged_chunks(result, location):
-            self._apply_chunk(ledger, array, result.index, chunk, writes)
-            self._maybe_commit(ledger, array, writes)
+        """Append a finished shard task's staged chunks as the local path appends encoded chunks, then end the shard; the
+        chunks of a shard whose end refuses its rows are not read."""
+        end = _ShardEnd(result.index, result.read_error(self.shards[result.index].name))
+        if not self._keeps_no_row(end):
+            for chunk in staged_chunks(result, location):
+                self._apply_chunk(ledger, array, result.index, chunk, writes)
+                self._maybe_commit(ledger, array, writes)
         if result.complete:
-            self._apply_shard_end(ledger, array, _ShardEnd(result.index, result.read_error(self.shards[result.index].name)), writes)
+            self._apply_shard_end(ledger, array, end, writes)
             self._maybe_commit(ledger, array, writes)
 
     def _read_events(self, ledger: CacheLedger) -> Iterator[tuple[int, RawChunk | _ShardEnd]]:
@@ -471,6 +489,9 @@ class CacheBuilder:
 
     def _apply_chunk(self, ledger: CacheLedger, array: JaggedArray, index: int, chunk: EncodedChunk, writes: list) -> None:
         shard = ledger.shards[index]
+        if self._held is None and self.shards[index].verified_at_end:
+            self._held = _HeldShard(index, dataclasses.replace(shard, skipped=dict(shard.skipped)), ledger.rows, ledger.tokens,
+                                    self._span_values)
         if chunk.skipped:
             self._on_skipped(ledger, array, index, chunk, writes)
         if len(chunk.lengths):
@@ -497,11 +518,15 @@ class CacheBuilder:
         shard_name = self.shards[index].name
         errors = [s for s in chunk.skipped if s[1] not in FILTER_REASONS]
         if errors and self.options.on_error == "raise":
+            before = "this chunk"
+            if self._held is not None:
+                self._take_back(ledger, array, writes)
+                before = "this shard (a compressed shard's rows are kept only once it was read and checked to its end)"
             self._commit(ledger, array, writes)
             position, reason, detail = errors[0]
             raise BadInputError(
                 f"{self.shards[index].position_label(position)}: {reason}: {detail}\n"
-                f"The cache keeps the {ledger.rows} rows before this chunk. Fix the input, or set "
+                f"The cache keeps the {ledger.rows} rows before {before}. Fix the input, or set "
                 "on_error: skip (CLI: --build.on_error skip) to count and skip bad records."
             )
         for position, reason, detail in chunk.skipped:
@@ -513,12 +538,45 @@ class CacheBuilder:
             self._skips_logged += 1
             logger.warning("further skipped records in %s are counted in the statistics, not logged", shard_name)
 
+    def _keeps_no_row(self, end: _ShardEnd) -> bool:
+        """Whether a shard ends in a failure that refuses all its rows: one verified only at its end whose checksums
+        failed there or were never reached."""
+        return end.error is not None and self.shards[end.index].verified_at_end and end.error.reason not in CHECKED_END_REASONS
+
+    def _take_back(self, ledger: CacheLedger, array: JaggedArray, writes: list) -> None:
+        """Take back the rows of the held shard: the ledger and the arrays go back to where they stood before its first row,
+        so the next rows are written in its place (its tokens, written but never published, are erased)."""
+        held, self._held = self._held, None
+        assert held is not None
+        try:
+            for write in writes:
+                write.result()
+            writes.clear()
+            rewinds = array.rewind(held.rows, held.tokens)
+            if self._spans is not None:
+                rewinds.extend(self._spans.rewind(held.rows, held.span_values))
+            for write in rewinds:
+                write.result()
+        except ValueError as e:  # tensorstore's storage errors
+            raise self._write_failed(e) from e
+        ledger.rows, ledger.tokens, self._span_values = held.rows, held.tokens, held.span_values
+        ledger.shards[held.index] = held.progress
+        if ledger.runs is not None:
+            ledger.runs = [run for run in ledger.runs if run[2] < held.rows]
+
     def _apply_shard_end(self, ledger: CacheLedger, array: JaggedArray, end: _ShardEnd, writes: list) -> None:
-        shard = ledger.shards[end.index]
         name = self.shards[end.index].name
+        refused = self._keeps_no_row(end)
+        if refused and self._held is not None:
+            self._take_back(ledger, array, writes)
+        self._held = None
+        shard = ledger.shards[end.index]
         problem = None
         if end.error is not None:
-            problem = (end.error.reason, f"{name}: {end.error.reason} after {end.error.position} record positions: {end.error.detail}")
+            taken_back = end.error.position - shard.position if refused else 0
+            problem = (end.error.reason, f"{name}: {end.error.reason} after {end.error.position} record positions: {end.error.detail}"
+                       + (f"; none of the {taken_back} record positions read is kept, as a compressed shard's records are "
+                          "trusted only once its checksums passed at its end" if taken_back > 0 else ""))
         elif shard.records == 0:
             problem = ("empty_shard", f"{name}: empty_shard: the shard holds no records")
         else:
@@ -529,18 +587,20 @@ class CacheBuilder:
                 self._commit(ledger, array, writes)
                 raise BadInputError(message + "\nFix or remove the shard, or set on_error: skip to count it and go on.")
             retried = reason in RETRIED_REASONS
-            logger.warning("skipping the rest of %s%s", message, "; the next build tries it again" if retried else "")
+            logger.warning("skipping %s %s%s", "all of" if refused else "the rest of", message,
+                           "; the next build tries it again" if retried else "")
             shard.skip(reason)
             shard.error = message
             shard.retry = reason if retried else None
         shard.finished = True
 
     def _maybe_commit(self, ledger: CacheLedger, array: JaggedArray, writes: list) -> None:
-        if time.monotonic() - self._last_commit >= self.options.commit_interval_s:
+        if self._held is None and time.monotonic() - self._last_commit >= self.options.commit_interval_s:
             self._commit(ledger, array, writes)
             self._last_commit = time.monotonic()
 
     def _commit(self, ledger: CacheLedger, array: JaggedArray, writes: list) -> None:
+        assert self._held is None, f"{self.location}: committing rows of {self.shards[self._held.index].name} before its end"
         if self._lock is not None:
             self._lock.check()
         try:
@@ -553,10 +613,13 @@ class CacheBuilder:
             self._docs.write(LEDGER_FILE, ledger.to_json())
             self._publish(ledger, array)
         except ValueError as e:  # tensorstore's storage errors: a full disk, lost permissions, an unreachable bucket
-            raise CacheWriteError(
-                f"writing the cache at {self.location} failed: {storage_cause(e)}. Its {self._published:,} committed "
-                "rows are kept: fix the storage (free space, permissions) and re-run the build, which resumes from there."
-            ) from e
+            raise self._write_failed(e) from e
+
+    def _write_failed(self, error: ValueError) -> CacheWriteError:
+        return CacheWriteError(
+            f"writing the cache at {self.location} failed: {storage_cause(error)}. Its {self._published:,} committed "
+            "rows are kept: fix the storage (free space, permissions) and re-run the build, which resumes from there."
+        )
 
     def _publish(self, ledger: CacheLedger, array: JaggedArray) -> None:
         """Publish the ledger's rows: loss spans first, so a reader never sees a row without its spans; never fewer rows."""

@@ -33,7 +33,12 @@ class ShardChangedError(ValueError):
 
 RETRIED_REASONS = frozenset({"missing_file", "unreadable_file"})
 """Shard failures that may pass (a file not there yet, storage briefly unreachable): under ``on_error: skip`` such a
-shard is tried again by the next build. Bad content (truncated, malformed) is not: it is skipped for good."""
+shard is tried again by the next build. Bad content (truncated, corrupt, malformed, trailing junk) is not: it is skipped
+for good."""
+CHECKED_END_REASONS = frozenset({"malformed_json", "trailing_junk"})
+"""Shard failures found with the shard's compressed stream read and checked to its end: a shard whose records are
+verified only at its end (``Shard.verified_at_end``) keeps the rows read before them. After any other failure
+(``corrupt_shard``, ``truncated_file``, a retried one) its checksums failed or were never reached, and it keeps none."""
 
 
 def fingerprint_of(identity: dict[str, Any]) -> str:

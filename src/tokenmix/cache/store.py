@@ -225,6 +225,8 @@ class _ChunkAligned:
         """Where the first waiting value goes."""
         self.waiting: list[np.ndarray] = []
         self.count = 0
+        self.written = start
+        """The end of what this appender has written to storage."""
 
     @property
     def end(self) -> int:
@@ -239,6 +241,7 @@ class _ChunkAligned:
         data = np.concatenate(self.waiting) if len(self.waiting) > 1 else self.waiting[0]
         split = boundary - self.start
         write = self.array[self.start : boundary].write(data[:split])
+        self.written = boundary
         rest = data[split:]
         self.start, self.waiting, self.count = boundary, [rest] if len(rest) else [], len(rest)
         return [write]
@@ -247,7 +250,28 @@ class _ChunkAligned:
         if not self.count:
             return []
         self.waiting = [np.concatenate(self.waiting)] if len(self.waiting) > 1 else self.waiting
+        self.written = max(self.written, self.end)
         return [self.array[self.start : self.end].write(self.waiting[0])]
+
+    def rewind(self, end: int) -> list[ts.Future]:
+        """Forget the values from ``end`` on: those waiting are dropped, those written are reset to the fill value
+        through a handle that stores no chunk holding only the fill value (``_erasing``), which leaves storage as if
+        they had never been written. Writes of those values still in flight must have completed first."""
+        kept = np.concatenate(self.waiting)[: max(0, end - self.start)] if self.waiting else np.empty(0, self.array.dtype.numpy_dtype)
+        self.start = min(self.start, end)
+        self.waiting, self.count = ([kept] if len(kept) else []), len(kept)
+        if self.written <= end:
+            return []
+        written, self.written = self.written, end
+        return [_erasing(self.array)[end:written].write(np.zeros((), self.array.dtype.numpy_dtype))]
+
+
+def _erasing(array: ts.TensorStore) -> ts.TensorStore:
+    """``array`` opened to drop every chunk that a write leaves holding only the fill value (a builder's own handle stores
+    them, so that a missing chunk always means damage)."""
+    spec = array.spec().to_json()
+    spec["store_data_equal_to_fill_value"] = False
+    return ts.open(spec, open=True, context=_CONTEXT).result()
 
 
 def write_unit(array: ts.TensorStore) -> int:
@@ -320,6 +344,13 @@ class JaggedArray:
         """Start writing the tokens and row ends ``write_rows`` holds back until their chunk is full; a commit waits for
         these writes before its ledger says the rows exist."""
         return [write for appending in (self._tokens, self._ends) if appending is not None for write in appending.flush()]
+
+    def rewind(self, rows: int, values: int) -> list[ts.Future]:
+        """Forget the rows from ``rows`` on, whose values begin at ``values`` (written by ``write_rows``, never published):
+        the next rows are written there, and storage ends as if the forgotten rows had never been written. Writes of
+        those rows still in flight must have completed first."""
+        return [write for appending, end in ((self._tokens, values), (self._ends, rows + 1)) if appending is not None
+                for write in appending.rewind(end)]
 
     def publish(self, rows: int) -> None:
         """Make the first ``rows`` rows visible to readers. Their writes must already be complete (tokens held back

@@ -24,6 +24,9 @@ def available_splits(dataset_id: str, name: str | None) -> list[str]:
 class HfDatasetShard:
     """One split of a Hugging Face dataset (hub id or local dataset directory), in example order."""
 
+    verified_at_end = False
+    """``datasets`` reads the files: no checksum of theirs is checked here, at the end or before."""
+
     def __init__(self, dataset_id: str, name: str | None, split: str, stream: bool = True):
         self.dataset_id = dataset_id
         self.config_name = name

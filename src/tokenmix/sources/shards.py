@@ -7,13 +7,16 @@ index in the shard (for JSON lines: the line index, blank lines included; for a 
 index across its members, in archive order), which is how a build resumes: ``read(start=n)`` skips
 to position n without handing earlier records on.
 
-Shard-level failures (missing or unreadable file, truncated or corrupt compressed data) raise
-``ShardReadError`` after every record read before the failure has been yielded.
+Shard-level failures (missing or unreadable file, truncated or corrupt compressed data, bytes after the last
+compressed frame) raise ``ShardReadError`` after every record read before the failure has been yielded. A compressed
+stream's checksums are checked at the end of each of its frames, so a shard's records are known to be sound only once
+it was read to its end (``Shard.verified_at_end``). A UTF-8 byte order mark at the start of a text is skipped.
 """
 
 from __future__ import annotations
 
 import bisect
+import codecs
 import itertools
 import logging
 import os
@@ -26,10 +29,11 @@ import fsspec
 import ijson
 import orjson
 import xxhash
-import zstandard
 from fsspec.implementations.local import LocalFileSystem
 
 from tokenmix.sources.compression import (
+    CorruptInputError,
+    TrailingDataError,
     TruncatedInputError,
     compression_of,
     decompressing_reader,
@@ -85,6 +89,10 @@ class Shard(Protocol):
     """One unit of input, read in order from a record position."""
 
     name: str
+    verified_at_end: bool
+    """Whether the shard's records are known to be sound only once it was read to its end (a compressed stream's
+    checksums are checked there): a build commits none of its rows before its end, and keeps none when its checksums
+    fail (``corrupt_shard``) or are never reached (``truncated_file``, ``missing_file``, ``unreadable_file``)."""
 
     def size_bytes(self) -> int | None:
         """Stored size, for progress and ETA; ``None`` when unknown."""
@@ -127,7 +135,6 @@ class ChunkBuffer:
 _VERSION_KEYS = ("ETag", "etag", "generation", "md5Hash", "crc32c", "mtime", "LastModified", "last_modified", "updated", "created")
 """What object stores (s3fs, gcsfs, ...) report that changes when an object is rewritten, most specific first."""
 
-_TRUNCATION_ERRORS = (TruncatedInputError, EOFError, zstandard.ZstdError)
 _TAR_BUFSIZE = tarfile.RECORDSIZE
 """Bytes ``tarfile`` reads from the stream at a time; the tail kept to check an archive's end is twice this."""
 
@@ -163,6 +170,11 @@ class FileShard:
         """Whether ``_members`` lists every member (the archive was read to its end)."""
         if self.kind == "parquet" and self.compression:
             raise ValueError(f"{url}: Parquet compresses internally; do not wrap it in {self.compression}")
+
+    @property
+    def verified_at_end(self) -> bool:
+        """Compressed files, and tar archives (whose members may be compressed), are checked as they end."""
+        return self.compression is not None or self.kind == "tar"
 
     def size_bytes(self) -> int | None:
         try:
@@ -205,10 +217,10 @@ class FileShard:
         if scan and not self._members_complete and (not self._members or self._members[len(self._members) - 1][0] <= position):
             try:
                 with fsspec.open(self.name, "rb") as raw:
-                    for _ in self._tar_records(decompressing_reader(raw, self.compression)):
+                    for _ in self._tar_records(self._stream(raw)):
                         if self._members[len(self._members) - 1][0] > position:
                             break
-            except (OSError, ValueError, EOFError, tarfile.TarError, zstandard.ZstdError):
+            except (OSError, ValueError, EOFError, tarfile.TarError):
                 pass  # an unreadable archive is reported by ``read``; the label says what is known
         members = [self._members[index] for index in range(len(self._members))]
         found = bisect.bisect_right([first for first, _, _ in members], position) - 1
@@ -218,8 +230,8 @@ class FileShard:
         if self._is_array is None:
             try:
                 with fsspec.open(self.name, "rb") as raw:
-                    self._is_array = _starts_with_bracket(decompressing_reader(raw, self.compression))
-            except (OSError, ValueError, EOFError, zstandard.ZstdError):
+                    self._is_array = _starts_with_bracket(self._stream(raw))
+            except (OSError, ValueError, EOFError):
                 return False
         return self._is_array
 
@@ -229,21 +241,43 @@ class FileShard:
         position = start
         try:
             with fsspec.open(self.name, "rb") as raw:
-                for chunk in reader[self.kind](raw, start, chunk_bytes):
-                    position = chunk.start + len(chunk.records)
-                    yield chunk
+                stream = self._stream(raw)
+                try:
+                    for chunk in reader[self.kind](raw, stream, start, chunk_bytes):
+                        position = chunk.start + len(chunk.records)
+                        yield chunk
+                except (ijson.JSONError, ValueError) as e:
+                    if self.compression is not None and not isinstance(e, CorruptInputError | TrailingDataError):
+                        _read_to_end(stream)  # corrupt data breaks the records' structure: then that is the failure
+                    raise
+                if self.compression is not None:
+                    _read_to_end(stream)  # the last frame's checksum, and bytes after it, where records end before
         except FileNotFoundError as e:
             raise ShardReadError(self.name, position, "missing_file", str(e)) from e
-        except _TRUNCATION_ERRORS as e:
+        except TruncatedInputError as e:
             where = self._record_at(position, scan=False)
             what = "archive" if self.kind == "tar" else "compressed data"
             detail = (f"the {what} is cut short in {where} ({type(e).__name__}: {e}); every complete record before "
                       f"{where} was read, {where} itself is incomplete; copy the file again from its source")
             raise ShardReadError(self.name, position, "truncated_file", detail) from e
+        except CorruptInputError as e:
+            detail = (f"{e}, found while reading {self._record_at(position, scan=False)}; no record decoded from the file "
+                      "can be trusted: copy it again from its source")
+            raise ShardReadError(self.name, position, "corrupt_shard", detail) from e
+        except TrailingDataError as e:
+            detail = f"{e}; every record before them was read: copy the file again from its source, or cut those bytes off"
+            raise ShardReadError(self.name, position, "trailing_junk", detail) from e
         except ijson.JSONError as e:
             raise ShardReadError(self.name, position, "malformed_json", f"JSON array is malformed: {e}") from e
         except (OSError, ValueError) as e:
             raise ShardReadError(self.name, position, "unreadable_file", f"{type(e).__name__}: {e}") from e
+
+    def _stream(self, raw):
+        """The decompressed bytes of the file (None for Parquet, which is read by its own reader)."""
+        if self.kind == "parquet":
+            return None
+        stream = decompressing_reader(raw, self.compression)
+        return stream if self.kind == "tar" else _without_bom(stream)
 
     def _tracked(self, raw):
         last = 0
@@ -259,19 +293,17 @@ class FileShard:
 
         return consumed
 
-    def _read_lines(self, raw, start: int, chunk_bytes: int, stream=None) -> Iterator[RawChunk]:
-        stream = stream if stream is not None else decompressing_reader(raw, self.compression)
+    def _read_lines(self, raw, stream, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
         yield from _chunked(itertools.islice(stream, start, None), len, ChunkBuffer(start, chunk_bytes), self._tracked(raw))
 
-    def _read_json(self, raw, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
-        stream = decompressing_reader(raw, self.compression)
+    def _read_json(self, raw, stream, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
         if not _starts_with_bracket(stream):
-            yield from self._read_lines(raw, start, chunk_bytes, stream)
+            yield from self._read_lines(raw, stream, start, chunk_bytes)
             return
         items = itertools.islice(ijson.items(stream, "item", use_float=True), start, None)
         yield from _chunked(items, approx_size, ChunkBuffer(start, chunk_bytes), self._tracked(raw))
 
-    def _read_parquet(self, raw, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
+    def _read_parquet(self, raw, stream, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
         import pyarrow.parquet as pq
 
         pf = pq.ParquetFile(raw)
@@ -296,14 +328,14 @@ class FileShard:
 
         yield from _chunked(rows(), approx_size, ChunkBuffer(start, chunk_bytes), consumed)
 
-    def _read_txt(self, raw, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
-        data = decompressing_reader(raw, self.compression).read()
+    def _read_txt(self, raw, stream, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
+        data = stream.read()
         if start > 0:
             return
         yield RawChunk(0, [PlainText(data)], len(data))
 
-    def _read_tar(self, raw, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
-        records = self._tar_records(decompressing_reader(raw, self.compression))
+    def _read_tar(self, raw, stream, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
+        records = self._tar_records(stream)
         yield from _chunked(itertools.islice(records, start, None), len, ChunkBuffer(start, chunk_bytes), self._tracked(raw))
 
     def _tar_records(self, stream) -> Iterator[bytes]:
@@ -322,7 +354,7 @@ class FileShard:
                     name = member.name
                     kind, compression = _tar_member_kind(name)
                     self._members.setdefault(index, (position, name, kind))
-                    data = decompressing_reader(tar.extractfile(member), compression)
+                    data = _without_bom(decompressing_reader(tar.extractfile(member), compression))
                     if kind == "txt":
                         position += 1
                         yield PlainText(data.read())
@@ -414,6 +446,19 @@ def _chunked(records: Iterator[RawRecord], size: Callable[[Any], int], buf: Chun
         yield buf.take(consumed())
     if failure is not None:
         raise failure
+
+
+def _without_bom(stream):
+    """``stream`` past a leading UTF-8 byte order mark, which marks the encoding and is no part of the first record."""
+    if stream.peek(len(codecs.BOM_UTF8))[: len(codecs.BOM_UTF8)] == codecs.BOM_UTF8:
+        stream.read(len(codecs.BOM_UTF8))
+    return stream
+
+
+def _read_to_end(stream) -> None:
+    """Read what is left of a decompressing stream, so that its last checksums are checked; raises its failure."""
+    while stream.read(DEFAULT_CHUNK_BYTES):
+        pass
 
 
 def _starts_with_bracket(stream) -> bool:
