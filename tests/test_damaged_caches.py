@@ -240,3 +240,32 @@ def test_verify_runs_beside_a_build_and_checks_what_is_published(growing_cache):
     assert report.ok and not report.finished and report.rows > 0, report
     growing.finish()
     assert tokenmix.verify_cache(growing.location, progress=False).ok
+
+
+def test_a_cache_whose_build_took_back_a_corrupt_shard_verifies_clean_and_repairs(tmp_path):
+    """Rows of a compressed shard refused at its end are taken back with the runs the ledger noted for them: the ledger
+    still says where every row came from, so the cache verifies clean, and a damaged object is repaired from the
+    right shards."""
+    import gzip
+
+    first = write_jsonl(tmp_path / "a.jsonl", [{"text": f"first shard, document {i}. " * 40} for i in range(200)])
+    broken = tmp_path / "b.jsonl.gz"
+    data = bytearray(gzip.compress(b"".join(json.dumps({"text": f"refused {i}. " * 30}).encode() + b"\n" for i in range(300))))
+    data[-6] ^= 0x10  # the CRC-32 at its end
+    broken.write_bytes(bytes(data))
+    last = write_jsonl(tmp_path / "c.jsonl", [{"text": f"last shard, document {i}. " * 40} for i in range(200)])
+    config_path = tmp_path / "c.yaml"
+    config_path.write_text(json.dumps({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "caches"),
+                                       "configs": {"one": {"train_urls": [first, str(broken), last]}},
+                                       "build": {"num_workers": 0, "on_error": "skip", "chunk_bytes": 1 << 12}}))
+    config = tokenmix.load_data_config(str(config_path))
+    tokenmix.build_caches(config, progress=False)
+    location = tmp_path / "caches" / "one" / "train"
+    ledger = TokenCache(str(location)).ledger
+    assert [run[0] for run in ledger.runs] == [0, 2] and ledger.shards[1].skipped == {"corrupt_shard": 1}
+    assert tokenmix.verify_cache(str(location), config=config, progress=False).ok
+    pristine = cache_bytes(str(location))
+    tokens = location / "input_ids" / "data" / "c" / "0"
+    flip(tokens, tokens.stat().st_size - 10)
+    report = tokenmix.verify_cache(str(location), repair=True, config=config, progress=False)
+    assert report.ok and report.repaired and cache_bytes(str(location)) == pristine
