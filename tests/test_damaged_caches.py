@@ -250,7 +250,9 @@ def test_a_cache_whose_build_took_back_a_corrupt_shard_verifies_clean_and_repair
 
     first = write_jsonl(tmp_path / "a.jsonl", [{"text": f"first shard, document {i}. " * 40} for i in range(200)])
     broken = tmp_path / "b.jsonl.gz"
-    data = bytearray(gzip.compress(b"".join(json.dumps({"text": f"refused {i}. " * 30}).encode() + b"\n" for i in range(300))))
+    words = np.random.default_rng(3).integers(0, 1 << 40, (3000, 40))  # text that does not compress: the reader hands on
+    lines = [json.dumps({"text": " ".join(f"{w:x}" for w in row)}).encode() + b"\n" for row in words]  # records before the end
+    data = bytearray(gzip.compress(b"".join(lines)))
     data[-6] ^= 0x10  # the CRC-32 at its end
     broken.write_bytes(bytes(data))
     last = write_jsonl(tmp_path / "c.jsonl", [{"text": f"last shard, document {i}. " * 40} for i in range(200)])
