@@ -592,7 +592,7 @@ def test_a_stopped_reader_process_is_reported_naming_it_and_the_step(train):
     mesh = jax.make_mesh((4, 2), ("data", "model"))
     with DataLoader(train, 16, mesh, {"batch": "data"}, workers=2, prefetch=1, read_timeout_s=2) as loader:
         it = iter(loader)
-        assert next(it).step == 0
+        assert [next(it).step, next(it).step] == [0, 1]  # each reader has started
         (stopped,) = [p for p in reader_processes() if p.name == "tokenmix-reader-1-from-step-0"]  # steps 1, 3, 5, ...
         os.kill(stopped.pid, signal.SIGSTOP)
         began = time.monotonic()
@@ -606,7 +606,7 @@ def test_a_stopped_reader_process_is_reported_naming_it_and_the_step(train):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(stopped.pid, signal.SIGCONT)
     error = caught.value
-    assert error.step % 2 == 1 and delivered == list(range(1, error.step))
+    assert error.step % 2 == 1 and delivered == list(range(2, error.step))
     assert re.search(rf"^step {error.step}: .*reader process tokenmix-reader-1-from-step-0 \(pid {stopped.pid}\) made no progress "
                      rf"for 2 s \(read_timeout_s\).*iter_from_step\({error.step}\)", str(error)), str(error)
     assert waited < 2 + 30  # read_timeout_s, and a generous bound for a busy machine

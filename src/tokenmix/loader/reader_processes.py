@@ -259,26 +259,26 @@ def _reader_main(pipe: Connection, payload: bytes, first: int, stride: int, memo
     stop = threading.Event()
 
     def listen() -> None:
-        beats = 0
+        beats = 1
         try:
             while True:
+                if pipe.poll(beat_s):
+                    message = pipe.recv()
+                    if message[0] == "free":
+                        free.put(message[1])
+                    else:
+                        stop.set()
+                        free.put(_STOP)
+                        return
                 beats += 1
                 _BEATS.pack_into(memory, 0, beats)
-                if not pipe.poll(beat_s):
-                    continue
-                message = pipe.recv()
-                if message[0] == "free":
-                    free.put(message[1])
-                else:
-                    stop.set()
-                    free.put(_STOP)
-                    return
         except (EOFError, OSError):  # the loader is gone without a stop (killed): do not outlive it
             stop.set()
             free.put(_STOP)
             time.sleep(_ORPHAN_GRACE_S)
             os._exit(1)
 
+    _BEATS.pack_into(memory, 0, 1)  # started, before anything is sent: from here on the loader times a counter that stands still
     threading.Thread(target=listen, name="tokenmix-reader-listener", daemon=True).start()
     step = first
     ahead: dict = {}
