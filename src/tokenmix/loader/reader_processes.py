@@ -8,7 +8,7 @@ finished steps as it has slots, so it never gets further ahead than that.
 
 A block's name is unlinked as soon as it is made: the reader gets the block's descriptor as it starts, and the
 system frees the memory when the last process mapping it exits, so no kill, of the whole process group included,
-leaves a file in /dev/shm. While it runs, a reader ticks a counter at the head of its block; a loader waiting for a
+leaves a file in /dev/shm. While it runs, a reader ticks a counter at the end of its block; a loader waiting for a
 step sees the counter stand still when the reader does not run at all (stopped, frozen), and after ``read_timeout_s``
 of that it kills the reader and raises the step's ``LoaderError``. A read that is merely slow ticks on.
 
@@ -39,7 +39,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 
 from tokenmix._child_fd import ChildFd
-from tokenmix.datasets.base import ALIGNMENT, TokenBatch, aligned_bytes, aligned_views
+from tokenmix.datasets.base import TokenBatch, aligned_bytes, aligned_views
 from tokenmix.loader.step_reads import LoaderError, StepRead, StepReads
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ _POLL_COUNTED_MAX_S = 0.5
 """The most that one of the loader's polls adds to the time a reader stands still: time when the loader did not run
 either (its whole process group stopped by Ctrl-Z, a suspended machine) is not held against a reader."""
 _BEATS = struct.Struct("<Q")
-"""The reader's counter, at the head of its shared memory."""
+"""The reader's counter, after the slots in its shared memory."""
 _ORPHAN_GRACE_S = 5.0
 """How long a reader whose loader is gone (its pipe closed without a stop) may take to finish a read before it exits."""
 
@@ -67,8 +67,8 @@ class ReaderProcessError(RuntimeError):
 
 @dataclass(frozen=True)
 class _Slots:
-    """Where things lie in a reader's shared memory: the reader's counter, then ``count`` slots of the largest batch
-    this process reads (``rows`` rows of ``seq_len`` tokens), each laid out as ``TokenBatch.empty`` lays out a batch."""
+    """Where things lie in a reader's shared memory: ``count`` slots of the largest batch this process reads (``rows``
+    rows of ``seq_len`` tokens), each laid out as ``TokenBatch.empty`` lays out a batch, then the reader's counter."""
 
     rows: int
     seq_len: int
@@ -80,18 +80,21 @@ class _Slots:
 
     @property
     def total_bytes(self) -> int:
-        return ALIGNMENT + self.count * self.slot_bytes
+        return self.count * self.slot_bytes + _BEATS.size
 
     def arrays(self, buffer: memoryview | mmap.mmap, slot: int, rows: int) -> list[np.ndarray]:
         """Slot ``slot``'s tokens, loss mask, segment ids and source ids, for a batch of ``rows`` rows."""
         size = self.slot_bytes
-        views = aligned_views(np.frombuffer(buffer, np.uint8, size, ALIGNMENT + slot * size), TokenBatch.layout(self.rows, self.seq_len))
+        views = aligned_views(np.frombuffer(buffer, np.uint8, size, slot * size), TokenBatch.layout(self.rows, self.seq_len))
         return [view[:rows] for view in views]
 
-    @staticmethod
-    def beats(buffer: memoryview | mmap.mmap) -> int:
+    def beats(self, buffer: memoryview | mmap.mmap) -> int:
         """How often the reader has ticked (0: it has not started yet)."""
-        return _BEATS.unpack_from(buffer)[0]
+        return _BEATS.unpack_from(buffer, self.count * self.slot_bytes)[0]
+
+    def tick(self, buffer: mmap.mmap, beats: int) -> None:
+        """Set the reader's counter (in the reader)."""
+        _BEATS.pack_into(buffer, self.count * self.slot_bytes, beats)
 
 
 class ReaderProcesses:
@@ -271,14 +274,14 @@ def _reader_main(pipe: Connection, payload: bytes, first: int, stride: int, memo
                         free.put(_STOP)
                         return
                 beats += 1
-                _BEATS.pack_into(memory, 0, beats)
+                slots.tick(memory, beats)
         except (EOFError, OSError):  # the loader is gone without a stop (killed): do not outlive it
             stop.set()
             free.put(_STOP)
             time.sleep(_ORPHAN_GRACE_S)
             os._exit(1)
 
-    _BEATS.pack_into(memory, 0, 1)  # started, before anything is sent: from here on the loader times a counter that stands still
+    slots.tick(memory, 1)  # started, before anything is sent: from here on the loader times a counter that stands still
     threading.Thread(target=listen, name="tokenmix-reader-listener", daemon=True).start()
     step = first
     ahead: dict = {}
