@@ -3,6 +3,7 @@ processes of 4 devices each (tests/loader_worker.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import gc
@@ -11,6 +12,7 @@ import logging
 import math
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -454,6 +456,13 @@ def reader_processes() -> list:
     return [p for p in multiprocessing.active_children() if p.name.startswith("tokenmix-reader")]
 
 
+def shared_memory_of(pid: int) -> set[str]:
+    """The /dev/shm files a process maps, by path (an unlinked one as the path it had)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        fields = [line.split(maxsplit=5) for line in maps]
+    return {f[5].strip().removesuffix(" (deleted)") for f in fields if len(f) == 6 and f[5].startswith("/dev/shm/")}
+
+
 @pytest.mark.timeout(120)
 def test_reader_processes_give_the_batches_the_loaders_own_thread_gives(train):
     mesh = jax.make_mesh((4, 2), ("data", "model"))
@@ -491,13 +500,13 @@ def test_a_reader_process_that_dies_is_reported_and_closing_frees_its_memory(tra
         it = iter(loader)
         next(it)
         (reader,) = reader_processes()
-        memory = it._prefetcher._processes._memory[0].name
-        assert os.path.exists(f"/dev/shm/{memory}")
+        memory = f"/dev/shm/{it._prefetcher._processes._memory[0].name}"
+        assert memory in shared_memory_of(os.getpid()) and not os.path.exists(memory)  # mapped, its name unlinked at once
         os.kill(reader.pid, signal.SIGKILL)
         with pytest.raises(LoaderError, match=r"reader process tokenmix-reader-0-from-step-0 .* exited with code -9"):
             for _ in range(10):  # a batch or two may be ready already
                 next(it)
-    assert not os.path.exists(f"/dev/shm/{memory}") and not reader_processes()
+    assert memory not in shared_memory_of(os.getpid()) and not reader_processes()
 
 
 @pytest.mark.timeout(120)
@@ -543,6 +552,109 @@ def test_reader_processes_stop_promptly_ignore_ctrl_c_and_do_not_outlive_a_kille
     assert not os.path.exists(f"/proc/{orphan}") or "zombie" in open(f"/proc/{orphan}/status").read()
 
 
+@pytest.mark.timeout(120)
+def test_a_loader_killed_with_its_whole_process_group_leaves_no_shared_memory(config_path, tmp_path):
+    script = tmp_path / "group.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        import draccus, jax, yaml
+        from tokenmix import DataLoader, LMMixtureDatasetConfig
+        if __name__ == "__main__":
+            config = draccus.decode(LMMixtureDatasetConfig, yaml.safe_load(open({str(config_path)!r})))
+            loader = DataLoader(config.train_set(64), 8, jax.make_mesh((1,), ("data",)), {{"batch": "data"}}, workers=2, prefetch=3)
+            it = iter(loader)
+            steps = [next(it).step for _ in range(4)]
+            print(steps, flush=True)
+            time.sleep(600)
+    """))
+    with open(tmp_path / "group.err", "w") as err:  # a process group of its own: the loader, its readers, its resource tracker
+        parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+    segments: set[str] = set()
+    try:
+        line = parent.stdout.readline()
+        assert line.strip() == "[0, 1, 2, 3]", (tmp_path / "group.err").read_text()
+        segments = shared_memory_of(parent.pid)
+        assert len(segments) == 2, segments  # one block per reader, each mapped by the loader
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+        assert not [s for s in segments if os.path.exists(s)]
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+            parent.wait()
+        for leaked in segments:  # what the test found left behind, so that it does not fill /dev/shm
+            if os.path.exists(leaked):
+                os.unlink(leaked)
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_reader_process_is_reported_naming_it_and_the_step(train):
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with DataLoader(train, 16, mesh, {"batch": "data"}, workers=2, prefetch=1, read_timeout_s=2) as loader:
+        it = iter(loader)
+        assert [next(it).step, next(it).step] == [0, 1]  # each reader has started
+        (stopped,) = [p for p in reader_processes() if p.name == "tokenmix-reader-1-from-step-0"]  # steps 1, 3, 5, ...
+        os.kill(stopped.pid, signal.SIGSTOP)
+        began = time.monotonic()
+        delivered = []
+        try:
+            with pytest.raises(LoaderError) as caught:
+                for sb in it:  # what the reader sent before it stopped comes first
+                    delivered.append(sb.step)
+            waited = time.monotonic() - began
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped.pid, signal.SIGCONT)
+    error = caught.value
+    assert error.step % 2 == 1 and delivered == list(range(2, error.step))
+    assert re.search(rf"^step {error.step}: .*reader process tokenmix-reader-1-from-step-0 \(pid {stopped.pid}\) made no progress "
+                     rf"for 2 s \(read_timeout_s\).*iter_from_step\({error.step}\)", str(error)), str(error)
+    assert waited < 2 + 30  # read_timeout_s, and a generous bound for a busy machine
+    assert not reader_processes()
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_reader_that_runs_is_waited_for_past_read_timeout_s(train):
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with DataLoader(SlowDataset(train, 2.5), 16, mesh, {"batch": "data"}, workers=1, prefetch=1, read_timeout_s=1) as loader:
+        assert [sb.step for sb, _ in zip(loader, range(2))] == [0, 1]
+
+
+@pytest.mark.timeout(120)
+def test_a_reader_slow_to_start_is_waited_for_with_a_warning(config_path, tmp_path):
+    script = tmp_path / "slow_start.py"
+    script.write_text(textwrap.dedent(f"""
+        import logging, time
+        import draccus, jax, yaml
+        from tokenmix import DataLoader, LMMixtureDatasetConfig
+        if __name__ == "__mp_main__":  # a reader importing this script, as slowly as a heavy training script on a busy machine
+            time.sleep(3)
+        if __name__ == "__main__":
+            logging.basicConfig(level=logging.WARNING)
+            config = draccus.decode(LMMixtureDatasetConfig, yaml.safe_load(open({str(config_path)!r})))
+            loader = DataLoader(config.train_set(64), 8, jax.make_mesh((1,), ("data",)), {{"batch": "data"}}, workers=1, read_timeout_s=1)
+            with loader:
+                print([sb.step for sb, _ in zip(loader, range(2))], flush=True)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100)
+    assert done.stdout.strip() == "[0, 1]", done.stderr
+    assert re.search(r"reader process tokenmix-reader-0-from-step-0 \(pid \d+\) has not started yet; "
+                     r"step 0 has waited another 1 s \(read_timeout_s\) for it", done.stderr), done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_closing_a_loader_whose_reader_is_stopped_does_not_hang(train):
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    loader = DataLoader(train, 16, mesh, {"batch": "data"}, workers=1, prefetch=1)
+    it = iter(loader)
+    next(it)
+    (reader,) = reader_processes()
+    os.kill(reader.pid, signal.SIGSTOP)  # it holds a SIGTERM until it is continued
+    began = time.monotonic()
+    loader.close()
+    assert time.monotonic() - began < 40 and not reader_processes()
+
+
 def test_too_little_shared_memory_is_refused_at_once_naming_dev_shm(train, monkeypatch):
     def full(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -558,6 +670,9 @@ def test_workers_need_prefetch_slots_and_a_dataset_that_pickles(train):
     mesh = jax.make_mesh((8,), ("data",))
     with pytest.raises(ValueError, match=r"workers read ahead into prefetch slots.*prefetch >= 1"):
         DataLoader(train, 16, mesh, {"batch": "data"}, workers=1, prefetch=0)
+    for bad in (0, -1.0, float("nan"), "60", True):
+        with pytest.raises(ValueError, match=r"read_timeout_s must be a number of seconds > 0 .*got " + re.escape(repr(bad))):
+            DataLoader(train, 16, mesh, {"batch": "data"}, workers=1, read_timeout_s=bad)
     unpicklable = Wrapped(train)
     unpicklable.hook = lambda: None
     with pytest.raises(TypeError, match=r"workers=1.*pickling it.*does not pickle.*workers=0"):

@@ -104,6 +104,8 @@ def test_trainer_fields_are_checked_naming_the_field(tmp_path):
         TrainerConfig(seq_len=0)
     with pytest.raises(ValueError, match=r"trainer.mesh: axes \['tensor'\] are not used"):
         TrainerConfig(mesh={"data": 1, "tensor": 2})
+    with pytest.raises(ValueError, match=r"trainer.loader_read_timeout_s must be a number of seconds > 0, got 0"):
+        TrainerConfig(loader_read_timeout_s=0)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"data": {}, "trainer": {"num_train_step": 3}}))
     with pytest.raises(ValueError, match="num_train_step -> num_train_steps"):

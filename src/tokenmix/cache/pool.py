@@ -33,6 +33,7 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import IO, Any
 
+from tokenmix._child_fd import ChildFd
 from tokenmix._parent_death import exit_when_parent_dies
 from tokenmix.formats.backends import FAST
 from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
@@ -86,7 +87,7 @@ class EncoderPool:
                 max_workers=self.num_workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=init_worker,
-                initargs=(os.getpid(), threads, None if self._spec_file is None else _WorkerFd(self._spec_file.fileno())),
+                initargs=(os.getpid(), threads, None if self._spec_file is None else ChildFd(self._spec_file.fileno())),
             )
             for _ in range(self.num_workers):
                 self._pool.submit(warm_up)
@@ -149,22 +150,6 @@ def _anonymous_file() -> IO[bytes]:
         return open(os.memfd_create("tokenmix-specs", os.MFD_CLOEXEC), "w+b")
     except (AttributeError, OSError):  # not Linux, or a kernel without memfd
         return tempfile.TemporaryFile()
-
-
-class _WorkerFd:
-    """A descriptor that each worker receives as its own copy when it starts (an ``int`` there; POSIX only)."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def __reduce__(self) -> tuple[Any, tuple[Any]]:
-        from multiprocessing.reduction import DupFd  # defined on POSIX only
-
-        return _detach, (DupFd(self.fd),)
-
-
-def _detach(dup: Any) -> int:
-    return dup.detach()
 
 
 _worker_encoders: dict[int, DocumentEncoder] = {}

@@ -72,7 +72,9 @@ class DataLoader:
     this process's GIL, which a training loop's own Python (dispatching its steps) needs. The readers start in about a
     second (spawned: they import tokenmix and open the dataset again from its pickled form, so a dataset of one's own
     must pickle, and a script must guard its entry point with ``if __name__ == "__main__":``). Batches are the same
-    whatever ``workers`` is.
+    whatever ``workers`` is. A reader that does not run at all for ``read_timeout_s`` seconds while its step is due
+    (stopped by SIGSTOP or a debugger, frozen) is killed and the step raises a ``LoaderError`` naming it: the time
+    counted is time without any sign of the reader running, so a slow read or a slow machine never reaches it.
 
     A finite dataset ends iteration at its last full batch (a partial batch would change the shapes and
     the per-example weighting of the step); ``batch(step)`` past it raises ``IndexError``. A dataset whose
@@ -93,6 +95,7 @@ class DataLoader:
         batch_axis: str = "batch",
         position_axis: str = "position",
         workers: int = 0,
+        read_timeout_s: float = 300.0,
     ):
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be an int >= 0 (batches kept ready ahead of the training loop), got {prefetch!r}")
@@ -102,12 +105,16 @@ class DataLoader:
             raise ValueError("workers read ahead into prefetch slots each, so they need prefetch >= 1; set prefetch, or workers=0")
         if not isinstance(read_ahead, int) or read_ahead < 0:
             raise ValueError(f"read_ahead must be an int >= 0 (later steps whose reads start early), got {read_ahead!r}")
+        if isinstance(read_timeout_s, bool) or not isinstance(read_timeout_s, (int, float)) or not read_timeout_s > 0:
+            raise ValueError(f"read_timeout_s must be a number of seconds > 0 (how long a reader process may not run at all "
+                             f"before its step fails), got {read_timeout_s!r}")
         self.dataset = dataset
         self.schedule = BatchSchedule.of(batch_size)
         self.mesh = mesh
         self.axis_mapping = dict(axis_mapping)
         self.prefetch = prefetch
         self.workers = workers
+        self.read_timeout_s = float(read_timeout_s)
         self.positions = positions
         self.batch_axis = batch_axis
         self.position_axis = position_axis
@@ -234,7 +241,7 @@ class BatchIterator(Iterator[StepBatch]):
         if loader.workers:
             from tokenmix.loader.reader_processes import ReaderProcesses  # multiprocessing's 18 ms of imports: only when used
 
-            processes = ReaderProcesses(loader.reads, start, loader.workers, loader.prefetch, loader.seq_len)
+            processes = ReaderProcesses(loader.reads, start, loader.workers, loader.prefetch, loader.seq_len, loader.read_timeout_s)
             source = _WithProcesses(Prefetcher(partial(_take_from, processes, loader._place_read), start, loader.prefetch,
                                                name=f"tokenmix-loader-from-step-{start}"), processes)
         else:

@@ -6,6 +6,12 @@ a pipe. The loader takes the steps in order, copies each step's rows out of its 
 devices a placed array would use the slot's memory in place) and hands the slot back. A reader holds at most as many
 finished steps as it has slots, so it never gets further ahead than that.
 
+A block's name is unlinked as soon as it is made: the reader gets the block's descriptor as it starts, and the
+system frees the memory when the last process mapping it exits, so no kill, of the whole process group included,
+leaves a file in /dev/shm. While it runs, a reader ticks a counter at the end of its block; a loader waiting for a
+step sees the counter stand still when the reader does not run at all (stopped, frozen), and after ``read_timeout_s``
+of that it kills the reader and raises the step's ``LoaderError``. A read that is merely slow ticks on.
+
 Readers are spawned, not forked: the loader's process runs JAX's and tensorstore's threads, which a fork does not
 carry over. A reader imports tokenmix's datasets (no JAX) and unpickles the loader's ``StepReads``: caches pickle as
 their location and open again in the reader (``TokenCache.__reduce__``). Its errors come back as the ``LoaderError``
@@ -16,11 +22,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import multiprocessing
 import os
 import pickle
 import queue
 import signal
+import struct
 import threading
 import time
 import traceback
@@ -30,6 +38,7 @@ from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
+from tokenmix._child_fd import ChildFd
 from tokenmix.datasets.base import TokenBatch, aligned_bytes, aligned_views
 from tokenmix.loader.step_reads import LoaderError, StepRead, StepReads
 
@@ -40,7 +49,14 @@ _POLL_S = 0.05
 _STOP = -1
 """Put among a reader's free slots when it is told to stop, so that a wait for a slot ends at once."""
 _JOIN_TIMEOUT_S = 10.0
-"""How long ``close`` waits for all readers together before terminating those still busy (a read that does not return)."""
+"""How long ``close`` waits for all readers together before killing those still busy (a read that does not return)."""
+_BEAT_S = 1.0
+"""How often a reader ticks its counter: this, or a quarter of ``read_timeout_s`` where that is shorter."""
+_POLL_COUNTED_MAX_S = 0.5
+"""The most that one of the loader's polls adds to the time a reader stands still: time when the loader did not run
+either (its whole process group stopped by Ctrl-Z, a suspended machine) is not held against a reader."""
+_BEATS = struct.Struct("<Q")
+"""The reader's counter, after the slots in its shared memory."""
 _ORPHAN_GRACE_S = 5.0
 """How long a reader whose loader is gone (its pipe closed without a stop) may take to finish a read before it exits."""
 
@@ -51,8 +67,8 @@ class ReaderProcessError(RuntimeError):
 
 @dataclass(frozen=True)
 class _Slots:
-    """Where each array of a batch lies in a reader's shared memory: ``count`` slots of the largest batch this process
-    reads (``rows`` rows of ``seq_len`` tokens), laid out as ``TokenBatch.empty`` lays out a batch."""
+    """Where things lie in a reader's shared memory: ``count`` slots of the largest batch this process reads (``rows``
+    rows of ``seq_len`` tokens), each laid out as ``TokenBatch.empty`` lays out a batch, then the reader's counter."""
 
     rows: int
     seq_len: int
@@ -62,18 +78,31 @@ class _Slots:
     def slot_bytes(self) -> int:
         return aligned_bytes(TokenBatch.layout(self.rows, self.seq_len))
 
-    def arrays(self, buffer: memoryview, slot: int, rows: int) -> list[np.ndarray]:
+    @property
+    def total_bytes(self) -> int:
+        return self.count * self.slot_bytes + _BEATS.size
+
+    def arrays(self, buffer: memoryview | mmap.mmap, slot: int, rows: int) -> list[np.ndarray]:
         """Slot ``slot``'s tokens, loss mask, segment ids and source ids, for a batch of ``rows`` rows."""
         size = self.slot_bytes
         views = aligned_views(np.frombuffer(buffer, np.uint8, size, slot * size), TokenBatch.layout(self.rows, self.seq_len))
         return [view[:rows] for view in views]
 
+    def beats(self, buffer: memoryview | mmap.mmap) -> int:
+        """How often the reader has ticked (0: it has not started yet)."""
+        return _BEATS.unpack_from(buffer, self.count * self.slot_bytes)[0]
+
+    def tick(self, buffer: mmap.mmap, beats: int) -> None:
+        """Set the reader's counter (in the reader)."""
+        _BEATS.pack_into(buffer, self.count * self.slot_bytes, beats)
+
 
 class ReaderProcesses:
     """``workers`` reader processes reading the steps of ``reads`` from ``start`` on, ``depth`` slots each; ``get``
-    returns them in step order. One thread takes them (the loader's prefetch thread)."""
+    returns them in step order, and fails a step whose reader has not run for ``read_timeout_s``. One thread takes
+    them (the loader's prefetch thread)."""
 
-    def __init__(self, reads: StepReads, start: int, workers: int, depth: int, seq_len: int):
+    def __init__(self, reads: StepReads, start: int, workers: int, depth: int, seq_len: int, read_timeout_s: float):
         try:
             payload = pickle.dumps(reads)
         except Exception as e:
@@ -83,6 +112,7 @@ class ReaderProcesses:
         self._next = start
         self._start = start
         self._slots = _Slots(max(len(rows) for rows in reads.rows.values()), seq_len, depth)
+        self._read_timeout_s = read_timeout_s
         self._memory: list[SharedMemory] = []
         self._pipes: list[Connection] = []
         self._processes: list[multiprocessing.process.BaseProcess] = []
@@ -90,12 +120,14 @@ class ReaderProcesses:
         context = multiprocessing.get_context("spawn")
         try:
             for w in range(workers):
-                memory = SharedMemory(create=True, size=max(1, depth * self._slots.slot_bytes))
+                memory = SharedMemory(create=True, size=self._slots.total_bytes)
+                memory.unlink()  # its pages live on in every process that maps them, but no kill can leave its name behind
                 self._memory.append(memory)
                 _reserve(memory, workers, depth)
                 ours, theirs = context.Pipe()
-                process = context.Process(target=_reader_main, args=(theirs, payload, start + w, workers, memory.name, self._slots),
-                                          name=f"tokenmix-reader-{w}-from-step-{start}", daemon=True)
+                args = (theirs, payload, start + w, workers, ChildFd(memory._fd), self._slots,  # type: ignore[attr-defined]
+                        min(_BEAT_S, read_timeout_s / 4))
+                process = context.Process(target=_reader_main, args=args, name=f"tokenmix-reader-{w}-from-step-{start}", daemon=True)
                 process.start()
                 theirs.close()
                 self._pipes.append(ours)
@@ -131,7 +163,8 @@ class ReaderProcesses:
         return StepRead(step, offset, size, data, digests)
 
     def _receive(self, w: int, step: int, stop: threading.Event) -> tuple | None:
-        pipe, process = self._pipes[w], self._processes[w]
+        pipe, process, memory = self._pipes[w], self._processes[w], self._memory[w]
+        beats, still, polled = -1, 0.0, 0.0
         while not stop.is_set():
             try:
                 if pipe.poll(_POLL_S):
@@ -140,13 +173,36 @@ class ReaderProcesses:
                 pass
             if not process.is_alive():
                 process.join()
-                indices = self._reads.schedule.offset(step) + self._reads.rows[self._reads.schedule.batch_size(step)]
                 hint = (" (SIGBUS: its shared memory could not be backed; free space in /dev/shm, e.g. docker run --shm-size)"
                         if process.exitcode == -signal.SIGBUS else "")
                 died = ReaderProcessError(f"reader process {process.name} (pid {process.pid}) exited with code {process.exitcode} "
                                           f"before sending it{hint}")
-                raise self._reads.load_error(step, indices, died) from died
+                raise self._failed(step, died) from died
+            now, ticked = time.monotonic(), self._slots.beats(memory.buf)
+            if ticked != beats:
+                beats, still = ticked, 0.0
+            else:
+                still += min(now - polled, _POLL_COUNTED_MAX_S)
+            polled = now
+            if still < self._read_timeout_s:
+                continue
+            if not beats:  # still starting: a spawned interpreter imports the main module, as slowly as the machine is
+                logger.warning("reader process %s (pid %d) has not started yet; step %d has waited another %g s (read_timeout_s) for it",
+                               process.name, process.pid, step, self._read_timeout_s)
+                still = 0.0
+                continue
+            process.kill()  # stopped or frozen: a SIGTERM would wait for it to run again
+            process.join()
+            stalled = ReaderProcessError(
+                f"reader process {process.name} (pid {process.pid}) made no progress for {self._read_timeout_s:g} s (read_timeout_s) "
+                "while the step was due: it did not run at all (stopped by SIGSTOP or a debugger, or frozen), so it was killed. "
+                "Find what stopped it, or raise read_timeout_s if readers may be held that long")
+            raise self._failed(step, stalled) from stalled
         return None
+
+    def _failed(self, step: int, error: ReaderProcessError) -> LoaderError:
+        """Step ``step``'s ``LoaderError``, its cause being what happened to its reader."""
+        return self._reads.load_error(step, self._reads.schedule.offset(step) + self._reads.rows[self._reads.schedule.batch_size(step)], error)
 
     def close(self) -> None:
         """Stop the readers, wait for them, and free their shared memory; idempotent."""
@@ -163,14 +219,13 @@ class ReaderProcesses:
             process.join(max(0.0, deadline - time.monotonic()))
         for process in self._processes:
             if process.is_alive():
-                logger.warning("reader process %s did not stop within %.0f s of close; terminating it", process.name, _JOIN_TIMEOUT_S)
-                process.terminate()
+                logger.warning("reader process %s did not stop within %.0f s of close; killing it", process.name, _JOIN_TIMEOUT_S)
+                process.kill()  # not SIGTERM, which a stopped reader would hold until it runs again
         for process in self._processes:
             process.join()
         for pipe in self._pipes:
             pipe.close()
         for memory in self._memory:
-            memory.unlink()
             memory.close()
 
 
@@ -195,31 +250,38 @@ def _copy(sources: list[np.ndarray], targets: list[np.ndarray]) -> None:
         np.copyto(target, source)
 
 
-def _reader_main(pipe: Connection, payload: bytes, first: int, stride: int, memory_name: str, slots: _Slots) -> None:
-    """A reader process: read steps ``first``, ``first + stride``, ... into free slots until told to stop."""
+def _reader_main(pipe: Connection, payload: bytes, first: int, stride: int, memory_fd: int, slots: _Slots, beat_s: float) -> None:
+    """A reader process: read steps ``first``, ``first + stride``, ... into free slots until told to stop, ticking the
+    counter in its shared memory every ``beat_s`` while it runs."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle; it stops the readers on close
-    memory = SharedMemory(name=memory_name)  # registered with the loader's resource tracker, which this process shares
+    memory = mmap.mmap(memory_fd, slots.total_bytes)  # unmapped as the process exits, never before: the listener ticks to the end
+    os.close(memory_fd)
     free: queue.SimpleQueue[int] = queue.SimpleQueue()
     for slot in range(slots.count):
         free.put(slot)
     stop = threading.Event()
 
     def listen() -> None:
+        beats = 1
         try:
             while True:
-                message = pipe.recv()
-                if message[0] == "free":
-                    free.put(message[1])
-                else:
-                    stop.set()
-                    free.put(_STOP)
-                    return
+                if pipe.poll(beat_s):
+                    message = pipe.recv()
+                    if message[0] == "free":
+                        free.put(message[1])
+                    else:
+                        stop.set()
+                        free.put(_STOP)
+                        return
+                beats += 1
+                slots.tick(memory, beats)
         except (EOFError, OSError):  # the loader is gone without a stop (killed): do not outlive it
             stop.set()
             free.put(_STOP)
             time.sleep(_ORPHAN_GRACE_S)
             os._exit(1)
 
+    slots.tick(memory, 1)  # started, before anything is sent: from here on the loader times a counter that stands still
     threading.Thread(target=listen, name="tokenmix-reader-listener", daemon=True).start()
     step = first
     ahead: dict = {}
@@ -241,7 +303,7 @@ def _reader_main(pipe: Connection, payload: bytes, first: int, stride: int, memo
             if stop.is_set():
                 return
             rows = len(read.data)
-            _copy([read.data.tokens, read.data.loss_mask, read.data.segment_ids, read.data.source_ids], slots.arrays(memory.buf, slot, rows))
+            _copy([read.data.tokens, read.data.loss_mask, read.data.segment_ids, read.data.source_ids], slots.arrays(memory, slot, rows))
             pipe.send(("batch", step, slot, read.offset, read.size, rows, read.digests))
             step += stride
     except BaseException as e:  # anything else (unpickling the dataset, a broken pipe) is reported against the step at hand
@@ -250,5 +312,3 @@ def _reader_main(pipe: Connection, payload: bytes, first: int, stride: int, memo
                                             np.empty(0, np.int64), []), traceback.format_exc()))
         except (OSError, ValueError):
             pass
-    finally:
-        memory.close()

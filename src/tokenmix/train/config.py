@@ -43,6 +43,8 @@ class TrainerConfig:
     prefetch: int = 2
     loader_workers: int = 0
     """Processes that read the training batches (``DataLoader(workers=...)``); 0 reads them in a thread of this one."""
+    loader_read_timeout_s: float = 300.0
+    """How long a reader process may not run at all (stopped, frozen) before its step fails (``DataLoader(read_timeout_s=...)``)."""
     fingerprint: bool = True
     """Log each batch's fingerprint (what a resumed run must reproduce)."""
 
@@ -53,6 +55,8 @@ class TrainerConfig:
         unknown = set(self.mesh) - {"data", "model"}
         if unknown:
             raise ValueError(f"trainer.mesh: axes {sorted(unknown)} are not used; name `data` and `model`")
+        if not self.loader_read_timeout_s > 0:
+            raise ValueError(f"trainer.loader_read_timeout_s must be a number of seconds > 0, got {self.loader_read_timeout_s}")
 
     def first_batch_size(self) -> int:
         size = self.train_batch_size

@@ -105,7 +105,8 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     loss = jnp.nan
     last_eval: dict[str, float] = {}
     with DataLoader(train_set, trainer.train_batch_size, mesh, mapping, prefetch=trainer.prefetch, fingerprint=trainer.fingerprint,
-                    positions=True, workers=trainer.loader_workers) as loader, open(os.path.join(run_dir, METRICS), "a") as log:
+                    positions=True, workers=trainer.loader_workers, read_timeout_s=trainer.loader_read_timeout_s) as loader, \
+            open(os.path.join(run_dir, METRICS), "a") as log:
         iterator = loader.iter_from_step(start)
         step = start
         end = trainer.num_train_steps if stop_after is None else min(trainer.num_train_steps, start + stop_after)
