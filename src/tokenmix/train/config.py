@@ -61,11 +61,22 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class TrainLmConfig:
-    """``data`` + ``trainer`` + ``model``."""
+    """``data`` + ``trainer`` + ``model``; refused when an example has more tokens than the model has positions (they
+    would share the last position's embedding, silently)."""
 
     data: LMMixtureDatasetConfig
     trainer: TrainerConfig
     model: ModelConfig
+
+    def __post_init__(self) -> None:
+        extra = int(self.data.example_convention != "levanter")  # megatron and datatrove examples hold seq_len + 1 tokens
+        width = self.trainer.seq_len + extra
+        if width > self.model.max_position:
+            what = (f"trainer.seq_len {self.trainer.seq_len} makes examples of {width} tokens (data.example_convention "
+                    f"{self.data.example_convention}), more" if extra else f"trainer.seq_len {width} is more")
+            raise ValueError(f"{what} than model.max_position {self.model.max_position}: positions past "
+                             f"{self.model.max_position - 1} would have no embedding of their own. Raise model.max_position to at "
+                             f"least {width}, or lower trainer.seq_len to at most {self.model.max_position - extra}")
 
 
 def load_train_config(path: str, overrides: Sequence[str] = ()) -> TrainLmConfig:
@@ -89,4 +100,7 @@ def load_train_config(path: str, overrides: Sequence[str] = ()) -> TrainLmConfig
     data = load_data_config(data_doc)
     if not isinstance(data, LMMixtureDatasetConfig):
         raise ConfigError(f"{path}: the data section must be a mixture (configs: or components:), so that each source is evaluated")
-    return TrainLmConfig(data, trainer, model)
+    try:
+        return TrainLmConfig(data, trainer, model)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
