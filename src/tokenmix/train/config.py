@@ -38,8 +38,14 @@ class TrainerConfig:
     eval_batch_size: int | None = None
     """None: the first training batch size."""
     checkpoint_dir: str = "runs/train_lm"
-    """Where checkpoints, ``metrics.jsonl`` and ``train.png`` go; a run finding a checkpoint there resumes from it."""
+    """Where checkpoints (``checkpoints/step-<N>/``), ``metrics.jsonl`` and ``train.png`` go; a run finding a checkpoint
+    there resumes from the newest."""
     steps_per_checkpoint: int = 20
+    keep_checkpoints: int = 2
+    """The newest this many checkpoints are kept (more than one: if the newest is found damaged, an older one is there)."""
+    allow_data_change: bool = False
+    """Resume from a checkpoint trained on other data (another seed, weights, sources, seq_len, batch size, caches):
+    the change is logged and recorded. Unset, such a resume is refused, naming each changed field."""
     prefetch: int = 2
     loader_workers: int = 0
     """Processes that read the training batches (``DataLoader(workers=...)``); 0 reads them in a thread of this one."""
@@ -47,7 +53,8 @@ class TrainerConfig:
     """Log each batch's fingerprint (what a resumed run must reproduce)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_train_steps", "seq_len", "steps_per_eval", "steps_per_checkpoint", "max_eval_batches"):
+        for name in ("num_train_steps", "seq_len", "steps_per_eval", "steps_per_checkpoint", "max_eval_batches",
+                     "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be at least 1, got {getattr(self, name)}")
         unknown = set(self.mesh) - {"data", "model"}
