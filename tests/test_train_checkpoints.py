@@ -17,6 +17,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+import yaml
 from helpers import REPO, write_train_config
 
 from tokenmix.train.checkpoint import CheckpointError
@@ -86,7 +87,7 @@ def test_a_process_killed_before_any_change_a_save_makes_resumes_to_the_uninterr
     assert resumed_from[0] == 2 and resumed_from[-2:] == [4, 4] and len(resumed_from) >= 4
 
 
-def test_a_resume_on_another_seed_or_other_weights_is_refused_by_name_and_goes_on_logged_when_allowed(tmp_path, caches, caplog):
+def test_a_resume_on_another_seed_other_weights_or_shards_is_refused_by_name_and_goes_on_logged_when_allowed(tmp_path, caches, caplog):
     train(load_train_config(write_train_config(tmp_path, "run", TRAINER, MODEL, caches)), stop_after=2)
     seed = write_train_config(tmp_path, "run", TRAINER, MODEL, caches, "seed", seed=1)
     with pytest.raises(DataChangedError, match=r"(?s)step-2 was trained up to step 2 on other data .*\n  data.seed: 0 -> 1\n.*"
@@ -98,6 +99,15 @@ def test_a_resume_on_another_seed_or_other_weights_is_refused_by_name_and_goes_o
         train(load_train_config(weights))
     assert "\n  data.train_weights.linux_doc: 0.5 -> 0.2\n  data.train_weights.webster: 0.2 -> 0.5\n" in str(refused.value)
     assert "python_doc" not in str(refused.value)
+    ledger = caches / "linux_doc" / "train" / "ledger.json"
+    shards = [s["name"] for s in json.loads(ledger.read_text())["shards"]]
+    more = write_train_config(tmp_path, "run", TRAINER, MODEL, caches, "more")
+    doc = yaml.safe_load(open(more))
+    doc["data"]["configs"]["linux_doc"]["train_urls"].append(str(REPO / "data" / "demo" / "linux_doc" / "validation.jsonl.zst"))
+    open(more, "w").write(yaml.safe_dump(doc))
+    with pytest.raises(DataChangedError, match=r"\n  data.configs.linux_doc.train_urls: \[.*\] -> \[.*validation.jsonl.zst'\]\n"):
+        train(load_train_config(more))
+    assert [s["name"] for s in json.loads(ledger.read_text())["shards"]] == shards  # refused before the cache was extended
     batch = write_train_config(tmp_path, "run", {**TRAINER, "train_batch_size": 4}, MODEL, caches, "batch")
     with pytest.raises(DataChangedError, match=r"(?s)data.batch_size: 8 -> 4\n.*trainer.train_batch_size: 8 -> 4"):
         train(load_train_config(batch))
@@ -111,11 +121,15 @@ def test_a_resume_on_another_seed_or_other_weights_is_refused_by_name_and_goes_o
     assert record["data_changes"] == [{"step": 2, "changed": {"data.seed": [0, 1]}}]
 
 
-def test_a_resume_whose_batch_is_not_the_recorded_one_is_refused_though_every_field_is_equal(tmp_path, caches):
+def test_a_resume_on_caches_or_a_batch_other_than_the_recorded_ones_is_refused_though_every_config_field_is_equal(tmp_path, caches):
     path = write_train_config(tmp_path, "run", TRAINER, MODEL, caches)
     train(load_train_config(path), stop_after=2)
     record_path = tmp_path / "run" / "checkpoints" / "step-2" / "checkpoint.json"
     record = json.loads(record_path.read_text())
+    rows = record["caches"]["caches.webster.rows"]
+    record_path.write_text(json.dumps({**record, "caches": {**record["caches"], "caches.webster.rows": rows - 1}}))
+    with pytest.raises(DataChangedError, match=rf"\n  caches.webster.rows: {rows - 1} -> {rows}\nResuming"):
+        train(load_train_config(path))
     recorded = record["last_batch"]["fingerprint"]
     record["last_batch"]["fingerprint"] = "0" * 32  # as if step 1's batch had been another
     record_path.write_text(json.dumps(record))

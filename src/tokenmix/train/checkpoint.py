@@ -1,6 +1,6 @@
 """A run's checkpoints: one directory per step, ``<run>/checkpoints/step-<N>/``, holding the parameters and optimizer
 state (``state.eqx``) and a record (``checkpoint.json``: the step, the state file's size and digest, the data the run
-trained on).
+trained on and its caches, the fingerprint of its last batch).
 
 A checkpoint is written whole under a temporary name (``.step-<N>.partial``), flushed to disk, and renamed into place
 in one step, so a kill at any instant leaves the step's checkpoint whole or absent, never parameters of one step
@@ -130,7 +130,7 @@ def _read(path: str, step: int) -> Checkpoint:
     """A checkpoint's record, checked: its step is its directory's, and its state file has the recorded size and digest."""
     with open(os.path.join(path, RECORD_FILE)) as f:
         record = json.load(f)
-    missing = {"step", "state", "data", "data_changes", "last_batch"} - set(record)
+    missing = {"step", "state", "data", "caches", "data_changes", "last_batch"} - set(record)
     if missing:
         raise ValueError(f"{RECORD_FILE} lacks {sorted(missing)}")
     if record["step"] != step:

@@ -28,7 +28,7 @@ from tokenmix.config.caches import build_caches, open_cache
 from tokenmix.loader.loader import DataLoader
 from tokenmix.train.checkpoint import Checkpoint, latest_checkpoint, load_state, save_checkpoint
 from tokenmix.train.config import TrainLmConfig
-from tokenmix.train.data_identity import accept_data_change, changed_fields, data_identity
+from tokenmix.train.data_identity import accept_data_change, caches_identity, changed_fields, data_identity
 from tokenmix.train.model import TinyLM, loss_and_count, shard_params
 
 logger = logging.getLogger(__name__)
@@ -77,6 +77,11 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     run_dir = trainer.checkpoint_dir
     os.makedirs(run_dir, exist_ok=True)
     checkpoint = latest_checkpoint(run_dir)
+    identity = data_identity(config)
+    changes: dict[str, list[Any]] = {}
+    if checkpoint is not None:  # before the caches are built: a config listing other shards must not extend them
+        changes = changed_fields(checkpoint.record["data"], identity)
+        accept_data_change(changes, checkpoint.step, checkpoint.path, trainer.allow_data_change)
     build_caches(data, progress=False)
     mesh = make_mesh(config)
     train_set = data.train_set(trainer.seq_len)
@@ -86,13 +91,13 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
                                                                max(trainer.num_train_steps, trainer.warmup_steps + 1)),
                             weight_decay=trainer.weight_decay)
     opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
-    identity = data_identity(config, train_set.names)
+    caches = caches_identity(config, train_set.names)
     start = 0
-    changes: dict[str, list[Any]] = {}
     if checkpoint is not None:
         start = checkpoint.step
-        changes = changed_fields(checkpoint.record["data"], identity)
-        accept_data_change(changes, start, checkpoint.path, trainer.allow_data_change)
+        cache_changes = changed_fields(checkpoint.record["caches"], caches)
+        accept_data_change(cache_changes, start, checkpoint.path, trainer.allow_data_change)
+        changes.update(cache_changes)
         model, opt_state = load_state(checkpoint, (model, opt_state))
         logger.info("resuming %s at step %d", run_dir, start)
 
@@ -143,7 +148,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
                 _write(log, {"kind": "eval", "step": step, "loss": last_eval})
                 logger.info("step %d: train loss %.3f, validation %s", step, loss, {k: round(v, 3) for k, v in last_eval.items()})
             if step % trainer.steps_per_checkpoint == 0 or step == end:
-                save_checkpoint(run_dir, step, (model, opt_state), {"data": identity, "data_changes": history, "last_batch":
+                save_checkpoint(run_dir, step, (model, opt_state), {"data": identity, "caches": caches, "data_changes": history, "last_batch":
                                 {"step": step - 1, "fingerprint": fingerprints[step - 1]}}, trainer.keep_checkpoints)
     share = wait / busy if busy else 0.0
     logger.info("trained steps %d to %d; waiting for data took %.2f%% of step time", start, end, 100 * share)
