@@ -25,11 +25,12 @@ from tokenmix.train.config import TrainLmConfig
 logger = logging.getLogger(__name__)
 
 NOT_DATA = frozenset({
-    "data.cache_dir", "data.build", "data.cache_options", "data.auto_build_caches", "data.components", "data.tokenizer",
+    "data.cache_dir", "data.build", "data.cache_options", "data.auto_build_caches", "data.components",
+    "data.tokenizer",  # its path: recorded by its fingerprint instead
     "data.shuffle_buffer_size",  # already read into data.shuffle
     "data.permutation_type", "data.block_cross_document_attention",  # accepted without effect
 })
-"""Data config fields (and per source: ``cache_dir``, ``stream``, ``tags``) that change no batch."""
+"""Data config fields (and per source: ``cache_dir``, ``stream``, ``tags``) not recorded as they are: they change no batch."""
 _NOT_SOURCE_DATA = frozenset({"cache_dir", "stream", "tags"})
 ALLOW_FLAG = "--trainer.allow_data_change true"
 
