@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 import zstandard
 
 from tokenmix import BuildOptions, Dataset, LmDatasetFormatBase, TextLmDatasetFormat, TokenBatch, TokenCache, TokenizationConfig
@@ -218,6 +219,24 @@ build: {{num_workers: 0}}
 def mixture_yaml(cache_dir: str | Path) -> str:
     """The test mixture (three real sources of the bundled corpus slice) with its caches under ``cache_dir``."""
     return MIXTURE_YAML.replace("CACHE", str(cache_dir))
+
+
+def write_train_config(directory: Path, run: str, trainer: dict[str, Any], model: dict[str, Any], caches: Path | None = None,
+                       config_name: str | None = None, **data: Any) -> str:
+    """A training config on the bundled demo mixture (config/demo.yaml, its caches in ``caches``, by default
+    ``directory/caches``; ``data`` updates its fields), the run in ``directory/<run>``: written to
+    ``directory/<config_name or run>.yaml``, whose path is returned."""
+    doc = {
+        "data": {**yaml.safe_load((REPO / "config" / "demo.yaml").read_text()), "cache_dir": str(caches or directory / "caches"), **data},
+        "trainer": {**trainer, "checkpoint_dir": str(directory / run)},
+        "model": model,
+    }
+    for source in doc["data"]["configs"].values():
+        for key in ("train_urls", "validation_urls"):
+            source[key] = [str(REPO / url) for url in source[key]]
+    path = directory / f"{config_name or run}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
 
 
 class Wrapped(Dataset):

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
-from helpers import REPO
+from helpers import REPO, write_train_config
 
 from tokenmix.train.config import TrainerConfig, TrainLmConfig, load_train_config
 from tokenmix.train.loop import train
@@ -25,19 +25,9 @@ TINY = {"hidden_dim": 64, "num_layers": 1, "num_heads": 2, "max_position": 256}
 
 
 def _config(tmp_path, run: str, **trainer) -> TrainLmConfig:
-    doc = {
-        "data": {**yaml.safe_load((REPO / "config" / "demo.yaml").read_text()), "cache_dir": str(tmp_path / "caches")},
-        "trainer": {"num_train_steps": 24, "train_batch_size": 8, "seq_len": 64, "mesh": {"data": 4, "model": 2}, "learning_rate": 0.01,
-                    "warmup_steps": 4, "steps_per_eval": 12, "max_eval_batches": 2, "steps_per_checkpoint": 6,
-                    "checkpoint_dir": str(tmp_path / run), **trainer},
-        "model": TINY,
-    }
-    for source in doc["data"]["configs"].values():
-        for key in ("train_urls", "validation_urls"):
-            source[key] = [str(REPO / url) for url in source[key]]
-    path = tmp_path / f"{run}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return load_train_config(str(path))
+    return load_train_config(write_train_config(tmp_path, run, {
+        "num_train_steps": 24, "train_batch_size": 8, "seq_len": 64, "mesh": {"data": 4, "model": 2}, "learning_rate": 0.01,
+        "warmup_steps": 4, "steps_per_eval": 12, "max_eval_batches": 2, "steps_per_checkpoint": 6, **trainer}, TINY))
 
 
 def test_a_few_dozen_steps_lower_the_loss_and_every_source_is_evaluated(tmp_path):
@@ -110,3 +100,22 @@ def test_trainer_fields_are_checked_naming_the_field(tmp_path):
     path.write_text(yaml.safe_dump({"data": {}, "trainer": {"num_train_step": 3}}))
     with pytest.raises(ValueError, match="num_train_step -> num_train_steps"):
         load_train_config(str(path))
+
+
+def test_a_seq_len_longer_than_the_models_positions_is_refused_at_start_naming_both_fields(tmp_path):
+    trainer = {"seq_len": 512, "checkpoint_dir": str(tmp_path / "run")}
+    path = write_train_config(tmp_path, "long", trainer, {**TINY, "max_position": 256})
+    with pytest.raises(ValueError, match=r"long.yaml: trainer.seq_len 512 is more than model.max_position 256: positions past 255 .*"
+                                         r"Raise model.max_position to at least 512, or lower trainer.seq_len to at most 256"):
+        load_train_config(path)
+    path = write_train_config(tmp_path, "megatron", {**trainer, "seq_len": 256}, {**TINY, "max_position": 256}, example_convention="megatron")
+    with pytest.raises(ValueError, match=r"trainer.seq_len 256 makes examples of 257 tokens \(data.example_convention megatron\), more "
+                                         r"than model.max_position 256.* at most 255"):
+        load_train_config(path)
+    config = load_train_config(write_train_config(tmp_path, "fits", {**trainer, "seq_len": 256}, {**TINY, "max_position": 256}))
+    with pytest.raises(ValueError, match="trainer.seq_len 257 is more than model.max_position 256"):
+        replace(config, trainer=replace(config.trainer, seq_len=257))
+    result = subprocess.run([sys.executable, "-m", "tokenmix.train", "--config_path", str(tmp_path / "long.yaml")], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and "trainer.seq_len 512 is more than model.max_position 256" in result.stderr
+    assert not (tmp_path / "run").exists()  # refused before anything was built or trained

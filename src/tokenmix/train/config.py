@@ -38,8 +38,14 @@ class TrainerConfig:
     eval_batch_size: int | None = None
     """None: the first training batch size."""
     checkpoint_dir: str = "runs/train_lm"
-    """Where checkpoints, ``metrics.jsonl`` and ``train.png`` go; a run finding a checkpoint there resumes from it."""
+    """Where checkpoints (``checkpoints/step-<N>/``), ``metrics.jsonl`` and ``train.png`` go; a run finding a checkpoint
+    there resumes from the newest."""
     steps_per_checkpoint: int = 20
+    keep_checkpoints: int = 2
+    """The newest this many checkpoints are kept (more than one: if the newest is found damaged, an older one is there)."""
+    allow_data_change: bool = False
+    """Resume from a checkpoint trained on other data (another seed, weights, sources, seq_len, batch size, caches):
+    the change is logged and recorded. Unset, such a resume is refused, naming each changed field."""
     prefetch: int = 2
     loader_workers: int = 0
     """Processes that read the training batches (``DataLoader(workers=...)``); 0 reads them in a thread of this one."""
@@ -49,7 +55,8 @@ class TrainerConfig:
     """Log each batch's fingerprint (what a resumed run must reproduce)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_train_steps", "seq_len", "steps_per_eval", "steps_per_checkpoint", "max_eval_batches"):
+        for name in ("num_train_steps", "seq_len", "steps_per_eval", "steps_per_checkpoint", "max_eval_batches",
+                     "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be at least 1, got {getattr(self, name)}")
         unknown = set(self.mesh) - {"data", "model"}
@@ -65,11 +72,22 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class TrainLmConfig:
-    """``data`` + ``trainer`` + ``model``."""
+    """``data`` + ``trainer`` + ``model``; refused when an example has more tokens than the model has positions (they
+    would share the last position's embedding, silently)."""
 
     data: LMMixtureDatasetConfig
     trainer: TrainerConfig
     model: ModelConfig
+
+    def __post_init__(self) -> None:
+        extra = int(self.data.example_convention != "levanter")  # megatron and datatrove examples hold seq_len + 1 tokens
+        width = self.trainer.seq_len + extra
+        if width > self.model.max_position:
+            what = (f"trainer.seq_len {self.trainer.seq_len} makes examples of {width} tokens (data.example_convention "
+                    f"{self.data.example_convention}), more" if extra else f"trainer.seq_len {width} is more")
+            raise ValueError(f"{what} than model.max_position {self.model.max_position}: positions past "
+                             f"{self.model.max_position - 1} would have no embedding of their own. Raise model.max_position to at "
+                             f"least {width}, or lower trainer.seq_len to at most {self.model.max_position - extra}")
 
 
 def load_train_config(path: str, overrides: Sequence[str] = ()) -> TrainLmConfig:
@@ -93,4 +111,7 @@ def load_train_config(path: str, overrides: Sequence[str] = ()) -> TrainLmConfig
     data = load_data_config(data_doc)
     if not isinstance(data, LMMixtureDatasetConfig):
         raise ConfigError(f"{path}: the data section must be a mixture (configs: or components:), so that each source is evaluated")
-    return TrainLmConfig(data, trainer, model)
+    try:
+        return TrainLmConfig(data, trainer, model)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None

@@ -1,10 +1,11 @@
 """The training launch: build the caches if missing, train the tiny model on the loader's sharded batches, evaluate
 every source's validation set, checkpoint, and resume exactly where a run stopped.
 
-A checkpoint holds the parameters, the optimizer state and the step; the loader resumes with ``iter_from_step`` (no
-batch before it is read or replayed), so a run stopped at step k and resumed sees the very batches an uninterrupted run
-sees (their fingerprints are logged to prove it). ``metrics.jsonl`` in the run directory gets one line per step and per
-evaluation; ``train.png`` draws them (``plots.py``).
+A checkpoint holds the parameters, the optimizer state, the step and the data the run trained on (``checkpoint.py``,
+``data_identity.py``); the loader resumes with ``iter_from_step`` (no batch before it is read or replayed), so a run
+stopped at step k and resumed sees the very batches an uninterrupted run sees (their fingerprints are logged to prove
+it, and the resume checks that step k - 1's batch is still the one the checkpoint recorded). ``metrics.jsonl`` in the
+run directory gets one line per step and per evaluation; ``train.png`` draws them (``plots.py``).
 """
 
 from __future__ import annotations
@@ -21,17 +22,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from tokenmix.config.caches import build_caches, open_cache
 from tokenmix.loader.loader import DataLoader
+from tokenmix.train.checkpoint import Checkpoint, latest_checkpoint, load_state, save_checkpoint
 from tokenmix.train.config import TrainLmConfig
+from tokenmix.train.data_identity import accept_data_change, caches_identity, changed_fields, data_identity
 from tokenmix.train.model import TinyLM, loss_and_count, shard_params
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT = "checkpoint"
 METRICS = "metrics.jsonl"
+BATCH_CHANGED = ("Every field the checkpoint records is the same, so the caches' contents, or the way tokenmix orders the "
+                 "data (another version), changed since")
 
 _eval_loss = eqx.filter_jit(loss_and_count)
 """Compiled once per process (per batch shape), not at every evaluation."""
@@ -72,6 +76,12 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     trainer, data = config.trainer, config.data
     run_dir = trainer.checkpoint_dir
     os.makedirs(run_dir, exist_ok=True)
+    checkpoint = latest_checkpoint(run_dir)
+    identity = data_identity(config)
+    changes: dict[str, list[Any]] = {}
+    if checkpoint is not None:  # before the caches are built: a config listing other shards must not extend them
+        changes = changed_fields(checkpoint.record["data"], identity)
+        accept_data_change(changes, checkpoint.step, checkpoint.path, trainer.allow_data_change)
     build_caches(data, progress=False)
     mesh = make_mesh(config)
     train_set = data.train_set(trainer.seq_len)
@@ -81,10 +91,14 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
                                                                max(trainer.num_train_steps, trainer.warmup_steps + 1)),
                             weight_decay=trainer.weight_decay)
     opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+    caches = caches_identity(config, train_set.names)
     start = 0
-    restored = _restore(run_dir, (model, opt_state))
-    if restored is not None:
-        start, (model, opt_state) = restored
+    if checkpoint is not None:
+        start = checkpoint.step
+        cache_changes = changed_fields(checkpoint.record["caches"], caches)
+        accept_data_change(cache_changes, start, checkpoint.path, trainer.allow_data_change)
+        changes.update(cache_changes)
+        model, opt_state = load_state(checkpoint, (model, opt_state))
         logger.info("resuming %s at step %d", run_dir, start)
 
     @eqx.filter_jit
@@ -107,6 +121,10 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     with DataLoader(train_set, trainer.train_batch_size, mesh, mapping, prefetch=trainer.prefetch, fingerprint=trainer.fingerprint,
                     positions=True, workers=trainer.loader_workers, read_timeout_s=trainer.loader_read_timeout_s) as loader, \
             open(os.path.join(run_dir, METRICS), "a") as log:
+        if checkpoint is not None and not changes and trainer.fingerprint:  # changed fields change the batches too
+            changes = _last_batch_change(loader, checkpoint)
+            accept_data_change(changes, start, checkpoint.path, trainer.allow_data_change, cause=BATCH_CHANGED)
+        history = (checkpoint.record["data_changes"] if checkpoint else []) + ([{"step": start, "changed": changes}] if changes else [])
         iterator = loader.iter_from_step(start)
         step = start
         end = trainer.num_train_steps if stop_after is None else min(trainer.num_train_steps, start + stop_after)
@@ -131,7 +149,8 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
                 _write(log, {"kind": "eval", "step": step, "loss": last_eval})
                 logger.info("step %d: train loss %.3f, validation %s", step, loss, {k: round(v, 3) for k, v in last_eval.items()})
             if step % trainer.steps_per_checkpoint == 0 or step == end:
-                _save(run_dir, step, (model, opt_state))
+                save_checkpoint(run_dir, step, (model, opt_state), {"data": identity, "caches": caches, "data_changes": history, "last_batch":
+                                {"step": step - 1, "fingerprint": fingerprints[step - 1]}}, trainer.keep_checkpoints)
     share = wait / busy if busy else 0.0
     logger.info("trained steps %d to %d; waiting for data took %.2f%% of step time", start, end, 100 * share)
     return TrainResult(start, end - start, float(loss), last_eval, fingerprints, model, share)
@@ -160,25 +179,11 @@ def _write(log, record: dict[str, Any]) -> None:
     log.flush()
 
 
-def _save(run_dir: str, step: int, state: Any) -> None:
-    """Parameters and optimizer state, then the step, each written whole and renamed into place."""
-    path = os.path.join(run_dir, CHECKPOINT)
-    eqx.tree_serialise_leaves(path + ".eqx.tmp", state)
-    os.replace(path + ".eqx.tmp", path + ".eqx")
-    with open(path + ".json.tmp", "w") as f:
-        json.dump({"step": step}, f)
-    os.replace(path + ".json.tmp", path + ".json")
-
-
-def _restore(run_dir: str, like: Any) -> tuple[int, Any] | None:
-    """The step and state of the run directory's checkpoint, placed as ``like`` is; None without one."""
-    path = os.path.join(run_dir, CHECKPOINT)
-    if not os.path.exists(path + ".json"):
-        return None
-    with open(path + ".json") as f:
-        step = int(json.load(f)["step"])
-    state = eqx.tree_deserialise_leaves(path + ".eqx", like)
-    def place(new: Any, old: Any) -> Any:  # parameters go back to their mesh; the optimizer's scalars stay uncommitted
-        return jax.device_put(new, old.sharding) if isinstance(getattr(old, "sharding", None), NamedSharding) else jnp.asarray(new)
-
-    return step, jax.tree_util.tree_map(place, state, like)
+def _last_batch_change(loader: DataLoader, checkpoint: Checkpoint) -> dict[str, list[Any]]:
+    """The fingerprint of the last batch the checkpoint trained on, recorded and read now, where the two differ
+    (nothing where the checkpoint's run kept no fingerprints)."""
+    last = checkpoint.record["last_batch"]
+    if last["fingerprint"] is None:
+        return {}
+    now = loader.batch(last["step"]).fingerprint
+    return {} if now == last["fingerprint"] else {f"fingerprint of the batch of step {last['step']}": [last["fingerprint"], now]}

@@ -27,7 +27,7 @@ class ModelConfig:
     num_heads: int = 4
     mlp_ratio: int = 4
     max_position: int = 4096
-    """Longest document position the position embeddings cover (positions count from each document's start)."""
+    """Position embeddings (positions count from each document's start); a training config's examples must fit in them."""
     init_scale: float = 0.02
 
     def __post_init__(self) -> None:
