@@ -179,3 +179,25 @@ def test_exact_reads_decode_chunks_that_did_not_compress(tmp_path, compression):
     size = np.minimum(rng.integers(1, inner, 200), inner - begin % inner)
     pieces = reads.read(begin, size, len(values))
     assert all(np.array_equal(p, values[b : b + n]) for p, b, n in zip(pieces, begin.tolist(), size.tolist()))
+
+
+def test_rewinding_unpublished_rows_keeps_every_published_token_and_leaves_the_bytes_of_never_having_written_them(tmp_path):
+    """Rows written and taken back (a compressed shard refused at its end) are erased so that storage is as if they had
+    never been written; the published row before them keeps every token, even one that is the fill value alone in its
+    chunk (an EOS id 0 first in a chunk), and even when the taken-back rows filled whole stored objects."""
+    row = np.arange(1, store.DATA_INNER + 2, dtype=np.uint16)
+    row[-1] = 0  # the row's last token opens a chunk of its own and is the fill value
+    taken_back = np.full(store.DATA_SHARD + 100_000, 7, np.uint16)
+    for name, rows in (("rewound", [row, taken_back]), ("never", [row])):
+        array = store.JaggedArray.open(str(tmp_path / name), "input_ids", "uint16", create=True)
+        for write in array.write_rows(0, 0, row, np.array([len(row)])):
+            write.result()
+        array.publish(1)
+        if len(rows) > 1:
+            for write in array.write_rows(1, len(row), taken_back, np.array([len(taken_back)])) + array.flush():
+                write.result()
+            array.rewind(1, len(row))
+        array.publish(1)
+    rewound = store.JaggedArray.open(str(tmp_path / "rewound"), "input_ids", "uint16")
+    assert np.array_equal(rewound.read_tokens(0, len(row)), row) and rewound.committed_rows() == 1
+    assert cache_bytes(str(tmp_path / "rewound")) == cache_bytes(str(tmp_path / "never"))

@@ -552,11 +552,9 @@ class CacheBuilder:
             for write in writes:
                 write.result()
             writes.clear()
-            rewinds = array.rewind(held.rows, held.tokens)
+            array.rewind(held.rows, held.tokens)
             if self._spans is not None:
-                rewinds.extend(self._spans.rewind(held.rows, held.span_values))
-            for write in rewinds:
-                write.result()
+                self._spans.rewind(held.rows, held.span_values)
         except ValueError as e:  # tensorstore's storage errors
             raise self._write_failed(e) from e
         ledger.rows, ledger.tokens, self._span_values = held.rows, held.tokens, held.span_values

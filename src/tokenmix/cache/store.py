@@ -253,17 +253,26 @@ class _ChunkAligned:
         self.written = max(self.written, self.end)
         return [self.array[self.start : self.end].write(self.waiting[0])]
 
-    def rewind(self, end: int) -> list[ts.Future]:
-        """Forget the values from ``end`` on: those waiting are dropped, those written are reset to the fill value
-        through a handle that stores no chunk holding only the fill value (``_erasing``), which leaves storage as if
-        they had never been written. Writes of those values still in flight must have completed first."""
-        kept = np.concatenate(self.waiting)[: max(0, end - self.start)] if self.waiting else np.empty(0, self.array.dtype.numpy_dtype)
+    def rewind(self, end: int) -> None:
+        """Forget the values from ``end`` on, waiting or written: storage ends as it would had they never been appended.
+        Written ones are reset to the fill value: up to the end of the chunk holding ``end`` through this handle (which
+        stores that chunk, its values before ``end`` included, whatever they are), and the whole chunks after it through
+        one that stores no chunk holding only the fill value (``_erasing``), so those chunks, and objects left empty,
+        are removed. Values before ``end`` are never missing meanwhile. Writes of the forgotten values must have
+        completed first."""
+        dtype = self.array.dtype.numpy_dtype
+        kept = np.concatenate(self.waiting)[: max(0, end - self.start)] if self.waiting else np.empty(0, dtype)
         self.start = min(self.start, end)
         self.waiting, self.count = ([kept] if len(kept) else []), len(kept)
         if self.written <= end:
-            return []
-        written, self.written = self.written, end
-        return [_erasing(self.array)[end:written].write(np.zeros((), self.array.dtype.numpy_dtype))]
+            return
+        inner = int(self.array.chunk_layout.read_chunk.shape[0])
+        boundary = min(-(-end // inner) * inner, self.written)
+        if boundary > end:
+            self.array[end:boundary].write(np.zeros((), dtype)).result()
+        if self.written > boundary:
+            _erasing(self.array)[boundary : self.written].write(np.zeros((), dtype)).result()
+        self.written = end
 
 
 def _erasing(array: ts.TensorStore) -> ts.TensorStore:
@@ -345,12 +354,13 @@ class JaggedArray:
         these writes before its ledger says the rows exist."""
         return [write for appending in (self._tokens, self._ends) if appending is not None for write in appending.flush()]
 
-    def rewind(self, rows: int, values: int) -> list[ts.Future]:
+    def rewind(self, rows: int, values: int) -> None:
         """Forget the rows from ``rows`` on, whose values begin at ``values`` (written by ``write_rows``, never published):
         the next rows are written there, and storage ends as if the forgotten rows had never been written. Writes of
         those rows still in flight must have completed first."""
-        return [write for appending, end in ((self._tokens, values), (self._ends, rows + 1)) if appending is not None
-                for write in appending.rewind(end)]
+        for appending, end in ((self._tokens, values), (self._ends, rows + 1)):
+            if appending is not None:
+                appending.rewind(end)
 
     def publish(self, rows: int) -> None:
         """Make the first ``rows`` rows visible to readers. Their writes must already be complete (tokens held back
