@@ -593,11 +593,12 @@ def test_add_filename_names_the_shard_read_now_and_a_chain_of_steps_round_trips(
 
 
 def test_parquet_output_holds_the_records_fields_only_when_its_batches_differ_in_fields(tmp_path):
-    records = [{"text": f"record {i}", **({"extra": i} if i % 2 else {})} for i in range(6)]
+    """Batches whose fields differ are merged into one schema, fields named like the engine's columns included."""
+    records = [{"text": f"record {i}", "__index": i, "__~x": f"x{i}", **({"extra": i} if i % 2 else {})} for i in range(6)]
     (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     run_curation(CurationConfig(sources=[CurationSource("s", [str(tmp_path / "s.jsonl")])], chunk_bytes=1, num_workers=0,
                                 output=CurationOutput(str(tmp_path / "out"), "parquet", write_to_filename=True)))
-    assert _read(tmp_path / "out" / "s" / "s.parquet") == [{"text": r["text"], "extra": r.get("extra")} for r in records]
+    assert _read(tmp_path / "out" / "s" / "s.parquet") == [{**r, "extra": r.get("extra")} for r in records]
 
 
 @pytest.mark.parametrize("partitioned", [False, True], ids=["write_to_filename", "shuffled_partitions"])

@@ -223,25 +223,27 @@ class ShardWriter:
             return
         self.records += table.num_rows
         if self.fmt == "parquet":
-            self._write_parquet(table if self.keep_hidden else user_table(table))
+            self._write_parquet(table)
             return
         self._stream.write(b"".join(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE) for row in table_rows(table)))
 
     def _write_parquet(self, table: pa.Table) -> None:
-        if self._parquet is not None and table.schema.remove_metadata() != self._parquet.schema.remove_metadata():
+        """Append a batch (the engine's columns); a batch whose fields differ from the file's rewrites the file so far
+        under one schema of both."""
+        out = table if self.keep_hidden else user_table(table)
+        if self._parquet is not None and out.schema.remove_metadata() != self._parquet.schema.remove_metadata():
             self._parquet.close()
             self._file.close()
             with self.fs.open(self.tmp_path, "rb") as f:
-                written = pq.read_table(f)
+                written = pq.ParquetFile(f).read()
             self._file.discard()
-            table = concat([written, table])
-            if not self.keep_hidden:
-                table = user_table(table)
+            merged = concat([written if self.keep_hidden else engine_table(written), table])
+            out = merged if self.keep_hidden else user_table(merged)
             self._file = PartialFile(self.fs, self.tmp_path)
             self._parquet = None
         if self._parquet is None:
-            self._parquet = pq.ParquetWriter(self._file, table.schema, compression="zstd", write_statistics=False)
-        self._parquet.write_table(table, row_group_size=max(1, table.num_rows))
+            self._parquet = pq.ParquetWriter(self._file, out.schema, compression="zstd", write_statistics=False)
+        self._parquet.write_table(out, row_group_size=max(1, out.num_rows))
 
     def close(self) -> dict[str, Any]:
         """Finish the file and give it its name; its size and digest (``partial_files.damage`` checks them)."""
