@@ -271,3 +271,23 @@ def test_a_cache_whose_build_took_back_a_corrupt_shard_verifies_clean_and_repair
     flip(tokens, tokens.stat().st_size - 10)
     report = tokenmix.verify_cache(str(location), repair=True, config=config, progress=False)
     assert report.ok and report.repaired and cache_bytes(str(location)) == pristine
+
+
+@pytest.mark.parametrize("message, problem", [
+    ('PERMISSION_DENIED: Error reading shard entry {0}/{256} in local file "/data/zstd-caches/c/0": denied', None),
+    ('UNAVAILABLE: Error reading "gs://bucket/blosc-shards/input_ids/data/c/3": connection reset', None),
+    ('FAILED_PRECONDITION: Error reading shard entry {3}/{256} in local file "/c/0": ZSTD_decompressStream() failed: '
+     'Data corruption detected', "undecodable"),
+    ('DATA_LOSS: Error reading shard entry {0}/{4} in local file "/c/0": Error reading shard index in local file "/c/0": '
+     'Digest mismatch, stored digest is 0x1 but computed digest is 0x2', "damaged index"),
+    ('DATA_LOSS: Error reading shard entry {4}/{256} in local file "/c/0": Digest mismatch', "checksum mismatch"),
+    ('NOT_FOUND: chunk {0} stored at shard entry {0}/{256} in local file "/c/1" is missing', "missing"),
+    ('OUT_OF_RANGE: Error reading shard entry {1}/{4} in local file "/c/0": Requested byte range [91, 119) is not valid for '
+     'value of size 80', "cut short"),
+])
+def test_only_errors_about_the_stored_bytes_read_as_damage(message, problem):
+    """Tensorstore's messages name the file; a path holding a codec's name is no damage, a permission or an unreachable
+    store never asks for a repair."""
+    from tokenmix.cache.damage import problem_of
+
+    assert problem_of(ValueError(message)) == problem

@@ -64,23 +64,26 @@ _PROBLEMS = (
     ("shard index", "damaged index"),
     ("Digest mismatch", "checksum mismatch"),
     ("is missing", "missing"),
-    ("NOT_FOUND", "missing"),
     ("is not valid for value of size", "cut short"),
-    ("OUT_OF_RANGE", "cut short"),
-    ("data_loss", "undecodable"),
-    ("error decoding", "undecodable"),
-    ("blosc", "undecodable"),
-    ("zstd", "undecodable"),
+    ("Data corruption", "undecodable"),
+    ("ZSTD_", "undecodable"),
+    ("Blosc error", "undecodable"),
+    ("Error decoding", "undecodable"),
 )
-"""Markers of a storage error's text (compared without case), most specific first. A decoder's error (blosc, zstd)
-comes before the chunk's checksum is checked, which tensorstore does once the decoder has read the whole chunk."""
+"""Tensorstore's words for damaged bytes, most specific first. A decoder's error (blosc, zstd) comes before the chunk's
+checksum is compared, which tensorstore does once the decoder has read the whole chunk."""
+_CODES = {"NOT_FOUND": "missing", "OUT_OF_RANGE": "cut short", "DATA_LOSS": "undecodable"}
+"""Status codes that speak of the stored bytes themselves, where no phrase above says more."""
+_QUOTED = re.compile(r'"[^"]*"')
+"""Quoted paths in a message: a cache named ``zstd-caches`` must not read as damage."""
 
 
 def problem_of(error: BaseException) -> str | None:
     """What a storage read error says about the stored bytes (``checksum mismatch``, ``missing``, ...), or None for an
     error that is not about them (an unreachable store, a permission)."""
-    text = str(error).lower()
-    return next((problem for marker, problem in _PROBLEMS if marker.lower() in text), None)
+    text = _QUOTED.sub('""', str(error))
+    found = next((problem for marker, problem in _PROBLEMS if marker in text), None)
+    return found or _CODES.get(text.split(":", 1)[0].strip())
 
 
 _STORED = re.compile(r'shard entry \{(\d+)\}/\{(\d+)\}.*?"[^"]*?/(c/\d+)"')
