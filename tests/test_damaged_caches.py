@@ -233,13 +233,24 @@ def test_verify_names_changed_inputs_and_repair_refuses_to_use_them(tmp_path):
 
 
 def test_verify_runs_beside_a_build_and_checks_what_is_published(growing_cache):
-    """A scrub only reads: beside a build it checks the rows published when it starts, and says the build is unfinished."""
+    """A scrub only reads: beside a build it checks the rows published when it starts, and says the build is unfinished;
+    scrubs while the build commits and publishes find nothing wrong."""
     growing = growing_cache(demo_urls("python_doc"), chunk_bytes=8 << 10)
     growing.open().wait_for_rows(1, timeout=120)
     report = tokenmix.verify_cache(growing.location, inputs=False, progress=False)
     assert report.ok and not report.finished and report.rows > 0, report
     growing.finish()
     assert tokenmix.verify_cache(growing.location, progress=False).ok
+    moving = growing_cache(demo_urls("webster") + demo_urls("linux_doc"), held_from=4, name="moving", chunk_bytes=4 << 10)
+    reports = []
+    while not reports or not reports[-1].finished:
+        try:
+            reports.append(tokenmix.verify_cache(moving.location, inputs=False, progress=False))
+        except tokenmix.CacheNotFoundError:
+            continue
+        assert reports[-1].ok, reports[-1]
+    assert len({r.rows for r in reports}) > 1, "the build ended before it could be scrubbed while it ran"
+    moving.finish()
 
 
 def test_a_cache_whose_build_took_back_a_corrupt_shard_verifies_clean_and_repairs(tmp_path):
