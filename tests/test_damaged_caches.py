@@ -302,3 +302,19 @@ def test_only_errors_about_the_stored_bytes_read_as_damage(message, problem):
     from tokenmix.cache.damage import problem_of
 
     assert problem_of(ValueError(message)) == problem
+
+
+def test_a_repair_with_a_config_that_encodes_otherwise_is_refused_writing_nothing(tmp_path):
+    """A whole damaged object has no intact chunk to hold the repair against: the config must give the cache's identity."""
+    shard = write_jsonl(tmp_path / "in.jsonl", [{"text": f"document {i} " * 50} for i in range(300)])
+    doc = {"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "caches"), "configs": {"one": {"train_urls": [shard]}},
+           "build": {"num_workers": 0}}
+    tokenmix.build_caches(tokenmix.load_data_config(doc), progress=False)
+    location = tmp_path / "caches" / "one" / "train"
+    (location / "input_ids" / "data" / "c" / "0").unlink()
+    before = cache_bytes(str(location))
+    other = tokenmix.load_data_config({**doc, "enforce_eos": False})
+    with pytest.raises(tokenmix.RepairError, match=r"(?s)with this data config, which would encode other tokens.*eos_id: cache has 0"):
+        tokenmix.verify_cache(str(location), repair=True, config=other, progress=False)
+    assert cache_bytes(str(location)) == before
+    assert tokenmix.verify_cache(str(location), repair=True, config=tokenmix.load_data_config(doc), progress=False).ok

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import draccus
 
-from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
+from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, CacheMismatchError
 from tokenmix.cache.stats import STATS_FILE
 from tokenmix.cache.store import JsonDocuments
 from tokenmix.cache.verify import CacheReport, RepairError, scrub
@@ -47,12 +47,20 @@ def _inputs_and_encoder(location: str, config: DataConfig | None, need_encoder: 
         target = next((t for t in cache_targets(config) if t.location.rstrip("/") == location.rstrip("/")), None)
         if target is None:
             raise RepairError(f"the data config defines no cache at {location}; give the config that built it")
+        if need_encoder:
+            try:
+                _ledger_of(location).check_identity({**target.identity, **config.build.layout_identity()}, location)
+            except CacheMismatchError as e:
+                raise RepairError(f"cannot repair {location} with this data config, which would encode other tokens: {e}") from None
         return target.shards, _with_backend(location, target.spec) if need_encoder else None
     if not need_encoder:
         return None, None
-    docs = JsonDocuments(location)
-    ledger = CacheLedger.from_json(docs.read(LEDGER_FILE) or {})
+    ledger = _ledger_of(location)
     return _ledger_shards(location, ledger), _with_backend(location, _ledger_encoder(location, ledger))
+
+
+def _ledger_of(location: str) -> CacheLedger:
+    return CacheLedger.from_json(JsonDocuments(location).read(LEDGER_FILE) or {})
 
 
 def _ledger_shards(location: str, ledger: CacheLedger) -> list[Shard]:
