@@ -3,6 +3,7 @@ change under a cache, shards that come back, storage that refuses writes. Real p
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -360,3 +361,24 @@ def test_a_write_cut_short_by_a_kill_leaves_nothing_once_the_build_resumes(tmp_p
     build(str(location), urls)
     build(str(reference), urls)
     assert cache_bytes(str(location)) == cache_bytes(str(reference))
+
+
+def test_a_fifo_where_the_build_lock_goes_is_refused_and_a_waiting_builder_does_not_hang(tmp_path):
+    """A named pipe at build.lock: the builder refuses it by name; one waiting behind the holder reads no holder from it
+    (an open without O_NONBLOCK would block until a writer came)."""
+    location = tmp_path / "c"
+    location.mkdir()
+    os.mkfifo(location / LOCK_FILE)
+    with pytest.raises(tokenmix.UnsafeFileError, match=rf"{location / LOCK_FILE}: the build lock is not a regular file"):
+        build(str(location), SHARDS[:1])
+    (location / "elsewhere").mkdir()  # a cache directory another builder holds locked, with a FIFO as its lock file
+    os.mkfifo(location / "elsewhere" / LOCK_FILE)
+    directory = os.open(location / "elsewhere", os.O_RDONLY)
+    fcntl.flock(directory, fcntl.LOCK_EX)
+    try:
+        started = time.monotonic()
+        with pytest.raises(CacheLockedError, match="is being built by another builder"):
+            build(str(location / "elsewhere"), SHARDS[:1], lock_timeout_s=0)
+        assert time.monotonic() - started < 30
+    finally:
+        os.close(directory)

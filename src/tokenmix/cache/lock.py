@@ -155,6 +155,10 @@ class FlockBuildLock(BuildLock):
             os.close(dir_fd)
             self.holder = self._recorded_holder()
             return False
+        except OSError as e:  # a filesystem without flock on directories (NFS and the like)
+            os.close(dir_fd)
+            raise CacheLockedError(f"cannot lock the cache directory {directory} ({e.strerror or e}): its filesystem does not "
+                                   "take flock locks (a network filesystem?); set build.lock: lease") from None
         try:
             fd = open_lock_file(self.path, "build lock")
         except UnsafeFileError:
@@ -187,11 +191,13 @@ class FlockBuildLock(BuildLock):
     def _recorded_holder(self) -> LockHolder | None:
         """Who the lock file says holds the lock (read without following a link)."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO planted there: no wait
         except OSError:
             return None
         try:
             return LockHolder.parse(os.pread(fd, 1 << 16, 0))
+        except OSError:  # not a file one can read at an offset
+            return None
         finally:
             os.close(fd)
 
