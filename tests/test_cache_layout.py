@@ -201,3 +201,17 @@ def test_rewinding_unpublished_rows_keeps_every_published_token_and_leaves_the_b
     rewound = store.JaggedArray.open(str(tmp_path / "rewound"), "input_ids", "uint16")
     assert np.array_equal(rewound.read_tokens(0, len(row)), row) and rewound.committed_rows() == 1
     assert cache_bytes(str(tmp_path / "rewound")) == cache_bytes(str(tmp_path / "never"))
+
+
+def test_a_packing_plan_grown_after_it_was_read_keeps_its_chunks_of_zeros(tmp_path):
+    """A plan is read, then grown (a cache that builds on): the rows appended are written through a handle that stores
+    every chunk, so pieces of row 0 filling a whole chunk read back, where a chunk left out would read as missing."""
+    from tokenmix.cache.plans import PlanStore
+
+    assert PlanStore(str(tmp_path / "plan"), {"seq_len": 8}).write(0, 0, np.array([1, 2, 3]), np.array([3]), {"examples": 1, "pieces": 3})
+    plan = PlanStore(str(tmp_path / "plan"), {"seq_len": 8})  # a later reader: it reads the plan first
+    plan.read_arrays(1, 3)
+    zeros = np.zeros(2 * store.DATA_INNER, np.int64)  # the pieces of one long document, row 0
+    assert plan.write(1, 3, zeros, np.array([len(zeros)]), {"examples": 2, "pieces": 3 + len(zeros)})
+    bounds, rows = PlanStore(str(tmp_path / "plan"), {"seq_len": 8}).read_arrays(2, 3 + len(zeros))
+    assert bounds.tolist() == [0, 3, 3 + len(zeros)] and rows.tolist() == [1, 2, 3, *zeros.tolist()]

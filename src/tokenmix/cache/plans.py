@@ -35,7 +35,8 @@ class PlanStore:
         self.location = location
         self.options = options
         self._docs = JsonDocuments(location)
-        self._array: JaggedArray | None = None
+        self._arrays: dict[bool, JaggedArray] = {}
+        """The plan's array as read, and as written (which stores every chunk): by ``create``."""
 
     def read(self) -> dict[str, Any] | None:
         """The stored plan's progress, or None when there is none; a plan made with other options is an error."""
@@ -73,9 +74,9 @@ class PlanStore:
         return True
 
     def _open(self, create: bool = False) -> JaggedArray:
-        if self._array is None:
-            self._array = JaggedArray.open(self.location, PLAN_ARRAY, "int64", create=create)
-        return self._array
+        if create not in self._arrays:
+            self._arrays[create] = JaggedArray.open(self.location, PLAN_ARRAY, "int64", create=create)
+        return self._arrays[create]
 
 
 def stored_plans(cache_location: str) -> dict[str, dict[str, Any]]:
