@@ -4,9 +4,9 @@ Stages, lowest first: sources -> formats -> cache -> datasets -> loader -> confi
 the readers of sources, the executors of cache and the YAML loading of config, and no stage of the flow uses it), and
 export beside it at the same rank (caches to other stacks' files) -> the
 public face (tokenmix/__init__.py) -> train (the example training launch) -> cli. A module imports from its own stage or a
-lower one; ``_lazy``, ``_waiting``, ``_safe_files``, ``_parent_death`` and ``_child_fd`` are private helpers below every
-stage. Imports inside functions count (they run when called); imports under ``if TYPE_CHECKING:`` count for the stage
-order but not for cycles (they never run).
+lower one; ``_lazy``, ``_waiting``, ``_safe_files``, ``_parent_death``, ``_child_fd`` and ``_file_digest`` are private
+helpers below every stage. Imports inside functions count (they run when called); imports under ``if TYPE_CHECKING:``
+count for the stage order but not for cycles (they never run).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from helpers import REPO
 
 SRC = REPO / "src"
-RANK = {"_lazy": 0, "_waiting": 0, "_safe_files": 0, "_parent_death": 0, "_child_fd": 0,
+RANK = {"_lazy": 0, "_waiting": 0, "_safe_files": 0, "_parent_death": 0, "_child_fd": 0, "_file_digest": 0,
         "sources": 1, "formats": 2, "cache": 3, "datasets": 4, "loader": 5, "config": 6, "curate": 7, "export": 7, "": 8,
         "train": 9, "cli": 10}
 """Stage of each top-level name under tokenmix ("" is the package itself, its public face)."""

@@ -50,7 +50,7 @@ class CacheDamagedError(OSError):
         more = f"; and {len(chunks) - MAX_NAMED} more chunks" if len(chunks) > MAX_NAMED else ""
         held = f" They hold rows {rows[0]:,}-{rows[1] - 1:,}." if rows is not None and rows[1] > rows[0] else ""
         super().__init__(f"cache at {location} is damaged: {named}{more}.{held} Run `tokenmix verify {location} --repair` to "
-                         "rebuild the damaged rows from their inputs (or delete the cache and build it again).")
+                         "rebuild the damaged rows from their inputs (a finished cache), or delete the cache and build it again.")
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return CacheDamagedError, (self.location, self.chunks, self.rows)

@@ -156,6 +156,8 @@ class ShardedReads:
         try:
             return self._read(begin, size, committed)
         except FileNotFoundError as e:  # a stored object gone (``LocalShards``, ``RemoteShards`` name it by its key)
+            if not str(e.filename).startswith("c/"):
+                raise
             raise self._damaged_object(int(str(e.filename).removeprefix("c/")), "missing") from None
 
     def _read(self, begin: np.ndarray, size: np.ndarray, committed: int) -> list[np.ndarray]:

@@ -396,7 +396,10 @@ class JaggedArray:
         except ValueError as e:
             if problem_of(e) is None:
                 raise
-            raise self.damage(array, ranges) from None
+            damage = self.damage(array, ranges)
+            if not damage.chunks:  # every chunk read alone: the failure passed (a build replaced an object meanwhile)
+                raise
+            raise damage from None
 
     def damage(self, array: ts.TensorStore, ranges: list[tuple[int, int]]) -> CacheDamagedError:
         """The damage among ``ranges`` of ``array`` (each chunk read alone), naming the rows it holds."""
@@ -425,7 +428,7 @@ class JaggedArray:
                 return None
             try:
                 firsts.append(self._row_of(chunk.start, published))
-                stops.append(self._row_of(chunk.stop - 1, published) + 1)
+                stops.append(min(self._row_of(chunk.stop - 1, published) + 1, published))
             except ValueError:
                 return None
         return (min(firsts), max(stops)) if firsts else None

@@ -145,18 +145,13 @@ def _ledger(location: str) -> CacheLedger:
     return CacheLedger.from_json(doc)
 
 
-def _objects(array: ts.TensorStore, stop: int, start: int = 0) -> Iterator[tuple[int, int]]:
-    unit = write_unit(array)
-    for begin in range(start - start % unit, stop, unit):
-        yield max(begin, start), min(begin + unit, stop)
-
-
 def _read_objects(jagged: JaggedArray, array: ts.TensorStore, stop: int, report: CacheReport, bar: Any) -> Iterator[tuple[int, np.ndarray]]:
     """``(start, values)`` of each stored object of ``array`` below ``stop``, in order, a few reads in flight; the damaged
     chunks of an object that fails are added to the report and the object is left out."""
     inner = int(array.chunk_layout.read_chunk.shape[0])
     pending: deque[tuple[int, int, Any]] = deque()
-    objects = _objects(array, stop)
+    unit = write_unit(array)
+    objects = ((begin, min(begin + unit, stop)) for begin in range(0, stop, unit))
     while True:
         for begin, end in objects:
             pending.append((begin, end, array[begin:end].read()))
@@ -264,10 +259,8 @@ def _check_ledger(ledger: CacheLedger, report: CacheReport, bounds: dict[str, di
                                    f"{shard.rows:,} and {shard.tokens:,}")
 
 
-def _input_shards(ledger: CacheLedger, shards: Sequence[Shard] | None) -> list[Shard | None]:
-    """The ledger's shards as readers: those given, or files named as the ledger names them (None: cannot be read)."""
-    if shards is not None:
-        return list(shards)
+def ledger_shards(ledger: CacheLedger) -> list[Shard | None]:
+    """The ledger's shards as readers of the files it names (None where a name is no file: a Hugging Face dataset)."""
     out: list[Shard | None] = []
     for progress in ledger.shards:
         try:
@@ -279,7 +272,7 @@ def _input_shards(ledger: CacheLedger, shards: Sequence[Shard] | None) -> list[S
 
 def _check_inputs(ledger: CacheLedger, shards: Sequence[Shard] | None, chunk_bytes: int, progress: bool) -> list[InputCheck]:
     checks = []
-    readers = _input_shards(ledger, shards)
+    readers = list(shards) if shards is not None else ledger_shards(ledger)
     for progress_, shard in tqdm(list(zip(ledger.shards, readers)), desc="verify inputs", unit=" shards", disable=not progress,
                                  dynamic_ncols=True, mininterval=0.5):
         if shard is None or progress_.digest is None:
@@ -360,8 +353,8 @@ def repair(location: str, report: CacheReport, shards: Sequence[Shard], spec: En
 
 def _can_repair(location: str, ledger: CacheLedger, report: CacheReport) -> None:
     if not ledger.finished:
-        raise RepairError(f"cannot repair {location} while its build is unfinished: finish the build (`tokenmix build-cache`), "
-                          "then verify and repair it")
+        raise RepairError(f"cannot repair {location}: its build is unfinished, and a build does not go on over damaged rows; "
+                          "delete the cache and build it again")
     if ledger.runs is None:
         raise RepairError(f"cannot repair {location}: it was built before tokenmix recorded where its rows came from; delete it "
                           "and build it again")

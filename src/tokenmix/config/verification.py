@@ -12,12 +12,12 @@ import draccus
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, CacheMismatchError
 from tokenmix.cache.stats import STATS_FILE
 from tokenmix.cache.store import JsonDocuments
-from tokenmix.cache.verify import CacheReport, RepairError, scrub
+from tokenmix.cache.verify import CacheReport, RepairError, ledger_shards, scrub
 from tokenmix.cache.verify import repair as repair_from_inputs
 from tokenmix.config.caches import cache_targets
 from tokenmix.config.tokenization import TokenizationConfig
 from tokenmix.formats.base import LmDatasetFormatBase
-from tokenmix.sources.shards import FileShard, Shard
+from tokenmix.sources.shards import Shard
 
 if TYPE_CHECKING:
     from tokenmix.config.mixture import DataConfig
@@ -64,13 +64,12 @@ def _ledger_of(location: str) -> CacheLedger:
 
 
 def _ledger_shards(location: str, ledger: CacheLedger) -> list[Shard]:
-    shards: list[Shard] = []
-    for progress in ledger.shards:
-        if progress.name.startswith("hf://"):
-            raise RepairError(f"cannot repair {location} without its data config: {progress.name} is a Hugging Face dataset; "
-                              "give the config that built the cache (--config_path)")
-        shards.append(FileShard(progress.name))
-    return shards
+    shards = ledger_shards(ledger)
+    unreadable = [p.name for p, shard in zip(ledger.shards, shards) if shard is None]
+    if unreadable:
+        raise RepairError(f"cannot repair {location} without its data config: {unreadable[0]} is not a file it can read again "
+                          "(a Hugging Face dataset); give the config that built the cache (--config_path)")
+    return shards  # type: ignore[return-value]
 
 
 def _ledger_encoder(location: str, ledger: CacheLedger) -> EncoderSpec:

@@ -21,9 +21,8 @@ import fsspec
 import xxhash
 from fsspec.implementations.local import LocalFileSystem
 
+from tokenmix._file_digest import file_digest
 from tokenmix._safe_files import create_new
-
-_READ_BYTES = 4 << 20
 
 
 class PartialFile:
@@ -95,10 +94,7 @@ def damage(url: str, record: dict[str, Any], check_digest: bool) -> str | None:
             return f"{size} bytes where {record['bytes']} were written"
         if not check_digest:
             return None
-        digest = xxhash.xxh3_128()
-        with fs.open(path, "rb") as f:
-            while block := f.read(_READ_BYTES):
-                digest.update(block)
+        _, digest = file_digest(url)
     except FileNotFoundError:
         return "missing"
-    return None if digest.hexdigest() == record["xxh3_128"] else "its bytes differ from those written (xxh3-128 digest)"
+    return None if digest == record["xxh3_128"] else "its bytes differ from those written (xxh3-128 digest)"

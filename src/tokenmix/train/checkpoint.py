@@ -23,8 +23,9 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import xxhash
 from jax.sharding import NamedSharding
+
+from tokenmix._file_digest import file_digest
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def save_checkpoint(run_dir: str, step: int, state: Any, record: dict[str, Any],
         eqx.tree_serialise_leaves(f, state)
         f.flush()
         os.fsync(f.fileno())
-    size, digest = _digest(state_path)
+    size, digest = file_digest(state_path)
     with open(os.path.join(partial, RECORD_FILE), "x") as f:
         json.dump({**record, "step": step, "state": {"file": STATE_FILE, "bytes": size, "xxh3_128": digest}}, f, indent=1)
         f.flush()
@@ -135,7 +136,7 @@ def _read(path: str, step: int) -> Checkpoint:
         raise ValueError(f"{RECORD_FILE} lacks {sorted(missing)}")
     if record["step"] != step:
         raise ValueError(f"{RECORD_FILE} says step {record['step']}")
-    size, digest = _digest(os.path.join(path, record["state"]["file"]))
+    size, digest = file_digest(os.path.join(path, record["state"]["file"]))
     expected = record["state"]
     if (size, digest) != (expected["bytes"], expected["xxh3_128"]):
         raise ValueError(f"{STATE_FILE} has {size:,} bytes of digest {digest}; {RECORD_FILE} recorded {expected['bytes']:,} "
@@ -145,17 +146,6 @@ def _read(path: str, step: int) -> Checkpoint:
 
 def _steps(root: str) -> list[int]:
     return [int(m.group(1)) for m in map(_STEP.fullmatch, os.listdir(root)) if m]
-
-
-def _digest(path: str) -> tuple[int, str]:
-    """A file's size and XXH3-128 digest (hex)."""
-    h = xxhash.xxh3_128()
-    size = 0
-    with open(path, "rb") as f:
-        while block := f.read(1 << 23):
-            h.update(block)
-            size += len(block)
-    return size, h.hexdigest()
 
 
 def _fsync_dir(path: str) -> None:
