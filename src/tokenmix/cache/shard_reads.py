@@ -176,13 +176,16 @@ class ShardedReads:
         if layout.codec is None and not layout.checksummed:
             pieces = self._bytes(shard_ids, shards, (offset + first).tolist(), (offset + first + size * item).tolist())
             return [p.view(layout.dtype) for p in pieces]
+        if layout.codec is None:  # each piece's chunk checked (a chunk two pieces share, twice), the piece a view of it
+            frames = self._bytes(shard_ids, shards, offset.tolist(), (offset + nbytes).tolist())
+            self._check(frames, nbytes, chunk)
+            return [f[a:b].view(layout.dtype) for f, a, b in zip(frames, first.tolist(), (first + size * item).tolist())]
         _, at, piece_chunk = np.unique(chunk, return_index=True, return_inverse=True)
         frames = self._bytes(shard[at].tolist(), shards, offset[at].tolist(), (offset[at] + nbytes[at]).tolist())
         if layout.checksummed:
-            frames = self._checked(frames, nbytes[at].tolist(), chunk[at].tolist())
-        if layout.codec is None:
-            decoded = [f.view(layout.dtype) for f in frames]
-        elif layout.codec == "zstd":
+            self._check(frames, nbytes[at], chunk[at])
+            frames = [frame[:-4] for frame in frames]
+        if layout.codec == "zstd":
             try:
                 decoded = [np.frombuffer(b, layout.dtype) for b in zstandard.ZstdDecompressor().multi_decompress_to_buffer(frames, threads=1)]
             except zstandard.ZstdError:
@@ -197,14 +200,14 @@ class ShardedReads:
                 blosc2.decompress(frame, dst=row)
         return [decoded[c][f // item : f // item + m] for c, f, m in zip(piece_chunk.tolist(), first.tolist(), size.tolist())]
 
-    def _checked(self, frames: list[np.ndarray], nbytes: list[int], chunks: list[int]) -> list[np.ndarray]:
-        """Each stored chunk without its crc32c, once its bytes are all there and match it."""
-        if any(len(frame) != n or n < 4 for frame, n in zip(frames, nbytes)):
-            raise self._damaged([c for frame, n, c in zip(frames, nbytes, chunks) if len(frame) != n or n < 4], "cut short")
-        sums = [_crc32c(frame) for frame in frames]
+    def _check(self, frames: list[np.ndarray], nbytes: np.ndarray, chunks: np.ndarray) -> None:
+        """Raise ``CacheDamagedError`` unless each stored chunk's bytes are all there and match its crc32c."""
+        lengths = np.fromiter(map(len, frames), np.int64, len(frames))
+        if np.any((lengths != nbytes) | (nbytes < 4)):
+            raise self._damaged(np.unique(chunks[(lengths != nbytes) | (nbytes < 4)]).tolist(), "cut short")
+        sums = list(map(_crc32c, frames))
         if sums.count(CRC32C_RESIDUE) != len(sums):
-            raise self._damaged([c for total, c in zip(sums, chunks) if total != CRC32C_RESIDUE], "checksum mismatch")
-        return [frame[:-4] for frame in frames]
+            raise self._damaged(np.unique(chunks[np.array(sums) != CRC32C_RESIDUE]).tolist(), "checksum mismatch")
 
     def _damaged(self, chunks: list[int], problem: str) -> CacheDamagedError:
         """The error for damaged chunks of this array (rows are named by the cache, which reads the row bounds)."""
