@@ -108,9 +108,10 @@ if TYPE_CHECKING:
     from tokenmix.cache.lock import CacheLockedError, LockLostError
     from tokenmix.cache.options import BuildOptions
     from tokenmix.cache.reader import CacheNotFoundError, TokenCache
+    from tokenmix.cache.repair import RepairError
+    from tokenmix.cache.scrub import CacheReport
     from tokenmix.cache.store import CacheWriteError
     from tokenmix.cache.token_files import TokenFilesCache
-    from tokenmix.cache.verify import CacheReport, RepairError
     from tokenmix.config.caches import build_caches, open_cache
     from tokenmix.config.loading import ConfigError, load_data_config
     from tokenmix.config.mixture import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig

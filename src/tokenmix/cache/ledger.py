@@ -75,6 +75,22 @@ class ShardProgress:
         self.skipped[reason] = self.skipped.get(reason, 0) + count
 
 
+@dataclass(frozen=True)
+class Run:
+    """Consecutive rows read from one shard: where they start and stop in the rows, tokens and loss-span values."""
+
+    shard: int
+    position: int
+    """The first record position they were read from."""
+    row: int
+    stop_row: int
+    token: int
+    stop_token: int
+    span: int
+    stop_span: int | None
+    """None for the last run: where the loss-span values end is not in the ledger."""
+
+
 @dataclass
 class CacheLedger:
     """The commit record of one cache (one source, one split)."""
@@ -158,6 +174,16 @@ class CacheLedger:
             f"same any more: its {shard.rows:,} rows in the cache came from the old content. Restore the original file, or delete "
             "the cache (or use another cache_dir) to rebuild it from the new one."
         )
+
+    def run_extents(self) -> list[Run]:
+        """The runs with where each one stops (the next one's start, or the ledger's totals)."""
+        runs = self.runs or []
+        out = []
+        for k, (shard, position, row, token, span) in enumerate(runs):
+            last = k + 1 == len(runs)
+            stop_row, stop_token, stop_span = (self.rows, self.tokens, None) if last else (runs[k + 1][2], runs[k + 1][3], runs[k + 1][4])
+            out.append(Run(shard, position, row, stop_row, token, stop_token, span, stop_span))
+        return out
 
     def note_rows(self, shard: int, position: int, span: int) -> None:
         """Record that the rows about to be appended (at ``rows``, ``tokens`` and loss-span value ``span``) are read

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 import draccus
 
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, CacheMismatchError
+from tokenmix.cache.repair import RepairError
+from tokenmix.cache.repair import repair as repair_from_inputs
+from tokenmix.cache.scrub import CacheReport, ledger_shards, scrub
 from tokenmix.cache.stats import STATS_FILE
 from tokenmix.cache.store import JsonDocuments
-from tokenmix.cache.verify import CacheReport, RepairError, ledger_shards, scrub
-from tokenmix.cache.verify import repair as repair_from_inputs
 from tokenmix.config.caches import cache_targets
 from tokenmix.config.tokenization import TokenizationConfig
 from tokenmix.formats.base import LmDatasetFormatBase
