@@ -109,13 +109,13 @@ if TYPE_CHECKING:
     from tokenmix.cache.options import BuildOptions
     from tokenmix.cache.reader import CacheNotFoundError, TokenCache
     from tokenmix.cache.store import CacheWriteError
-    from tokenmix.cache.token_files import TokenFilesCache
+    from tokenmix.cache.token_files_cache import TokenFilesCache
     from tokenmix.cache.verify import CacheReport, RepairError
     from tokenmix.config.caches import build_caches, open_cache
     from tokenmix.config.loading import ConfigError, load_data_config
     from tokenmix.config.mixture import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig
     from tokenmix.config.sources import LMDatasetSourceConfig, PackingConfig
-    from tokenmix.config.token_files import TokenFilesConfig
+    from tokenmix.config.token_file_source import TokenFilesConfig
     from tokenmix.config.tokenization import TokenizationConfig
     from tokenmix.config.verification import verify_cache
     from tokenmix.curate.document_dataset import DocumentDataset
@@ -139,7 +139,7 @@ if TYPE_CHECKING:
     from tokenmix.loader.fingerprint import batch_fingerprint
     from tokenmix.loader.loader import DataLoader, LoaderError
     from tokenmix.sources.shards import ShardReadError
-    from tokenmix.sources.token_file import TokenFileError
+    from tokenmix.sources.token_file_base import TokenFileError
     from tokenmix.sources.urls import NoShardsError
 
 __all__ = [

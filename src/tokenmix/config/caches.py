@@ -10,8 +10,8 @@ from tokenmix.cache.ledger import LEDGER_FILE
 from tokenmix.cache.levanter import LEVANTER_LEDGER
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import JsonDocuments
-from tokenmix.cache.token_files import TokenFilesCache
-from tokenmix.config.token_files import check_vocabulary
+from tokenmix.cache.token_files_cache import TokenFilesCache
+from tokenmix.config.token_file_source import check_vocabulary
 
 if TYPE_CHECKING:
     from tokenmix.config.mixture import DataConfig

@@ -17,7 +17,7 @@ import numpy as np
 from tokenmix.cache.options import BuildOptions
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import join_location
-from tokenmix.cache.token_files import TokenFilesCache
+from tokenmix.cache.token_files_cache import TokenFilesCache
 from tokenmix.config.caches import open_cache
 from tokenmix.config.components import DatasetComponentBase, resolve_components
 from tokenmix.config.holdout import held_out_documents, kept_documents
