@@ -126,7 +126,7 @@ if TYPE_CHECKING:
     from tokenmix.datasets.packed import PackedDataset
     from tokenmix.datasets.token_seq import TokenSeqDataset
     from tokenmix.export.dispatch import export_cache
-    from tokenmix.export.hdf5 import Hdf5ExportOptions
+    from tokenmix.export.hdf5_options import Hdf5ExportOptions
     from tokenmix.formats.base import BadRecordError, LmDatasetFormatBase
     from tokenmix.formats.chat import ChatLmDatasetFormat
     from tokenmix.formats.fim import FimLmDatasetFormat

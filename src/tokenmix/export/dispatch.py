@@ -41,7 +41,8 @@ def export_cache(cache: TokenSource, to: str, output: str, tokenizer: str | None
 
         return export_levanter(cache, output, tokenizer or str(cache.identity.get("tokenizer_fingerprint")), progress)
     if to == "hdf5":
-        from tokenmix.export.hdf5 import Hdf5ExportOptions, export_hdf5
+        from tokenmix.export.hdf5 import export_hdf5
+        from tokenmix.export.hdf5_options import Hdf5ExportOptions
 
         return export_hdf5(cache, output, hdf5 or Hdf5ExportOptions(), progress)
     raise ValueError(f"export: {to!r} is not a target; choose one of {list(EXPORT_KINDS)}")
