@@ -15,8 +15,8 @@ from helpers import DEMO_CORPUS, TOKENIZER, build, read_jsonl_zst, write_jsonl
 
 import tokenmix
 from tokenmix import SupervisedLmDatasetFormat, TokenCache, UnsafeFileError
-from tokenmix.export import export_datatrove
-from tokenmix.export.hdf5 import DATA_PARAMS, Hdf5ExportOptions, export_hdf5, read_hdf5_samples
+from tokenmix.export import Hdf5ExportOptions, export_datatrove, export_hdf5, read_hdf5_samples
+from tokenmix.sources.cerebras_hdf5 import DATA_PARAMS
 
 MSL = 64
 SHORT_TEXTS = ["Hi", "to be", "ox"]

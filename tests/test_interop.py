@@ -21,7 +21,7 @@ from tokenmix.cache import CacheMismatchError
 from tokenmix.datasets.splits import parse_split, split_bounds
 from tokenmix.export import export_datatrove, export_levanter, export_megatron, export_nanoset
 from tokenmix.export.streaming import partial_name
-from tokenmix.sources.token_file import TokenFileError
+from tokenmix.sources.token_file_base import TokenFileError
 
 
 @pytest.fixture(scope="module")

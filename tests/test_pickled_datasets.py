@@ -14,9 +14,9 @@ from helpers import build, demo_urls
 from tokenmix import PackedDataset, TokenCache, TokenSeqDataset
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.ledger import CacheMismatchError
-from tokenmix.cache.token_files import TokenFilesCache
-from tokenmix.sources.token_file import TokenFile, TokenFileError
-from tokenmix.sources.token_files import open_token_files
+from tokenmix.cache.token_files_cache import TokenFilesCache
+from tokenmix.sources.token_file_base import TokenFile, TokenFileError
+from tokenmix.sources.token_file_kinds import open_token_files
 
 
 def test_a_cache_pickles_as_its_location_and_reads_the_same_on_the_other_side(tmp_path):

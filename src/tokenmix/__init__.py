@@ -111,12 +111,12 @@ if TYPE_CHECKING:
     from tokenmix.cache.repair import RepairError
     from tokenmix.cache.scrub import CacheReport
     from tokenmix.cache.store import CacheWriteError
-    from tokenmix.cache.token_files import TokenFilesCache
+    from tokenmix.cache.token_files_cache import TokenFilesCache
     from tokenmix.config.caches import build_caches, open_cache
     from tokenmix.config.loading import ConfigError, load_data_config
     from tokenmix.config.mixture import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig
     from tokenmix.config.sources import LMDatasetSourceConfig, PackingConfig
-    from tokenmix.config.token_files import TokenFilesConfig
+    from tokenmix.config.token_file_source import TokenFilesConfig
     from tokenmix.config.tokenization import TokenizationConfig
     from tokenmix.config.verification import verify_cache
     from tokenmix.curate.document_dataset import DocumentDataset
@@ -127,7 +127,7 @@ if TYPE_CHECKING:
     from tokenmix.datasets.packed import PackedDataset
     from tokenmix.datasets.token_seq import TokenSeqDataset
     from tokenmix.export.dispatch import export_cache
-    from tokenmix.export.hdf5 import Hdf5ExportOptions
+    from tokenmix.export.hdf5_options import Hdf5ExportOptions
     from tokenmix.formats.base import BadRecordError, LmDatasetFormatBase
     from tokenmix.formats.chat import ChatLmDatasetFormat
     from tokenmix.formats.fim import FimLmDatasetFormat
@@ -140,7 +140,7 @@ if TYPE_CHECKING:
     from tokenmix.loader.fingerprint import batch_fingerprint
     from tokenmix.loader.loader import DataLoader, LoaderError
     from tokenmix.sources.shards import ShardReadError
-    from tokenmix.sources.token_file import TokenFileError
+    from tokenmix.sources.token_file_base import TokenFileError
     from tokenmix.sources.urls import NoShardsError
 
 __all__ = [

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from tokenmix.cache.pool import EncoderPool
     from tokenmix.cache.reader import CacheNotFoundError, TokenCache
     from tokenmix.cache.store import CacheWriteError
-    from tokenmix.cache.token_files import TokenFilesCache
+    from tokenmix.cache.token_files_cache import TokenFilesCache
 
 __all__ = [
     "BadInputError",

@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenmix.sources.urls import shard_name
+
 LEDGER_FILE = "ledger.json"
 LEDGER_VERSION = 1
 
@@ -147,16 +149,20 @@ class CacheLedger:
         )
 
     def extend_shards(self, names: list[str], location: str) -> None:
-        """Accept a shard list equal to, or extending, the one this cache was built from."""
-        known = [s.name for s in self.shards]
-        if names[: len(known)] != known:
-            first = next((i for i, (a, b) in enumerate(zip(known, names)) if a != b), min(len(known), len(names)))
+        """Accept a shard list equal to, or extending, the one this cache was built from, shard by shard the same file
+        (``shard_name``: a ledger written before local paths were named absolute holds relative ones, resolved here
+        against the current directory, as the build that wrote them resolved them). The ledger takes the names given."""
+        known = [shard_name(s.name) for s in self.shards]
+        if [shard_name(n) for n in names[: len(known)]] != known:
+            first = next((i for i, (a, b) in enumerate(zip(known, names)) if a != shard_name(b)), min(len(known), len(names)))
             raise ShardListMismatchError(
                 f"cache at {location} was built from {len(known)} shards; the config lists {len(names)} and differs "
                 f"at shard {first} (cache: {known[first] if first < len(known) else 'none'!r}, config: "
                 f"{names[first] if first < len(names) else 'none'!r}). Shards can only be appended; "
                 "use another cache_dir to build from a different list."
             )
+        for shard, name in zip(self.shards, names):
+            shard.name = name
         if len(names) > len(known):
             self.shards.extend(ShardProgress(n) for n in names[len(known) :])
             self.finished = False

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from tokenmix.config.loading import ConfigError, load_data_config
     from tokenmix.config.mixture import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig
     from tokenmix.config.sources import LMDatasetSourceConfig, PackingConfig
-    from tokenmix.config.token_files import TokenFilesConfig
+    from tokenmix.config.token_file_source import TokenFilesConfig
     from tokenmix.config.tokenization import TokenizationConfig
 
 __all__ = [

@@ -1,24 +1,45 @@
-"""Building and opening the caches a data config defines: one per source and split."""
+"""Building and opening the caches a data config defines (one per source and split), and what a data config is to
+them: ``DataConfigBase``, the base of both data configs (``config/mixture.py``), which therefore import this module
+and never the other way round."""
 
 from __future__ import annotations
 
+import abc
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tokenmix.cache.ledger import LEDGER_FILE
 from tokenmix.cache.levanter import LEVANTER_LEDGER
+from tokenmix.cache.options import BuildOptions
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import JsonDocuments
-from tokenmix.cache.token_files import TokenFilesCache
-from tokenmix.config.token_files import check_vocabulary
+from tokenmix.cache.token_files_cache import TokenFilesCache
+from tokenmix.config.sources import LMDatasetSourceConfig
+from tokenmix.config.token_file_source import check_vocabulary
+from tokenmix.config.tokenization import TokenizationConfig
 
 if TYPE_CHECKING:
-    from tokenmix.config.mixture import DataConfig
     from tokenmix.formats.encoder import EncoderSpec
     from tokenmix.sources.shards import Shard
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DataConfigBase(TokenizationConfig, abc.ABC):
+    """What every data config (a mixture, or a single source) gives its caches: the tokenizer settings, how the caches
+    are built, its sources by name and where each one's caches go."""
+
+    build: BuildOptions = field(default_factory=BuildOptions)
+
+    @abc.abstractmethod
+    def sources(self) -> dict[str, LMDatasetSourceConfig]:
+        """The config's sources by name, in config order."""
+
+    @abc.abstractmethod
+    def cache_location(self, name: str, split: str) -> str:
+        """Where source ``name``'s cache of ``split`` is."""
 
 
 @dataclass
@@ -33,7 +54,7 @@ class CacheTarget:
     identity: dict[str, Any]
 
 
-def cache_targets(config: DataConfig, sources: list[str] | None = None) -> list[CacheTarget]:
+def cache_targets(config: DataConfigBase, sources: list[str] | None = None) -> list[CacheTarget]:
     """Every (source, split) cache a config defines, in config order."""
     targets = []
     available = config.sources()
@@ -52,7 +73,7 @@ def cache_targets(config: DataConfig, sources: list[str] | None = None) -> list[
     return targets
 
 
-def build_caches(config: DataConfig, sources: list[str] | None = None, progress: bool = True) -> dict[tuple[str, str], dict[str, Any]]:
+def build_caches(config: DataConfigBase, sources: list[str] | None = None, progress: bool = True) -> dict[tuple[str, str], dict[str, Any]]:
     """Build (or resume, or extend) every cache of the config; returns statistics per (source, split)."""
     from tokenmix.cache.builder import CacheBuilder  # here: reading a config and opening its caches need no builder
     from tokenmix.cache.pool import EncoderPool
@@ -89,7 +110,7 @@ def _built_by_levanter(location: str) -> bool:
     return True
 
 
-def open_cache(config: DataConfig, source: str, split: str = "train") -> TokenCache | TokenFilesCache:
+def open_cache(config: DataConfigBase, source: str, split: str = "train") -> TokenCache | TokenFilesCache:
     """Open a built (or building) cache of the config, refusing one made with other settings.
 
     A source of token files opens them in place, refused when their declared tokenizer's vocabulary is not the config's;

@@ -14,16 +14,14 @@ from typing import Literal
 
 import numpy as np
 
-from tokenmix.cache.options import BuildOptions
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import join_location
-from tokenmix.cache.token_files import TokenFilesCache
-from tokenmix.config.caches import open_cache
+from tokenmix.cache.token_files_cache import TokenFilesCache
+from tokenmix.config.caches import DataConfigBase, open_cache
 from tokenmix.config.components import DatasetComponentBase, resolve_components
 from tokenmix.config.holdout import held_out_documents, kept_documents
 from tokenmix.config.levanter import CacheOptions, note_cache_options
 from tokenmix.config.sources import LMDatasetSourceConfig
-from tokenmix.config.tokenization import TokenizationConfig
 from tokenmix.datasets.base import Dataset
 from tokenmix.datasets.block_shuffle import BlockShuffle
 from tokenmix.datasets.ignored_targets import IgnoredTargets
@@ -40,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class LMMixtureDatasetConfig(TokenizationConfig):
+class LMMixtureDatasetConfig(DataConfigBase):
     """Named sources sharing a tokenizer and a cache directory, mixed by weight into a training set."""
 
     configs: dict[str, LMDatasetSourceConfig] = field(default_factory=dict)
@@ -48,7 +46,6 @@ class LMMixtureDatasetConfig(TokenizationConfig):
     """Newer Levanter's schema, instead of ``configs``: resolved into ``configs`` (and ``train_weights``) when the config
     is made, after which it is empty (``config/components.py``)."""
     cache_dir: str = "cache/"
-    build: BuildOptions = field(default_factory=BuildOptions)
     cache_options: CacheOptions | None = None
     """Levanter's cache-builder options: accepted, and logged as having no effect here."""
     train_weights: dict[str, float] | list[tuple[int, dict[str, float]]] | None = field(default_factory=dict)
@@ -333,11 +330,10 @@ class LMMixtureDatasetConfig(TokenizationConfig):
 
 
 @dataclass(frozen=True)
-class LMDatasetConfig(LMDatasetSourceConfig, TokenizationConfig):
+class LMDatasetConfig(LMDatasetSourceConfig, DataConfigBase):
     """A single source with its tokenizer and cache directory (Levanter's single-dataset form)."""
 
     cache_dir: str | None = "cache/"
-    build: BuildOptions = field(default_factory=BuildOptions)
     cache_options: CacheOptions | None = None
     """Levanter's cache-builder options: accepted, and logged as having no effect here."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import tokenmix.formats  # noqa: F401  (registers every format, so `format: {type: ...}` can name any of them)
-from tokenmix.config.token_files import TokenFilesConfig
+from tokenmix.config.token_file_source import TokenFilesConfig
 from tokenmix.datasets.order import check_shuffle
 from tokenmix.datasets.packing import LongDocuments, check_packing
 from tokenmix.formats.base import LmDatasetFormatBase, Pack

@@ -15,17 +15,16 @@ from tokenmix.cache.repair import repair as repair_from_inputs
 from tokenmix.cache.scrub import CacheReport, ledger_shards, scrub
 from tokenmix.cache.stats import STATS_FILE
 from tokenmix.cache.store import JsonDocuments
-from tokenmix.config.caches import cache_targets
+from tokenmix.config.caches import DataConfigBase, cache_targets
 from tokenmix.config.tokenization import TokenizationConfig
 from tokenmix.formats.base import LmDatasetFormatBase
 from tokenmix.sources.shards import Shard
 
 if TYPE_CHECKING:
-    from tokenmix.config.mixture import DataConfig
     from tokenmix.formats.encoder import EncoderSpec
 
 
-def verify_cache(location: str, repair: bool = False, inputs: bool = True, config: DataConfig | None = None,
+def verify_cache(location: str, repair: bool = False, inputs: bool = True, config: DataConfigBase | None = None,
                  progress: bool = True) -> CacheReport:
     """Check every stored byte of a cache against its checksums, bounds and ledger; optionally repair.
 
@@ -42,7 +41,7 @@ def verify_cache(location: str, repair: bool = False, inputs: bool = True, confi
     return report
 
 
-def _inputs_and_encoder(location: str, config: DataConfig | None, need_encoder: bool) -> tuple[list[Shard] | None, EncoderSpec | None]:
+def _inputs_and_encoder(location: str, config: DataConfigBase | None, need_encoder: bool) -> tuple[list[Shard] | None, EncoderSpec | None]:
     """The cache's input shards (None: as the ledger names them) and, when needed, the encoder that built it."""
     if config is not None:
         target = next((t for t in cache_targets(config) if t.location.rstrip("/") == location.rstrip("/")), None)

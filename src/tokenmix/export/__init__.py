@@ -8,10 +8,14 @@ from typing import TYPE_CHECKING
 from tokenmix._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from tokenmix.export.datatrove_tokens import export_datatrove
     from tokenmix.export.dispatch import EXPORT_KINDS, export_cache
-    from tokenmix.export.hdf5 import Hdf5ExportOptions, export_hdf5, read_hdf5_samples
+    from tokenmix.export.hdf5 import export_hdf5
+    from tokenmix.export.hdf5_files import read_hdf5_samples
+    from tokenmix.export.hdf5_options import Hdf5ExportOptions
     from tokenmix.export.levanter import export_levanter
-    from tokenmix.export.token_files import export_datatrove, export_megatron, export_nanoset
+    from tokenmix.export.megatron import export_megatron
+    from tokenmix.export.nanoset import export_nanoset
 
 __all__ = [
     "EXPORT_KINDS",

@@ -25,15 +25,15 @@ def export_cache(cache: TokenSource, to: str, output: str, tokenizer: str | None
     if not cache.is_finished():
         raise ValueError(f"{cache.location}: the cache is still building; export it once its build has finished")
     if to == "megatron":
-        from tokenmix.export.token_files import export_megatron
+        from tokenmix.export.megatron import export_megatron
 
         return export_megatron(cache, output, progress)
     if to == "datatrove":
-        from tokenmix.export.token_files import export_datatrove
+        from tokenmix.export.datatrove_tokens import export_datatrove
 
         return export_datatrove(cache, output, tokenizer, progress)
     if to == "nanoset":
-        from tokenmix.export.token_files import export_nanoset
+        from tokenmix.export.nanoset import export_nanoset
 
         return export_nanoset(cache, output, progress)
     if to == "levanter":
@@ -41,7 +41,8 @@ def export_cache(cache: TokenSource, to: str, output: str, tokenizer: str | None
 
         return export_levanter(cache, output, tokenizer or str(cache.identity.get("tokenizer_fingerprint")), progress)
     if to == "hdf5":
-        from tokenmix.export.hdf5 import Hdf5ExportOptions, export_hdf5
+        from tokenmix.export.hdf5 import export_hdf5
+        from tokenmix.export.hdf5_options import Hdf5ExportOptions
 
         return export_hdf5(cache, output, hdf5 or Hdf5ExportOptions(), progress)
     raise ValueError(f"export: {to!r} is not a target; choose one of {list(EXPORT_KINDS)}")

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, RecordRenderer, Rendered, text_size
+from tokenmix.formats.base import FormatContext, LmDatasetFormatBase, RecordRenderer, Rendered
 from tokenmix.formats.text import TextLmDatasetFormat
-from tokenmix.formats.text_fixes import normal_form, text_fixer, without_unused_repairs
+from tokenmix.formats.text_fixes import normal_form, without_unused_repairs
 
 _ONE = 1 << 64
 
@@ -75,16 +75,11 @@ class FimLmDatasetFormat(LmDatasetFormatBase):
                     "your tokenizer uses for that part"
                 )
         prefix_id, middle_id, suffix_id = ids["fim_prefix_tok"], ids["fim_middle_tok"], ids["fim_suffix_tok"]
-        text_format = TextLmDatasetFormat(self.text_key)
-        fix = text_fixer(self.use_ftfy, self.ftfy_normalizer, self.wikitext_detokenize)
+        read = TextLmDatasetFormat(self.text_key, use_ftfy=self.use_ftfy, ftfy_normalizer=self.ftfy_normalizer,
+                                   wikitext_detokenize=self.wikitext_detokenize).text_reader()
 
         def render(record: dict[str, Any]) -> Rendered:
-            text = text_format.extract_text(record)
-            size = text_size(text)
-            if fix is not None:
-                text = fix(text)
-                if not text or text.isspace():
-                    raise BadRecordError("empty_document", f"{self.text_key!r} is only whitespace once use_ftfy/wikitext_detokenize repaired it")
+            text, size = read(record)
             transform = self.draw(text)
             if transform is None:
                 return Rendered([text], None, None, *size)

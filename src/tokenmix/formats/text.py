@@ -4,6 +4,7 @@ document kept (``min_sequence_len``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,15 +66,26 @@ class TextLmDatasetFormat(LmDatasetFormatBase):
         return identity
 
     def bind(self, context: FormatContext) -> RecordRenderer:
-        fix = text_fixer(self.use_ftfy, self.ftfy_normalizer, self.wikitext_detokenize)
+        read = self.text_reader()
 
         def render(record: dict[str, Any]) -> Rendered:
+            text, size = read(record)
+            return Rendered([text], None, None, *size)
+
+        return render
+
+    def text_reader(self) -> Callable[[dict[str, Any]], tuple[str, tuple[int, int]]]:
+        """A record's text, repaired as ``use_ftfy`` and ``wikitext_detokenize`` say, with the size (``text_size``) of the
+        text as read; ``BadRecordError`` where there is none, or nothing but whitespace is left once repaired."""
+        fix = text_fixer(self.use_ftfy, self.ftfy_normalizer, self.wikitext_detokenize)
+
+        def read(record: dict[str, Any]) -> tuple[str, tuple[int, int]]:
             text = self.extract_text(record)
             size = text_size(text)
             if fix is not None:
                 text = fix(text)
                 if not text or text.isspace():
                     raise BadRecordError("empty_document", f"{self.text_key!r} is only whitespace once use_ftfy/wikitext_detokenize repaired it")
-            return Rendered([text], None, None, *size)
+            return text, size
 
-        return render
+        return read

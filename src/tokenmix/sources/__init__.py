@@ -11,8 +11,8 @@ from tokenmix._lazy import lazy_exports
 if TYPE_CHECKING:
     from tokenmix.sources.hf import HfDatasetShard, available_splits
     from tokenmix.sources.shards import DEFAULT_CHUNK_BYTES, FileShard, PlainText, RawChunk, Shard, ShardReadError
-    from tokenmix.sources.token_file import TokenFile, TokenFileError
-    from tokenmix.sources.token_files import open_token_files
+    from tokenmix.sources.token_file_base import TokenFile, TokenFileError
+    from tokenmix.sources.token_file_kinds import open_token_files
     from tokenmix.sources.urls import NoShardsError, expand_urls, urls_from_metadata_files
 
 __all__ = [

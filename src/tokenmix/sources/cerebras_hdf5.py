@@ -21,7 +21,7 @@ import re
 
 import numpy as np
 
-from tokenmix.sources.token_file import TokenFile, TokenFileError, document_ends, local_path
+from tokenmix.sources.token_file_base import TokenFile, TokenFileError, document_ends, local_path
 
 DATA_PARAMS = "data_params.json"
 

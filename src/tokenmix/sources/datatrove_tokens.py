@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from tokenmix.sources.token_file import TokenFile, TokenFileError, document_ends, local_path
+from tokenmix.sources.token_file_base import TokenFile, TokenFileError, document_ends, local_path
 from tokenmix.sources.urls import expand_urls
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import struct
 
 import numpy as np
 
-from tokenmix.sources.token_file import TokenFile, TokenFileError, local_path
+from tokenmix.sources.token_file_base import TokenFile, TokenFileError, local_path
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1

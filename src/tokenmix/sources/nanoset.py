@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from tokenmix.sources.token_file import TokenFile, TokenFileError, document_ends, local_path
+from tokenmix.sources.token_file_base import TokenFile, TokenFileError, document_ends, local_path
 
 NANOSET_DTYPES = ("uint16", "int32")
 NPY_MAGIC = b"\x93NUMPY"

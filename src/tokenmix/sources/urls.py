@@ -3,6 +3,13 @@
 Order matters: the cache stores rows in listed-shard order (invariant 2), so expansion is
 deterministic: patterns in the order given, brace alternatives in the order written, glob
 matches sorted; listed inputs in the order of their listing files and lines.
+
+Names follow one rule (``shard_name``), whatever wrote them (a plain path, a brace pattern, a glob, a listing file): a
+local path is named by its absolute, normalized path, a relative one resolved against the current directory (a listed
+one, against its listing's); a URL with a scheme (``gs://``, ``s3://``, ``file://``, ``hf://``, ...) is kept as written.
+A cache's ledger records these names and a later build compares its list with them, so a file has one name wherever
+the command runs and however the config spells it, and every process (a cluster's worker, ``tokenmix verify``) opens it
+by that name.
 """
 
 from __future__ import annotations
@@ -26,18 +33,24 @@ class NoShardsError(ValueError):
     Also raised for a metadata (listing) file that is missing or lists nothing, or names an input that does not exist."""
 
 
+def shard_name(url: str) -> str:
+    """The name a shard is known by: a URL with a scheme as written; a local path absolute and normalized (``~``
+    expanded, a relative one resolved against the current directory)."""
+    return url if "://" in url else os.path.abspath(os.path.expanduser(url))
+
+
 def expand_urls(patterns: Iterable[str]) -> list[str]:
-    """Expand brace patterns (``{00..29}``, ``{a,b}``) and globs into concrete shard URLs.
+    """Expand brace patterns (``{00..29}``, ``{a,b}``) and globs into concrete shard URLs, named by ``shard_name``.
 
     A pattern that contains a glob and matches nothing is an error naming the pattern; a plain
-    URL is kept as given (a missing file is reported when the shard is read, where the error
-    policy applies). Duplicates are removed, keeping the first occurrence.
+    URL is kept (a missing file is reported when the shard is read, where the error policy
+    applies). Duplicates are removed, keeping the first occurrence.
     """
     out: list[str] = []
     seen: set[str] = set()
     for pattern in patterns:
         for url in braceexpand.braceexpand(pattern):
-            for shard in _expand_glob(url):
+            for shard in _expand_glob(shard_name(url)):
                 if shard not in seen:
                     seen.add(shard)
                     out.append(shard)
@@ -61,7 +74,7 @@ def urls_from_metadata_files(paths: list[str]) -> list[str]:
     """The input files listed in Cerebras-style metadata files: one path or URL a line, in the order of the files and
     their lines, duplicates dropped (the first kept). Blank lines and lines starting with ``#`` are skipped. A relative
     entry is taken relative to the listing file's own directory (so a listing moves with its data), and local paths
-    come back absolute; entries are literal, never brace-expanded or globbed. Listing files and entries may be local
+    come back absolute (``shard_name``); entries are literal, never brace-expanded or globbed. Listing files and entries may be local
     paths or fsspec URLs.
 
     Every entry is checked to exist (one ``exists`` call each, so a missing input is named with its listing file and
@@ -105,4 +118,4 @@ def _beside(listing: str, entry: str) -> str:
     if "://" in listing and not os.path.isabs(entry):
         protocol, _, rest = listing.partition("://")
         return f"{protocol}://{posixpath.normpath(posixpath.join(posixpath.dirname(rest), entry))}"
-    return os.path.abspath(os.path.join(os.path.dirname(listing), entry))
+    return shard_name(os.path.join(os.path.dirname(os.path.expanduser(listing)), os.path.expanduser(entry)))

@@ -1,9 +1,11 @@
-"""A token file another training stack wrote, read in place: what the formats share.
+"""What every reader of another training stack's token files shares: the ``TokenFile`` each gives, its error, and the
+helpers they all use.
 
 A ``TokenFile`` is one file's tokens (memory-mapped, never copied), where each of its documents ends, and optionally a
 0/1 loss value per token. The formats themselves are read by ``megatron.py`` (``prefix.bin`` + ``prefix.idx``),
-``datatrove_tokens.py`` (``.ds`` + ``.ds.index`` [+ ``.ds.loss``, ``.ds.metadata``]) and ``nanoset.py`` (Nanotron's
-``*_input_ids.npy``); ``token_files.open_token_files`` picks one by kind.
+``datatrove_tokens.py`` (``.ds`` + ``.ds.index`` [+ ``.ds.loss``, ``.ds.metadata``]), ``nanoset.py`` (Nanotron's
+``*_input_ids.npy``) and ``cerebras_hdf5.py`` (directories of Cerebras HDF5 samples); ``token_file_kinds.open_token_files``
+picks one by kind.
 """
 
 from __future__ import annotations
@@ -11,12 +13,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-
-TokenFileKind = Literal["megatron", "datatrove", "nanoset", "hdf5"]
-TOKEN_FILE_KINDS: tuple[str, ...] = ("megatron", "datatrove", "nanoset", "hdf5")
 
 
 class TokenFileError(ValueError):
@@ -39,13 +38,13 @@ class TokenFile:
     info: dict[str, Any] = field(default_factory=dict)
     """What the file says about itself (tokenizer name, counts), for people and identity."""
     opened_as: tuple[Callable[..., TokenFile], tuple[Any, ...]] | None = None
-    """How it was opened (a function and its arguments: ``token_files.open_token_file`` sets it), so that another
+    """How it was opened (a function and its arguments: ``token_file_kinds.open_token_file`` sets it), so that another
     process (a loader's reader) can map it again rather than receive a copy of its tokens."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         if self.opened_as is None:
             raise TypeError(f"{self.path}: a TokenFile made by hand cannot be sent to another process (it would copy every "
-                            "token); open it with tokenmix.sources.token_files.open_token_files")
+                            "token); open it with tokenmix.sources.token_file_kinds.open_token_files")
         return _reopen, (self.opened_as, self.identity())
 
     def identity(self) -> dict[str, Any]:

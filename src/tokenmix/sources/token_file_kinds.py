@@ -1,4 +1,6 @@
-"""Opening the token files of a source: each of the user's paths expanded as its kind expects, in order."""
+"""The kinds of token files tokenmix reads, and opening a source's files as their kind: each of the user's paths
+expanded as the kind expects (a Megatron prefix, a folder of datatrove files, a glob), in order, then read by that
+kind's reader."""
 
 from __future__ import annotations
 
@@ -6,8 +8,10 @@ from tokenmix.sources.cerebras_hdf5 import open_cerebras_hdf5
 from tokenmix.sources.datatrove_tokens import datatrove_files, open_datatrove
 from tokenmix.sources.megatron import open_megatron
 from tokenmix.sources.nanoset import open_nanoset
-from tokenmix.sources.token_file import TOKEN_FILE_KINDS, TokenFile, TokenFileError
+from tokenmix.sources.token_file_base import TokenFile, TokenFileError
 from tokenmix.sources.urls import expand_urls
+
+TOKEN_FILE_KINDS: tuple[str, ...] = ("megatron", "datatrove", "nanoset", "hdf5")
 
 
 def open_token_files(kind: str, urls: list[str], dtype: str | None = None, eos_id: int | None = None) -> list[TokenFile]:

@@ -1,7 +1,7 @@
-"""Token files another stack wrote (Megatron, datatrove, Nanoset), read in place as a finished cache.
+"""Token files another stack wrote (Megatron, datatrove, Nanoset, Cerebras HDF5), read in place as a finished cache.
 
 ``TokenFilesCache`` offers what datasets read of a ``TokenCache`` (rows, their bounds, token ranges, loss spans) over
-``sources.token_files.TokenFile``s laid end to end, so that such a source mixes, packs and loads like any cache without
+``sources.token_file_base.TokenFile``s laid end to end, so that such a source mixes, packs and loads like any cache without
 re-tokenizing or copying: every read is a slice of a memory map. Plans a packed dataset makes are kept at
 ``location``, a directory of the config's cache_dir, since the token files' own directory may not be writable.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from tokenmix.cache.ledger import fingerprint_of
-from tokenmix.sources.token_file import TokenFile
+from tokenmix.sources.token_file_base import TokenFile
 
 READ_UNIT = 1 << 62
 """Ranges are never cut for this reader's sake: a range that crosses from one file into the next is joined here."""

@@ -1,7 +1,7 @@
-"""A source of token files another stack wrote (Megatron ``.bin/.idx``, datatrove ``.ds``, Nanoset ``.npy``), as users
+"""A source of token files another stack wrote (Megatron ``.bin/.idx``, datatrove ``.ds``, Nanoset ``.npy``, Cerebras HDF5), as users
 write it: ``token_files: {kind: megatron, tokenizer: ...}`` on a source whose ``train_urls`` name the files.
 
-The files are read in place (``cache/token_files.py``). Their identity records the tokenizer the user declares they
+The files are read in place (``cache/token_files_cache.py``). Their identity records the tokenizer the user declares they
 were made with; one whose vocabulary differs from the mixture's tokenizer is refused, since its ids would mean other
 tokens (or none) to the model.
 """
@@ -16,8 +16,8 @@ import numpy as np
 
 from tokenmix.datasets.splits import parse_split
 from tokenmix.formats.tokenizer_identity import tokenizer_identity
-from tokenmix.sources.token_file import TOKEN_FILE_KINDS, TokenFile, TokenFileError
-from tokenmix.sources.token_files import open_token_files
+from tokenmix.sources.token_file_base import TokenFile, TokenFileError
+from tokenmix.sources.token_file_kinds import TOKEN_FILE_KINDS, open_token_files
 
 logger = logging.getLogger(__name__)
 

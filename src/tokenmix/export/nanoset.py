@@ -1,0 +1,27 @@
+"""A cache written as Nanotron's original Nanoset token file (``*_input_ids.npy``), the file ``sources/nanoset.py``
+reads: one headerless stream of uint16 (vocabularies under 65,536 tokens) or int32 tokens, without document boundaries.
+
+The cache is streamed a bounded batch of rows at a time (``streaming.py``) under a temporary name, renamed when
+complete.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from tokenmix.export.streaming import TokenSource, atomic_files, row_batches
+
+
+def export_nanoset(cache: TokenSource, path: str, progress: bool = True) -> dict[str, Any]:
+    """Write the cache's token stream to ``path`` as Nanotron's original Nanoset did: a headerless dump (uint16 for
+    vocabularies under 65,536 tokens, else int32) without document boundaries (each document keeps its EOS)."""
+    dtype = np.dtype(np.uint16 if cache.identity["vocab_size"] <= 1 << 16 else np.int32)
+    total = 0
+    with atomic_files(path) as (f,):
+        for batch in row_batches(cache, description=f"nanoset {os.path.basename(path)}", progress=progress):
+            f.write(np.ascontiguousarray(batch.tokens, dtype).tobytes())
+            total += len(batch.tokens)
+    return {"format": "nanoset", "path": path, "documents": cache.num_rows(), "tokens": total, "dtype": dtype.name}
