@@ -29,13 +29,11 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmix.cache.cluster import ClusterExecutor, TaskFuture
-from tokenmix.cache.executor import LocalExecutorConfig
+from tokenmix.cache.encoding import EncoderPool, open_build_executor
 from tokenmix.cache.input_digest import records_unchanged
 from tokenmix.cache.ledger import CHECKED_END_REASONS, LEDGER_FILE, RETRIED_REASONS, CacheLedger, ShardProgress
 from tokenmix.cache.lock import BuildLock, build_lock
 from tokenmix.cache.options import BuildOptions
-from tokenmix.cache.pool import Completed, EncoderPool
 from tokenmix.cache.progress import BuildProgress, ClusterRates
 from tokenmix.cache.shard_task import (
     ShardJob,
@@ -58,6 +56,8 @@ from tokenmix.cache.store import (
     storage_cause,
     unwritable,
 )
+from tokenmix.execution.configs import LocalExecutorConfig
+from tokenmix.execution.task_executor import TaskExecutor, TaskFuture
 from tokenmix.formats.backends import FAST, REFERENCE, BackendChoice, choose_backend, preload_fast
 from tokenmix.formats.base import FILTER_REASONS
 from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec, chunk_difference
@@ -117,7 +117,7 @@ class CacheBuilder:
         options: BuildOptions = BuildOptions(),
         progress: BuildProgress | None = None,
         info: dict[str, Any] | None = None,
-        executor: EncoderPool | ClusterExecutor | None = None,
+        executor: EncoderPool | TaskExecutor | None = None,
     ):
         """``executor``: a pool or cluster shared by several builds; None opens ``options.executor`` for this build."""
         self.location = location
@@ -146,7 +146,7 @@ class CacheBuilder:
 
         Holds the cache's build lock throughout: a second builder of the same cache waits (``build.lock_timeout_s``)."""
         started = time.monotonic()
-        if isinstance(self.executor, ClusterExecutor) or (self.executor is None and not isinstance(self.options.executor, LocalExecutorConfig)):
+        if isinstance(self.executor, TaskExecutor) or (self.executor is None and not isinstance(self.options.executor, LocalExecutorConfig)):
             portable_location(self.location)  # refuses a location cluster workers cannot reach, before anything starts
         with build_lock(self.location, self.options.lock, self.options.lock_timeout_s, self.options.lock_lease_s) as lock:
             self._lock = lock
@@ -330,13 +330,11 @@ class CacheBuilder:
         if self.executor is not None:
             self._run_on(self.executor, ledger, array)
             return
-        with self.options.executor.open(self.options.num_workers) as executor:
-            if isinstance(executor, EncoderPool) and self.options.tokenizer_backend == REFERENCE:
-                executor.start_processes()
+        with open_build_executor(self.options) as executor:
             self._run_on(executor, ledger, array)
 
-    def _run_on(self, executor: EncoderPool | ClusterExecutor, ledger: CacheLedger, array: JaggedArray) -> None:
-        if isinstance(executor, ClusterExecutor):
+    def _run_on(self, executor: EncoderPool | TaskExecutor, ledger: CacheLedger, array: JaggedArray) -> None:
+        if isinstance(executor, TaskExecutor):
             self._run_on_cluster(executor, ledger, array)
             return
         try:
@@ -352,16 +350,15 @@ class CacheBuilder:
         pending_writes: list[Any] = []
         self._last_commit = time.monotonic()
         max_in_flight = 2 * max(pool.num_workers, 1) + 2
-        in_flight: deque[tuple[int, Any]] = deque()
+        in_flight: deque[tuple[int, Future[EncodedChunk] | _ShardEnd]] = deque()
 
         def drain(until: int) -> None:
-            while in_flight and (len(in_flight) > until or in_flight[0][1].done()):
-                index, future = in_flight.popleft()
-                result = future.result()
-                if isinstance(result, _ShardEnd):
-                    self._apply_shard_end(ledger, array, result, pending_writes)
+            while in_flight and (len(in_flight) > until or isinstance(in_flight[0][1], _ShardEnd) or in_flight[0][1].done()):
+                index, pending = in_flight.popleft()
+                if isinstance(pending, _ShardEnd):
+                    self._apply_shard_end(ledger, array, pending, pending_writes)
                 else:
-                    self._apply_chunk(ledger, array, index, result, pending_writes)
+                    self._apply_chunk(ledger, array, index, pending.result(), pending_writes)
                 self._maybe_commit(ledger, array, pending_writes)
 
         events = self._read_events(ledger)
@@ -372,12 +369,12 @@ class CacheBuilder:
                 break
         self._use_chosen_backend()
         for index, event in itertools.chain(read_ahead, events):
-            in_flight.append((index, pool.submit(self.spec, event) if isinstance(event, RawChunk) else Completed(event)))
+            in_flight.append((index, pool.submit(self.spec, event) if isinstance(event, RawChunk) else event))
             drain(max_in_flight)
         drain(0)
         self._commit(ledger, array, pending_writes)
 
-    def _run_on_cluster(self, cluster: ClusterExecutor, ledger: CacheLedger, array: JaggedArray) -> None:
+    def _run_on_cluster(self, cluster: TaskExecutor, ledger: CacheLedger, array: JaggedArray) -> None:
         """Submit a task per unfinished shard (a bounded window ahead), retry failed ones, apply results in shard order."""
         location = portable_location(self.location)
         self._use_chosen_backend()
@@ -450,7 +447,7 @@ class CacheBuilder:
         except Exception as e:  # storage errors while tidying up must not hide why the build stopped
             logger.warning("%s: could not remove the staging area (the next build removes it): %s", location, e)
 
-    def _on_task_failure(self, cluster: ClusterExecutor, index: int, task: _ShardTask, error: Exception,
+    def _on_task_failure(self, cluster: TaskExecutor, index: int, task: _ShardTask, error: Exception,
                          failed: dict[int, str], submit: Any) -> None:
         message = f"{type(error).__name__}: {error}"
         name = self.shards[index].name
