@@ -100,7 +100,8 @@ from tokenmix._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from tokenmix._safe_files import UnsafeFileError
-    from tokenmix.cache.builder import BadInputError, ShardTaskError
+    from tokenmix.cache.appending import BadInputError
+    from tokenmix.cache.cluster_build import ShardTaskError
     from tokenmix.cache.damage import CacheDamagedError
     from tokenmix.cache.ledger import CacheMismatchError, ShardChangedError, ShardListMismatchError
     from tokenmix.cache.lock import CacheLockedError, LockLostError

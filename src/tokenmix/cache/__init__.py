@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING
 from tokenmix._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from tokenmix.cache.builder import BadInputError, CacheBuilder, ShardTaskError
+    from tokenmix.cache.appending import BadInputError
+    from tokenmix.cache.builder import CacheBuilder
     from tokenmix.cache.chunk_cache import ChunkCache
+    from tokenmix.cache.cluster_build import ShardTaskError
     from tokenmix.cache.encoding import EncoderPool
     from tokenmix.cache.ledger import CacheLedger, CacheMismatchError, ShardChangedError, ShardListMismatchError
     from tokenmix.cache.lock import BuildLock, CacheLockedError, LockLostError, build_lock
