@@ -12,7 +12,7 @@ From raw shards to a training step::
 Importing tokenmix is cheap: each name below is imported on first use, and only the four names of the
 loader that hold JAX arrays or live beside them (``DataLoader``, ``StepBatch``, ``LmBatch``, ``LoaderError``)
 start JAX. The stage packages (``tokenmix.sources``, ``formats``, ``cache``, ``datasets``,
-``loader``, ``config``) each name more of their own.
+``loader``, ``config``, and ``execution``, where tasks run) each name more of their own.
 
 Configs (draccus dataclasses; Levanter's field names)
     load_data_config            Load a data config (mixture or single dataset) from a YAML file or a mapping, with overrides.
