@@ -151,6 +151,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from tokenmix import BuildOptions, DaskExecutorConfig, LMDatasetSourceConfig, LMMixtureDatasetConfig, LocalExecutorConfig, RayExecutorConfig
+    from tokenmix.cache.encoding import open_build_executor
 
     sources = sorted(d for d in os.listdir(args.corpus) if os.path.isdir(os.path.join(args.corpus, d)))
     config = LMMixtureDatasetConfig(
@@ -170,7 +171,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             for name, engine in engines.items():  # one engine alive at a time: idle engines cost CPU on a small machine
                 started = time.perf_counter()
-                with engine.open(None) as executor:
+                with open_build_executor(BuildOptions(executor=engine)) as executor:
                     startup[name].append(time.perf_counter() - started)
                     build_once(warm_up, executor, os.path.join(scratch, "warm-up"))  # workers import and load the tokenizer
                     shutil.rmtree(os.path.join(scratch, "warm-up"))

@@ -1,14 +1,15 @@
 """The package's shape: imports run one way through the stages, and no module imports itself back through a cycle.
 
-Stages, lowest first: sources -> formats -> cache -> datasets -> loader -> config -> curate (beside the flow: it uses
-the readers of sources, the executors of cache and the YAML loading of config, and no stage of the flow uses it), and
+Stages, lowest first: execution (where tasks run: the local process pool, Ray, Dask; it imports no stage) -> sources ->
+formats -> cache -> datasets -> loader -> config -> curate (beside the flow: it uses the readers of sources, the
+executors and the YAML loading of config, and no stage of the flow uses it), and
 export beside it at the same rank (caches to other stacks' files) -> the
 public face (tokenmix/__init__.py) -> train (the example training launch) -> cli. A module imports from its own stage or a
 lower one; ``_lazy``, ``_waiting``, ``_safe_files``, ``_parent_death``, ``_child_fd`` and ``_file_digest`` are private
 helpers below every stage. Imports inside functions count (they run when called), and so do imports under
 ``if TYPE_CHECKING:``: two modules that need each other's names, if only for a type, are a cycle hidden, not removed.
 The one exception is a package's own ``__init__.py``, whose ``TYPE_CHECKING`` block declares the names it exports
-lazily (``_lazy.py``): a module of the package may import from the package.
+lazily (``_lazy.py``): a module of the package may import from the package. Only the execution stage imports Ray or Dask.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from helpers import REPO
 
 SRC = REPO / "src"
 RANK = {"_lazy": 0, "_waiting": 0, "_safe_files": 0, "_parent_death": 0, "_child_fd": 0, "_file_digest": 0,
-        "sources": 1, "formats": 2, "cache": 3, "datasets": 4, "loader": 5, "config": 6, "curate": 7, "export": 7, "": 8,
-        "train": 9, "cli": 10}
+        "execution": 1, "sources": 2, "formats": 3, "cache": 4, "datasets": 5, "loader": 6, "config": 7, "curate": 8, "export": 8,
+        "": 9, "train": 10, "cli": 11}
 """Stage of each top-level name under tokenmix ("" is the package itself, its public face)."""
 
 
@@ -86,6 +87,27 @@ def imports_of(module: str) -> list[Import]:
 
 ALL_IMPORTS = [imp for module in MODULES for imp in imports_of(module)]
 
+ENGINES = {"ray", "dask", "distributed"}
+"""The distributed engines: optional extras, imported by the execution stage alone."""
+IMPORTING_CALLS = {"import_module", "__import__", "import_extra"}
+
+
+def engines_imported(module: str) -> list[str]:
+    """``line: engine`` for each import of Ray or Dask in ``module``: statements (at any depth, ``TYPE_CHECKING`` too)
+    and calls that import a module named by a string (``importlib.import_module("ray")``, ``import_extra("ray", ...)``)."""
+    found = []
+    for node in ast.walk(ast.parse(MODULES[module].read_text(), str(MODULES[module]))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            names = [node.args[0].value] if called in IMPORTING_CALLS else []
+        found.extend(f"{node.lineno}: {name}" for name in names if name.split(".")[0] in ENGINES)
+    return found
+
 
 def test_every_module_sits_in_a_known_stage():
     assert {stage(m) for m in MODULES} <= set(RANK), f"unknown stages: {sorted({stage(m) for m in MODULES} - set(RANK))}"
@@ -107,6 +129,13 @@ def test_lazy_exports_of_a_stage_come_from_that_stage():
     assert not {m for m in exported_from if stage(m) == "cli"}, "the public face exports from the CLI"
 
 
+def test_only_the_execution_stage_imports_ray_or_dask():
+    outside = {m: engines_imported(m) for m in MODULES if stage(m) != "execution"}
+    assert {m: lines for m, lines in outside.items() if lines} == {}
+    inside = {m for m in MODULES if stage(m) == "execution" and engines_imported(m)}
+    assert inside == {"tokenmix.execution.ray_executor", "tokenmix.execution.dask_executor"}  # the check sees them
+
+
 def test_no_import_cycles():
     graph = graphlib.TopologicalSorter()
     for imp in ALL_IMPORTS:
@@ -121,7 +150,7 @@ def test_no_import_cycles():
 def test_the_checks_see_the_imports_they_judge():
     """The walk finds function-level imports and TYPE_CHECKING ones, so the tests above could fail."""
     found = {(i.importer, i.imported, i.runs) for i in ALL_IMPORTS}
-    assert ("tokenmix.cache.executor", "tokenmix.cache.executor_ray", True) in found  # inside RayExecutorConfig.open
+    assert ("tokenmix.execution.configs", "tokenmix.execution.ray_executor", True) in found  # inside RayExecutorConfig.open
     type_only = {(i.importer, i.imported): i.lazy_export for i in ALL_IMPORTS if not i.runs}
     assert type_only[("tokenmix.config.caches", "tokenmix.sources.shards")] is False  # under TYPE_CHECKING: counts for cycles
     assert type_only[("tokenmix.config", "tokenmix.config.caches")] is True  # a package's lazy export: does not

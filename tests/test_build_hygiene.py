@@ -21,8 +21,8 @@ import pytest
 from helpers import REPO, TOKENIZER, demo_urls, encoder_for
 
 import tokenmix
-from tokenmix.cache import pool as pool_module
-from tokenmix.cache.pool import EncoderPool
+from tokenmix.cache import encoding as encoding_module
+from tokenmix.cache.encoding import EncoderPool
 from tokenmix.formats import TextLmDatasetFormat, TokenizerLoadError, load_tokenizer
 from tokenmix.sources import FileShard
 
@@ -136,7 +136,7 @@ def _chunk():
 
 @pytest.mark.parametrize("passes_fds", [True, False], ids=["spec file", "spec in each task"])
 def test_every_registered_spec_reaches_the_workers(monkeypatch, passes_fds):
-    monkeypatch.setattr(pool_module, "_PASSES_FDS", passes_fds and pool_module._PASSES_FDS)
+    monkeypatch.setattr(encoding_module, "_PASSES_FDS", passes_fds and encoding_module._PASSES_FDS)
     chunk = _chunk()
     specs = [encoder_for(TextLmDatasetFormat(), enforce_eos=eos)[0] for eos in (True, False)]
     with EncoderPool(0) as local, EncoderPool(2) as workers:
@@ -235,10 +235,10 @@ _WORKERS_THAT_FAIL = {
     "initializer raises": (
         "import sys\n"
         "if '--multiprocessing-fork' in sys.argv:\n"
-        "    import tokenmix.cache.pool\n"
+        "    import tokenmix.cache.encoding\n"
         "    def init_worker(*args):\n"
         "        raise RuntimeError('this worker was told not to start')\n"
-        "    tokenmix.cache.pool.init_worker = init_worker\n"
+        "    tokenmix.cache.encoding.init_worker = init_worker\n"
     ),
     "process exits": "import os, sys\nif '--multiprocessing-fork' in sys.argv:\n    os._exit(3)\n",
 }

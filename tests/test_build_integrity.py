@@ -266,7 +266,7 @@ def test_a_shard_rewritten_with_the_same_records_is_not_a_change(tmp_path, caplo
     first = build(location, [url])
     time.sleep(0.01)
     write_jsonl(Path(url), records)  # a new mtime, the same content
-    with caplog.at_level(logging.INFO, logger="tokenmix.cache.builder"):
+    with caplog.at_level(logging.INFO, logger="tokenmix.cache"):
         again = build(location, [url])
     assert again == first
     assert "are the same; going on" in caplog.text and "resuming" not in caplog.text

@@ -30,9 +30,9 @@ from tokenmix import (
     TokenCache,
     load_data_config,
 )
-from tokenmix.cache import CacheBuilder, ExecutorConfig
-from tokenmix.cache.cluster import import_extra
+from tokenmix.cache import CacheBuilder
 from tokenmix.cache.shard_task import STAGING_DIR
+from tokenmix.execution import ExecutorConfig, import_extra
 from tokenmix.sources import DEFAULT_CHUNK_BYTES, FileShard
 
 TESTS = str(Path(__file__).resolve().parent)

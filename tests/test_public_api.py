@@ -17,8 +17,8 @@ from helpers import REPO, TOKENIZER
 import tokenmix
 from tokenmix._lazy import declared_exports
 
-PACKAGES = ["tokenmix", "tokenmix.sources", "tokenmix.formats", "tokenmix.cache", "tokenmix.datasets", "tokenmix.loader", "tokenmix.config",
-            "tokenmix.curate", "tokenmix.export"]
+PACKAGES = ["tokenmix", "tokenmix.execution", "tokenmix.sources", "tokenmix.formats", "tokenmix.cache", "tokenmix.datasets", "tokenmix.loader",
+            "tokenmix.config", "tokenmix.curate", "tokenmix.export"]
 HEAVY = ("jax", "transformers", "torch")
 TORCH_ADVICE = "PyTorch was not found"
 README = (REPO / "README.md").read_text()

@@ -186,7 +186,7 @@ def test_special_tokens_written_in_the_text_come_out_as_hugging_face_encodes_the
 def test_tokenizers_trained_here_build_identical_caches_and_fall_back_where_fastokens_cannot_load_them(tmp_path, kind, caplog):
     tokenizer = _trained(kind, tmp_path)
     url = write_jsonl(tmp_path / "records.jsonl.zst", _records())
-    with caplog.at_level(logging.INFO, logger="tokenmix.cache.builder"):
+    with caplog.at_level(logging.INFO, logger="tokenmix.cache.backend_choice"):
         stats = {backend: build_caches(_config(tmp_path, backend, tokenizer, {"s": [url]}, backend, num_workers=2), progress=False)
                  for backend in ("tokenizers", "auto")}
     assert cache_bytes(str(tmp_path / "auto" / "s" / "train")) == cache_bytes(str(tmp_path / "tokenizers" / "s" / "train"))
@@ -205,7 +205,7 @@ def test_tokenizers_trained_here_build_identical_caches_and_fall_back_where_fast
 def test_a_fast_backend_that_gives_other_ids_is_not_used_and_the_log_says_where_it_differs(tmp_path, caplog):
     tokenizer = _trained("bpe_dropout", tmp_path)
     url = write_jsonl(tmp_path / "records.jsonl", _records())
-    with caplog.at_level(logging.INFO, logger="tokenmix.cache.builder"):
+    with caplog.at_level(logging.INFO, logger="tokenmix.cache.backend_choice"):
         stats = build_caches(_config(tmp_path, "auto", tokenizer, {"s": [url]}, "auto", num_workers=0), progress=False)
     chosen = _backend(stats[("s", "train")])
     assert chosen["name"] == "tokenizers" and chosen["reason"].startswith("fastokens differs from tokenizers: ")

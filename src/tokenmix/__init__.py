@@ -12,7 +12,7 @@ From raw shards to a training step::
 Importing tokenmix is cheap: each name below is imported on first use, and only the four names of the
 loader that hold JAX arrays or live beside them (``DataLoader``, ``StepBatch``, ``LmBatch``, ``LoaderError``)
 start JAX. The stage packages (``tokenmix.sources``, ``formats``, ``cache``, ``datasets``,
-``loader``, ``config``) each name more of their own.
+``loader``, ``config``, and ``execution``, where tasks run) each name more of their own.
 
 Configs (draccus dataclasses; Levanter's field names)
     load_data_config            Load a data config (mixture or single dataset) from a YAML file or a mapping, with overrides.
@@ -24,9 +24,9 @@ Configs (draccus dataclasses; Levanter's field names)
     PackingConfig               Packing a source's whole documents into ``seq_len`` examples, instead of cutting its token stream.
     TokenFilesConfig            Token files read in place instead of text: which stack wrote them and what they were tokenized with.
     BuildOptions                How a cache is built; none of these change the cache's contents.
-    LocalExecutorConfig         Threads or worker processes on this machine (``build.num_workers`` of them) tokenize chunks the driver reads.
-    RayExecutorConfig           Shard tasks on Ray (``pip install 'tokenmix[ray]'``).
-    DaskExecutorConfig          Shard tasks on Dask distributed (``pip install 'tokenmix[dask]'``).
+    LocalExecutorConfig         Worker processes on this machine (``num_workers`` of them); a cache build encodes ``fastokens`` in threads instead.
+    RayExecutorConfig           Tasks on Ray (``pip install 'tokenmix[ray]'``).
+    DaskExecutorConfig          Tasks on Dask distributed (``pip install 'tokenmix[dask]'``).
 
 Formats (``format: {type: ...}``)
     LmDatasetFormatBase         How records of a source become documents; chosen in YAML with ``format: {type: ...}``.
@@ -100,10 +100,9 @@ from tokenmix._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from tokenmix._safe_files import UnsafeFileError
-    from tokenmix.cache.builder import BadInputError, ShardTaskError
-    from tokenmix.cache.cluster import MissingExtraError
+    from tokenmix.cache.appending import BadInputError
+    from tokenmix.cache.cluster_build import ShardTaskError
     from tokenmix.cache.damage import CacheDamagedError
-    from tokenmix.cache.executor import DaskExecutorConfig, LocalExecutorConfig, RayExecutorConfig
     from tokenmix.cache.ledger import CacheMismatchError, ShardChangedError, ShardListMismatchError
     from tokenmix.cache.lock import CacheLockedError, LockLostError
     from tokenmix.cache.options import BuildOptions
@@ -126,6 +125,8 @@ if TYPE_CHECKING:
     from tokenmix.datasets.mixture import MixtureDataset, SourceUsage
     from tokenmix.datasets.packed import PackedDataset
     from tokenmix.datasets.token_seq import TokenSeqDataset
+    from tokenmix.execution.configs import DaskExecutorConfig, LocalExecutorConfig, RayExecutorConfig
+    from tokenmix.execution.extras import MissingExtraError
     from tokenmix.export.dispatch import export_cache
     from tokenmix.export.hdf5_options import Hdf5ExportOptions
     from tokenmix.formats.base import BadRecordError, LmDatasetFormatBase

@@ -1,5 +1,6 @@
-"""Tokenized caches on tensorstore: the builder (local pool, Ray, Dask), the reader, the ledger that
-records what made a cache, and what is kept beside it (statistics, packing plans).
+"""Tokenized caches on tensorstore: the builder (its encoding pool on this machine, or shard tasks on Ray or Dask through
+``tokenmix.execution``), the reader, the ledger that records what made a cache, and what is kept beside it (statistics,
+packing plans).
 """
 
 from typing import TYPE_CHECKING
@@ -7,15 +8,15 @@ from typing import TYPE_CHECKING
 from tokenmix._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from tokenmix.cache.builder import BadInputError, CacheBuilder, ShardTaskError
+    from tokenmix.cache.appending import BadInputError
+    from tokenmix.cache.builder import CacheBuilder
     from tokenmix.cache.chunk_cache import ChunkCache
-    from tokenmix.cache.cluster import ClusterExecutor, MissingExtraError
-    from tokenmix.cache.executor import DaskExecutorConfig, ExecutorConfig, LocalExecutorConfig, RayExecutorConfig
+    from tokenmix.cache.cluster_build import ShardTaskError
+    from tokenmix.cache.encoding import EncoderPool
     from tokenmix.cache.ledger import CacheLedger, CacheMismatchError, ShardChangedError, ShardListMismatchError
     from tokenmix.cache.lock import BuildLock, CacheLockedError, LockLostError, build_lock
     from tokenmix.cache.options import BuildOptions
     from tokenmix.cache.plans import stored_plans
-    from tokenmix.cache.pool import EncoderPool
     from tokenmix.cache.reader import CacheNotFoundError, TokenCache
     from tokenmix.cache.store import CacheWriteError
     from tokenmix.cache.token_files_cache import TokenFilesCache
@@ -31,14 +32,8 @@ __all__ = [
     "CacheNotFoundError",
     "CacheWriteError",
     "ChunkCache",
-    "ClusterExecutor",
-    "DaskExecutorConfig",
     "EncoderPool",
-    "ExecutorConfig",
-    "LocalExecutorConfig",
     "LockLostError",
-    "MissingExtraError",
-    "RayExecutorConfig",
     "ShardChangedError",
     "ShardListMismatchError",
     "ShardTaskError",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from tokenmix.cache.executor import ExecutorConfig, LocalExecutorConfig
 from tokenmix.cache.lock import LockKind
+from tokenmix.execution.configs import ExecutorConfig, LocalExecutorConfig
 from tokenmix.formats.backends import TokenizerBackend
 
 Compression = Literal["zstd", "lz4", "none"]

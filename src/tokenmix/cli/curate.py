@@ -40,8 +40,7 @@ def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tokenmix curate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config_path", required=True, help="curation pipeline YAML")
     args, overrides = parser.parse_known_args(argv)
-    from tokenmix import UnsafeFileError
-    from tokenmix.cache.cluster import MissingExtraError
+    from tokenmix import MissingExtraError, UnsafeFileError
     from tokenmix.config.loading import ConfigError
     from tokenmix.curate import CurationError, CurationInputError, load_curation_config, run_curation
     from tokenmix.sources.urls import NoShardsError

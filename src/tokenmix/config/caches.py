@@ -76,13 +76,11 @@ def cache_targets(config: DataConfigBase, sources: list[str] | None = None) -> l
 def build_caches(config: DataConfigBase, sources: list[str] | None = None, progress: bool = True) -> dict[tuple[str, str], dict[str, Any]]:
     """Build (or resume, or extend) every cache of the config; returns statistics per (source, split)."""
     from tokenmix.cache.builder import CacheBuilder  # here: reading a config and opening its caches need no builder
-    from tokenmix.cache.pool import EncoderPool
+    from tokenmix.cache.encoding import open_build_executor
     from tokenmix.cache.progress import TqdmProgress
 
     results = {}
-    with config.build.executor.open(config.build.num_workers) as executor:
-        if isinstance(executor, EncoderPool) and config.build.tokenizer_backend == "tokenizers":
-            executor.start_processes()  # while the tokenizer loads
+    with open_build_executor(config.build) as executor:
         for target in cache_targets(config, sources):
             if _built_by_levanter(target.location):
                 logger.info("%s/%s: %s holds a cache Levanter built; it is read as it is", target.source, target.split, target.location)

@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from tokenmix.cache.executor import ExecutorConfig, LocalExecutorConfig
 from tokenmix.curate.pipeline import (
     STATS_FILE,
     BlendConfig,
@@ -34,6 +33,7 @@ from tokenmix.curate.pipeline import (
 from tokenmix.curate.records import user_table
 from tokenmix.curate.shard_io import ShardBatches, read_batches
 from tokenmix.curate.stages import ExactDedup, ShardContext, Stage
+from tokenmix.execution.configs import ExecutorConfig, LocalExecutorConfig
 from tokenmix.sources.urls import expand_urls
 
 

@@ -42,10 +42,8 @@ import xxhash
 from tqdm.auto import tqdm
 
 import tokenmix.curate.quality  # noqa: F401  (registers the quality stage as a choice of Stage)
-from tokenmix.cache.executor import ExecutorConfig, LocalExecutorConfig
 from tokenmix.curate import blend as blending
 from tokenmix.curate import exact_dedup, fuzzy_dedup, minhash, scatter
-from tokenmix.curate.execution import open_executor, run_tasks
 from tokenmix.curate.partial_files import damage
 from tokenmix.curate.records import as_array, concat, field_column
 from tokenmix.curate.shard_io import (
@@ -63,6 +61,8 @@ from tokenmix.curate.shard_io import (
     write_json,
 )
 from tokenmix.curate.stages import ExactDedup, ShardContext, Stage, text_hashes
+from tokenmix.execution.configs import ExecutorConfig, LocalExecutorConfig
+from tokenmix.execution.retrying import run_tasks
 from tokenmix.sources.shards import FileShard
 from tokenmix.sources.urls import expand_urls
 
@@ -465,7 +465,7 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     removal_urls: list[str] = []
     removal_reason = ""
     decisions: dict[str, Any] = {}
-    with open_executor(config.executor, config.num_workers) as executor:
+    with config.executor.open(config.num_workers) as executor:
         for k, (first_stage, stages, barrier) in enumerate(segments):
             last = k == len(segments) - 1
             phase = local_or_url_join(work, f"pass-{k}")

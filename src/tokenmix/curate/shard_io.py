@@ -41,6 +41,7 @@ from tokenmix.curate.records import (
     table_rows,
     user_table,
 )
+from tokenmix.execution.retrying import TaskInputError
 from tokenmix.sources.shards import FileShard, PlainText, ShardReadError
 
 OutputFormat = Literal["jsonl", "jsonl.gz", "jsonl.zst", "parquet"]
@@ -52,7 +53,7 @@ faster (docs/benchmarks.md), for a few tens of MB of memory per worker."""
 INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst", ".ndjson", ".parquet", ".txt", ".txt.gz", ".txt.zst")
 
 
-class CurationInputError(ValueError):
+class CurationInputError(TaskInputError):
     """A bad record or an unreadable shard under ``on_error: raise``; the message names the file and the line."""
 
 

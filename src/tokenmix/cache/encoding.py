@@ -1,9 +1,11 @@
-"""Where chunks are encoded: threads of the driver for ``fastokens``, worker processes for ``tokenizers``; one pool
-serves every cache built in one run.
+"""The encoding pool: where a cache build on this machine encodes chunks (threads of the driver for ``fastokens``,
+worker processes for ``tokenizers``); one pool serves every cache built in one run. ``open_build_executor`` opens it, or
+a cluster's executor for a build whose ``build.executor`` is Ray or Dask.
 
 ``fastokens`` releases the GIL and spreads each batch over every core itself, so its chunks are encoded by a few
 threads of the driver: nothing is pickled or copied between processes, and the driver's reading, parsing and writing
-overlap the encoding. ``tokenizers`` holds the GIL for much of its work, so its chunks go to worker processes.
+overlap the encoding. ``tokenizers`` holds the GIL for much of its work, so its chunks go to worker processes, those of
+the execution floor's pool (``tokenmix.execution.process_pool``: spawned, and gone when the driver dies).
 
 Starting a worker process costs about a second (a fresh interpreter, imports), so a pool that will need them
 (``build.tokenizer_backend: tokenizers``) starts them as soon as it is made, while the driver is still loading the
@@ -26,16 +28,18 @@ which a worker still unpickles only once. The functions at the end are what the 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 import tempfile
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from typing import IO, Any
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import IO
 
 from tokenmix._child_fd import ChildFd
-from tokenmix._parent_death import exit_when_parent_dies
-from tokenmix.formats.backends import FAST
+from tokenmix.cache.options import BuildOptions
+from tokenmix.execution.configs import LocalExecutorConfig
+from tokenmix.execution.process_pool import run_here, spawn_process_pool
+from tokenmix.execution.task_executor import TaskExecutor
+from tokenmix.formats.backends import FAST, REFERENCE
 from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
 from tokenmix.sources.shards import RawChunk
 
@@ -44,19 +48,6 @@ _PASSES_FDS = os.name == "posix"
 
 SpecLocation = tuple[int, int] | bytes
 """Where a worker finds a spec: ``(offset, size)`` of its pickle in the spec file, or the pickle itself."""
-
-
-class Completed:
-    """An already-finished stand-in for a future."""
-
-    def __init__(self, value: Any):
-        self._value = value
-
-    def done(self) -> bool:
-        return True
-
-    def result(self) -> Any:
-        return self._value
 
 
 class EncoderPool:
@@ -83,12 +74,8 @@ class EncoderPool:
         if self._pool is None:
             self._spec_file = _anonymous_file() if _PASSES_FDS else None
             threads = max(1, (os.cpu_count() or 1) // self.num_workers)
-            self._pool = ProcessPoolExecutor(
-                max_workers=self.num_workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=init_worker,
-                initargs=(os.getpid(), threads, None if self._spec_file is None else ChildFd(self._spec_file.fileno())),
-            )
+            self._pool = spawn_process_pool(self.num_workers, init_worker,
+                                            (threads, None if self._spec_file is None else ChildFd(self._spec_file.fileno())))
             for _ in range(self.num_workers):
                 self._pool.submit(warm_up)
         return self._pool
@@ -113,10 +100,10 @@ class EncoderPool:
             encoder = self._local[spec] = DocumentEncoder(spec)
         return encoder
 
-    def submit(self, spec: EncoderSpec, chunk: RawChunk) -> Any:
-        """Start encoding ``chunk``; returns a future (or a completed stand-in) of ``EncodedChunk``."""
+    def submit(self, spec: EncoderSpec, chunk: RawChunk) -> Future[EncodedChunk]:
+        """Start encoding ``chunk``; returns a future of its ``EncodedChunk``."""
         if self.num_workers == 0:
-            return Completed(self._encoder(spec).encode(chunk))
+            return run_here(self._encoder(spec).encode, chunk)
         if spec.backend == FAST:
             if self._threads is None:
                 self._threads = ThreadPoolExecutor(max_workers=self.num_workers, thread_name_prefix="tokenmix-encode")
@@ -144,6 +131,17 @@ class EncoderPool:
         self.close(cancel=exc_type is not None)
 
 
+def open_build_executor(options: BuildOptions) -> EncoderPool | TaskExecutor:
+    """Where a cache build's work runs (``build.executor``): this machine's encoding pool, its worker processes
+    started at once when ``build.tokenizer_backend: tokenizers`` says they will be needed, or a cluster's executor."""
+    if not isinstance(options.executor, LocalExecutorConfig):
+        return options.executor.open(options.num_workers)
+    pool = EncoderPool(options.num_workers)
+    if options.tokenizer_backend == REFERENCE:
+        pool.start_processes()  # while the driver loads the tokenizer
+    return pool
+
+
 def _anonymous_file() -> IO[bytes]:
     """A read-write file without a name, freed by the system when the last process holding it exits."""
     try:
@@ -157,15 +155,14 @@ _spec_fd = -1
 """This worker's descriptor of the pool's spec file (-1: there is none, specs come with the tasks)."""
 
 
-def init_worker(parent_pid: int, threads: int, spec_fd: int | None) -> None:
-    """Process-pool initializer: keep the spec file's descriptor, cap the tokenizer's threads, and exit if the driver dies.
+def init_worker(threads: int, spec_fd: int | None) -> None:
+    """Process-pool initializer: keep the spec file's descriptor and cap the tokenizer's threads.
 
     ``threads`` caps the tokenizer's own thread pool so that workers do not oversubscribe cores.
     """
     global _spec_fd
     _spec_fd = -1 if spec_fd is None else spec_fd
     os.environ["RAYON_NUM_THREADS"] = str(threads)
-    exit_when_parent_dies(parent_pid)
 
 
 def warm_up() -> None:

@@ -1,9 +1,9 @@
-"""The Ray executor: shard tasks as Ray tasks of one CPU each.
+"""The Ray executor: tasks as Ray tasks of one CPU each.
 
-Ray is imported here only, when ``build.executor.type: ray`` is chosen. Every machine of the
-cluster needs tokenmix installed (the tasks import it) and must reach the input shards and the cache
-location. Ray's own task retries are off (``max_retries=0``): the builder resubmits a failed shard
-itself, so ``build.executor.max_retries`` counts every failure the same way on every engine.
+Ray is imported here only, when ``executor.type: ray`` is chosen. Every machine of the cluster needs
+tokenmix installed (the tasks import it) and must reach the run's inputs and outputs (a cache build's
+shards and cache location). Ray's own task retries are off (``max_retries=0``): the caller resubmits a
+failed task itself, so ``executor.max_retries`` counts every failure the same way on every engine.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from tokenmix.cache.cluster import ClusterExecutor, TaskFuture, import_extra
+from tokenmix.execution.extras import import_extra
+from tokenmix.execution.task_executor import TaskExecutor, TaskFuture
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class _RayFuture:
         self._ray.cancel(self._ref)
 
 
-class RayExecutor(ClusterExecutor):
+class RayExecutor(TaskExecutor):
     """Connects to a Ray cluster (or starts one on this machine) and runs tasks on it."""
 
     name = "ray"
@@ -51,7 +52,7 @@ class RayExecutor(ClusterExecutor):
         self._connected_here = False
         if ray.is_initialized():
             if address is not None:
-                logger.warning("this process is already connected to Ray; build.executor.address %s is not used", address)
+                logger.warning("this process is already connected to Ray; executor.address %s is not used", address)
         else:
             address = address or os.environ.get("RAY_ADDRESS")
             try:
@@ -60,7 +61,7 @@ class RayExecutor(ClusterExecutor):
                 else:
                     ray.init(num_cpus=num_workers, include_dashboard=False)
             except ConnectionError as e:
-                raise ConnectionError(f"could not connect to Ray at {address} (build.executor.address or RAY_ADDRESS): {e}") from e
+                raise ConnectionError(f"could not connect to Ray at {address} (executor.address or RAY_ADDRESS): {e}") from e
             self._connected_here = True
         self._task = ray.remote(num_cpus=1, max_retries=0)(_call)
         logger.info("ray: %d CPU slots in the cluster", self.parallelism())

@@ -1,10 +1,10 @@
-"""The Dask executor: shard tasks on a ``distributed`` cluster, one worker thread each.
+"""The Dask executor: tasks on a ``distributed`` cluster, one worker thread each.
 
-Dask is imported here only, when ``build.executor.type: dask`` is chosen. Every worker needs tokenmix
-installed and must reach the input shards and the cache location. Tasks are submitted without Dask
-retries; the builder resubmits a failed shard itself. A worker that dies mid-task is also counted by
-the scheduler's ``distributed.scheduler.allowed-failures`` (default 3) before the task fails: the
-``LocalCluster`` started here sets it to 0, so that ``build.executor.max_retries`` alone decides.
+Dask is imported here only, when ``executor.type: dask`` is chosen. Every worker needs tokenmix
+installed and must reach the run's inputs and outputs. Tasks are submitted without Dask retries; the
+caller resubmits a failed task itself. A worker that dies mid-task is also counted by the scheduler's
+``distributed.scheduler.allowed-failures`` (default 3) before the task fails: the ``LocalCluster``
+started here sets it to 0, so that ``executor.max_retries`` alone decides.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from tokenmix.cache.cluster import ClusterExecutor, TaskFuture, import_extra
+from tokenmix.execution.extras import import_extra
+from tokenmix.execution.task_executor import TaskExecutor, TaskFuture
 
 logger = logging.getLogger(__name__)
 
 
-class DaskExecutor(ClusterExecutor):
+class DaskExecutor(TaskExecutor):
     """Connects to a Dask scheduler (or starts a ``LocalCluster``) and runs tasks on it."""
 
     name = "dask"
@@ -41,7 +42,7 @@ class DaskExecutor(ClusterExecutor):
             try:
                 self._client = distributed.Client(address)
             except OSError as e:  # distributed raises OSError (TimeoutError) when no scheduler answers
-                raise ConnectionError(f"could not connect to the Dask scheduler at {address} (build.executor.address): {e}") from e
+                raise ConnectionError(f"could not connect to the Dask scheduler at {address} (executor.address): {e}") from e
         self._shared: dict[str, list[Any]] = {}
         """Key of a handle ``share`` gave -> [the future holding the value now, the value]: a value lost with every
         worker that held it is scattered again."""

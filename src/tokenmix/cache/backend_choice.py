@@ -1,0 +1,94 @@
+"""Choosing a build's tokenizer backend: ``fastokens`` where it gives the ids ``tokenizers`` gives, else ``tokenizers``.
+
+Unless ``build.tokenizer_backend`` is ``tokenizers``, both backends encode the first ``BACKEND_SAMPLE_BYTES`` of the
+first shard left to read into what the cache would hold, and must agree for ``fastokens`` to be used
+(``formats.backends.choose_backend`` says why not). The choice is made in a thread started with the build: the check
+(and loading ``fastokens``, about 0.15 s) overlaps the build's first reads, which need no tokenizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+from tokenmix.cache.ledger import CacheLedger
+from tokenmix.formats.backends import FAST, REFERENCE, BackendChoice, TokenizerBackend, choose_backend
+from tokenmix.formats.encoder import DocumentEncoder, EncoderSpec, chunk_difference
+from tokenmix.sources.shards import RawChunk, Shard, ShardReadError, approx_size
+
+logger = logging.getLogger(__name__)
+
+BACKEND_SAMPLE_BYTES = 64 << 10
+"""Input bytes of the first shard left to read that both tokenizer backends encode before a build chooses between them."""
+
+
+class ChoosingBackend:
+    """The tokenizer backend being chosen for one build, in a thread started when this is made."""
+
+    def __init__(self, location: str, shards: Sequence[Shard], ledger: CacheLedger, spec: EncoderSpec, requested: TokenizerBackend):
+        self.location = location
+        self.shards = shards
+        self.spec = spec
+        self.requested = requested
+        self._choice: Future[BackendChoice] = Future()
+        threading.Thread(target=self._choose_into_future, args=(ledger,), name="tokenmix-backend-check").start()
+
+    def done(self) -> bool:
+        """Whether the backend is chosen (or choosing it failed)."""
+        return self._choice.done()
+
+    def result(self) -> BackendChoice:
+        """The backend chosen and why, once chosen; raises what choosing it raised."""
+        return self._choice.result()
+
+    def encoder_spec(self) -> EncoderSpec:
+        """The build's encoder spec with the chosen backend (waiting for the choice)."""
+        return dataclasses.replace(self.spec, backend=self.result().name)
+
+    def _choose_into_future(self, ledger: CacheLedger) -> None:
+        try:
+            self._choice.set_result(self._choose(ledger))
+        except BaseException as e:  # raised where the build waits for the choice
+            self._choice.set_exception(e)
+
+    def _choose(self, ledger: CacheLedger) -> BackendChoice:
+        """Pick the tokenizer backend on the first ``BACKEND_SAMPLE_BYTES`` of the first shard left to read: encoded by
+        both backends into what the cache would hold, they must agree for ``fastokens`` to be used."""
+        sample, sampled = None, "no sample"
+        if self.requested != REFERENCE:
+            sample, sampled = self._sample(ledger)
+        expected = DocumentEncoder(dataclasses.replace(self.spec, backend=REFERENCE)).encode(sample) if sample else None
+
+        def sample_difference() -> str | None:
+            if sample is None or expected is None:
+                return None
+            return chunk_difference(expected, DocumentEncoder(dataclasses.replace(self.spec, backend=FAST)).encode(sample))
+
+        choice = choose_backend(self.spec.tokenizer_json, self.requested, sample_difference, sampled)
+        log = logger.info if choice.name == FAST or self.requested == REFERENCE else logger.warning
+        log("%s: encoding with %s (%s)", self.location, choice.name, choice.reason)
+        return choice
+
+    def _sample(self, ledger: CacheLedger) -> tuple[RawChunk | None, str]:
+        """The first records of the first shard left to read that can be read, and what they are (for the log)."""
+        for shard, progress in zip(self.shards, ledger.shards):
+            if progress.finished:
+                continue
+            try:
+                first = next(iter(shard.read(progress.position, BACKEND_SAMPLE_BYTES)), None)
+            except ShardReadError:
+                continue  # the build reports it where it reads the shard
+            if first is None:
+                continue
+            records, room = [], BACKEND_SAMPLE_BYTES
+            for record in first.records:
+                size = approx_size(record)
+                if size <= room or not records and size <= 16 * BACKEND_SAMPLE_BYTES:  # a very long document waits for the build
+                    records.append(record)
+                    room -= size
+            if records:
+                return RawChunk(first.start, records), f"{len(records)} records sampled from {shard.name}"
+        return None, "no sample (no record short enough for one)"
