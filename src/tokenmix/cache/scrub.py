@@ -80,11 +80,14 @@ def scrub(location: str, shards: Sequence[Shard] | None = None, inputs: bool = T
     in ledger order, to check against the ledger's digests (None: files named as the ledger names them); ``inputs``
     False leaves the inputs unread."""
     tokens = JaggedArray.open(location, TOKENS_ARRAY, stored_ledger(location).identity.get("dtype"))
-    try:
-        published: int | None = tokens.committed_rows()
-    except CacheDamagedError as e:
-        published, unreadable = None, e
-    ledger = stored_ledger(location)  # read after the count: a build writes its ledger before it publishes, so this is as new
+    for _ in range(2):  # a count missing before a ledger with rows: the first commit came between the reads, so again
+        try:
+            published: int | None = tokens.committed_rows()
+        except CacheDamagedError as e:
+            published, unreadable = None, e
+        ledger = stored_ledger(location)  # read after the count: a build writes its ledger before it publishes, so this is as new
+        if published is not None or ledger.rows == 0:
+            break
     report = CacheReport(location, finished=ledger.finished)
     if published is not None:
         report.rows = published

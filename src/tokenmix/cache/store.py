@@ -164,6 +164,9 @@ CHECKSUM_CODEC = {"name": "crc32c"}
 """The last codec of every chunk: a crc32c of its stored bytes, checked by every read (tensorstore's and
 ``shard_reads.py``'s), so that bit rot is an error, never other tokens."""
 
+_READ_TRIES = 3
+"""Reads of a range whose failure passed when each chunk was read alone (a build writing beside the reader)."""
+
 READER_OPTIONS = {"fill_missing_data_reads": False}
 """How an array is read: a chunk missing from storage is an error, not the fill value (token 0)."""
 
@@ -391,15 +394,21 @@ class JaggedArray:
     def awaited(self, array: ts.TensorStore, ranges: list[tuple[int, int]], reads: list[Any]) -> list[np.ndarray]:
         """The results of reads issued together, one per ``(start, stop)`` range of ``array``; a read that failed on
         damaged bytes raises ``CacheDamagedError`` for every damaged chunk of the ranges, with the rows they hold."""
-        try:
-            return [np.asarray(r.result()) for r in reads]
-        except ValueError as e:
-            if problem_of(e) is None:
-                raise
-            damage = self.damage(array, ranges)
-            if not damage.chunks:  # every chunk read alone: the failure passed (a build replaced an object meanwhile)
-                raise
-            raise damage from None
+        tries = 1
+        while True:
+            try:
+                return [np.asarray(r.result()) for r in reads]
+            except ValueError as e:
+                if problem_of(e) is None:
+                    raise
+                damage = self.damage(array, ranges)
+                if damage.chunks:
+                    raise damage from None
+                if tries == _READ_TRIES:
+                    raise
+            # every chunk read alone: the failure passed (a build stored or replaced an object meanwhile); read again
+            tries += 1
+            reads = [array[start:stop].read() for start, stop in ranges]
 
     def damage(self, array: ts.TensorStore, ranges: list[tuple[int, int]]) -> CacheDamagedError:
         """The damage among ``ranges`` of ``array`` (each chunk read alone), naming the rows it holds."""
