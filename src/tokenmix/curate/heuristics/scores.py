@@ -38,5 +38,6 @@ def check_share(field: str, value: float) -> None:
 
 
 def check_at_least(field: str, value: float, low: float) -> None:
+    """A threshold that is a count or a length: at least ``low``."""
     if value < low:
         raise ValueError(f"filter.{field} must be >= {low}, got {value}")
