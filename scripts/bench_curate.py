@@ -2,6 +2,7 @@
 datatrove running the same filters, all in one run.
 
     python scripts/bench_curate.py [--corpus ../shared/corpus] [--workers N] [--repeats 3] [--copies 1]
+                                   [--pipelines bare,heuristics,scored,gopher] [--compare LABEL=SRC ...]
                                    [--datatrove_python /path/to/venv/bin/python]
 
 Five pipelines over the train shards of every source under --corpus, each writing every input shard back out as
@@ -10,7 +11,7 @@ zstd JSON lines, with --workers processes:
 - tokenmix bare: read, parse, write (``tokenmix curate`` with no stages);
 - tokenmix heuristics: the same with every heuristic filter NeMo Curator ships but the n-gram ones (19
   ``score_filter`` stages, NeMo's default thresholds, each score written to a field);
-- tokenmix heuristics scored: the same 19 scores written by ``score`` stages, which remove nothing, so that every
+- tokenmix scored: the same 19 scores written by ``score`` stages, which remove nothing, so that every
   document is written as in the bare run (plus its 19 scores);
 - tokenmix gopher: the same with the Gopher quality and repetition heuristics (19 ``score_filter`` stages with
   datatrove's default thresholds: word count, mean word length, symbol ratio, bullets, ellipsis, alphabetic words,
@@ -19,14 +20,25 @@ zstd JSON lines, with --workers processes:
   ``JsonlWriter``, ``LocalPipelineExecutor`` with one task per shard), when --datatrove_python names a Python that
   has ``datatrove[processing]`` and ``spacy`` (its English word splitter needs no download).
 
-The four alternate, --repeats times, and the best time of each is kept. Docs/s per core is documents read / seconds
-/ workers. The goals: filtering at >= 0.8x of tokenmix bare, and faster than datatrove on the same filters.
+The pipelines alternate, --repeats times, and the best time of each is kept, and the best CPU time (the driver's run
+and its workers', start-up included; on a machine that others share it moves less than the time does). Docs/s per
+core is documents read / seconds / workers. The goals: filtering at >= 0.8x of tokenmix bare, and faster than
+datatrove on the same filters.
+
+--compare LABEL=SRC (repeatable) names the ``src`` folder of another tree of tokenmix (``git worktree add /tmp/before
+<commit>``, or a copy with a change in it): its pipelines run too, labelled, alternating with this checkout's, so
+that a change is measured against what it replaced in the same run. Ratios are to this checkout's bare run; each
+tree's own bare run shows how far two runs of the same code differ. Before the pipelines, the start-up a worker
+process pays for the heuristic filters is measured in each tree: a fresh interpreter imports them and scores a first
+text, best of five, and once more with an empty numba cache (what a first run after installing pays, where kernels
+are compiled on first use).
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import platform
 import shutil
@@ -104,6 +116,59 @@ def _inputs(corpus: str, copies: int, root: Path) -> tuple[list[str], int, int]:
     return sources, shards, docs
 
 
+PIPELINES = {"bare": [], "heuristics": HEURISTICS, "scored": HEURISTICS, "gopher": GOPHER}
+"""tokenmix's pipelines by short name; ``scored`` writes the heuristics' scores and removes nothing."""
+
+STARTUP = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[1])
+    started, cpu = time.perf_counter(), time.process_time()
+    import pyarrow as pa
+    from tokenmix.curate import WordCountFilter, RepeatedLinesFilter
+    WordCountFilter().score(pa.array(["a first text\\nof two lines"]))
+    RepeatedLinesFilter().score(pa.array(["a first text\\nof two lines"]))
+    print("STARTUP", time.process_time() - cpu, time.perf_counter() - started)
+""")
+"""A worker's start-up for the heuristic filters: importing them and scoring a first text."""
+
+TOKENMIX_FROM = textwrap.dedent("""
+    import json, resource, sys
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    sys.path.insert(1, sys.argv[2])
+    import bench_curate
+    args = json.loads(sys.argv[3])
+    def cpu(who):
+        usage = resource.getrusage(who)
+        return usage.ru_utime + usage.ru_stime
+    before = cpu(resource.RUSAGE_SELF)
+    seconds, kept = bench_curate._tokenmix(Path(args[0]), args[1], Path(args[2]), args[3], [tuple(f) for f in args[4]], args[5])
+    print("RESULT", seconds, kept, cpu(resource.RUSAGE_SELF) - before + cpu(resource.RUSAGE_CHILDREN))
+""")
+"""``_tokenmix`` in a fresh interpreter with the tokenmix of a checkout (its ``src`` first on the path, which the
+workers inherit): every pipeline's driver starts alike, whichever checkout it runs. Prints the run's seconds, the
+records kept, and the CPU seconds of the driver's run and of its workers, start-up included."""
+
+
+def _startup(src: str, numba_cache: str | None = None) -> tuple[float, float]:
+    """CPU and wall seconds of ``STARTUP`` in a fresh interpreter with ``src``'s tokenmix."""
+    env = {**os.environ, **({"NUMBA_CACHE_DIR": numba_cache} if numba_cache else {})}
+    proc = subprocess.run([sys.executable, "-c", STARTUP, src], capture_output=True, text=True, env=env, check=True)
+    cpu, wall = (float(v) for v in next(line for line in proc.stdout.splitlines() if line.startswith("STARTUP")).split()[1:])
+    return cpu, wall
+
+
+def _tokenmix_from(src: str, inputs: Path, sources: list[str], out: Path, workers: int, filters: list[tuple[str, dict]],
+                   keep_all: bool) -> tuple[float, int, float]:
+    """``_tokenmix`` with the tokenmix under ``src`` (``TOKENMIX_FROM``): seconds, records kept, CPU seconds."""
+    args = json.dumps([str(inputs), sources, str(out), workers, filters, keep_all])
+    proc = subprocess.run([sys.executable, "-c", TOKENMIX_FROM, src, str(Path(__file__).parent), args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the pipeline with {src} failed: {proc.stderr[-2000:]}")
+    seconds, kept, cpu = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT")).split()[1:]
+    return float(seconds), int(kept), float(cpu)
+
+
 def _tokenmix(inputs: Path, sources: list[str], out: Path, workers: int, filters: list[tuple[str, dict]], keep_all: bool) -> tuple[float, int]:
     from tokenmix.curate import CurationConfig, CurationOutput, CurationSource, DocumentFilter, Score, ScoreFilter, run_curation
 
@@ -132,8 +197,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--copies", type=int, default=1)
+    parser.add_argument("--pipelines", default=",".join(PIPELINES), help=f"tokenmix's pipelines to run, of {','.join(PIPELINES)}")
+    parser.add_argument("--compare", action="append", default=[], metavar="LABEL=SRC")
     parser.add_argument("--datatrove_python", default=None)
     args = parser.parse_args()
+    chosen = args.pipelines.split(",")
+    if "bare" not in chosen or not set(chosen) <= set(PIPELINES):
+        parser.error(f"--pipelines: a comma-separated list of {', '.join(PIPELINES)}, with bare (the reference)")
+    if not all("=" in c for c in args.compare):
+        parser.error("--compare: LABEL=SRC, SRC the src folder of another tree of tokenmix")
+    trees = {"": str(REPO / "src"), **{f" ({label})": src for label, _, src in (c.partition("=") for c in args.compare)}}
     import logging
 
     logging.basicConfig(level=logging.WARNING)
@@ -143,36 +216,45 @@ def main() -> None:
         sources, shards, docs = _inputs(args.corpus, args.copies, scratch / "in")
         machine = platform.processor() or platform.machine()
         print(f"{docs:,} documents in {shards} shards of {len(sources)} sources; {args.workers} workers; {machine}, {os.cpu_count()} cores")
+        for label, src in trees.items():
+            cpu, wall = min(_startup(src) for _ in range(5))
+            with tempfile.TemporaryDirectory() as empty:
+                cold_cpu, cold_wall = _startup(src, numba_cache=empty)
+            print(f"start-up{label}: {cpu:.2f} s CPU ({wall:.2f} s) to import the filters and score a first text; "
+                  f"{cold_cpu:.2f} s CPU ({cold_wall:.2f} s) with an empty numba cache")
+        names = [(f"tokenmix {name}{label}", name, src) for name in chosen for label, src in trees.items()]
+        names += [(f"datatrove {kind}", kind, None) for kind in ("bare", "gopher") if args.datatrove_python]
         best: dict[str, float] = {}
+        best_cpu: dict[str, float] = {}
         kept: dict[str, int] = {}
         for repeat in range(args.repeats):
-            for name in ("tokenmix bare", "tokenmix heuristics", "tokenmix heuristics scored", "tokenmix gopher", "datatrove bare",
-                         "datatrove gopher"):
-                out = scratch / f"{name.replace(' ', '-')}-{repeat}"
-                if name.startswith("tokenmix"):
-                    filters = {"bare": [], "heuristics": HEURISTICS, "gopher": GOPHER}[name.split()[1]]
-                    seconds, kept[name] = _tokenmix(scratch / "in", sources, out, args.workers, filters, name.endswith("scored"))
-                elif args.datatrove_python:
-                    seconds = _datatrove(args.datatrove_python, scratch / "in", out, args.workers, name.split()[1], shards)
+            for name, kind, src in names:
+                out = scratch / f"{name.replace(' ', '-').replace('(', '').replace(')', '')}-{repeat}"
+                cpu = None
+                if src is None:
+                    seconds = _datatrove(args.datatrove_python, scratch / "in", out, args.workers, kind, shards)
                 else:
-                    continue
+                    seconds, kept[name], cpu = _tokenmix_from(src, scratch / "in", sources, out, args.workers, PIPELINES[kind], kind == "scored")
+                    best_cpu[name] = min(best_cpu.get(name, float("inf")), cpu)
                 best[name] = min(best.get(name, float("inf")), seconds)
-                print(f"  {name:<18} {seconds:7.2f} s")
+                print(f"  {name:<32} {seconds:7.2f} s" + (f", {cpu:6.2f} s CPU" if cpu is not None else ""))
                 shutil.rmtree(out, ignore_errors=True)
         print()
-        print("| pipeline | seconds (best) | docs/s per core | kept | vs tokenmix bare |")
-        print("|---|---|---|---|---|")
+        print("| pipeline | seconds (best) | docs/s per core | kept | vs tokenmix bare | CPU seconds (best) | vs bare, CPU |")
+        print("|---|---|---|---|---|---|---|")
         for name, seconds in best.items():
+            cpu_columns = f"{best_cpu[name]:.2f} | {best_cpu['tokenmix bare'] / best_cpu[name]:.2f}x" if name in best_cpu else " | "
             print(f"| {name} | {seconds:.2f} | {docs / seconds / args.workers:,.0f} | {kept.get(name, '')} | "
-                  f"{best['tokenmix bare'] / seconds:.2f}x |")
-        if "datatrove gopher" in best:
+                  f"{best['tokenmix bare'] / seconds:.2f}x | {cpu_columns} |")
+        if "datatrove gopher" in best and "tokenmix gopher" in best:
             print(f"\ntokenmix gopher is {best['datatrove gopher'] / best['tokenmix gopher']:.2f}x as fast as datatrove gopher")
-        for name in ("tokenmix heuristics", "tokenmix heuristics scored", "tokenmix gopher"):
-            print(f"{name} runs at {best['tokenmix bare'] / best[name]:.2f}x of tokenmix bare (goal >= 0.8x)")
+        for name in best_cpu:
+            if name != "tokenmix bare":
+                print(f"{name} runs at {best['tokenmix bare'] / best[name]:.2f}x of tokenmix bare (goal >= 0.8x); "
+                      f"{best_cpu['tokenmix bare'] / best_cpu[name]:.2f}x in CPU seconds")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO / "src"))
     main()

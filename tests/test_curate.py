@@ -43,7 +43,7 @@ from tokenmix.curate.filters import DocumentFilter
 from tokenmix.curate.fuzzy_dedup import FuzzyDedup
 from tokenmix.curate.minhash import MinHashConfig
 from tokenmix.curate.modifiers import DocumentModifier
-from tokenmix.curate.pipeline import BlendConfig
+from tokenmix.curate.pipeline_config import BlendConfig
 from tokenmix.curate.shard_io import shard_stem
 
 SOURCES = ("linux_doc", "python_doc", "webster")

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import draccus
@@ -19,13 +23,12 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenmix.curate import heuristics
-from tokenmix.curate.filters import DocumentFilter
-from tokenmix.curate.heuristics import (
+from tokenmix.curate import (
     BoilerPlateStringFilter,
     BulletsFilter,
     CharLengthFilter,
     CommonEnglishWordsFilter,
+    DocumentFilter,
     EllipsisFilter,
     LongWordFilter,
     MeanWordLengthFilter,
@@ -47,6 +50,7 @@ from tokenmix.curate.heuristics import (
     WordCountFilter,
     WordsWithoutAlphabetsFilter,
 )
+from tokenmix.curate.heuristics import analyses, plain_scan, scan
 from tokenmix.curate.modifiers import (
     DocumentModifier,
     FunctionModifier,
@@ -371,7 +375,7 @@ def test_batch_repetition_scores_equal_the_plain_python_definitions():
 
 def _python_scores(text: str) -> dict[str, float]:
     """NeMo's definitions of the byte-level heuristics, restated in plain Python over one text."""
-    from tokenmix.curate.heuristics import BULLETS, COMMON_ENGLISH_WORDS, ELLIPSIS_MARKS, END_MARKS, URL_PATTERN, _is_alphabetic
+    from tokenmix.curate.heuristics.character_classes import BULLETS, COMMON_ENGLISH_WORDS, ELLIPSIS_MARKS, END_MARKS, URL_PATTERN, is_alphabetic
 
     words = text.split()
     lines = [line.strip() for line in text.split("\n") if line.strip()]
@@ -391,7 +395,7 @@ def _python_scores(text: str) -> dict[str, float]:
         "white_space": share(sum(c in "\t\n\r\b " for c in text), chars, 1.0),
         "parentheses": share(sum(c in "{}[]()\u27e8\u27e9" for c in text), chars, 1.0),
         "symbols_to_words": share(sum(w in marks or 2 * len(re.findall("#+", w)) > len(w) for w in words), len(words), 1.0),
-        "words_without_alphabets": share(sum(any(_is_alphabetic(ord(c)) for c in w) for w in words), len(words), 0.0),
+        "words_without_alphabets": share(sum(any(is_alphabetic(ord(c)) for c in w) for w in words), len(words), 0.0),
         "bullets": share(sum(line[0] in BULLETS for line in lines), len(lines), 1.0),
         "punctuation": share(sum(line[-1] not in END_MARKS for line in lines), len(lines), 1.0),
         "ellipsis": share(sum(line.lower().endswith(ELLIPSIS_MARKS) for line in lines), len(lines), 1.0),
@@ -475,9 +479,9 @@ def test_filter_stages_share_one_analysis_of_an_unchanged_batch():
     table = pa.table({"text": pa.array(["a few plain words here", "and some more words there"], pa.large_string())})
     table, removed = ScoreFilter(WordCountFilter(min_words=2), score_field="words").apply(table, context)
     assert not removed
-    profile = heuristics._LAST_BATCH.batch.derived["profile"]
+    profile = analyses._LAST_BATCH.batch.derived["profile"]
     table, removed = ScoreFilter(MeanWordLengthFilter(min_mean_word_length=1), score_field="mean").apply(table, context)
-    assert not removed and heuristics._LAST_BATCH.batch.derived["profile"] is profile
+    assert not removed and analyses._LAST_BATCH.batch.derived["profile"] is profile
     assert table.column("mean").to_pylist() == pytest.approx([18 / 5, 21 / 5])
 
 
@@ -494,15 +498,15 @@ def test_analyses_carried_past_removals_equal_analysing_again(rows):
     for f in filters:
         f.score(texts)
     kept = texts.filter(pa.array(first))
-    heuristics.carry_analyses(texts, first, kept)
+    analyses.carry_analyses(texts, first, kept)
     second = np.array([k2 for _, k, k2 in rows if k], dtype=bool)
     kept_again = kept.filter(pa.array(second))
-    heuristics.carry_analyses(kept, second, kept_again)
-    carried = heuristics._LAST_BATCH.batch
+    analyses.carry_analyses(kept, second, kept_again)
+    carried = analyses._LAST_BATCH.batch
     assert carried.derived.keys() >= {"profile", ("pieces", 1, True), ("pieces", 2, False)}
     got = [f.score(kept_again).to_pylist() for f in filters]
-    assert heuristics._LAST_BATCH.batch is carried
-    heuristics._LAST_BATCH.batch = None
+    assert analyses._LAST_BATCH.batch is carried
+    analyses._LAST_BATCH.batch = None
     assert got == [f.score(kept_again).to_pylist() for f in filters]
 
 
@@ -512,8 +516,70 @@ def test_a_filter_stage_that_removes_texts_carries_the_counts_to_the_next():
     table, _ = ScoreFilter(RepeatedLinesFilter(max_repeated_line_fraction=0), score_field="lines").apply(table, context)
     table, removed = ScoreFilter(WordCountFilter(min_words=2)).apply(table, context)
     assert removed == {"word_count": 1}
-    carried = heuristics._LAST_BATCH.batch
+    carried = analyses._LAST_BATCH.batch
     assert carried.derived[("pieces", 1, True)].counts.tolist() == [[3, 2, 3, 2], [4, 3, 10, 9]]
     table, _ = ScoreFilter(RepeatedLinesByCharFilter(max_repeated_lines_char_ratio=0), score_field="chars").apply(table, context)
-    assert heuristics._LAST_BATCH.batch is carried
+    assert analyses._LAST_BATCH.batch is carried
     assert table.column("chars").to_pylist() == pytest.approx([2 / 3, 0.9])
+
+
+def _scans_agree(texts: pa.Array) -> None:
+    """The plain-Python scan's counts equal the compiled scan's, for the profile and for lines and paragraphs (blank
+    ones left out or not)."""
+    compiled = pytest.importorskip("tokenmix.curate.heuristics._text_scan")
+    assert plain_scan.PROFILE_FIELDS == compiled.PROFILE_FIELDS
+    data, bounds = analyses.bytes_of(texts)
+    assert plain_scan.profile(data, bounds).tolist() == scan.profile_counts(data, bounds).tolist()
+    for newlines, skip_blank in ((1, True), (2, False), (1, False), (2, True)):
+        assert plain_scan.pieces(data, bounds, newlines, skip_blank).tolist() == scan.piece_counts(data, bounds, newlines, skip_blank).tolist()
+
+
+def test_the_plain_python_scan_counts_as_the_compiled_one():
+    """Where the compiled scan was not built (no C compiler at install), ``plain_scan`` makes the counts: the same, on
+    real documents, on the tricky texts above and on bytes that are not valid UTF-8 (a Parquet shard's strings are not
+    checked), cut off anywhere."""
+    tricky = ["", " ", "\u3000a\u2003b\u00a0c\u0085d\u1680e\u2028f\u202fg\u205fh\x1ci", "## #a# ##x \u2026 [\u2026] -\u00bb (...) [...] ...",
+              "\u2022 one\n \u25e6 two\n\t\u2219\nplain", "Read More\nsee READ MORE..\nwait\u2026 \n end \u00bb", "x\r\ny.\r\n\"q\"  \n'",
+              "\u65e5\u672c\u8a9e \u0661\u0662 \u216b \u24d0 \U0001F170 \u00e9t\u00e9 123 --", "(a)[b]{c}\u27e8d\u27e9 \b\b", "a\n\n\nb\n\n\nb",
+              "see http://a.b/c?d=1&e#f, https://x.y/\u00e9 httpss://no http:// h http://ok", "the of The to be and that have with",
+              "x\x1cy\n\x1c\n\u3000\nx\x1cy", "same\nsame\n  same  \nsame", "\u00e9\n\ne\u0301\n\n\u00e9", "prefix ]^-\\ \u00e9\ufffd"]
+    _scans_agree(pa.array([*tricky, *webster_texts(600), None], pa.large_string()))
+    raw = [b"a \xff\xfe word\n\xe2- \xe2\x80x", b"#\xff# http://a.b/\xfe.", b"tail cut short \xe2", b"\xf0\x9f\x98", b"\xed\xa0\x80 \xc3\n\n\xc3",
+           b"read more\xe2\x80\n\xc2\xbb\xe2\x80\xa6", "\u2022 \u00e9 \u65e5\n".encode() + b"\x80\x80\n\n\x80"]
+    for cut in range(max(map(len, raw)) + 1):
+        pieces = [r[:cut] for r in raw]
+        offsets = np.cumsum([0, *map(len, pieces)]).astype(np.int32)
+        _scans_agree(pa.Array.from_buffers(pa.string(), len(pieces), [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(pieces))]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_PIECES), max_size=40).map("".join), min_size=1, max_size=8),
+       st.lists(st.binary(max_size=30), max_size=4))
+def test_the_plain_python_scan_counts_as_the_compiled_one_on_random_texts(texts, binaries):
+    raw = [text.encode() for text in texts] + binaries
+    offsets = np.cumsum([0, *map(len, raw)]).astype(np.int64)
+    _scans_agree(pa.Array.from_buffers(pa.large_string(), len(raw), [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(raw))]))
+
+
+def test_without_the_compiled_scan_the_filters_count_in_python_and_say_so_once():
+    """An install without a C compiler has no ``_text_scan``: every filter still scores, the same as with it, and the
+    log says once why they are slower and what to install."""
+    texts = ["The cat sat on the mat.\nIt was the best of times...", "\u2022 one\n\u2022 one\n\nhttp://x.y/z \u00e9t\u00e9", "", None]
+    program = textwrap.dedent(f"""
+        import json, logging, sys
+        sys.modules["tokenmix.curate.heuristics._text_scan"] = None  # as if it had not been built
+        logging.basicConfig(level=logging.WARNING)
+        import pyarrow as pa
+        from tokenmix.curate import DocumentFilter, SubstringFilter, ScoreFilter
+        filters = [c(substring="the") if c is SubstringFilter else c() for n, c in DocumentFilter.get_known_choices().items() if n != "function"]
+        texts = pa.array({texts!r})
+        print(json.dumps({{f.name: [f.score(texts).to_pylist(), f.score(texts.slice(1)).to_pylist()] for f in filters}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert done.returncode == 0, done.stderr
+    array = pa.array(texts)
+    expected = {f.name: [f.score(array).to_pylist(), f.score(array.slice(1)).to_pylist()] for f in every_filter()}
+    assert orjson.loads(done.stdout) == expected
+    assert done.stderr.count("compiled text scan was not built") == 1, done.stderr
+    assert "C compiler" in done.stderr

@@ -15,29 +15,24 @@ if TYPE_CHECKING:
     from tokenmix.curate.document_dataset import DocumentDataset, Shuffle, blend_datasets
     from tokenmix.curate.filters import DocumentFilter, FunctionFilter
     from tokenmix.curate.fuzzy_dedup import FuzzyDedup
-    from tokenmix.curate.heuristics import (
-        BoilerPlateStringFilter,
-        BulletsFilter,
-        CharLengthFilter,
-        CommonEnglishWordsFilter,
-        EllipsisFilter,
-        LongWordFilter,
-        MeanWordLengthFilter,
-        NonAlphaNumericFilter,
-        NumbersFilter,
-        ParenthesesFilter,
-        PornographicUrlsFilter,
-        PunctuationFilter,
+    from tokenmix.curate.heuristics.boilerplate import BoilerPlateStringFilter
+    from tokenmix.curate.heuristics.characters import CharLengthFilter, NonAlphaNumericFilter, NumbersFilter, ParenthesesFilter, WhiteSpaceFilter
+    from tokenmix.curate.heuristics.lines import BulletsFilter, EllipsisFilter, PunctuationFilter
+    from tokenmix.curate.heuristics.repetition import (
         RepeatedLinesByCharFilter,
         RepeatedLinesFilter,
         RepeatedParagraphsByCharFilter,
         RepeatedParagraphsFilter,
         RepeatingDuplicateNGramsFilter,
         RepeatingTopNGramsFilter,
-        SubstringFilter,
+    )
+    from tokenmix.curate.heuristics.substrings import SubstringFilter
+    from tokenmix.curate.heuristics.urls import PornographicUrlsFilter, UrlsFilter
+    from tokenmix.curate.heuristics.words import (
+        CommonEnglishWordsFilter,
+        LongWordFilter,
+        MeanWordLengthFilter,
         SymbolsToWordsFilter,
-        UrlsFilter,
-        WhiteSpaceFilter,
         WordCountFilter,
         WordsWithoutAlphabetsFilter,
     )
@@ -50,16 +45,8 @@ if TYPE_CHECKING:
         WhitespaceNormalize,
         WikitextDetokenize,
     )
-    from tokenmix.curate.pipeline import (
-        BlendConfig,
-        CurationConfig,
-        CurationError,
-        CurationOutput,
-        CurationSource,
-        ShuffleConfig,
-        load_curation_config,
-        run_curation,
-    )
+    from tokenmix.curate.pipeline import CurationConfig, load_curation_config, run_curation
+    from tokenmix.curate.pipeline_config import BlendConfig, CurationError, CurationOutput, CurationSource, ShuffleConfig
     from tokenmix.curate.quality import QualityClassifier
     from tokenmix.curate.remaining import get_batched_files, get_remaining_files
     from tokenmix.curate.shard_io import CurationInputError

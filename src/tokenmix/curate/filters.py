@@ -5,7 +5,7 @@ takes an Arrow array of texts and returns one score per text, so that filters wr
 vectorized; ``keep`` says which scores keep their document. Filters are draccus choices (``filter: {type: word_count,
 min_words: 50}`` in YAML); ``ScoreFilter`` in ``stages.py`` applies one to a field and writes the score beside it.
 
-The heuristics NeMo Curator ships live in ``heuristics.py``; ``function`` takes any user function by import path.
+The heuristics NeMo Curator ships live in ``heuristics/``; ``function`` takes any user function by import path.
 """
 
 from __future__ import annotations

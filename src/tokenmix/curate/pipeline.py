@@ -1,4 +1,5 @@
-"""A curation pipeline: its config, and the engine that runs it shard by shard, resumably, locally or on Ray or Dask.
+"""A curation pipeline (``CurationConfig``; its parts in ``pipeline_config.py``), and the engine that runs it shard by
+shard, resumably, locally or on Ray or Dask (``run_curation``).
 
 A pipeline reads named sources (lists of shards), runs its stages over every record, and writes the result: each
 input shard back under its own name (``output.write_to_filename``), or N partitions, in order or shuffled, with an
@@ -19,6 +20,9 @@ work done for another pipeline, or over inputs that have since changed, is never
 
 ``curation_stats.json`` accounts for every input record: read, bad (by reason), removed by each stage (by reason,
 per source), blended, written.
+
+Beside this module: ``pipeline_plan.py`` lays a run out (input shards, passes, output names), ``pipeline_tasks.py``
+holds the tasks the workers run, ``pipeline_stats.py`` adds up their statistics.
 """
 
 from __future__ import annotations
@@ -30,104 +34,32 @@ import os
 import posixpath
 import stat
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import draccus
 import fsspec
-import numpy as np
-import pyarrow as pa
 import xxhash
 from tqdm.auto import tqdm
 
 import tokenmix.curate.quality  # noqa: F401  (registers the quality stage as a choice of Stage)
 from tokenmix.curate import blend as blending
-from tokenmix.curate import exact_dedup, fuzzy_dedup, minhash, scatter
+from tokenmix.curate import exact_dedup, fuzzy_dedup, scatter
 from tokenmix.curate.partial_files import damage
-from tokenmix.curate.records import as_array, concat, field_column
-from tokenmix.curate.shard_io import (
-    BATCH_BYTES,
-    OUTPUT_FORMATS,
-    ShardBatches,
-    ShardWriter,
-    local_or_url_join,
-    output_suffix,
-    read_batches,
-    read_json,
-    read_table,
-    row_groups,
-    shard_stem,
-    write_json,
-)
-from tokenmix.curate.stages import ExactDedup, ShardContext, Stage, text_hashes
+from tokenmix.curate.pipeline_config import BlendConfig, CurationError, CurationOutput, CurationSource, ShuffleConfig
+from tokenmix.curate.pipeline_plan import final_url, list_shards, partition_count, split_at_dedups
+from tokenmix.curate.pipeline_stats import curation_statistics
+from tokenmix.curate.pipeline_tasks import GatherTask, MapTask, ScatterTask, ShardRef, bucket_url, run_gather_task, run_map_task, run_scatter_task
+from tokenmix.curate.shard_io import BATCH_BYTES, local_or_url_join, output_suffix, read_json, write_json
+from tokenmix.curate.stages import ExactDedup, Stage
 from tokenmix.execution.configs import ExecutorConfig, LocalExecutorConfig
 from tokenmix.execution.retrying import run_tasks
 from tokenmix.sources.shards import FileShard
-from tokenmix.sources.urls import expand_urls
 
 logger = logging.getLogger(__name__)
 
-INDEX = "__index"
-"""A record copy's place in the (blended) output sequence, carried from scatter to gather."""
 WORK_DIR = ".curate"
 STATS_FILE = "curation_stats.json"
-
-
-class CurationError(ValueError):
-    """A pipeline that cannot run as configured; the message names the field and what to change."""
-
-
-@dataclass(frozen=True)
-class CurationSource:
-    """One named input: shards by URL pattern (braces, globs; local or fsspec), the field holding the text."""
-
-    name: str
-    paths: list[str]
-    text_field: str = "text"
-
-
-@dataclass(frozen=True)
-class CurationOutput:
-    """Where and how the result is written."""
-
-    path: str
-    format: str = "jsonl.zst"
-    """``jsonl``, ``jsonl.gz``, ``jsonl.zst`` or ``parquet``."""
-    write_to_filename: bool = False
-    """Each input shard's records go to a shard of the same name, ``<path>/<source>/<name><suffix>``: the input's
-    sharding is kept. Off: ``partitions`` files ``<path>/part-00000<suffix>``, ...: needed for blend and shuffle."""
-    partitions: int | None = None
-    """Output files when not writing to file names; unset: as many as input shards."""
-    source_dirs: bool = True
-    """With ``write_to_filename``: each source's shards in a directory of its name (off: all in ``path`` itself, which
-    needs shard names unique across sources)."""
-
-    def __post_init__(self) -> None:
-        if self.format not in OUTPUT_FORMATS:
-            raise CurationError(f"output.format {self.format!r} is not one of {list(OUTPUT_FORMATS)}")
-        if self.partitions is not None and self.partitions < 1:
-            raise CurationError(f"output.partitions must be >= 1, got {self.partitions}")
-
-
-@dataclass(frozen=True)
-class BlendConfig:
-    """An offline blend (NeMo Curator's ``blend_datasets``): source ``s`` gives ``ceil(target_size * w_s / sum w)``
-    records, repeating a source that has fewer (``blend.py``)."""
-
-    target_size: int
-    weights: dict[str, float]
-    seed: int | None = None
-    """Unset: a source's first records make up a partial copy or a cut (NeMo's rule); set: a seeded uniform sample."""
-
-
-@dataclass(frozen=True)
-class ShuffleConfig:
-    """A seeded global shuffle into the output partitions, in two passes with one bucket in memory at a time."""
-
-    seed: int = 0
-    buffer_bytes: int = 256 << 20
-    """About the most record bytes (Arrow) a gather task holds at once; more data means more, smaller buckets."""
 
 
 @dataclass(frozen=True)
@@ -173,227 +105,6 @@ class CurationConfig:
             if unknown:
                 raise CurationError(f"blend.weights names {unknown}, which are not sources; sources are {names}")
             blending.blend_counts(self.blend.target_size, [self.blend.weights.get(n, 0.0) for n in names])
-
-
-@dataclass(frozen=True)
-class ShardRef:
-    """An input shard of the pipeline: task ``index`` reads shard ``shard_index`` of source ``source``."""
-
-    index: int
-    source: str
-    source_rank: int
-    shard_index: int
-    url: str
-    text_field: str
-
-
-@dataclass(frozen=True)
-class MapTask:
-    """One shard through one map pass."""
-
-    shard: ShardRef
-    input_url: str
-    from_intermediate: bool
-    stages: list[Stage]
-    first_stage: int
-    removal_urls: list[str]
-    removal_reason: str
-    output_url: str
-    output_format: str
-    keep_hidden: bool
-    artifact_url: str | None
-    barrier: Stage | None
-    """The ``exact_dedup`` or ``fuzzy_dedup`` that ends this pass: each record's hash or signature goes to ``artifact_url``."""
-    stats_url: str
-    filename_field: str | None
-    on_error: str
-    chunk_bytes: int
-
-
-@dataclass(frozen=True)
-class ScatterTask:
-    """One shard's records (and blend copies) to their buckets."""
-
-    index: int
-    input_url: str
-    plan: blending.SourcePlan
-    first: int
-    seed: int | None
-    buckets: int
-    partitions: int
-    total: int
-    out_dir: str
-    stats_url: str
-
-
-@dataclass(frozen=True)
-class GatherTask:
-    """One output partition from its buckets."""
-
-    partition: int
-    buckets: list[tuple[int, list[str]]]
-    seed: int | None
-    output_url: str
-    output_format: str
-    stats_url: str
-
-
-def run_map_task(task: MapTask) -> dict[str, Any]:
-    """Read a shard (or an intermediate), run the stages, write the output and the hashes; returns the task's stats."""
-    shard = task.shard
-    context = ShardContext(shard.source, shard.source_rank, shard.shard_index, shard.text_field)
-    found = ShardBatches()
-    stage_stats = [{"in": 0, "out": 0, "removed": Counter()} for _ in range(len(task.stages) + (1 if task.removal_urls else 0))]
-    removed = exact_dedup.removed_rows(task.removal_urls, shard.index) if task.removal_urls else None
-    writer = ShardWriter(task.output_url, task.output_format, keep_hidden=task.keep_hidden)
-    artifacts: list[Any] = []
-    written = nbytes = 0
-    try:
-        batches = (_intermediate_batches(task.input_url, found) if task.from_intermediate
-                   else read_batches(task.input_url, shard.text_field, task.filename_field, task.on_error, found, task.chunk_bytes))
-        row = 0
-        for table in batches:
-            offset = 0
-            if removed is not None:
-                rows = np.arange(row, row + table.num_rows)
-                row += table.num_rows
-                keep = ~np.isin(rows, removed)
-                stage_stats[0]["in"] += table.num_rows
-                stage_stats[0]["removed"][task.removal_reason] += int((~keep).sum())
-                table = table.filter(pa.array(keep))
-                stage_stats[0]["out"] += table.num_rows
-                offset = 1
-            for i, stage in enumerate(task.stages):
-                stats = stage_stats[i + offset]
-                stats["in"] += table.num_rows
-                if table.num_rows:
-                    table, dropped = stage.apply(table, context)
-                    stats["removed"].update(dropped)
-                stats["out"] += table.num_rows
-            if task.barrier is not None and table.num_rows:
-                artifacts.append(_artifact(task.barrier, as_array(field_column(table, task.barrier.text_field or shard.text_field))))
-            writer.write(table)
-            written += table.num_rows
-            nbytes += table.nbytes
-    except BaseException:
-        writer.abort()
-        raise
-    output = writer.close()
-    if isinstance(task.barrier, ExactDedup) and task.artifact_url is not None:
-        all_hashes = np.concatenate(artifacts) if artifacts else np.empty((0, 2), dtype=np.uint64)
-        exact_dedup.write_hashes(task.artifact_url, all_hashes, np.arange(written, dtype=np.int64))
-    elif isinstance(task.barrier, fuzzy_dedup.FuzzyDedup) and task.artifact_url is not None:
-        width = task.barrier.minhash.num_perm
-        sigs = np.concatenate([a[0] for a in artifacts]) if artifacts else np.zeros((0, width), dtype=np.uint64)
-        present = np.concatenate([a[1] for a in artifacts]) if artifacts else np.zeros(0, dtype=bool)
-        fuzzy_dedup.write_signatures(task.artifact_url, sigs, present)
-    result = {"read": found.read, "bad": dict(found.bad), "failed": found.failed,
-              "stages": [{**s, "removed": dict(s["removed"])} for s in stage_stats],
-              "first_stage": task.first_stage - (1 if task.removal_urls else 0), "written": written, "bytes": nbytes,
-              "files": {task.output_url: output}}
-    write_json(task.stats_url, result)
-    return result
-
-
-def _artifact(barrier: Stage, texts: pa.Array) -> Any:
-    """What a pass ending in ``barrier`` keeps of each record for the decision: a text hash, or a MinHash signature."""
-    if isinstance(barrier, ExactDedup):
-        return text_hashes(texts, barrier.normalize)
-    assert isinstance(barrier, fuzzy_dedup.FuzzyDedup)
-    return minhash.signatures(texts, barrier.minhash, backend=barrier.backend)
-
-
-def _intermediate_batches(url: str, found: ShardBatches) -> Any:
-    for table in row_groups(url):
-        found.read += table.num_rows
-        yield table
-
-
-def run_scatter_task(task: ScatterTask) -> dict[str, Any]:
-    """Write a shard's record copies into bucket files ``<out_dir>/<task>-<bucket>.parquet``, a row group of the shard
-    at a time; returns rows per bucket."""
-    writers: dict[int, ShardWriter] = {}
-    written = 0
-    try:
-        first = task.first
-        for table in row_groups(task.input_url):
-            rows, indices = blending.emitted_indices(task.plan, first, table.num_rows)
-            first += table.num_rows
-            if task.seed is None:
-                buckets = scatter.ordered_buckets(indices, task.total, task.partitions)
-            else:
-                buckets = scatter.shuffled_buckets(indices, task.seed, task.buckets)
-            order = np.argsort(buckets, kind="stable")
-            rows, indices, buckets = rows[order], indices[order], buckets[order]
-            copies = table.take(pa.array(rows)).append_column(INDEX, pa.array(indices, pa.int64()))
-            bounds = np.flatnonzero(np.diff(buckets)) + 1
-            for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(buckets)], strict=True):
-                if stop > start:
-                    bucket = int(buckets[start])
-                    if bucket not in writers:
-                        writers[bucket] = ShardWriter(_bucket_url(task.out_dir, task.index, bucket), "parquet", keep_hidden=True)
-                    writers[bucket].write(copies.slice(start, stop - start))
-            written += len(rows)
-    except BaseException:
-        for writer in writers.values():
-            writer.abort()
-        raise
-    files = {w.url: w.close() for _, w in sorted(writers.items())}
-    result = {"buckets": {str(b): w.records for b, w in sorted(writers.items())}, "written": written, "files": files}
-    write_json(task.stats_url, result)
-    return result
-
-
-def _bucket_url(out_dir: str, task: int, bucket: int) -> str:
-    return local_or_url_join(out_dir, f"{task:06d}-{bucket:05d}.parquet")
-
-
-def run_gather_task(task: GatherTask) -> dict[str, Any]:
-    """Write one output partition: its buckets in turn, each in order (or in a seeded random order)."""
-    writer = ShardWriter(task.output_url, task.output_format)
-    written = largest = 0
-    try:
-        for bucket, urls in task.buckets:
-            parts = [read_table(url) for url in urls]
-            if not parts:
-                continue
-            table = concat(parts)
-            largest = max(largest, table.nbytes)
-            order = scatter.bucket_order(table.column(INDEX).to_numpy(), task.seed, bucket)
-            table = table.take(pa.array(order))
-            writer.write(table)
-            written += table.num_rows
-    except BaseException:
-        writer.abort()
-        raise
-    result = {"written": written, "max_bucket_bytes": largest, "files": {task.output_url: writer.close()}}
-    write_json(task.stats_url, result)
-    return result
-
-
-def list_shards(config: CurationConfig) -> list[ShardRef]:
-    """Every input shard, in order: sources in list order, each source's shards as its patterns expand."""
-    shards = []
-    stems: dict[str, str] = {}
-    for rank, source in enumerate(config.sources):
-        urls = expand_urls(source.paths)
-        if config.output.write_to_filename:
-            if config.output.source_dirs:
-                stems = {}
-            for url in urls:
-                stem = shard_stem(url)
-                if stem in stems:
-                    raise CurationError(f"sources[{source.name}]: {stems[stem]} and {url} would both be written as {stem}; with "
-                                        "output.write_to_filename every output shard needs its own name: rename one, or keep "
-                                        "output.source_dirs on when the clash is between sources")
-                stems[stem] = url
-        shards += [ShardRef(len(shards) + i, source.name, rank, i, url, source.text_field) for i, url in enumerate(urls)]
-    return shards
-
-
-def _final_url(output: CurationOutput, shard: ShardRef, suffix: str) -> str:
-    name = shard_stem(shard.url) + suffix
-    return local_or_url_join(output.path, shard.source, name) if output.source_dirs else local_or_url_join(output.path, name)
 
 
 def _fingerprint(config: CurationConfig, shards: list[ShardRef]) -> dict[str, Any]:
@@ -446,12 +157,12 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     work = local_or_url_join(out, WORK_DIR, key)
     if read_json(local_or_url_join(work, "pipeline.json")) is None:
         write_json(local_or_url_join(work, "pipeline.json"), fingerprint)
-    segments = _segments(config.stages)
+    segments = split_at_dedups(config.stages)
     partitioned = not config.output.write_to_filename
     checked: dict[str, str | None] = {}
     finished = read_json(local_or_url_join(work, STATS_FILE))
     if finished is not None:
-        final_stats = ([local_or_url_join(work, "gather", "stats", f"{p:06d}.json") for p in range(_partitions(config, shards))] if partitioned
+        final_stats = ([local_or_url_join(work, "gather", "stats", f"{p:06d}.json") for p in range(partition_count(config, shards))] if partitioned
                        else [local_or_url_join(work, f"pass-{len(segments) - 1}", "stats", f"{s.index:06d}.json") for s in shards])
         damaged = [d for url in final_stats for d in _damaged_files(url, read_json(url), True, checked)]
         if not damaged:
@@ -472,7 +183,7 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
             tasks = []
             for shard in shards:
                 final = last and not partitioned
-                output_url = (_final_url(config.output, shard, suffix) if final
+                output_url = (final_url(config.output, shard, suffix) if final
                               else local_or_url_join(phase, "data", f"{shard.index:06d}.parquet"))
                 tasks.append(MapTask(
                     shard=shard,
@@ -504,7 +215,7 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
             outputs, blend_stats, shuffle_stats = _write_partitions(config, executor, shards, map_results[-1], work, len(segments) - 1, checked)
         else:
             outputs = [t.output_url for t in tasks]
-    stats = _statistics(config, shards, map_results, blend_stats, outputs, time.perf_counter() - started)
+    stats = curation_statistics(config, shards, map_results, blend_stats, outputs, time.perf_counter() - started)
     stats["shuffle"] = shuffle_stats
     for index, decision in decisions.items():
         stats["stages"][int(index)]["fuzzy_dedup"] = decision
@@ -513,22 +224,6 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     if not config.keep_intermediate:
         _remove_intermediates(work)
     return stats
-
-
-def _segments(stages: list[Stage]) -> list[tuple[int, list[Stage], Stage | None]]:
-    """The stages split at each ``exact_dedup`` and ``fuzzy_dedup``: (index of the first stage, the stages, the dedup
-    that ends them)."""
-    segments = []
-    current: list[Stage] = []
-    first = 0
-    for i, stage in enumerate(stages):
-        if isinstance(stage, ExactDedup | fuzzy_dedup.FuzzyDedup):
-            segments.append((first, current, stage))
-            current, first = [], i + 1
-        else:
-            current.append(stage)
-    segments.append((first, current, None))
-    return segments
 
 
 def _run_phase(executor: Any, fn: Any, tasks: list[Any], stats_urls: list[str], label: str, checked: dict[str, str | None],
@@ -580,11 +275,6 @@ def _damaged_files(stats_url: str, result: dict[str, Any] | None, final: bool, c
     return found
 
 
-def _partitions(config: CurationConfig, shards: list[ShardRef]) -> int:
-    """How many partitions a partitioned output has: as asked, or one per input shard."""
-    return config.output.partitions or len(shards)
-
-
 def _write_partitions(config: CurationConfig, executor: Any, shards: list[ShardRef], results: list[dict[str, Any]], work: str,
                       last_pass: int, checked: dict[str, str | None]) -> tuple[list[str], dict[str, Any] | None, dict[str, Any] | None]:
     """Blend (when asked), then scatter and gather into the output partitions; the output files, the blend's and the
@@ -604,7 +294,7 @@ def _write_partitions(config: CurationConfig, executor: Any, shards: list[ShardR
         plans = blending.plan_sources(counts, counts, None)
         blend_stats = None
     total = sum(p.wanted for p in plans)
-    partitions = _partitions(config, shards)
+    partitions = partition_count(config, shards)
     seed = config.shuffle.seed if config.shuffle is not None else None
     nbytes = sum(r["bytes"] * (plans[names.index(s.source)].wanted / max(plans[names.index(s.source)].count, 1))
                  for s, r in zip(shards, results, strict=True))
@@ -623,7 +313,7 @@ def _write_partitions(config: CurationConfig, executor: Any, shards: list[ShardR
     for p in range(partitions):
         members = []
         for bucket in scatter.buckets_of_partition(p, partitions, buckets):
-            urls = [_bucket_url(local_or_url_join(scatter_dir, "data"), t.index, bucket) for t, r in zip(tasks, scattered, strict=True)
+            urls = [bucket_url(local_or_url_join(scatter_dir, "data"), t.index, bucket) for t, r in zip(tasks, scattered, strict=True)
                     if str(bucket) in r["buckets"]]
             members.append((bucket, urls))
         gathers.append(GatherTask(p, members, seed, local_or_url_join(config.output.path, f"part-{p:05d}{suffix}"), config.output.format,
@@ -632,48 +322,6 @@ def _write_partitions(config: CurationConfig, executor: Any, shards: list[ShardR
     shuffle_stats = None if seed is None else {"seed": seed, "partitions": partitions, "buckets": buckets, "record_bytes": int(nbytes),
                                                 "max_bucket_bytes": max(g["max_bucket_bytes"] for g in gathered)}
     return [g.output_url for g in gathers], blend_stats, shuffle_stats
-
-
-def _statistics(config: CurationConfig, shards: list[ShardRef], map_results: list[list[dict[str, Any]]],
-                blend_stats: dict[str, Any] | None, outputs: list[str], seconds: float) -> dict[str, Any]:
-    """``curation_stats.json``: per source and stage, records in, out and removed by reason; and the accounting check."""
-    names = [s.name for s in config.sources]
-    per_source = {n: {"read": 0, "bad": Counter(), "shards_failed": Counter(), "after_stages": 0} for n in names}
-    stage_rows: list[dict[str, Any]] = [
-        {"stage": stage.label, "in": 0, "out": 0, "removed": Counter(),
-         "per_source": {n: {"in": 0, "out": 0, "removed": Counter()} for n in names}}
-        for stage in config.stages]
-    for k, results in enumerate(map_results):
-        for shard, result in zip(shards, results, strict=True):
-            source = per_source[shard.source]
-            if k == 0:
-                source["read"] += result["read"]
-                source["bad"].update(result["bad"])
-                if result.get("failed"):
-                    source["shards_failed"][result["failed"]] += 1
-            if k == len(map_results) - 1:
-                source["after_stages"] += result["written"]
-            for j, s in enumerate(result["stages"]):
-                row = stage_rows[result["first_stage"] + j]
-                for target in (row, row["per_source"][shard.source]):
-                    target["in"] += s["in"]
-                    target["out"] += s["out"]
-                    target["removed"].update(s["removed"])
-    accounted = True
-    for name in names:
-        src = per_source[name]
-        removed = sum(sum(row["per_source"][name]["removed"].values()) for row in stage_rows)
-        src["removed_by_stages"] = removed
-        if src["read"] - sum(src["bad"].values()) - removed != src["after_stages"]:
-            accounted = False
-            logger.error("source %s: %d read, %d bad, %d removed, but %d left: records are unaccounted for", name, src["read"],
-                         sum(src["bad"].values()), removed, src["after_stages"])
-    written = sum(b["blended"] for b in blend_stats.values()) if blend_stats else sum(s["after_stages"] for s in per_source.values())
-    return json.loads(json.dumps({
-        "sources": per_source, "stages": stage_rows, "blend": blend_stats, "accounted": accounted,
-        "output": {"records": written, "files": len(outputs), "format": config.output.format, "path": config.output.path},
-        "seconds": round(seconds, 3),
-    }))
 
 
 def _remove_intermediates(work: str) -> None:

@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tokenmix.curate.filters import DocumentFilter
-from tokenmix.curate.heuristics import carry_analyses  # and registers the heuristic filters as choices of DocumentFilter
+from tokenmix.curate.heuristics import registry  # noqa: F401  (registers the heuristic filters as choices of DocumentFilter)
+from tokenmix.curate.heuristics.analyses import carry_analyses
 from tokenmix.curate.modifiers import DocumentModifier
 from tokenmix.curate.records import POSITION, as_array, field_column, has_field, set_field
 

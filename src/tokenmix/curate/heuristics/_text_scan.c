@@ -1,11 +1,12 @@
-/* One pass over a batch of UTF-8 texts for NeMo Curator's heuristic filters (tokenmix/curate/heuristics.py).
+/* One pass over a batch of UTF-8 texts for NeMo Curator's heuristic filters (tokenmix/curate/heuristics/).
 
    profile() counts, per text, everything the word, character and line heuristics divide: words, characters of
    each class, the longest word, words that are symbols, stop words or hold a letter, non-blank lines that start with
    a bullet or end without an end mark or with an ellipsis, and characters inside URLs. pieces() counts each text's
    lines or paragraphs and how many of them are distinct. What a character is (whitespace, a letter, a bracket...)
-   comes from a table of classes per code point that heuristics.py fills from its own constants; letters outside
-   ASCII are asked of Python once per code point and remembered in that table. */
+   comes from a table of classes per code point that scan.py fills from character_classes.py; letters outside ASCII
+   are asked of Python once per code point and remembered in that table. plain_scan.py makes the same counts in plain
+   Python, for an install where this module was not built. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -1,0 +1,80 @@
+"""The per-text counts every word, character, line and repetition heuristic is a ratio of, for a whole batch at once:
+by the compiled scan (``_text_scan.c``, a CPython extension that ``pip install`` builds where it finds a C compiler),
+or, where it was not built, by the same counts in plain Python (``plain_scan``), with a warning in the log.
+
+The compiled scan reads what a character is from a table of classes per code point (``_classes``), filled from
+``character_classes``; a letter outside ASCII is decided by ``is_alphabetic`` the first time the scan meets it, and
+kept in the table.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import string
+from types import ModuleType
+
+import numpy as np
+
+from tokenmix.curate.heuristics import character_classes as chars
+from tokenmix.curate.heuristics import plain_scan
+
+logger = logging.getLogger(__name__)
+
+_SYMBOL_BYTES = tuple(word.encode() for word in chars.SYMBOL_WORDS)
+_COMMON_BYTES = tuple(sorted(word.encode() for word in chars.COMMON_ENGLISH_WORDS))
+_ELLIPSIS_BYTES = tuple(mark.encode() for mark in chars.ELLIPSIS_MARKS)
+
+
+@functools.cache
+def compiled() -> ModuleType | None:
+    """The compiled scan, or None (said once) where it was not built."""
+    try:
+        from tokenmix.curate.heuristics import _text_scan
+    except ImportError as e:
+        logger.warning("the heuristic filters' compiled text scan was not built when tokenmix was installed (%s): they count in "
+                       "plain Python instead, and a pipeline of them takes two to three times as long. To build it, install "
+                       "tokenmix again where a C compiler and the Python headers are found (gcc and python3-dev)", e)
+        return None
+    return _text_scan
+
+
+def profile_fields() -> tuple[str, ...]:
+    """The columns of ``profile_counts``."""
+    return (compiled() or plain_scan).PROFILE_FIELDS
+
+
+def profile_counts(data: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Per text ``data[bounds[t]:bounds[t + 1]]``, the counts ``profile_fields`` names: words, characters by class,
+    the longest word, symbol, stop and lettered words, non-blank lines by how they start and end, URL characters."""
+    scan = compiled()
+    if scan is None:
+        return plain_scan.profile(data, bounds)
+    counts = np.empty((len(bounds) - 1, len(scan.PROFILE_FIELDS)), dtype=np.int64)
+    scan.profile(data, bounds, _classes(), chars.is_alphabetic, _SYMBOL_BYTES, _COMMON_BYTES, _ELLIPSIS_BYTES, counts)
+    return counts
+
+
+def piece_counts(data: np.ndarray, bounds: np.ndarray, newlines: int, skip_blank: bool) -> np.ndarray:
+    """Per text, its pieces between ``newlines`` newlines, the distinct ones, the characters in all of them and in the
+    distinct ones; with ``skip_blank``, pieces of only whitespace are left out."""
+    scan = compiled()
+    if scan is None:
+        return plain_scan.pieces(data, bounds, newlines, skip_blank)
+    counts = np.empty((len(bounds) - 1, 4), dtype=np.int64)
+    scan.pieces(data, bounds, _classes(), newlines, skip_blank, counts)
+    return counts
+
+
+@functools.cache
+def _classes() -> np.ndarray:
+    """Each code point's classes for the compiled scan (its bits), from ``character_classes``. Whether a character
+    outside ASCII is a letter is decided, and kept here, when a scan first meets it."""
+    scan = compiled()
+    classes = np.zeros(scan.MAX_CODE, dtype=np.uint16)
+    for members, bit in ((chars.WHITESPACE, scan.SPACE), (chars.ALPHANUMERIC, scan.ALNUM), (chars.DIGITS, scan.DIGIT), (chars.LAYOUT, scan.LAYOUT),
+                         (chars.BRACKETS, scan.BRACKET), (string.ascii_letters, scan.LETTER), (chars.BULLETS, scan.BULLET),
+                         (chars.END_MARKS, scan.END_MARK), (chars.URL_CHARS, scan.URL), ("#", scan.HASH)):
+        classes[[ord(c) for c in members]] |= np.uint16(bit)
+    classes[:0x80] |= np.uint16(scan.KNOWN)
+    return classes
