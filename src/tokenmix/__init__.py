@@ -119,8 +119,8 @@ if TYPE_CHECKING:
     from tokenmix.config.tokenization import TokenizationConfig
     from tokenmix.config.verification import verify_cache
     from tokenmix.curate.document_dataset import DocumentDataset
-    from tokenmix.curate.pipeline import CurationConfig, load_curation_config, run_curation
-    from tokenmix.curate.pipeline_config import CurationError
+    from tokenmix.curate.pipeline import load_curation_config, run_curation
+    from tokenmix.curate.pipeline_config import CurationConfig, CurationError
     from tokenmix.curate.shard_io import CurationInputError
     from tokenmix.datasets.base import Dataset, TokenBatch
     from tokenmix.datasets.mixture import MixtureDataset, SourceUsage

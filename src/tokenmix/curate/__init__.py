@@ -45,8 +45,8 @@ if TYPE_CHECKING:
         WhitespaceNormalize,
         WikitextDetokenize,
     )
-    from tokenmix.curate.pipeline import CurationConfig, load_curation_config, run_curation
-    from tokenmix.curate.pipeline_config import BlendConfig, CurationError, CurationOutput, CurationSource, ShuffleConfig
+    from tokenmix.curate.pipeline import load_curation_config, run_curation
+    from tokenmix.curate.pipeline_config import BlendConfig, CurationConfig, CurationError, CurationOutput, CurationSource, ShuffleConfig
     from tokenmix.curate.quality import QualityClassifier
     from tokenmix.curate.remaining import get_batched_files, get_remaining_files
     from tokenmix.curate.shard_io import CurationInputError

@@ -21,15 +21,8 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from tokenmix.curate.pipeline import (
-    STATS_FILE,
-    BlendConfig,
-    CurationConfig,
-    CurationOutput,
-    CurationSource,
-    ShuffleConfig,
-    run_curation,
-)
+from tokenmix.curate.pipeline import STATS_FILE, run_curation
+from tokenmix.curate.pipeline_config import BlendConfig, CurationConfig, CurationOutput, CurationSource, ShuffleConfig
 from tokenmix.curate.records import user_table
 from tokenmix.curate.shard_io import ShardBatches, read_batches
 from tokenmix.curate.stages import ExactDedup, ShardContext, Stage

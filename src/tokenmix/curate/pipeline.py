@@ -34,8 +34,7 @@ import os
 import posixpath
 import stat
 import time
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import draccus
 import fsspec
@@ -46,13 +45,13 @@ import tokenmix.curate.quality  # noqa: F401  (registers the quality stage as a 
 from tokenmix.curate import blend as blending
 from tokenmix.curate import exact_dedup, fuzzy_dedup, scatter
 from tokenmix.curate.partial_files import damage
-from tokenmix.curate.pipeline_config import BlendConfig, CurationError, CurationOutput, CurationSource, ShuffleConfig
+from tokenmix.curate.pipeline_config import CurationConfig, CurationError
 from tokenmix.curate.pipeline_plan import final_url, list_shards, partition_count, split_at_dedups
 from tokenmix.curate.pipeline_stats import curation_statistics
 from tokenmix.curate.pipeline_tasks import GatherTask, MapTask, ScatterTask, ShardRef, bucket_url, run_gather_task, run_map_task, run_scatter_task
-from tokenmix.curate.shard_io import BATCH_BYTES, local_or_url_join, output_suffix, read_json, write_json
-from tokenmix.curate.stages import ExactDedup, Stage
-from tokenmix.execution.configs import ExecutorConfig, LocalExecutorConfig
+from tokenmix.curate.shard_io import local_or_url_join, output_suffix, read_json, write_json
+from tokenmix.curate.stages import ExactDedup
+from tokenmix.execution.configs import LocalExecutorConfig
 from tokenmix.execution.retrying import run_tasks
 from tokenmix.sources.shards import FileShard
 
@@ -60,51 +59,6 @@ logger = logging.getLogger(__name__)
 
 WORK_DIR = ".curate"
 STATS_FILE = "curation_stats.json"
-
-
-@dataclass(frozen=True)
-class CurationConfig:
-    """A curation pipeline (``tokenmix curate --config_path pipeline.yaml``)."""
-
-    sources: list[CurationSource]
-    output: CurationOutput
-    stages: list[Stage] = field(default_factory=list)
-    """Record stages in order (``add_id``, ``score``, ``score_filter``, ``field_filter``, ``modify``, ``quality``,
-    ``exact_dedup``, ``fuzzy_dedup``)."""
-    blend: BlendConfig | None = None
-    """Applied after the stages; needs partitioned output."""
-    shuffle: ShuffleConfig | None = None
-    """Applied last; needs partitioned output."""
-    filename_field: str | None = None
-    """Write each record's input shard name to this field (NeMo's ``add_filename``); unset: not written."""
-    on_error: Literal["raise", "skip"] = "raise"
-    """``raise`` stops at the first bad record naming file and line; ``skip`` counts it by reason."""
-    executor: ExecutorConfig = field(default_factory=LocalExecutorConfig)
-    """``{type: local}`` (worker processes), ``{type: ray, address: ...}`` or ``{type: dask, address: ...}``."""
-    num_workers: int | None = None
-    """Local worker processes (one per core when unset; 0 runs tasks in this process), or a local cluster's size."""
-    chunk_bytes: int = BATCH_BYTES
-    """Input bytes per batch of records."""
-    keep_intermediate: bool = False
-    """Keep the passes' intermediate shards after a successful run (they are removed by default)."""
-
-    def __post_init__(self) -> None:
-        names = [s.name for s in self.sources]
-        if not names:
-            raise CurationError("sources: give at least one source (name, paths)")
-        if len(set(names)) != len(names):
-            raise CurationError(f"sources: names must be unique, got {names}")
-        for source in self.sources:
-            if not source.paths:
-                raise CurationError(f"sources[{source.name}].paths: give at least one shard URL or pattern")
-        if self.output.write_to_filename and (self.blend is not None or self.shuffle is not None):
-            raise CurationError("output.write_to_filename keeps each input shard's records in a shard of its name, which a blend or a "
-                                "shuffle cannot; set output.write_to_filename: false (and output.partitions) to blend or shuffle")
-        if self.blend is not None:
-            unknown = sorted(set(self.blend.weights) - set(names))
-            if unknown:
-                raise CurationError(f"blend.weights names {unknown}, which are not sources; sources are {names}")
-            blending.blend_counts(self.blend.target_size, [self.blend.weights.get(n, 0.0) for n in names])
 
 
 def _fingerprint(config: CurationConfig, shards: list[ShardRef]) -> dict[str, Any]:

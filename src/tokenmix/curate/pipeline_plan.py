@@ -14,7 +14,7 @@ from tokenmix.curate.stages import ExactDedup, Stage
 from tokenmix.sources.urls import expand_urls
 
 if TYPE_CHECKING:
-    from tokenmix.curate.pipeline import CurationConfig
+    from tokenmix.curate.pipeline_config import CurationConfig
 
 
 def list_shards(config: CurationConfig) -> list[ShardRef]:

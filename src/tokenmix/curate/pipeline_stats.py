@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from tokenmix.curate.pipeline_tasks import ShardRef
 
 if TYPE_CHECKING:
-    from tokenmix.curate.pipeline import CurationConfig
+    from tokenmix.curate.pipeline_config import CurationConfig
 
 logger = logging.getLogger(__name__)
 
