@@ -1,6 +1,7 @@
 """The CLI (build-cache with overrides, inspect) and Levanter-compatible config parsing."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -64,6 +65,57 @@ def test_cli_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path):
     assert _cli("build-cache", "--config_path", str(tmp_path / "missing.yaml")).returncode == 1
     assert _cli("inspect", str(tmp_path / "nothing")).returncode == 1
     assert main(["no-such-command"]) == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--config_path", "config/nope.yaml"], "config file config/nope.yaml does not exist"),
+    (["train", "--trainer.num_train_step", "5"], "config/train_demo.yaml: The fields `num_train_step` are not valid for TrainerConfig "
+                                                 "(did you mean: num_train_step -> num_train_steps?)"),
+    (["train", "--model.hidden_dim", "7"], "model.hidden_dim 7 must be a multiple of model.num_heads 4"),
+    (["demo", "--seq_len", "0"], "tokenmix demo: argument --seq_len: must be at least 2 (tokens per example), got 0"),
+    (["demo", "--batch_size", "12"], "argument --batch_size: must be a multiple of 8"),
+    (["demo", "--cache_dri", "x"], "did you mean: cache_dri -> cache_dir?"),
+    (["plot", "--config_path", "config/nope.yaml"], "config file config/nope.yaml does not exist"),
+    (["plot", "--config_path", "config/demo.yaml", "--seed", "x"], "`seed`: Couldn't parse 'x' into an int"),
+    (["plot", "--config_path", "config/demo.yaml", "--steps", "0"], "argument --steps: must be at least 1"),
+    (["curate", "--config_path", "config/curation/demo.yaml", "--num_worker", "3"], "did you mean: num_worker -> num_workers?"),
+    (["build-cache", "--config_path", "config/demo.yaml", "--build.on_eror", "skip"], "did you mean: on_eror -> on_error?"),
+    (["verify", "--config_path", "config/nope.yaml"], "config file config/nope.yaml does not exist"),
+    (["export", "--to", "megatron", "--output", "out/x", "--config_path", "config/demo.yaml", "--source", "web"],
+     "unknown source 'web'; the config defines ['linux_doc', 'python_doc', 'webster']"),
+    (["inspect", "cache/nope"], "no cache at cache/nope"),
+])
+def test_every_command_reports_a_bad_config_or_option_in_one_line_naming_it(args, message):
+    """No traceback: one line on stderr naming the field (or option) and the fix, nothing on stdout, a non-zero exit."""
+    result = _cli(*args)
+    assert result.returncode != 0
+    assert result.stdout == ""
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_every_commands_help_describes_each_option_with_its_default_and_no_markup():
+    from tokenmix.cli.main import COMMANDS
+
+    for command in COMMANDS:
+        result = _cli(command, "--help")
+        assert result.returncode == 0, result.stderr
+        assert "``" not in result.stdout, command
+        options = result.stdout.split("\noptions:\n", 1)[1].splitlines()
+        for line, following in zip(options, options[1:] + [""]):
+            described = re.match(r"  -.*?\S {2,}\S", line) or following.startswith(" " * 24)
+            assert not line.startswith("  -") or described, f"tokenmix {command}: {line.strip()} has no description"
+    demo = _cli("demo", "--help").stdout
+    for option, default in (("seq_len", 1024), ("batch_size", 32), ("batches", 300)):
+        assert re.search(rf"--{option} {option.upper()}\s.*\(default: {default}\)", demo.replace("\n" + " " * 24, " ")), option
+
+
+def test_an_unknown_format_lists_the_choices_and_a_misspelt_one_names_the_closest():
+    with pytest.raises(ConfigError) as unknown:
+        load_data_config(str(REPO / "config" / "demo.yaml"), ["--configs.webster.format.type", "ul2r"])
+    assert "'ul2r'" in str(unknown.value) and str(unknown.value).endswith("(the choices are chat, fim, prebuilt, supervised, text)")
+    with pytest.raises(ConfigError, match=r"\(did you mean: chta -> chat\?\)$"):
+        load_data_config(str(REPO / "config" / "demo.yaml"), ["--configs.webster.format.type", "chta"])
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -10,28 +10,14 @@ local Ray or Dask cluster), ``--build.executor.max_retries N`` and ``--build.exe
 
 from __future__ import annotations
 
-import argparse
-import logging
 from typing import Any
 
 from rich.table import Table
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tokenmix import (
-    CacheDamagedError,
-    CacheLockedError,
-    CacheWriteError,
-    ConfigError,
-    LockLostError,
-    MissingExtraError,
-    ShardTaskError,
-    UnsafeFileError,
-    build_caches,
-    load_data_config,
-)
+from tokenmix import build_caches, load_data_config
 from tokenmix.cli.console import make_console
-
-logger = logging.getLogger(__name__)
+from tokenmix.cli.parser import CommandParser
 
 
 def summary_table(results: dict[tuple[str, str], dict[str, Any]]) -> Table:
@@ -50,17 +36,12 @@ def summary_table(results: dict[tuple[str, str], dict[str, Any]]) -> Table:
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tokenmix build-cache", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("build-cache", __doc__)
     parser.add_argument("--config_path", required=True, help="data config YAML")
     parser.add_argument("--source", action="append", help="build only this source (repeatable)")
     args, overrides = parser.parse_known_args(argv)
-    try:
-        config = load_data_config(args.config_path, overrides)
-        with logging_redirect_tqdm():
-            results = build_caches(config, sources=args.source)
-    except (ConfigError, ValueError, FileNotFoundError, MissingExtraError, ConnectionError, ShardTaskError, CacheLockedError,
-            LockLostError, CacheWriteError, CacheDamagedError, UnsafeFileError) as e:
-        logger.error("%s", e)
-        return 1
+    config = load_data_config(args.config_path, overrides)
+    with logging_redirect_tqdm():
+        results = build_caches(config, sources=args.source)
     make_console().print(summary_table(results))
     return 0

@@ -8,7 +8,6 @@ shards are kept, the rest is redone, and the output is the same, byte for byte.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from typing import Any
 
@@ -16,6 +15,7 @@ from rich.table import Table
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tokenmix.cli.console import make_console
+from tokenmix.cli.parser import CommandParser
 
 logger = logging.getLogger(__name__)
 
@@ -37,22 +37,14 @@ def summary_table(stats: dict[str, Any]) -> Table:
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tokenmix curate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("curate", __doc__)
     parser.add_argument("--config_path", required=True, help="curation pipeline YAML")
     args, overrides = parser.parse_known_args(argv)
-    from tokenmix import MissingExtraError, UnsafeFileError
-    from tokenmix.config.loading import ConfigError
-    from tokenmix.curate import CurationError, CurationInputError, load_curation_config, run_curation
-    from tokenmix.sources.urls import NoShardsError
+    from tokenmix.curate import load_curation_config, run_curation
 
-    try:
-        config = load_curation_config(args.config_path, overrides)
-        with logging_redirect_tqdm():
-            stats = run_curation(config)
-    except (ConfigError, CurationError, CurationInputError, NoShardsError, MissingExtraError, ConnectionError, FileNotFoundError,
-            UnsafeFileError) as e:
-        logger.error("%s", e)
-        return 1
+    config = load_curation_config(args.config_path, overrides)
+    with logging_redirect_tqdm():
+        stats = run_curation(config)
     make_console().print(summary_table(stats))
     if not stats["accounted"]:
         logger.error("some records are unaccounted for; see curation_stats.json")

@@ -4,7 +4,6 @@ devices and print the proportions seen against the weights, the throughput and b
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import time
@@ -16,6 +15,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from tokenmix import LMMixtureDatasetConfig, build_caches, load_data_config
 from tokenmix.cli.build_cache import summary_table
 from tokenmix.cli.console import make_console
+from tokenmix.cli.parser import CommandParser, at_least
 from tokenmix.loader.cpu_devices import use_fake_cpu_devices
 
 logger = logging.getLogger(__name__)
@@ -25,12 +25,16 @@ DEMO_DEVICES = 8
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tokenmix demo", description=__doc__)
+    parser = CommandParser("demo", __doc__)
     parser.add_argument("--config_path", default=DEMO_CONFIG, help="the demo config (run from the repository root)")
-    parser.add_argument("--seq_len", type=int, default=1024)
-    parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--seq_len", type=at_least(2, "tokens per example"), default=1024, help="tokens per example")
+    parser.add_argument("--batch_size", type=at_least(DEMO_DEVICES, "examples per batch, split over the devices"), default=32,
+                        help=f"examples per batch, split over the {DEMO_DEVICES} devices (a multiple of {DEMO_DEVICES})")
+    parser.add_argument("--batches", type=at_least(1, "batches"), default=300, help="batches streamed through the DataLoader")
     args, overrides = parser.parse_known_args(argv)
+    if args.batch_size % DEMO_DEVICES:
+        parser.error(f"argument --batch_size: must be a multiple of {DEMO_DEVICES} (the batch is split over {DEMO_DEVICES} devices), "
+                     f"got {args.batch_size}")
     if not os.path.exists(args.config_path):
         logger.error("%s not found: run `tokenmix demo` from the tokenmix repository root", args.config_path)
         return 1

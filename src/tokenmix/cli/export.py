@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tokenmix import CacheNotFoundError, ConfigError, TokenCache, load_data_config, open_cache
+from tokenmix import TokenCache, load_data_config, open_cache
+from tokenmix.cli.parser import CommandParser
 from tokenmix.export import EXPORT_KINDS, Hdf5ExportOptions, export_cache
 
 logger = logging.getLogger(__name__)
@@ -50,13 +51,13 @@ def _add_hdf5_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tokenmix export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("export", __doc__)
     parser.add_argument("--to", required=True, choices=EXPORT_KINDS, help="the format to write")
     parser.add_argument("--output", required=True, help="where to write it (see above for each format)")
     parser.add_argument("--cache", help="a cache directory or URL (one source and split)")
     parser.add_argument("--config_path", help="a data config; with --source (and --split), export that source's cache or token files")
     parser.add_argument("--source", help="the config's source to export")
-    parser.add_argument("--split", default="train", help="train (default) or validation")
+    parser.add_argument("--split", default="train", help="train or validation")
     parser.add_argument("--tokenizer", help="tokenizer name recorded by datatrove and Levanter targets (default: the config's)")
     _add_hdf5_options(parser)
     args = parser.parse_args(argv)
@@ -64,20 +65,20 @@ def run(argv: list[str]) -> int:
         parser.error("give either --cache DIR, or --config_path CFG.yaml with --source NAME")
     given = vars(args)
     hdf5 = Hdf5ExportOptions(**{f.name: given[f.name] for f in dataclasses.fields(Hdf5ExportOptions) if f.name in given})
-    try:
-        if args.cache:
-            cache = TokenCache(args.cache)
-            tokenizer = args.tokenizer or cache.ledger.info.get("tokenizer")
-        else:
-            if not args.source:
-                parser.error("--config_path needs --source NAME (the source to export)")
-            config = load_data_config(args.config_path)
+    if args.cache:
+        cache = TokenCache(args.cache)
+        tokenizer = args.tokenizer or cache.ledger.info.get("tokenizer")
+    else:
+        if not args.source:
+            parser.error("--config_path needs --source NAME (the source to export)")
+        config = load_data_config(args.config_path)
+        try:
             cache = open_cache(config, args.source, args.split)
-            tokenizer = args.tokenizer or config.tokenizer
-        with logging_redirect_tqdm():
-            result = export_cache(cache, args.to, args.output, tokenizer=tokenizer, hdf5=hdf5)
-    except (CacheNotFoundError, ConfigError, ValueError, KeyError, OSError) as e:
-        logger.error("%s", e)
-        return 1
+        except KeyError as e:  # an unknown source: the message names the config's
+            logger.error("%s", e.args[0])
+            return 1
+        tokenizer = args.tokenizer or config.tokenizer
+    with logging_redirect_tqdm():
+        result = export_cache(cache, args.to, args.output, tokenizer=tokenizer, hdf5=hdf5)
     print(json.dumps(result, indent=1, default=str))
     return 0

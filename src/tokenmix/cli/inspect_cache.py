@@ -2,33 +2,29 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 
 from rich.table import Table
 
-from tokenmix import CacheNotFoundError, TokenCache, TokenizerLoadError
+from tokenmix import TokenCache, TokenizerLoadError
 from tokenmix.cache import stored_plans
 from tokenmix.cli.console import make_console
+from tokenmix.cli.parser import CommandParser
 from tokenmix.formats import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tokenmix inspect", description=__doc__)
+    parser = CommandParser("inspect", __doc__)
     parser.add_argument("cache_dir", help="a cache directory or URL (one source and split)")
     parser.add_argument("--samples", type=int, default=3, help="documents to decode")
     parser.add_argument("--chars", type=int, default=300, help="characters shown per document")
     parser.add_argument("--tokenizer", help="tokenizer to decode with (default: the one recorded in the ledger)")
     parser.add_argument("--json", action="store_true", help="print ledger and statistics as JSON only")
     args = parser.parse_args(argv)
-    try:
-        cache = TokenCache(args.cache_dir)
-    except CacheNotFoundError as e:
-        logger.error("%s", e)
-        return 1
+    cache = TokenCache(args.cache_dir)
     ledger = cache.ledger
     stats = cache.stats()
     plans = stored_plans(args.cache_dir)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
+
+from tokenmix._command_logging import configure_command_logging
 
 COMMANDS = {
     "curate": ("tokenmix.cli.curate", "Run (or resume) a curation pipeline: filter, modify, deduplicate, blend, shuffle raw shards."),
@@ -11,7 +14,7 @@ COMMANDS = {
     "export": ("tokenmix.cli.export", "Write a cache (or a source's token files) as Megatron, datatrove, Nanoset, Levanter or Cerebras HDF5 files."),
     "inspect": ("tokenmix.cli.inspect_cache", "Show a cache's ledger and statistics and decode sample documents."),
     "verify": ("tokenmix.cli.verify", "Check every stored byte of caches (checksums, row bounds, inputs) and repair damaged rows."),
-    "demo": ("tokenmix.cli.demo", "Build the bundled demo mixture's caches and print their statistics."),
+    "demo": ("tokenmix.cli.demo", "Build the bundled demo mixture's caches, then stream its batches onto a mesh of 8 fake CPU devices."),
     "train": ("tokenmix.cli.train_lm", "Train a tiny transformer on a mixture: per-source eval, checkpoints, exact resume."),
     "plot": ("tokenmix.cli.plot_schedule", "Draw a mixture config's schedule (each source's share by step) as a PNG."),
 }
@@ -24,6 +27,12 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def is_user_error(error: BaseException) -> bool:
+    """Whether ``error`` is one a user can hit, whose message names the file or field and the fix: tokenmix's own error
+    types, and the ValueError, OSError and ImportError (a missing extra) the library raises with such a message."""
+    return isinstance(error, ValueError | OSError | ImportError) or type(error).__module__.startswith("tokenmix.")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -33,11 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"tokenmix: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    import importlib
-
-    module = importlib.import_module(COMMANDS[command][0])
-    return int(module.run(rest) or 0)
+    configure_command_logging()
+    name = COMMANDS[command][0]
+    try:
+        return int(importlib.import_module(name).run(rest) or 0)
+    except Exception as e:
+        if not is_user_error(e):
+            raise
+        logging.getLogger(name).error("%s", e)
+        return 1
 
 
 if __name__ == "__main__":

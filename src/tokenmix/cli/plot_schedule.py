@@ -6,16 +6,15 @@ before any training; a training config's data section is drawn with its trainer'
 
 from __future__ import annotations
 
-import argparse
-
 from tokenmix.cli.console import make_console
+from tokenmix.cli.parser import CommandParser, at_least
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tokenmix plot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("plot", __doc__)
     parser.add_argument("--config_path", required=True, help="a mixture config, or a training config with a data section")
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--out", default="schedule.png")
+    parser.add_argument("--steps", type=at_least(1, "training steps"), default=1000, help="training steps drawn")
+    parser.add_argument("--out", default="schedule.png", help="the PNG file written")
     args, overrides = parser.parse_known_args(argv)
     from tokenmix.config.loading import load_data_config
     from tokenmix.config.mixture import LMMixtureDatasetConfig

@@ -6,16 +6,16 @@ source, checkpointing, and resuming from the run directory's checkpoint; draws `
 
 from __future__ import annotations
 
-import argparse
 import os
 
 from tokenmix.cli.console import make_console
+from tokenmix.cli.parser import CommandParser
 
 TRAIN_DEMO = os.path.join("config", "train_demo.yaml")
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tokenmix train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("train", __doc__)
     parser.add_argument("--config_path", default=TRAIN_DEMO, help="a training config: data, trainer and model sections")
     args, overrides = parser.parse_known_args(argv)
     from tokenmix.train.launch import launch, summary

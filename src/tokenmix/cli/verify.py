@@ -10,7 +10,6 @@ the encoder come from ``--config_path`` (the config that built the caches) or, w
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 
@@ -29,6 +28,7 @@ from tokenmix import (
     verify_cache,
 )
 from tokenmix.cli.console import make_console
+from tokenmix.cli.parser import CommandParser
 from tokenmix.config.caches import cache_targets
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ SHOWN = 10
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tokenmix verify", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("verify", __doc__)
     parser.add_argument("caches", nargs="*", help="cache directories or URLs (one source and split each)")
     parser.add_argument("--config_path", help="a data config: verify its caches (all, or --source), and repair from its inputs")
     parser.add_argument("--source", action="append", help="with --config_path: only this source's caches (repeatable)")

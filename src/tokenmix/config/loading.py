@@ -147,9 +147,11 @@ def explain_error(error: BaseException, roots: tuple[type, ...] = (LMMixtureData
 
 
 def _closest(message: str, roots: tuple[type, ...]) -> str:
-    """" Did you mean ...?" for the unknown fields or choice names a draccus message names, or nothing."""
+    """" (did you mean: ...?)" for the unknown fields or choice names a draccus message names that are close to a valid one,
+    " (the choices are ...)" for a choice name close to none, or nothing."""
     names = _config_names(roots)
-    hints = []
+    hints: list[str] = []
+    choices: list[str] = []
     for fields, owner in re.findall(r"The fields? `([^`]+)` (?:are|is) not valid for (\w+)", message):
         for name in (f.strip() for f in fields.split(",")):
             close = difflib.get_close_matches(name, names.get(owner, ()), n=1)
@@ -157,8 +159,12 @@ def _closest(message: str, roots: tuple[type, ...]) -> str:
                 hints.append(f"{name} -> {close[0]}")
     for choice, owner in re.findall(r"Couldn't find a choice class for '([^']+)' in <class '[\w.]+\.(\w+)'>", message):
         close = difflib.get_close_matches(choice, names.get(owner, ()), n=1)
-        hints.append(f"{choice} -> {close[0]}" if close else f"{choice}: choose among {', '.join(sorted(names.get(owner, ())))}")
-    return f" (did you mean: {'; '.join(hints)}?)" if hints else ""
+        if close:
+            hints.append(f"{choice} -> {close[0]}")
+        else:
+            choices.append(f"the choices are {', '.join(sorted(names.get(owner, ())))}")
+    parts = ([f"did you mean: {'; '.join(hints)}?"] if hints else []) + choices
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 @functools.lru_cache(maxsize=8)

@@ -4,9 +4,10 @@
 import argparse
 import logging
 
+from tokenmix._command_logging import configure_command_logging
 from tokenmix.train.launch import launch, summary
 
-logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+configure_command_logging()
 parser = argparse.ArgumentParser(prog="python -m tokenmix.train", description=__doc__)
 parser.add_argument("--config_path", default="config/train_demo.yaml", help="a training config: data, trainer and model sections")
 args, overrides = parser.parse_known_args()
