@@ -17,6 +17,7 @@ from tokenmix import (
     PackedDataset,
     TextLmDatasetFormat,
     TokenCache,
+    build_caches,
     load_data_config,
 )
 from tokenmix.cli.main import main
@@ -51,6 +52,27 @@ def test_build_cache_cli_with_overrides_then_inspect(tmp_path):
     assert plan["stats"]["tokens"] / (plan["examples"] * 512) == pytest.approx(packed.stats()["packing_efficiency"])
     for output in (result, shown):
         assert "PyTorch was not found" not in output.stdout + output.stderr
+
+
+def test_build_cache_on_finished_caches_says_nothing_needed_building(tmp_path):
+    args = ("build-cache", "--config_path", "config/demo.yaml", "--cache_dir", str(tmp_path), "--source", "webster")
+    first = _cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert f"{tmp_path}/webster/train: building from 2 shards" in first.stderr and "nothing" not in first.stdout + first.stderr
+    seconds = json.loads((tmp_path / "webster" / "train" / "stats.json").read_text())["build"]["seconds"]
+    again = _cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert "building" not in again.stderr
+    for split in ("train", "validation"):
+        assert f"{tmp_path}/webster/{split}: finished already, nothing to build" in again.stderr
+    assert "nothing needed building, every cache was finished already" in again.stdout
+    rows = [line for line in again.stdout.splitlines() if line.startswith("│ webster")]
+    assert len(rows) == 2 and all(line.replace(" ", "").endswith("│-│-│") for line in rows), again.stdout
+    assert json.loads((tmp_path / "webster" / "train" / "stats.json").read_text())["build"]["seconds"] == seconds
+    config = load_data_config(str(REPO / "config" / "demo.yaml"), ["--cache_dir", str(tmp_path)])
+    results = build_caches(config, sources=["webster"])
+    assert all(st["already_built"] for st in results.values()) and results[("webster", "train")]["documents"] == 270
+    assert "already_built" not in json.loads((tmp_path / "webster" / "train" / "stats.json").read_text())
 
 
 def test_cli_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path):

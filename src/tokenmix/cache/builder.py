@@ -39,7 +39,7 @@ from tokenmix.cache.options import BuildOptions
 from tokenmix.cache.progress import BuildProgress
 from tokenmix.cache.shard_task import clear_staging, portable_location
 from tokenmix.cache.source_checks import SourceChecks
-from tokenmix.cache.stats import STATS_FILE, compute_stats
+from tokenmix.cache.stats import ALREADY_BUILT, STATS_FILE, compute_stats
 from tokenmix.cache.store import CacheWriteError, JsonDocuments, remove_interrupted_writes, unwritable
 from tokenmix.execution.configs import LocalExecutorConfig
 from tokenmix.execution.task_executor import TaskExecutor
@@ -96,7 +96,8 @@ class CacheBuilder:
             if stats is not None:  # nothing to build: keep the record of the build that made the cache
                 if refreshed:
                     self._docs.write(LEDGER_FILE, ledger.to_json())
-                return stats
+                logger.info("%s: finished already, nothing to build", self.location)
+                return {**stats, ALREADY_BUILT: True}
         removed = remove_interrupted_writes(self.location)
         if removed:
             logger.info("%s: removed %d partial objects that writes of a killed build left", self.location, removed)
@@ -117,6 +118,7 @@ class CacheBuilder:
         resumed_rows = ledger.rows
         backend = None
         if not ledger.finished:
+            logger.info("%s: building from %d shards", self.location, len(self.shards))
             clear_staging(self.location)  # what tasks of an earlier, killed run left: never part of the cache
             choosing = ChoosingBackend(self.location, self.shards, ledger, self.spec, self.options.tokenizer_backend)
             if self.progress is not None:

@@ -17,6 +17,9 @@ from tokenmix.cache.ledger import CacheLedger
 from tokenmix.cache.store import JaggedArray
 
 STATS_FILE = "stats.json"
+ALREADY_BUILT = "already_built"
+"""Set (True) in the statistics a build returns for a cache that was finished before it: nothing was built, and
+``build`` is the record of the build that made the cache. Never stored in ``stats.json``."""
 _PERCENTILES = (1, 10, 50, 90, 99)
 _OFFSETS_BLOCK = 1 << 22
 

@@ -16,21 +16,26 @@ from rich.table import Table
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tokenmix import build_caches, load_data_config
+from tokenmix.cache.stats import ALREADY_BUILT
 from tokenmix.cli.console import make_console
 from tokenmix.cli.parser import CommandParser
 
 
 def summary_table(results: dict[tuple[str, str], dict[str, Any]]) -> Table:
-    """A table of what each cache holds and how fast it was built."""
-    table = Table(title="caches")
+    """A table of what each cache holds and how fast this run built it ("-" for a cache that was finished already)."""
+    already = [st.get(ALREADY_BUILT, False) for st in results.values()]
+    if results and all(already):
+        table = Table(title="caches: nothing needed building, every cache was finished already")
+    else:
+        table = Table(title="caches", caption="-: finished already, nothing built" if any(already) else None)
     for col in ("source", "split", "documents", "tokens", "tokens/doc p50", "skipped", "seconds", "tokens/s"):
         table.add_column(col, justify="left" if col in ("source", "split") else "right")
-    for (source, split), st in results.items():
+    for ((source, split), st), built_before in zip(results.items(), already):
         build = st["build"]
         table.add_row(
             source, split, f"{st['documents']:,}", f"{st['tokens']:,}",
             f"{st['document_length_tokens'].get('p50', 0):,.0f}", f"{st['skipped_records']:,}",
-            f"{build['seconds']:.1f}", f"{build['tokens_per_second'] or 0:,.0f}",
+            "-" if built_before else f"{build['seconds']:.1f}", "-" if built_before else f"{build['tokens_per_second'] or 0:,.0f}",
         )
     return table
 

@@ -74,7 +74,10 @@ def cache_targets(config: DataConfigBase, sources: list[str] | None = None) -> l
 
 
 def build_caches(config: DataConfigBase, sources: list[str] | None = None, progress: bool = True) -> dict[tuple[str, str], dict[str, Any]]:
-    """Build (or resume, or extend) every cache of the config; returns statistics per (source, split)."""
+    """Build (or resume, or extend) every cache of the config; returns statistics per (source, split).
+
+    A cache that was finished already is left as it is: its statistics are those of the build that made it, marked
+    ``already_built: True``."""
     from tokenmix.cache.builder import CacheBuilder  # here: reading a config and opening its caches need no builder
     from tokenmix.cache.encoding import open_build_executor
     from tokenmix.cache.progress import TqdmProgress
@@ -85,7 +88,6 @@ def build_caches(config: DataConfigBase, sources: list[str] | None = None, progr
             if _built_by_levanter(target.location):
                 logger.info("%s/%s: %s holds a cache Levanter built; it is read as it is", target.source, target.split, target.location)
                 continue
-            logger.info("building %s/%s at %s from %d shards", target.source, target.split, target.location, len(target.shards))
             bar = TqdmProgress(f"{target.source}/{target.split}") if progress else None
             info = {"tokenizer": config.tokenizer, "source": target.source, "split": target.split}
             builder = CacheBuilder(target.location, target.shards, target.spec, target.identity, config.build, bar, info, executor)
