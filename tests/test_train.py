@@ -5,6 +5,9 @@ attention never crosses a document boundary."""
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -14,11 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
-from helpers import REPO, write_train_config
+from helpers import REPO, CountingDataset, write_train_config
 
+from tokenmix import build_caches
 from tokenmix.train.config import TrainerConfig, TrainLmConfig, load_train_config
-from tokenmix.train.loop import train
-from tokenmix.train.model import ModelConfig, TinyLM
+from tokenmix.train.loop import evaluate, make_mesh, train
+from tokenmix.train.model import ModelConfig, TinyLM, shard_params
 from tokenmix.train.plots import plot_run, read_metrics, scheduled_weights
 
 TINY = {"hidden_dim": 64, "num_layers": 1, "num_heads": 2, "max_position": 256}
@@ -36,7 +40,7 @@ def test_a_few_dozen_steps_lower_the_loss_and_every_source_is_evaluated(tmp_path
     steps, evals = read_metrics(config.trainer.checkpoint_dir)
     losses = [r["loss"] for r in steps]
     assert len(losses) == 36 and np.mean(losses[-6:]) < np.mean(losses[:6]) - 1.0
-    assert [e["step"] for e in evals] == [12, 24, 36]
+    assert [e["step"] for e in evals] == [11, 23, 35]  # evaluated after steps 11, 23 and 35 (12, 24 and 36 steps trained)
     assert set(result.validation) == {"linux_doc", "python_doc", "webster"}
     assert all(evals[-1]["loss"][n] < evals[0]["loss"][n] for n in result.validation)
     assert sum(sum(r["sources"].values()) == 8 for r in steps) == 36 and all(r["fingerprint"] for r in steps)
@@ -59,6 +63,57 @@ def test_a_run_stopped_and_resumed_sees_the_batches_and_reaches_the_parameters_o
     assert resumed.final_loss == pytest.approx(whole.final_loss, rel=1e-5)
     logged = [json.loads(line) for line in open(tmp_path / "stopped" / "metrics.jsonl")]
     assert [r["step"] for r in logged if r["kind"] == "train"] == list(range(24))
+
+
+def test_the_step_compiles_once_and_the_log_names_each_step_as_metrics_records_it(tmp_path, caplog):
+    """Step 1 compiled the step again (its inputs, step 0's outputs, were laid out as XLA wrote them), and that compile
+    counted as step time beside the data waits; the log's "step 4" was the step metrics.jsonl records as 3; a source
+    without a validation set was left out of evaluation without a word."""
+    path = write_train_config(tmp_path, "run", {"num_train_steps": 4, "train_batch_size": 8, "seq_len": 64, "mesh": {"data": 4, "model": 2},
+                                                "steps_per_eval": 2, "max_eval_batches": 1, "steps_per_checkpoint": 4}, TINY)
+    doc = yaml.safe_load(open(path))
+    del doc["data"]["configs"]["webster"]["validation_urls"]
+    open(path, "w").write(yaml.safe_dump(doc))
+    config = load_train_config(path)
+    with caplog.at_level(logging.INFO), jax.log_compiles():
+        train(config)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("Compiling jit(step_fn)") for m in messages) == 1
+    steps, evals = read_metrics(config.trainer.checkpoint_dir)
+    logged = [m for m in messages if re.match(r"step \d+: train loss", m)]
+    assert [e["step"] for e in evals] == [1, 3] and len(logged) == 2
+    for line, evaluation in zip(logged, evals):
+        step, loss = re.match(r"step (\d+): train loss ([\d.]+)", line).groups()
+        assert int(step) == evaluation["step"] and float(loss) == round(steps[int(step)]["loss"], 3)
+        assert str({k: round(v, 3) for k, v in evaluation["loss"].items()}) in line
+    assert all(set(e["loss"]) == {"linux_doc", "python_doc"} for e in evals)
+    assert sum("source webster has no validation set" in m and "not evaluated" in m for m in messages) == 1
+
+
+@pytest.mark.slow
+def test_tokenmix_train_says_nothing_of_a_tpu_and_a_finished_run_run_again_says_there_is_nothing_to_train(tmp_path):
+    path = write_train_config(tmp_path, "run", {"num_train_steps": 3, "train_batch_size": 8, "seq_len": 64, "mesh": {"data": 4, "model": 2},
+                                                "cpu_devices": 8, "steps_per_eval": 3, "max_eval_batches": 1}, TINY)
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}  # as a user runs it: trainer.cpu_devices asks
+    first, again = (subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "train", "--config_path", path], cwd=REPO, env=env,
+                                   capture_output=True, text=True) for _ in range(2))
+    assert first.returncode == 0, first.stderr
+    assert "Unable to initialize backend" not in first.stderr and "tpu" not in first.stderr.lower()
+    assert "trained steps 0 to 2: final training loss" in first.stdout
+    assert again.returncode == 0, again.stderr
+    assert f"nothing to train: {tmp_path / 'run'} has trained 3 steps, all that trainer.num_train_steps asks for" in again.stdout
+    assert "nan" not in again.stdout and "tpu" not in again.stderr.lower()
+
+
+def test_evaluation_reads_only_the_batches_it_uses(tmp_path):
+    config = _config(tmp_path, "eval")
+    build_caches(config.data, progress=False)
+    mesh = make_mesh(config)
+    model = shard_params(TinyLM.init(config.model, 32000, jax.random.PRNGKey(0)), mesh)
+    counting = CountingDataset(config.data.validation_sets(config.trainer.seq_len)["linux_doc"])
+    losses = evaluate(model, {"linux_doc": counting}, 8, 2, mesh)
+    assert set(losses) == {"linux_doc"} and losses["linux_doc"] > 0
+    assert [len(indices) for indices in counting.reads] == [8, 8]
 
 
 def test_a_document_never_attends_to_the_one_before_it_in_the_window():

@@ -23,8 +23,12 @@ def launch(config_path: str, overrides: Sequence[str] = ()) -> tuple[TrainLmConf
 
 def summary(result, run_dir: str, picture: str) -> list[str]:
     """What a finished run reports, line by line."""
-    lines = [f"trained steps {result.first_step} to {result.first_step + result.steps}: final training loss {result.final_loss:.3f}; "
-             f"waiting for data took {100 * result.data_wait_share:.2f}% of step time"]
+    if not result.steps:
+        lines = [f"nothing to train: {run_dir} has trained {result.first_step} steps, all that trainer.num_train_steps asks for; "
+                 "raise it (--trainer.num_train_steps N) to train further"]
+    else:
+        lines = [f"trained steps {result.first_step} to {result.first_step + result.steps - 1}: final training loss "
+                 f"{result.final_loss:.3f}; waiting for data took {100 * result.data_wait_share:.2f}% of step time"]
     lines += [f"  validation loss {name:<12} {loss:.3f}" for name, loss in result.validation.items()]
     lines.append(f"checkpoint, metrics.jsonl and {picture.rsplit('/', 1)[-1]} are in {run_dir}")
     return lines

@@ -10,6 +10,7 @@ run directory gets one line per step and per evaluation; ``train.png`` draws the
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -22,9 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from tokenmix.config.caches import build_caches, open_cache
+from tokenmix.datasets.base import Dataset
 from tokenmix.loader.loader import DataLoader
 from tokenmix.train.checkpoint import Checkpoint, latest_checkpoint, load_state, save_checkpoint
 from tokenmix.train.config import TrainLmConfig
@@ -43,12 +46,13 @@ _eval_loss = eqx.filter_jit(loss_and_count)
 
 @dataclass
 class TrainResult:
-    """What a run did: the steps it trained (from where it started), its last training loss, the last validation loss
-    per source, each step's fingerprint, the final parameters, and the share of step time spent waiting for data."""
+    """What a run did: the steps it trained (from where it started), its last training loss (None when it had none to
+    train), the last validation loss per source, each step's fingerprint, the final parameters, and the share of step
+    time spent waiting for data."""
 
     first_step: int
     steps: int
-    final_loss: float
+    final_loss: float | None
     validation: dict[str, float]
     fingerprints: dict[int, str | None]
     model: TinyLM
@@ -90,7 +94,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, trainer.learning_rate, trainer.warmup_steps,
                                                                max(trainer.num_train_steps, trainer.warmup_steps + 1)),
                             weight_decay=trainer.weight_decay)
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+    opt_state = _replicate_unplaced(optimizer.init(eqx.filter(model, eqx.is_array)), mesh)
     caches = caches_identity(config, train_set.names)
     start = 0
     if checkpoint is not None:
@@ -99,7 +103,12 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
         accept_data_change(cache_changes, start, checkpoint.path, trainer.allow_data_change)
         changes.update(cache_changes)
         model, opt_state = load_state(checkpoint, (model, opt_state))
+        if start >= trainer.num_train_steps:
+            logger.info("%s has trained %d steps, all that trainer.num_train_steps (%d) asks for: nothing to train; raise "
+                        "trainer.num_train_steps to train further", run_dir, start, trainer.num_train_steps)
+            return TrainResult(start, 0, None, {}, {}, model, 0.0)
         logger.info("resuming %s at step %d", run_dir, start)
+    shardings = jax.tree_util.tree_map(lambda a: a.sharding, (model, opt_state))
 
     @eqx.filter_jit
     def step_fn(model: TinyLM, opt_state: Any, batch: dict[str, jax.Array]) -> tuple[TinyLM, Any, jax.Array]:
@@ -109,14 +118,17 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
 
         loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
         updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_array))
-        return eqx.apply_updates(model, updates), opt_state, loss
+        # laid out as they came in, so that the next step's inputs are those this step was compiled for (XLA's own choice
+        # of output layouts, written differently, made step 1 compile again)
+        model, opt_state = jax.lax.with_sharding_constraint((eqx.apply_updates(model, updates), opt_state), shardings)
+        return model, opt_state, loss
 
-    validation = data.validation_sets(trainer.seq_len)
     eval_size = trainer.eval_batch_size or trainer.first_batch_size()
+    validation = evaluated_sets(data.validation_sets(trainer.seq_len), train_set.names, eval_size)
     mapping = {"batch": "data"}
     fingerprints: dict[int, str | None] = {}
     wait = busy = 0.0
-    loss = jnp.nan
+    loss = float("nan")
     last_eval: dict[str, float] = {}
     with DataLoader(train_set, trainer.train_batch_size, mesh, mapping, prefetch=trainer.prefetch, fingerprint=trainer.fingerprint,
                     positions=True, workers=trainer.loader_workers, read_timeout_s=trainer.loader_read_timeout_s) as loader, \
@@ -143,35 +155,53 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
             _write(log, {"kind": "train", "step": step, "loss": loss, "examples": step_batch.size, "seconds": done - began,
                          "data_wait_s": fetched - began, "fingerprint": step_batch.fingerprint,
                          "sources": {n: int(c) for n, c in zip(train_set.names, counts)}})
-            step += 1
-            if step % trainer.steps_per_eval == 0 or step == trainer.num_train_steps:
+            if (step + 1) % trainer.steps_per_eval == 0 or step + 1 == trainer.num_train_steps:
                 last_eval = evaluate(model, validation, eval_size, trainer.max_eval_batches, mesh)
                 _write(log, {"kind": "eval", "step": step, "loss": last_eval})
                 logger.info("step %d: train loss %.3f, validation %s", step, loss, {k: round(v, 3) for k, v in last_eval.items()})
+            step += 1
             if step % trainer.steps_per_checkpoint == 0 or step == end:
                 save_checkpoint(run_dir, step, (model, opt_state), {"data": identity, "caches": caches, "data_changes": history, "last_batch":
                                 {"step": step - 1, "fingerprint": fingerprints[step - 1]}}, trainer.keep_checkpoints)
     share = wait / busy if busy else 0.0
-    logger.info("trained steps %d to %d; waiting for data took %.2f%% of step time", start, end, 100 * share)
-    return TrainResult(start, end - start, float(loss), last_eval, fingerprints, model, share)
+    logger.info("trained steps %d to %d; waiting for data took %.2f%% of step time", start, end - 1, 100 * share)
+    return TrainResult(start, end - start, loss, last_eval, fingerprints, model, share)
 
 
-def evaluate(model: TinyLM, validation: dict, batch_size: int, max_batches: int, mesh: Mesh) -> dict[str, float]:
-    """Mean next-token loss over the first ``max_batches`` batches of each source's validation set."""
+def evaluated_sets(validation: dict[str, Dataset], training: list[str], batch_size: int) -> dict[str, Dataset]:
+    """The validation sets a run evaluates: those holding at least one batch of ``batch_size``. Each training source
+    left out (no validation set, or one too small) is named in the log once, with the reason and the fix."""
+    for name in training:
+        if name not in validation:
+            logger.warning("source %s has no validation set (no validation_urls, and no num_validation_sequences to hold "
+                           "documents out of training): it is not evaluated", name)
+    small = {name: len(dataset) for name, dataset in validation.items() if len(dataset) < batch_size}
+    for name, size in small.items():
+        logger.warning("the validation set of %s holds %d examples, fewer than one evaluation batch (%d): it is not evaluated; "
+                       "set trainer.eval_batch_size to at most %d to evaluate it", name, size, batch_size, size)
+    return {name: dataset for name, dataset in validation.items() if name not in small}
+
+
+def evaluate(model: TinyLM, validation: dict[str, Dataset], batch_size: int, max_batches: int, mesh: Mesh) -> dict[str, float]:
+    """Mean next-token loss over the first ``max_batches`` batches of each source's validation set (each holding at least
+    one batch: ``evaluated_sets``); no batch past those is read."""
     out = {}
     for name, dataset in validation.items():
         total = count = 0.0
         with DataLoader(dataset, batch_size, mesh, {"batch": "data"}, prefetch=0, positions=True) as loader:
-            steps = loader.num_steps()
-            if not steps:
-                logger.warning("validation set of %s has fewer than %d examples: not evaluated", name, batch_size)
-                continue
-            for step_batch, _ in zip(loader, range(min(steps, max_batches))):
+            for step_batch in itertools.islice(loader, min(loader.num_steps(), max_batches)):
                 b = step_batch.batch.arrays()
                 t, c = _eval_loss(model, b["tokens"], b["loss_mask"], b["segment_ids"], b["positions"])
                 total, count = total + float(t), count + float(c)
         out[name] = total / max(count, 1.0)
     return out
+
+
+def _replicate_unplaced(state: Any, mesh: Mesh) -> Any:
+    """``state`` with every array not laid out on ``mesh`` yet (the optimizer's step counts) replicated over it, so that
+    every array a step takes in is laid out as the step lays out what it gives back."""
+    replicated = NamedSharding(mesh, P())
+    return jax.tree_util.tree_map(lambda a: a if isinstance(a.sharding, NamedSharding) else jax.device_put(a, replicated), state)
 
 
 def _write(log, record: dict[str, Any]) -> None:
