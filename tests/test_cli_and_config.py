@@ -1,6 +1,7 @@
 """The CLI (build-cache with overrides, inspect) and Levanter-compatible config parsing."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -98,8 +99,8 @@ def test_cli_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path):
     (["demo", "--batch_size", "12"], "argument --batch_size: must be a multiple of 8"),
     (["demo", "--cache_dri", "x"], "did you mean: cache_dri -> cache_dir?"),
     (["plot", "--config_path", "config/nope.yaml"], "config file config/nope.yaml does not exist"),
-    (["plot", "--config_path", "config/demo.yaml", "--seed", "x"], "`seed`: Couldn't parse 'x' into an int"),
-    (["plot", "--config_path", "config/demo.yaml", "--steps", "0"], "argument --steps: must be at least 1"),
+    (["plot", "--config_path", "config/demo.yaml", "--seed", "x", "--out", os.devnull], "`seed`: Couldn't parse 'x' into an int"),
+    (["plot", "--config_path", "config/demo.yaml", "--steps", "0", "--out", os.devnull], "argument --steps: must be at least 1"),
     (["curate", "--config_path", "config/curation/demo.yaml", "--num_worker", "3"], "did you mean: num_worker -> num_workers?"),
     (["build-cache", "--config_path", "config/demo.yaml", "--build.on_eror", "skip"], "did you mean: on_eror -> on_error?"),
     (["verify", "--config_path", "config/nope.yaml"], "config file config/nope.yaml does not exist"),

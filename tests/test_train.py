@@ -23,7 +23,7 @@ from tokenmix import build_caches
 from tokenmix.train.config import TrainerConfig, TrainLmConfig, load_train_config
 from tokenmix.train.loop import evaluate, make_mesh, train
 from tokenmix.train.model import ModelConfig, TinyLM, shard_params
-from tokenmix.train.plots import plot_run, read_metrics, scheduled_weights
+from tokenmix.train.plots import plot_run, read_metrics, run_figure, scheduled_weights
 
 TINY = {"hidden_dim": 64, "num_layers": 1, "num_heads": 2, "max_position": 256}
 
@@ -45,7 +45,7 @@ def test_a_few_dozen_steps_lower_the_loss_and_every_source_is_evaluated(tmp_path
     assert all(evals[-1]["loss"][n] < evals[0]["loss"][n] for n in result.validation)
     assert sum(sum(r["sources"].values()) == 8 for r in steps) == 36 and all(r["fingerprint"] for r in steps)
     assert 0 <= result.data_wait_share < 0.5
-    picture = plot_run(config.data, config.trainer.checkpoint_dir)
+    picture = plot_run(config)
     assert open(picture, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
@@ -129,6 +129,41 @@ def test_a_document_never_attends_to_the_one_before_it_in_the_window():
     np.testing.assert_array_equal(np.asarray(window[0, 20:]), np.asarray(changed[0, 20:]))  # exactly: masked out
     np.testing.assert_allclose(np.asarray(window[0, 20:]), np.asarray(alone[0]), rtol=1e-5, atol=1e-5)
     assert not np.allclose(np.asarray(window[0, :20]), np.asarray(changed[0, :20]))
+
+
+def test_the_run_picture_gives_a_source_one_colour_keeps_legends_off_the_data_and_says_what_the_run_is(tmp_path):
+    """The loss panel coloured sources alphabetically and the shares panel in config order; the shares legend lay over the
+    lines; the title was the directory's name."""
+    import matplotlib.colors
+
+    path = write_train_config(tmp_path, "pictured", {"num_train_steps": 30, "train_batch_size": 8, "seq_len": 64}, TINY)
+    doc = yaml.safe_load(open(path))
+    names = ["webster", "python_doc", "linux_doc"]  # not alphabetical
+    doc["data"]["configs"] = {name: doc["data"]["configs"][name] for name in names}
+    open(path, "w").write(yaml.safe_dump(doc, sort_keys=False))
+    config = load_train_config(path)
+    run = tmp_path / "pictured"
+    run.mkdir()
+    with open(run / "metrics.jsonl", "w") as log:
+        for step in range(30):
+            log.write(json.dumps({"kind": "train", "step": step, "loss": 10 - step / 10, "examples": 8,
+                                  "sources": {"linux_doc": 4, "python_doc": 2, "webster": 2}}) + "\n")
+            if step % 10 == 9:
+                log.write(json.dumps({"kind": "eval", "step": step, "loss": {n: 9 - step / 20 + i for i, n in enumerate(names)}}) + "\n")
+    figure = run_figure(config)
+    for axes in figure.axes:
+        assert {line.get_gid() for line in axes.get_lines()} - {None} == set(names)
+    colours: dict[str, set[str]] = {}
+    for line in (line for axes in figure.axes for line in axes.get_lines() if line.get_gid()):
+        colours.setdefault(line.get_gid(), set()).add(matplotlib.colors.to_hex(line.get_color()))
+    assert all(len(c) == 1 for c in colours.values()) and len(set.union(*colours.values())) == 3
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    for axes in figure.axes:
+        assert not axes.get_legend().get_window_extent(renderer).overlaps(axes.get_window_extent(renderer))
+    title = figure.get_suptitle()
+    assert "TinyLM (1 layer, 64 wide) trained 30 of 30 steps on webster, python_doc, linux_doc" in title
+    assert "batches of 8 x 64 tokens" in title and str(run) in title
 
 
 def test_the_schedule_picture_follows_the_stages_in_steps(tmp_path):

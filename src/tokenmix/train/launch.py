@@ -18,7 +18,7 @@ def launch(config_path: str, overrides: Sequence[str] = ()) -> tuple[TrainLmConf
     from tokenmix.train.plots import plot_run
 
     result = train(config)
-    return config, result, plot_run(config.data, config.trainer.checkpoint_dir)
+    return config, result, plot_run(config)
 
 
 def summary(result, run_dir: str, picture: str) -> list[str]:

@@ -2,18 +2,24 @@
 
 ``plot_run``: the training loss, each source's validation loss, and each source's share of the examples of every step
 against its scheduled weight (stages visible as steps in the weight lines). ``plot_schedule``: the same weight lines for
-a mixture config before any training.
+a mixture config before any training. A source has one colour in every panel and picture (``source_colors``: by its
+place in the config), and legends sit beside the panels, over no data.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tokenmix.config.mixture import LMMixtureDatasetConfig
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from tokenmix.train.config import TrainLmConfig
 
 
 def _pyplot():
@@ -41,17 +47,28 @@ def scheduled_weights(config: LMMixtureDatasetConfig, steps: int) -> tuple[np.nd
     return np.arange(steps), out
 
 
+def source_colors(config: LMMixtureDatasetConfig) -> dict[str, tuple[float, ...]]:
+    """One colour per source of the config, by its place in the config: the same in every panel and picture."""
+    import matplotlib
+
+    names = list(config.configs)
+    palette = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"]
+    return {name: palette(i % palette.N) for i, name in enumerate(names)}
+
+
 def plot_schedule(config: LMMixtureDatasetConfig, steps: int, path: str) -> str:
     """Each source's scheduled share of the examples by step, as a stacked area chart."""
     plt = _pyplot()
     x, weights = scheduled_weights(config, steps)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.stackplot(x, *weights.values(), labels=list(weights), alpha=0.8)
+    colors = source_colors(config)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.stackplot(x, *weights.values(), labels=list(weights), colors=[colors[n] for n in weights], alpha=0.8)
     ax.set_xlabel("step")
     ax.set_ylabel("share of examples")
     ax.set_ylim(0, 1)
-    ax.set_title("mixture schedule")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.set_xlim(0, max(steps - 1, 1))
+    ax.set_title(f"mixture schedule of {len(weights)} sources over {steps:,} steps")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -69,36 +86,59 @@ def read_metrics(run_dir: str) -> tuple[list[dict], list[dict]]:
     return [train[s] for s in sorted(train)], [evals[s] for s in sorted(evals)]
 
 
-def plot_run(config: LMMixtureDatasetConfig, run_dir: str, path: str | None = None) -> str:
-    """Training loss, validation loss per source, and per-source share of each step's examples against the schedule."""
+def run_title(config: TrainLmConfig, trained: int) -> str:
+    """What a run is, in a line or two: the model, the data, the steps and batches, and where it is."""
+    model, trainer = config.model, config.trainer
+    layers = f"{model.num_layers} layer{'s' if model.num_layers != 1 else ''}"
+    return (f"TinyLM ({layers}, {model.hidden_dim} wide) trained {trained:,} of {trainer.num_train_steps:,} steps on "
+            f"{', '.join(config.data.configs)}\nbatches of {trainer.first_batch_size()} x {trainer.seq_len} tokens, data seed "
+            f"{config.data.seed}; run {trainer.checkpoint_dir}")
+
+
+def plot_run(config: TrainLmConfig, path: str | None = None) -> str:
+    """``run_figure`` written as a PNG: ``train.png`` in the run's directory unless ``path`` says otherwise."""
     plt = _pyplot()
-    train, evals = read_metrics(run_dir)
-    steps = np.array([r["step"] for r in train])
-    fig, (loss_ax, share_ax) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
-    loss_ax.plot(steps, [r["loss"] for r in train], label="train", color="black", lw=1)
-    sources: Sequence[str] = sorted({n for r in evals for n in r["loss"]})
-    for name in sources:
-        points = [(r["step"], r["loss"][name]) for r in evals if name in r["loss"]]
-        loss_ax.plot(*zip(*points), marker="o", label=f"validation: {name}")
-    loss_ax.set_ylabel("loss (nats / token)")
-    loss_ax.legend(fontsize=8)
-    loss_ax.set_title(os.path.basename(os.path.abspath(run_dir)))
-    _, weights = scheduled_weights(config, int(steps.max()) + 1 if len(steps) else 1)
-    for i, (name, weight) in enumerate(weights.items()):
-        color = f"C{i}"
-        share = np.array([r["sources"].get(name, 0) / r["examples"] for r in train])
-        share_ax.plot(steps, share, color=color, alpha=0.35, lw=1)
-        seen = np.cumsum(share)
-        window = 10  # a trailing mean over the last ten steps (fewer at the start)
-        trailing = (seen - np.concatenate([np.zeros(window), seen[:-window]])[: len(seen)]) / np.minimum(np.arange(1, len(seen) + 1), window)
-        share_ax.plot(steps, trailing, color=color, lw=1.5, label=f"{name}, seen (10-step mean)")
-        share_ax.plot(np.arange(len(weight)), weight, color=color, ls="--", lw=1.5, label=f"{name}, scheduled")
-    share_ax.set_xlabel("step")
-    share_ax.set_ylabel("share of the step's examples")
-    share_ax.set_ylim(0, 1)
-    share_ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path = path or os.path.join(run_dir, "train.png")
+    fig = run_figure(config)
+    path = path or os.path.join(config.trainer.checkpoint_dir, "train.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def run_figure(config: TrainLmConfig) -> Figure:
+    """Training loss, validation loss per source, and per-source share of each step's examples against the schedule, for
+    the run in ``config.trainer.checkpoint_dir``; a source's lines carry its name as their ``gid``."""
+    from matplotlib.lines import Line2D
+
+    plt = _pyplot()
+    run_dir = config.trainer.checkpoint_dir
+    train, evals = read_metrics(run_dir)
+    steps = np.array([r["step"] for r in train])
+    colors = source_colors(config.data)
+    fig, (loss_ax, share_ax) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    loss_ax.plot(steps, [r["loss"] for r in train], label="train", color="black", lw=1)
+    for name in [n for n in colors if any(n in r["loss"] for r in evals)]:
+        points = [(r["step"], r["loss"][name]) for r in evals if name in r["loss"]]
+        loss_ax.plot(*zip(*points), marker="o", color=colors[name], label=f"validation: {name}", gid=name)
+    loss_ax.set_ylabel("loss (nats / token)")
+    loss_ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+    _, weights = scheduled_weights(config.data, int(steps.max()) + 1 if len(steps) else 1)
+    for name, weight in weights.items():
+        share = np.array([r["sources"].get(name, 0) / r["examples"] for r in train])
+        share_ax.plot(steps, share, color=colors[name], alpha=0.3, lw=1, gid=name)
+        seen = np.cumsum(share)
+        window = 10  # a trailing mean over the last ten steps (fewer at the start)
+        trailing = (seen - np.concatenate([np.zeros(window), seen[:-window]])[: len(seen)]) / np.minimum(np.arange(1, len(seen) + 1), window)
+        share_ax.plot(steps, trailing, color=colors[name], lw=1.5, gid=name)
+        share_ax.plot(np.arange(len(weight)), weight, color=colors[name], ls="--", lw=1.5, gid=name)
+    share_ax.set_xlabel("step")
+    share_ax.set_ylabel("share of the step's examples")
+    share_ax.set_ylim(0, 1)
+    legend = [Line2D([], [], color=colors[name], lw=2, label=name) for name in weights]
+    legend += [Line2D([], [], color="grey", lw=1.5, label="seen, 10-step mean"),
+               Line2D([], [], color="grey", alpha=0.3, lw=1, label="seen, per step"),
+               Line2D([], [], color="grey", ls="--", lw=1.5, label="scheduled weight")]
+    share_ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+    fig.suptitle(run_title(config, len(train)), fontsize=10)
+    fig.tight_layout()
+    return fig
