@@ -1,6 +1,7 @@
-"""SIGKILL a real cache build (driver and workers) at random instants; the resumed build is identical."""
+"""SIGKILL a real cache build (driver and workers) at random points of its progress; the resumed build is identical."""
 
 import gzip
+import json
 import os
 import random
 import shutil
@@ -17,6 +18,10 @@ from helpers import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes
 from tokenmix import CacheNotFoundError, TokenCache
 
 COPIES = 4
+SOURCES = ("linux_doc", "python_doc", "webster")
+KILLS = 5
+RUN_TIMEOUT_S = 300
+"""How long one build may run without reaching its kill point (or its end) before the test fails: generous, fixed."""
 
 
 def _corrupt_copy(source: str, target) -> None:
@@ -33,7 +38,7 @@ def _config(tmp_path, cache_dir):
     copy of each source, a copy whose checksum fails (counted, no row kept)."""
     corpus = tmp_path / "corpus"
     sources = {}
-    for s in ("linux_doc", "python_doc", "webster"):
+    for s in SOURCES:
         (corpus / s).mkdir(parents=True, exist_ok=True)
         urls = []
         for copy in range(COPIES):
@@ -58,58 +63,56 @@ def _command(config, backend):
             "--build.num_workers", "2", "--build.chunk_bytes", "32768", "--build.commit_interval_s", "0", "--build.on_error", "skip"]
 
 
-def _timed_reference(config, first_ledger):
-    """Build the reference cache; returns the seconds until its first ledger was written and until it finished."""
-    started = time.monotonic()
-    proc = subprocess.Popen(_command(*config), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    began = None
-    while proc.poll() is None:
-        if began is None and first_ledger.exists():
-            began = time.monotonic() - started
-        time.sleep(0.005)
-    assert proc.returncode == 0, proc.stderr.read()
-    finished = time.monotonic() - started
-    return began if began is not None else 0.0, finished
+def _progress(cache_dir) -> int:
+    """Input records the build has committed so far, summed over every source's ledger (0 before the first is written).
+    A ledger is replaced whole by each write, so it is never read half-written."""
+    total = 0
+    for source in SOURCES:
+        path = cache_dir / source / "train" / "ledger.json"
+        if path.exists():
+            total += sum(shard["position"] for shard in json.loads(path.read_text())["shards"])
+    return total
 
 
-def _run_and_kill(config, delay):
-    proc = subprocess.Popen(_command(*config), cwd=REPO, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(delay)
+def _run_until(config, cache_dir, target: int) -> bool:
+    """Run the build until it has committed ``target`` input records (polled), then SIGKILL it (driver and workers);
+    returns whether it finished first. The kill point is a point of the build's progress, whatever the machine's
+    speed: a busy machine makes the build slower, never the kill land elsewhere."""
+    proc = subprocess.Popen(_command(*config), cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while proc.poll() is None and _progress(cache_dir) < target:
+        assert time.monotonic() < deadline, f"the build reached {_progress(cache_dir)} of {target} records in {RUN_TIMEOUT_S} s"
+        time.sleep(0.002)
     finished = proc.poll() is not None
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:  # it finished, and every process of its group is gone
         pass
-    proc.wait()
+    stderr = proc.communicate()[1].decode()
+    assert not finished or proc.returncode == 0, stderr
     return finished
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tokenizers", "fastokens"])
 def test_sigkill_at_random_points_then_resume_gives_an_identical_cache(tmp_path, backend):
-    """Kills land between the first ledger write and the end of the reference build's time: the build itself, not the
-    interpreter's start-up (most of a ``fastokens`` build's time)."""
+    """Each run is killed once it has committed a random number of input records more than the run before it left: the
+    kills land all through the build (every source, the shard whose checksum fails), never in the interpreter's start-up
+    (most of a ``fastokens`` build's time), and never depend on how fast the machine is."""
     reference_dir = tmp_path / "reference"
-    began, finished = _timed_reference((_config(tmp_path, reference_dir), backend), reference_dir / "linux_doc" / "train" / "ledger.json")
-    reference = {s: TokenCache(str(reference_dir / s / "train")) for s in ("linux_doc", "python_doc", "webster")}
+    subprocess.run(_command(_config(tmp_path, reference_dir), backend), cwd=REPO, check=True, capture_output=True)
+    reference = {s: TokenCache(str(reference_dir / s / "train")) for s in SOURCES}
     assert all(cache.ledger.skipped_totals() == {"corrupt_shard": 1} for cache in reference.values())
+    records = _progress(reference_dir)
 
     crashed_dir = tmp_path / "crashed"
     config = (_config(tmp_path, crashed_dir), backend)
     rng = random.Random(int(os.environ.get("TOKENMIX_CRASH_SEED", "2026")))
     kills = 0
     progress_seen: set[tuple[str, int]] = set()
-    window = 0.35
-    for _ in range(16):
-        if _run_and_kill(config, began + rng.uniform(0.0, window) * (finished - began)):
-            if kills >= 3:
-                break
-            # the machine got faster than when the reference was timed: start over, killing earlier
-            shutil.rmtree(crashed_dir)
-            kills, window = 0, window / 2
-            progress_seen.clear()
-            continue
+    while kills < KILLS:  # KILLS steps of at most records / (KILLS + 1): the last kill lands before the end
+        if _run_until(config, crashed_dir, _progress(crashed_dir) + rng.randint(1, records // (KILLS + 1))):
+            break
         kills += 1
         for source, ref in reference.items():
             try:
@@ -122,9 +125,9 @@ def test_sigkill_at_random_points_then_resume_gives_an_identical_cache(tmp_path,
             assert rows <= ref.num_rows()
             sample = sorted({0, rows // 2, rows - 1}) if rows else []
             assert [r.tolist() for r in cache.get_rows(sample)] == [r.tolist() for r in ref.get_rows(sample)]
-    print("kills", kills, sorted(progress_seen))
-    assert kills >= 3, "the build finished before it could be killed; make it slower"
-    assert len(progress_seen) >= 2, "every kill landed at the same point"
+    print("kills", kills, "of", records, "records:", sorted(progress_seen))
+    assert kills == KILLS, "a build ran to its end past its kill point"
+    assert len(progress_seen) >= 3, "the kills landed at too few points"
     subprocess.run(_command(*config), cwd=REPO, check=True, capture_output=True)
     for source in reference:
         assert cache_bytes(str(crashed_dir / source / "train")) == cache_bytes(str(reference_dir / source / "train")), source
