@@ -96,9 +96,9 @@ def _run_until(config, cache_dir, target: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tokenizers", "fastokens"])
 def test_sigkill_at_random_points_then_resume_gives_an_identical_cache(tmp_path, backend):
-    """Each run is killed once it has committed a random number of input records more than the run before it left: the
-    kills land all through the build (every source, the shard whose checksum fails), never in the interpreter's start-up
-    (most of a ``fastokens`` build's time), and never depend on how fast the machine is."""
+    """Each run is killed once the build has committed a number of input records drawn at random (and more than the run
+    before it left): the kills land all through the build (every source, the shard whose checksum fails), never in the
+    interpreter's start-up (most of a ``fastokens`` build's time), and never depend on how fast the machine is."""
     reference_dir = tmp_path / "reference"
     subprocess.run(_command(_config(tmp_path, reference_dir), backend), cwd=REPO, check=True, capture_output=True)
     reference = {s: TokenCache(str(reference_dir / s / "train")) for s in SOURCES}
@@ -107,11 +107,11 @@ def test_sigkill_at_random_points_then_resume_gives_an_identical_cache(tmp_path,
 
     crashed_dir = tmp_path / "crashed"
     config = (_config(tmp_path, crashed_dir), backend)
-    rng = random.Random(int(os.environ.get("TOKENMIX_CRASH_SEED", "2026")))
+    points = sorted(random.Random(int(os.environ.get("TOKENMIX_CRASH_SEED", "2026"))).sample(range(1, records * 9 // 10), KILLS))
     kills = 0
     progress_seen: set[tuple[str, int]] = set()
-    while kills < KILLS:  # KILLS steps of at most records / (KILLS + 1): the last kill lands before the end
-        if _run_until(config, crashed_dir, _progress(crashed_dir) + rng.randint(1, records // (KILLS + 1))):
+    for point in points:  # all through the build, not at its very end; each run makes some progress before its kill
+        if _run_until(config, crashed_dir, max(point, _progress(crashed_dir) + 1)):
             break
         kills += 1
         for source, ref in reference.items():

@@ -383,21 +383,33 @@ def test_local_ray_and_dask_give_the_same_bytes(copies, tmp_path):
         assert outputs[name + " artifacts"] == outputs["local artifacts"]
 
 
-def _run_and_kill(config_path, out, delay) -> bool:
+def _work_done(out) -> int:
+    """The records of finished work a run keeps in its work directory (``.json`` files): its progress."""
+    return sum(1 for _, _, files in os.walk(out / ".curate") for f in files if f.endswith(".json"))
+
+
+def _run_until(config_path, out, target: int) -> bool:
+    """Run the curation until its work directory holds ``target`` records of finished work (polled), then SIGKILL it
+    (driver and workers); returns whether it finished first. The kill point is a point of its progress, whatever the
+    machine's speed."""
     import signal
     import subprocess
     import sys
     import time
 
     proc = subprocess.Popen([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(config_path), "--output.path", str(out)],
-                            cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(delay)
+                            cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300  # a hung run, not a slow one: generous and fixed
+    while proc.poll() is None and _work_done(out) < target:
+        assert time.monotonic() < deadline, f"the run reached {_work_done(out)} of {target} records of work in 300 s"
+        time.sleep(0.005)
     finished = proc.poll() is not None
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.wait()
+    stderr = proc.communicate()[1].decode()
+    assert not finished or proc.returncode == 0, stderr[-3000:]
     return finished
 
 
@@ -406,7 +418,6 @@ def test_sigkill_at_random_points_then_resume_gives_identical_output(copies, tmp
     import random
     import subprocess
     import sys
-    import time
 
     import yaml
 
@@ -414,28 +425,23 @@ def test_sigkill_at_random_points_then_resume_gives_identical_output(copies, tmp
 
     config_path = tmp_path / "pipeline.yaml"
     config_path.write_text(yaml.safe_dump(describe(_kill_config(copies, tmp_path / "unused"))))
-    started = time.monotonic()
     reference = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(config_path), "--output.path",
                                 str(tmp_path / "reference")], cwd=REPO, capture_output=True, text=True)
     assert reference.returncode == 0, reference.stderr[-3000:]
-    took = time.monotonic() - started
-    rng = random.Random(0)
+    work = _work_done(tmp_path / "reference")
     out = tmp_path / "killed"
     kills = 0
-    window = 1.0
     seen = set()
-    while kills < 4:
-        if _run_and_kill(config_path, out, rng.uniform(0.3, window) * took):
-            shutil.rmtree(out)
-            kills, window, seen = 0, window / 2, set()
-            continue
+    for point in sorted(random.Random(0).sample(range(1, work * 9 // 10), 4)):  # all through the run, not at its very end
+        if _run_until(config_path, out, max(point, _work_done(out) + 1)):
+            break
         kills += 1
-        work = out / ".curate"
-        seen.add(sum(1 for _, _, files in os.walk(work) for f in files if f.endswith(".json")) if work.exists() else 0)
+        seen.add(_work_done(out))
     finished = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(config_path), "--output.path", str(out)],
                               cwd=REPO, capture_output=True, text=True)
     assert finished.returncode == 0, finished.stderr[-3000:]
-    print("kills", kills, "reference seconds", round(took, 2), "work files seen after each kill", sorted(seen))
+    print("kills", kills, "of", work, "records of work; seen after each kill", sorted(seen))
+    assert kills == 4, "a run ended before its kill point"
     assert len(seen) >= 2, "every kill landed at the same point"
     assert _outputs(out) == _outputs(tmp_path / "reference")
     assert _artifacts(out) == _artifacts(tmp_path / "reference")
