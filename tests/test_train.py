@@ -207,5 +207,6 @@ def test_a_seq_len_longer_than_the_models_positions_is_refused_at_start_naming_b
         replace(config, trainer=replace(config.trainer, seq_len=257))
     result = subprocess.run([sys.executable, "-m", "tokenmix.train", "--config_path", str(tmp_path / "long.yaml")], cwd=REPO,
                             capture_output=True, text=True)
-    assert result.returncode != 0 and "trainer.seq_len 512 is more than model.max_position 256" in result.stderr
+    assert result.returncode == 1 and "trainer.seq_len 512 is more than model.max_position 256" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1  # one line, as every command
     assert not (tmp_path / "run").exists()  # refused before anything was built or trained

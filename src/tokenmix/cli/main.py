@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import importlib
-import logging
 import sys
 
-from tokenmix._command_logging import configure_command_logging
+from tokenmix._commands import configure_command_logging, run_command
 
 COMMANDS = {
     "curate": ("tokenmix.cli.curate", "Run (or resume) a curation pipeline: filter, modify, deduplicate, blend, shuffle raw shards."),
@@ -27,12 +26,6 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-def is_user_error(error: BaseException) -> bool:
-    """Whether ``error`` is one a user can hit, whose message names the file or field and the fix: tokenmix's own error
-    types, and the ValueError, OSError and ImportError (a missing extra) the library raises with such a message."""
-    return isinstance(error, ValueError | OSError | ImportError) or type(error).__module__.startswith("tokenmix.")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -44,13 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_command_logging()
     name = COMMANDS[command][0]
-    try:
-        return int(importlib.import_module(name).run(rest) or 0)
-    except Exception as e:
-        if not is_user_error(e):
-            raise
-        logging.getLogger(name).error("%s", e)
-        return 1
+    return run_command(name, lambda: importlib.import_module(name).run(rest))
 
 
 if __name__ == "__main__":

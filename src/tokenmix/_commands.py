@@ -1,0 +1,38 @@
+"""What every command does alike (``tokenmix ...`` and ``python -m tokenmix.train``): how it logs, and how it reports an
+error a user can hit.
+
+Logging: tokenmix's own messages from INFO up, other libraries' from WARNING up, so that what they say about themselves
+at INFO (JAX probing for a TPU it does not find, for one) is not shown as if it were part of the run. Errors: one whose
+message names the file or field and the fix is logged as that one line, and the command exits 1; anything else is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_command_logging() -> None:
+    """Log to stderr: tokenmix's loggers from INFO, every other library's from WARNING."""
+    logging.basicConfig(level=logging.WARNING, format=FORMAT, datefmt="%H:%M:%S")
+    logging.getLogger("tokenmix").setLevel(logging.INFO)
+
+
+def is_user_error(error: BaseException) -> bool:
+    """Whether ``error`` is one a user can hit, whose message names the file or field and the fix: tokenmix's own error
+    types, and the ValueError, OSError and ImportError (a missing extra) the library raises with such a message."""
+    return isinstance(error, ValueError | OSError | ImportError) or type(error).__module__.startswith("tokenmix.")
+
+
+def run_command(logger_name: str, body: Callable[[], int | None]) -> int:
+    """``body()``'s exit status; an error a user can hit is logged as one line (by ``logger_name``) and gives 1."""
+    try:
+        return int(body() or 0)
+    except Exception as e:
+        if not is_user_error(e):
+            raise
+        logging.getLogger(logger_name).error("%s", e)
+        return 1
