@@ -10,6 +10,7 @@ and keeps its traceback.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -19,6 +20,9 @@ def configure_command_logging() -> None:
     """Log to stderr: tokenmix's loggers from INFO, every other library's from WARNING."""
     logging.basicConfig(level=logging.WARNING, format=FORMAT, datefmt="%H:%M:%S")
     logging.getLogger("tokenmix").setLevel(logging.INFO)
+    # Dask's distributed sets its own loggers to INFO when it is imported (its workers too, in processes of their own),
+    # and logs a closing cluster's dropped connections there with a traceback: its configuration says WARNING instead
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
 
 
 def is_user_error(error: BaseException) -> bool:
