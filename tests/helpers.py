@@ -11,6 +11,8 @@ import gzip
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -307,3 +309,21 @@ class SlowDataset(Wrapped):
     def read(self, indices) -> Pending[TokenBatch]:
         time.sleep(self.seconds)
         return self.base.read(indices)
+
+
+BUILD_WORKER = Path(__file__).parent / "build_worker.py"
+
+
+def start_builders(configs: Sequence[Path], go: Path | None, *overrides: str) -> list[subprocess.Popen]:
+    """Builder processes (``build_worker.py``), one per config, their output on ``stdout``. With ``go``, they start
+    building together: once every one has loaded its config and tokenizer, ``go`` is created."""
+    procs = [subprocess.Popen([sys.executable, str(BUILD_WORKER), str(config), str(go or "-"), *overrides],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for config in configs]
+    if go is not None:
+        for proc in procs:
+            assert proc.stdout is not None
+            said = proc.stdout.readline()
+            assert said == "ready\n", said + proc.stdout.read()
+        go.touch()
+    return procs

@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO, TOKENIZER, build, cache_bytes, check_lease_lifecycle, demo_urls, read_jsonl_zst, write_jsonl
+from helpers import BUILD_WORKER, REPO, TOKENIZER, build, cache_bytes, check_lease_lifecycle, demo_urls, read_jsonl_zst, start_builders, write_jsonl
 
 import tokenmix
 from tokenmix.cache import store
 from tokenmix.cache.lock import LOCK_FILE, CacheLockedError, build_lock
 
-WORKER = Path(__file__).parent / "build_worker.py"
 SHARDS = demo_urls("webster") + demo_urls("linux_doc") + demo_urls("python_doc")
 RACE_TRIES = int(os.environ.get("TOKENMIX_RACE_TRIES", "3"))
 """Races per shard-order case; CI runs 3, a stress run more (``TOKENMIX_RACE_TRIES=20``)."""
@@ -49,11 +48,6 @@ def content_of(location: Path) -> dict[str, bytes]:
 
 def build_all(config: Path) -> None:
     tokenmix.build_caches(tokenmix.load_data_config(config), progress=False)
-
-
-def start_builder(config: Path, start_at: float, *overrides: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(WORKER), str(config), str(start_at), *overrides], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 class RowWatcher:
@@ -105,8 +99,7 @@ def test_builders_racing_on_one_cache_end_with_a_single_builds_bytes(tmp_path, r
         configs = [write_config(tmp_path / f"{attempt}-{i}.yaml", cache_dir, SHARDS if order == "listed" else SHARDS[::-1])
                    for i, order in enumerate(orders)]
         watcher = RowWatcher(cache_dir / "web" / "train")
-        start_at = time.time() + 6
-        procs = [start_builder(config, start_at) for config in configs]
+        procs = start_builders(configs, tmp_path / f"go{attempt}")
         outputs = [p.communicate(timeout=240)[0] for p in procs]
         seen = watcher.stop()
         assert seen == sorted(seen) and seen, "the published row count went down (or was never read)"
@@ -148,7 +141,7 @@ def test_deleting_or_replacing_the_build_lock_lets_no_second_builder_in(tmp_path
     config = write_config(tmp_path / "c.yaml", cache_dir, SHARDS)
     location = cache_dir / "web" / "train"
     watcher = RowWatcher(location)
-    first = start_builder(config, time.time())
+    [first] = start_builders([config], None)
     deadline = time.monotonic() + 120
     while not (watcher.seen and watcher.seen[-1] > 0):
         assert time.monotonic() < deadline and first.poll() is None, "the first build never published a row"
@@ -158,7 +151,7 @@ def test_deleting_or_replacing_the_build_lock_lets_no_second_builder_in(tmp_path
     else:
         (location / "stranger").write_text("{}")
         os.replace(location / "stranger", location / LOCK_FILE)
-    second = start_builder(config, time.time())
+    [second] = start_builders([config], None)
     out_first, out_second = first.communicate(timeout=240)[0], second.communicate(timeout=240)[0]
     seen = watcher.stop()
     assert first.returncode == 1 and "LockLostError" in out_first and "was deleted or replaced while this build held it" in out_first, out_first
@@ -190,7 +183,7 @@ def _mid_shard(ledger: dict) -> bool:
 def _kill_mid_build(config: Path, location: Path, *overrides: str, when=_mid_shard) -> dict:
     """Start a builder, SIGKILL it once it has committed some rows but not all (and ``when`` holds of its ledger), and
     return its ledger."""
-    proc = start_builder(config, 0, *overrides)
+    [proc] = start_builders([config], None, *overrides)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -337,7 +330,7 @@ def _limit_file_size() -> None:
 @pytest.mark.timeout(300)
 def test_storage_refusing_writes_keeps_the_committed_rows_and_a_rerun_resumes(tmp_path, reference):
     config = write_config(tmp_path / "c.yaml", tmp_path / "cache", SHARDS)
-    result = subprocess.run([sys.executable, str(WORKER), str(config), "0"], cwd=REPO, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, str(BUILD_WORKER), str(config), "-"], cwd=REPO, capture_output=True, text=True,
                             timeout=240, preexec_fn=_limit_file_size)
     assert result.returncode == 1, result.stdout
     message = result.stdout.strip().splitlines()[-1]

@@ -10,16 +10,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from helpers import REPO, TOKENIZER, check_lease_lifecycle, demo_urls
+from helpers import TOKENIZER, check_lease_lifecycle, demo_urls, start_builders
 
 import tokenmix
 
-WORKER = Path(__file__).parent / "build_worker.py"
 BUCKET = "tokenmix-test"
 
 
@@ -72,9 +70,7 @@ def test_two_builders_of_one_s3_cache_build_it_once(s3, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": cache_dir, "configs": {"web": {"train_urls": urls}},
                                       "build": {"num_workers": 0, "commit_interval_s": 0.05, "chunk_bytes": 1 << 15}}))
-    start_at = time.time() + 6
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(config), str(start_at)], cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    procs = start_builders([config, config], tmp_path / "go")
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert sum("waiting for the build lock" in out for out in outputs) == 1, outputs
