@@ -302,7 +302,7 @@ class LMMixtureDatasetConfig(DataConfigBase):
         stages = [NanotronStage(start, tuple(w), tuple(float(v) for v in w.values()), seed if key is None else self._seed(key))
                   for start, (_, w), seed in zip(starts, raw, seeds)]
         used = [n for n in self.configs if any(n in s.sources for s in stages)]
-        datasets = {n: self._split_part(n, "train", seq_len, i) for i, n in enumerate(used)}
+        datasets = {n: self._train_dataset(n, seq_len, i) for i, n in enumerate(used)}
         length = None if self.train_steps is None else self.batch_schedule().offset(self.train_steps)  # type: ignore[union-attr]
         return NanosetOrderDataset(datasets, stages, length)
 
