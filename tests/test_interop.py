@@ -338,7 +338,7 @@ def test_a_nanotron_data_stages_config_loads_as_a_staged_mixture_of_nanosets(tmp
         path_to_cache: {tmp_path}/.nanoset_cache
       seed: 1234
 """)
-    config = tokenmix.load_data_config(path, ["--mixture_block_size", "160"])
+    config = tokenmix.load_data_config(path)
     assert sorted(config.configs) == ["europarl", "web"] and config.seed == 1234 and config.batch_size == 16
     assert config.configs["web"].token_files.kind == "nanoset" and config.configs["web"].token_files.dtype == "uint16"
     assert config.weight_schedule() == [(0, {"web": 0.8, "europarl": 0.2}), (160, {"europarl": 1.0})]
