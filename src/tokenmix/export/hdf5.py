@@ -23,6 +23,7 @@ FIM's rearrangement in ``hdf5_fim.py``, the statistics in ``hdf5_statistics.py``
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -31,8 +32,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from tokenmix.export.hdf5_fim import FimRearranger, FimTokens
 from tokenmix.export.hdf5_files import SampleFiles, clear_unfinished
+from tokenmix.export.hdf5_fim import FimRearranger, FimTokens
 from tokenmix.export.hdf5_options import MODES, PROCESSORS, Hdf5ExportOptions
 from tokenmix.export.hdf5_samples import SampleCutter
 from tokenmix.export.hdf5_statistics import SampleStatistics
@@ -62,8 +63,7 @@ def export_hdf5(cache: TokenSource, output_dir: str, options: Hdf5ExportOptions,
     total = cutter.stream_end - cutter.stream_start
     logger.info("exporting %d documents (%d tokens) of %s to %s as Cerebras %s samples of %d positions", cutter.rows, total,
                 cache.location, output_dir, MODES[options.mode], options.max_seq_length)
-    decode = lambda rows: backend.decode_batch(rows, skip_special_tokens=False)  # noqa: E731
-    files = SampleFiles(output_dir, options, SampleStatistics(eos_id, pad_id, decode))
+    files = SampleFiles(output_dir, options, SampleStatistics(eos_id, pad_id, functools.partial(backend.decode_batch, skip_special_tokens=False)))
     rough = cutter.rows if options.mode == "summarization" else -(-total // options.max_seq_length)
     try:
         with tqdm(total=rough, desc=f"hdf5 {options.output_name}", unit="sample", disable=not progress, dynamic_ncols=True, mininterval=0.5) as bar:

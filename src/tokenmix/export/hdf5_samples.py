@@ -96,7 +96,7 @@ class SampleCutter:
                 lengths.append(take)
             if carry and 0 < take < n:
                 pos += take - 1
-            elif carry and take == n and pos + n >= size:
+            elif carry and final and take == n and pos + n >= size:  # the window took what was left
                 break
             else:
                 pos += self.msl
