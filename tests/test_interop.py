@@ -390,7 +390,7 @@ def test_the_export_command_converts_a_sources_token_files_and_a_cache(tmp_path,
                  "--max_seq_length", "256", "--pack_sequences", "true", "--files_per_record", "100", "--compression", "none"]) == 0
     result = json.loads(capsys.readouterr().out)
     samples = np.concatenate(list(read_hdf5_samples(str(tmp_path / "h5"))))
-    assert json.loads((tmp_path / "h5" / "data_params.json").read_text())["processing"]["compression"] is None
+    assert json.loads((tmp_path / "h5" / "data_params.json").read_text())["tokenmix"]["compression"] is None
     assert samples.shape[1:] == (3, 256) and result["num_sequences"] == len(samples)
     stream = text_cache.read_tokens(0, text_cache.num_tokens())
     assert np.array_equal(samples[0, 0], stream[:256]) and np.array_equal(samples[0, 2], stream[1:257])
@@ -404,7 +404,7 @@ def test_a_cerebras_lm_export_reads_back_as_a_source_with_identical_documents(tm
     from tokenmix.export import Hdf5ExportOptions, export_hdf5
 
     options = Hdf5ExportOptions(max_seq_length=300, pack_sequences=pack, min_sequence_len=1, files_per_record=200,
-                                short_seq_prob=0.3 if pack else 0.0, seed=3)
+                                short_seq_prob=0.3 if pack else 0.0, seed=3, keep_last_window=True, short_seq_carry=True)
     export_hdf5(text_cache, str(tmp_path / "h5"), options, progress=False)
     config = mixture(tmp_path, {"h5": {"train_urls": [str(tmp_path / "h5")], "token_files": {"kind": "hdf5"}}})
     opened = tokenmix.open_cache(config, "h5")

@@ -19,7 +19,8 @@ def export_cache(cache: TokenSource, to: str, output: str, tokenizer: str | None
     - ``hdf5``: ``output`` is a directory of Cerebras ``.h5`` files and ``data_params.json`` (options: ``hdf5``, an
       ``Hdf5ExportOptions``).
 
-    ``tokenizer`` is the name recorded where the target keeps one (datatrove metadata, Levanter's ledger). Returns what
+    ``tokenizer`` is the name recorded where the target keeps one (datatrove metadata, Levanter's ledger), and for
+    ``hdf5`` the tokenizer that decodes the samples (default: the one the cache's ledger records). Returns what
     was written (documents, tokens, dtype; HDF5: its statistics).
     """
     if not cache.is_finished():
@@ -44,5 +45,5 @@ def export_cache(cache: TokenSource, to: str, output: str, tokenizer: str | None
         from tokenmix.export.hdf5 import export_hdf5
         from tokenmix.export.hdf5_options import Hdf5ExportOptions
 
-        return export_hdf5(cache, output, hdf5 or Hdf5ExportOptions(), progress)
+        return export_hdf5(cache, output, hdf5 or Hdf5ExportOptions(), progress, tokenizer)
     raise ValueError(f"export: {to!r} is not a target; choose one of {list(EXPORT_KINDS)}")
