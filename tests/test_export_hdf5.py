@@ -274,6 +274,14 @@ def test_summarization_needs_a_cache_with_loss_spans(caches, tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def test_an_export_decodes_with_the_caches_own_tokenizer_or_refuses_before_writing(caches, tmp_path, tiny_tokenizer):
+    with pytest.raises(ValueError, match=f"{caches['text'].location} was built with another tokenizer than .*give the tokenizer the cache"):
+        export_hdf5(caches["text"], str(tmp_path), Hdf5ExportOptions(max_seq_length=MSL), progress=False, tokenizer=tiny_tokenizer)
+    assert not os.listdir(tmp_path)
+    stats = export_hdf5(caches["text"], str(tmp_path), Hdf5ExportOptions(max_seq_length=MSL), progress=False)  # the ledger's
+    assert stats == export(caches["text"], tmp_path / "given")[0]
+
+
 @pytest.mark.parametrize("mode", ["lm", "summarization"])
 def test_a_reader_of_token_files_exports_the_same_samples(caches, tmp_path, mode):
     """Datatrove files (tokens and loss mask) read in place give the samples of the cache they were written from."""

@@ -10,10 +10,12 @@ from typing import Any, Literal
 
 import numpy as np
 
+from tokenmix.sources.cerebras_hdf5 import PROCESSOR_MODES
+
 MODES = {"lm": "LMData", "summarization": "Summarization", "fim": "FIM"}
 """This exporter's mode names and Cerebras's."""
 
-PROCESSORS = {"lm": "LMDataPreprocessor", "summarization": "SummarizationPreprocessor", "fim": "FIMDataPreprocessor"}
+PROCESSORS = {mode: processor for processor, cerebras in PROCESSOR_MODES.items() for mode, name in MODES.items() if name == cerebras}
 """The class of ``hdf5_dataset_preprocessors.py`` that Cerebras runs for each mode (``setup.dataset_processor``)."""
 
 _COMPRESSIONS = (None, "gzip")
