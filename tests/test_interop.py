@@ -100,17 +100,6 @@ def test_datatrove_export_keeps_loss_masks_and_reads_back_as_loss_spans(tmp_path
     assert opened.has_loss_spans
     for got, want in zip(opened.loss_spans(0, opened.num_rows()), supervised_cache.loss_spans(0, supervised_cache.num_rows())):
         assert np.array_equal(got, want)
-    as_cerebras = tmp_path / "modelzoo"  # create_hdf5_dataset.py names its processor in setup, not the mode
-    shutil.copytree(tmp_path / "h5", as_cerebras)
-    params = json.loads((as_cerebras / "data_params.json").read_text())
-    assert params["setup"].pop("mode") == "Summarization" and params["setup"]["dataset_processor"] == "SummarizationPreprocessor"
-    (as_cerebras / "data_params.json").write_text(json.dumps(params))
-    config = mixture(tmp_path, {"cb": {"train_urls": [str(as_cerebras)], "token_files": {"kind": "hdf5"}, "format": {"type": "supervised"}}})
-    assert all(np.array_equal(a, b) for a, b in zip(rows_of(tokenmix.open_cache(config, "cb")), rows_of(supervised_cache)))
-    params["setup"]["dataset_processor"] = "FIMDataPreprocessor"
-    (as_cerebras / "data_params.json").write_text(json.dumps(params))
-    config = mixture(tmp_path, {"fim": {"train_urls": [str(as_cerebras)], "token_files": {"kind": "hdf5"}}})
-    with pytest.raises(TokenFileError, match=r"Cerebras's 'FIM' mode .*export the documents again in LMData mode"):
         tokenmix.open_cache(config, "fim")
     a = tokenmix.TokenSeqDataset(opened, 64).get_batch(range(10))
     b = tokenmix.TokenSeqDataset(supervised_cache, 64).get_batch(range(10))
