@@ -100,7 +100,6 @@ def test_datatrove_export_keeps_loss_masks_and_reads_back_as_loss_spans(tmp_path
     assert opened.has_loss_spans
     for got, want in zip(opened.loss_spans(0, opened.num_rows()), supervised_cache.loss_spans(0, supervised_cache.num_rows())):
         assert np.array_equal(got, want)
-        tokenmix.open_cache(config, "fim")
     a = tokenmix.TokenSeqDataset(opened, 64).get_batch(range(10))
     b = tokenmix.TokenSeqDataset(supervised_cache, 64).get_batch(range(10))
     assert np.array_equal(a.loss_mask, b.loss_mask) and np.array_equal(a.tokens, b.tokens)
