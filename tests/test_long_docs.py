@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from helpers import build, cache_bytes, demo_urls, encoder_for
+from helpers import TOKENIZER, build, cache_bytes, demo_urls, encoder_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -68,7 +68,8 @@ def test_a_cache_built_with_aggressive_splitting_is_byte_identical(tmp_path):
     build(str(tmp_path / "plain"), urls)
     spec, identity = encoder_for()
     split_spec = dataclasses.replace(spec, long_doc_chars=300)
-    CacheBuilder(str(tmp_path / "split"), [FileShard(u) for u in urls], split_spec, identity, BuildOptions(num_workers=0)).build()
+    CacheBuilder(str(tmp_path / "split"), [FileShard(u) for u in urls], split_spec, identity, BuildOptions(num_workers=0),
+                 info={"tokenizer": TOKENIZER}).build()  # as build() records it
     assert cache_bytes(str(tmp_path / "split")) == cache_bytes(str(tmp_path / "plain"))
 
 
