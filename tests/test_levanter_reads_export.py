@@ -38,8 +38,9 @@ def _gpt2_class_tokenizer(root: Path) -> str:
 
 @pytest.mark.parametrize("enforce_eos,gpt2_class", [(True, False), (False, False), (True, True)])
 def test_levanters_load_lm_dataset_cache_opens_our_export_and_its_examples_are_ours(tmp_path, caplog, enforce_eos, gpt2_class):
-    from levanter.data.text import TextLmDatasetFormat, TokenSeqDataset as LevanterTokenSeqDataset, load_lm_dataset_cache
     from levanter.compat.hf_checkpoints import load_tokenizer
+    from levanter.data.text import TextLmDatasetFormat, load_lm_dataset_cache
+    from levanter.data.text import TokenSeqDataset as LevanterTokenSeqDataset
 
     tokenizer = _gpt2_class_tokenizer(tmp_path / "gpt2_class") if gpt2_class else TOKENIZER
     location = str(tmp_path / "ours")
