@@ -39,6 +39,21 @@ def hf_tokenizer():
     return load_tokenizer(TOKENIZER)
 
 
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory):
+    """A different real tokenizer, trained on the spot."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
+    path = tmp_path_factory.mktemp("tiny_tok")
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>").save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture
 def growing_cache(tmp_path):
     """Starts caches that build in the background with their later shards held back (``GrowingCache``);

@@ -68,7 +68,7 @@ def build(location: str, urls: list[str], fmt: LmDatasetFormatBase | None = None
           tokenization: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
     options.setdefault("num_workers", 0)
     spec, identity = encoder_for(fmt, tokenizer, **(tokenization or {}))
-    builder = CacheBuilder(location, [FileShard(u) for u in urls], spec, identity, BuildOptions(**options))
+    builder = CacheBuilder(location, [FileShard(u) for u in urls], spec, identity, BuildOptions(**options), info={"tokenizer": tokenizer})
     return builder.build()
 
 

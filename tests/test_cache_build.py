@@ -106,21 +106,6 @@ def test_changing_or_reordering_listed_shards_is_refused(tmp_path):
         build(location, urls[:1])
 
 
-@pytest.fixture(scope="module")
-def tiny_tokenizer(tmp_path_factory):
-    """A different real tokenizer, trained on the spot."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
-    path = tmp_path_factory.mktemp("tiny_tok")
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>").save_pretrained(path)
-    return str(path)
-
-
 def test_opening_with_a_different_tokenizer_format_or_options_is_refused(tmp_path, tiny_tokenizer):
     url = write_jsonl(tmp_path / "a.jsonl", [{"text": "the quick brown fox", "body": "x"}])
     location = str(tmp_path / "c")

@@ -230,6 +230,12 @@ def test_verify_names_changed_inputs_and_repair_refuses_to_use_them(tmp_path):
     assert cache_bytes(str(location)) == before
     result = tokenmix_cli("verify", "--config_path", str(config_path))
     assert result.returncode == 1 and "input changed" in result.stdout
+    moved = tmp_path / "moved"
+    (tmp_path / "caches").rename(moved)
+    overridden = tokenmix_cli("verify", "--config_path", str(config_path), "--cache_dir", str(moved))  # an override's value
+    assert overridden.returncode == 1 and f"{moved}/one/train" in overridden.stdout and "input changed" in overridden.stdout
+    stray = tokenmix_cli("verify", str(moved / "one" / "train"), "--seed", "3")
+    assert stray.returncode == 2 and "--seed 3 (config overrides need --config_path)" in stray.stderr
 
 
 def test_verify_runs_beside_a_build_and_checks_what_is_published(growing_cache):

@@ -364,7 +364,7 @@ def test_a_nanotron_data_stages_config_loads_as_a_staged_mixture_of_nanosets(tmp
         path_to_cache: {tmp_path}/.nanoset_cache
       seed: 1234
 """)
-    config = tokenmix.load_data_config(path, ["--mixture_block_size", "160"])
+    config = tokenmix.load_data_config(path)
     assert sorted(config.configs) == ["europarl", "web"] and config.seed == 1234 and config.batch_size == 16
     assert config.configs["web"].token_files.kind == "nanoset" and config.configs["web"].token_files.dtype == "uint16"
     assert config.weight_schedule() == [(0, {"web": 0.8, "europarl": 0.2}), (160, {"europarl": 1.0})]
@@ -416,7 +416,7 @@ def test_the_export_command_converts_a_sources_token_files_and_a_cache(tmp_path,
                  "--max_seq_length", "256", "--pack_sequences", "true", "--files_per_record", "100", "--compression", "none"]) == 0
     result = json.loads(capsys.readouterr().out)
     samples = np.concatenate(list(read_hdf5_samples(str(tmp_path / "h5"))))
-    assert json.loads((tmp_path / "h5" / "data_params.json").read_text())["processing"]["compression"] is None
+    assert json.loads((tmp_path / "h5" / "data_params.json").read_text())["tokenmix"]["compression"] is None
     assert samples.shape[1:] == (3, 256) and result["num_sequences"] == len(samples)
     stream = text_cache.read_tokens(0, text_cache.num_tokens())
     assert np.array_equal(samples[0, 0], stream[:256]) and np.array_equal(samples[0, 2], stream[1:257])
@@ -430,7 +430,7 @@ def test_a_cerebras_lm_export_reads_back_as_a_source_with_identical_documents(tm
     from tokenmix.export import Hdf5ExportOptions, export_hdf5
 
     options = Hdf5ExportOptions(max_seq_length=300, pack_sequences=pack, min_sequence_len=1, files_per_record=200,
-                                short_seq_prob=0.3 if pack else 0.0, seed=3)
+                                short_seq_prob=0.3 if pack else 0.0, seed=3, keep_last_window=True, short_seq_carry=True)
     export_hdf5(text_cache, str(tmp_path / "h5"), options, progress=False)
     config = mixture(tmp_path, {"h5": {"train_urls": [str(tmp_path / "h5")], "token_files": {"kind": "hdf5"}}})
     opened = tokenmix.open_cache(config, "h5")
@@ -449,6 +449,18 @@ def test_a_cerebras_summarization_export_reads_back_with_its_loss_masks(tmp_path
     assert all(np.array_equal(a, b) for a, b in zip(rows_of(opened), rows_of(supervised_cache)))
     for got, want in zip(opened.loss_spans(0, opened.num_rows()), supervised_cache.loss_spans(0, supervised_cache.num_rows())):
         assert np.array_equal(got, want)
+    as_cerebras = tmp_path / "modelzoo"  # create_hdf5_dataset.py names its processor in setup, not the mode
+    shutil.copytree(tmp_path / "h5", as_cerebras)
+    params = json.loads((as_cerebras / "data_params.json").read_text())
+    assert params["setup"].pop("mode") == "Summarization" and params["setup"]["dataset_processor"] == "SummarizationPreprocessor"
+    (as_cerebras / "data_params.json").write_text(json.dumps(params))
+    config = mixture(tmp_path, {"cb": {"train_urls": [str(as_cerebras)], "token_files": {"kind": "hdf5"}, "format": {"type": "supervised"}}})
+    assert all(np.array_equal(a, b) for a, b in zip(rows_of(tokenmix.open_cache(config, "cb")), rows_of(supervised_cache)))
+    params["setup"]["dataset_processor"] = "FIMDataPreprocessor"
+    (as_cerebras / "data_params.json").write_text(json.dumps(params))
+    config = mixture(tmp_path, {"fim": {"train_urls": [str(as_cerebras)], "token_files": {"kind": "hdf5"}}})
+    with pytest.raises(TokenFileError, match=r"Cerebras's 'FIM' mode .*export the documents again in LMData mode"):
+        tokenmix.open_cache(config, "fim")
     with pytest.raises(TokenFileError, match="no data_params.json"):
         tokenmix.open_cache(mixture(tmp_path, {"x": {"train_urls": [str(tmp_path)], "token_files": {"kind": "hdf5"}}}), "x")
 

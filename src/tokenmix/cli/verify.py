@@ -37,20 +37,33 @@ SHOWN = 10
 """Damaged chunks, problems and inputs listed per cache; more are counted."""
 
 
-def run(argv: list[str]) -> int:
+def _parser(caches: bool) -> CommandParser:
+    """The command's options; with ``--config_path`` there are no cache arguments, so that the config's overrides
+    (``--seed 3``) keep their values."""
     parser = CommandParser("verify", __doc__)
-    parser.add_argument("caches", nargs="*", help="cache directories or URLs (one source and split each)")
+    if caches:
+        parser.add_argument("caches", nargs="*", help="cache directories or URLs (one source and split each)")
     parser.add_argument("--config_path", help="a data config: verify its caches (all, or --source), and repair from its inputs")
     parser.add_argument("--source", action="append", help="with --config_path: only this source's caches (repeatable)")
     parser.add_argument("--repair", action="store_true", help="rewrite damaged rows from their inputs when those are unchanged")
     parser.add_argument("--no_inputs", action="store_true", help="do not read the inputs to check them against the ledger")
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
+    return parser
+
+
+def run(argv: list[str]) -> int:
+    parser = _parser(caches=True)
     args, overrides = parser.parse_known_args(argv)
-    if not args.caches and not args.config_path:
+    if args.config_path:
+        parser = _parser(caches=False)
+        args, overrides = parser.parse_known_args(argv)
+    elif not args.caches:
         parser.error("give cache directories, or --config_path")
+    elif overrides:
+        parser.error(f"unrecognized arguments: {' '.join(overrides)} (config overrides need --config_path)")
     try:
         config = load_data_config(args.config_path, overrides) if args.config_path else None
-        locations = list(args.caches) or [t.location for t in cache_targets(config, args.source)]  # type: ignore[arg-type]
+        locations = [t.location for t in cache_targets(config, args.source)] if config else list(args.caches)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         logger.error("%s", e)
         return 2

@@ -26,6 +26,7 @@ from tokenmix.datasets.base import Dataset
 from tokenmix.datasets.block_shuffle import BlockShuffle
 from tokenmix.datasets.ignored_targets import IgnoredTargets
 from tokenmix.datasets.mixture import STOP_STRATEGIES, MixtureDataset, normalize_schedule
+from tokenmix.datasets.nanoset_order import NanosetOrderDataset, NanotronStage
 from tokenmix.datasets.order import check_shuffle
 from tokenmix.datasets.packed import PackedDataset
 from tokenmix.datasets.permutation import derive_key
@@ -93,6 +94,17 @@ class LMMixtureDatasetConfig(DataConfigBase):
     consecutive examples share a token. datatrove (Nanotron's datatrove-backed Nanosets): ``seq_len + 1`` tokens with no
     overlap, never across the end of a token file (a file's last partial window is left out). Batches are ``seq_len + 1``
     wide under both."""
+    example_order: Literal["tokenmix", "nanotron"] = "tokenmix"
+    """tokenmix: ``MixtureDataset``'s exact, lazy blocks over each source's keyed shuffles. nanotron (what
+    ``load_data_config`` sets for a Nanotron config of Nanoset files): Nanotron's own order, sample for sample: each
+    ``train_weights`` stage a BlendedNanoset of its sources in the order listed, with the stage's seed
+    (``stage_seeds``), reading from the index where the stage starts (``datasets/nanoset_order.py``). Needs
+    ``example_convention: megatron`` and unpacked sources."""
+    train_steps: int | None = None
+    """Nanotron's ``tokens.train_steps``: with ``example_order: nanotron`` the training set has ``train_steps x
+    batch_size`` examples (every stage's blend is built for that many); unset, it does not end."""
+    stage_seeds: list[int] | None = None
+    """With ``example_order: nanotron``: each ``train_weights`` stage's ``data.seed`` (unset: ``seed`` for every stage)."""
     block_cross_document_attention: bool | None = None
     """Newer Levanter: whether attention stops at document boundaries. Accepted: every tokenmix batch carries the
     segment ids that blocking needs, and whether to block is the model's choice."""
@@ -133,6 +145,7 @@ class LMMixtureDatasetConfig(DataConfigBase):
                 if not value > 0 or (limit and value >= 1):
                     raise ValueError(f"{field_name}[{name!r}] must be positive{limit}, got {value}")
         self._check_budgets()
+        self._check_nanotron_order()
         for field_name, why in (("auto_build_caches", "opening a cache never builds it here; build_caches or `tokenmix build-cache` "
                                  "builds missing caches"),
                                 ("block_cross_document_attention", "every batch carries segment ids, and a model blocks "
@@ -164,6 +177,29 @@ class LMMixtureDatasetConfig(DataConfigBase):
         if self.max_train_batches and self.batch_schedule() is None:
             raise ValueError("max_train_batches counts batches of the first batch size: set `batch_size` (or, in a training "
                              "config, trainer.train_batch_size)")
+
+    def _check_nanotron_order(self) -> None:
+        """``example_order`` and the fields only Nanotron's order reads."""
+        if self.example_order not in ("tokenmix", "nanotron"):
+            raise ValueError(f"example_order must be tokenmix or nanotron, got {self.example_order!r}")
+        if self.example_order == "tokenmix":
+            unused = [f for f in ("train_steps", "stage_seeds") if getattr(self, f) is not None]
+            if unused:
+                logger.info("%s: read by example_order: nanotron only; tokenmix's order draws by seed and never ends", unused)
+            return
+        if self.example_convention != "megatron":
+            raise ValueError(f"example_order: nanotron reads Nanoset samples (seq_len + 1 tokens every seq_len): set "
+                             f"example_convention: megatron, not {self.example_convention}")
+        packed = [name for name, source in self.configs.items() if source.packing_options() is not None]
+        if packed:
+            raise ValueError(f"example_order: nanotron reads windows of each source's stream, but {packed} pack documents; "
+                             "remove their packing (or use example_order: tokenmix)")
+        stages = len(self.train_weights) if isinstance(self.train_weights, list) else 1
+        if self.stage_seeds is not None and len(self.stage_seeds) != stages:
+            raise ValueError(f"stage_seeds has {len(self.stage_seeds)} seed(s) for {stages} train_weights stage(s); give one per stage")
+        if self.train_steps is not None and (self.train_steps < 1 or self.batch_size is None):
+            raise ValueError(f"train_steps ({self.train_steps}) must be at least 1 and needs batch_size: the training set has "
+                             "train_steps x batch_size examples")
 
     def sources(self) -> dict[str, LMDatasetSourceConfig]:
         return dict(self.configs)
@@ -238,9 +274,12 @@ class LMMixtureDatasetConfig(DataConfigBase):
         # keyed by the source name alone: every run and seed validates on the same documents
         return held_out_documents(np.diff(bounds), wanted, derive_key("holdout", name), self.shuffle_before_trainval_split)
 
-    def train_set(self, seq_len: int, key: int | None = None) -> MixtureDataset:
+    def train_set(self, seq_len: int, key: int | None = None) -> MixtureDataset | NanosetOrderDataset:
         """The training mixture of ``seq_len``-token examples (``seq_len + 1`` under ``example_convention`` megatron or datatrove);
-        ``key`` overrides the config's ``seed``."""
+        ``key`` overrides the config's ``seed``. Under ``example_order: nanotron``, Nanotron's order instead (a
+        ``NanosetOrderDataset``; ``key`` then overrides every stage's seed)."""
+        if self.example_order == "nanotron":
+            return self._nanotron_train_set(seq_len, key)
         schedule = self.weight_schedule()
         seed = self._seed(key)
         datasets = self.train_sources(seq_len, key)
@@ -253,6 +292,19 @@ class LMMixtureDatasetConfig(DataConfigBase):
             shuffle=self.shuffle,
             stop_strategy=self.stop_strategy,  # type: ignore[arg-type]
         )
+
+    def _nanotron_train_set(self, seq_len: int, key: int | None) -> NanosetOrderDataset:
+        """Nanotron's stages of BlendedNanosets over each source's train part (``datasets/nanoset_order.py``)."""
+        raw = [(0, dict(self.train_weights or {n: 1.0 for n in self.configs}))] if not isinstance(self.train_weights, list) \
+            else [(int(step), dict(w)) for step, w in self.train_weights]
+        starts = [start for start, _ in self.weight_schedule()]
+        seeds = self.stage_seeds or [self.seed] * len(raw)
+        stages = [NanotronStage(start, tuple(w), tuple(float(v) for v in w.values()), seed if key is None else self._seed(key))
+                  for start, (_, w), seed in zip(starts, raw, seeds)]
+        used = [n for n in self.configs if any(n in s.sources for s in stages)]
+        datasets = {n: self._train_dataset(n, seq_len, i) for i, n in enumerate(used)}
+        length = None if self.train_steps is None else self.batch_schedule().offset(self.train_steps)  # type: ignore[union-attr]
+        return NanosetOrderDataset(datasets, stages, length)
 
     def train_sources(self, seq_len: int, key: int | None = None) -> dict[str, Dataset]:
         """Per source with a training weight, its training examples before mixing: what ``train_set`` draws from (held-out
@@ -301,8 +353,20 @@ class LMMixtureDatasetConfig(DataConfigBase):
             bounds = split_bounds(cache.num_rows(), weights)
             return self._examples(name, cache, seq_len, source_id, np.arange(bounds[index], bounds[index + 1], dtype=np.int64))
         examples = self._examples(name, cache, seq_len, source_id)
-        bounds = split_bounds(_length(examples), weights)
-        return ExampleRange(examples, bounds[index], bounds[index + 1])
+        if self.example_order != "nanotron":
+            bounds = split_bounds(_length(examples), weights)
+            return ExampleRange(examples, bounds[index], bounds[index + 1])
+        # Nanotron counts int(tokens / seq_len) samples: one more than can be read when the tokens are a whole number of
+        # samples (the last has no label token), and its split bounds follow that count
+        tokens = cache.num_tokens()
+        bounds = split_bounds(tokens // seq_len, weights)
+        readable = _length(examples)
+        if part == "train" and bounds[1] > readable:
+            raise ValueError(f"source {name!r}: its {tokens} tokens are a whole number of {seq_len}-token samples, and Nanotron's "
+                             f"train part (split {self.configs[name].token_files.split}) takes the last one, which has no label "  # type: ignore[union-attr]
+                             "token: Nanotron fails when it reads it. Give validation or test a share of the split, or drop the "
+                             "file's last token")
+        return ExampleRange(examples, min(bounds[index], readable), min(bounds[index + 1], readable))
 
     def test_sets(self, seq_len: int) -> dict[str, Dataset]:
         """Per source cut by a ``split`` with a test share, its test examples (Nanotron's and Megatron's third part)."""

@@ -20,7 +20,8 @@ def export_cache(cache: TokenSource, to: str, output: str, tokenizer: str | None
       ``Hdf5ExportOptions``).
 
     ``tokenizer`` is the name recorded where the target keeps one (datatrove metadata, Levanter's ledger; Levanter's
-    export needs it, and loads it). Returns what
+    export needs it, and loads it), and for ``hdf5`` the tokenizer that decodes the samples (default: the one the
+    cache's ledger records). Returns what
     was written (documents, tokens, dtype; HDF5: its statistics).
     """
     if not cache.is_finished():
@@ -48,5 +49,5 @@ def export_cache(cache: TokenSource, to: str, output: str, tokenizer: str | None
         from tokenmix.export.hdf5 import export_hdf5
         from tokenmix.export.hdf5_options import Hdf5ExportOptions
 
-        return export_hdf5(cache, output, hdf5 or Hdf5ExportOptions(), progress)
+        return export_hdf5(cache, output, hdf5 or Hdf5ExportOptions(), progress, tokenizer)
     raise ValueError(f"export: {to!r} is not a target; choose one of {list(EXPORT_KINDS)}")

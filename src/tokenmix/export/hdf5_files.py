@@ -1,6 +1,7 @@
-"""The files of a Cerebras HDF5 export: ``{output_name}_{i:05d}.h5`` files of ``files_per_record`` samples, each written
-under a hidden ``.partial`` name (created without following a link) and renamed once complete; what an unfinished export
-left, removed before another starts; and a finished export's files read back.
+"""The files of a Cerebras HDF5 export: ``{output_name}_{i}_0.h5`` files of ``files_per_record`` samples (named as
+Cerebras's single process names them), each written under a hidden ``.partial`` name (created without following a link)
+and renamed once complete; what an unfinished export left, removed before another starts; and a finished export's files
+read back.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from tokenmix._safe_files import create_new, refuse_unsafe
 from tokenmix.export.hdf5_options import Hdf5ExportOptions
+from tokenmix.export.hdf5_statistics import SampleStatistics
 from tokenmix.export.streaming import partial_name
 from tokenmix.sources.cerebras_hdf5 import DATA_PARAMS
 
@@ -24,13 +26,21 @@ logger = logging.getLogger(__name__)
 
 
 class SampleFiles:
-    """Samples written into ``{output_name}_{i:05d}.h5`` files of ``files_per_record`` samples; each is written under
-    its ``.partial`` name and renamed once complete."""
+    """Samples written into ``{output_name}_{i}_0.h5`` files of ``files_per_record`` samples; each is written under its
+    ``.partial`` name and renamed once complete. ``statistics`` counts the samples of the complete files only, as
+    Cerebras counts them from the files it wrote."""
 
-    def __init__(self, output_dir: str, options: Hdf5ExportOptions):
+    def __init__(self, output_dir: str, options: Hdf5ExportOptions, statistics: SampleStatistics):
         self._dir = output_dir
         self._options = options
+        self.statistics = statistics
+        self._pending = statistics.empty()
+        """The statistics of the file being written."""
         self.complete = 0
+        self.written = 0
+        """Samples in the complete files."""
+        self.remainder_dropped = 0
+        """Samples of a last, partial file not written (``write_remainder`` false)."""
         self._h5: h5py.File | None = None
         self._file: BinaryIO | None = None
         """The partial file ``_h5`` writes into, created without following a link."""
@@ -45,15 +55,21 @@ class SampleFiles:
             take = min(len(samples), per_file - self._held)
             data.resize(self._held + take, axis=0)
             data[self._held : self._held + take] = samples[:take]
+            self._pending.add(samples[:take])
             self._held += take
             samples = samples[take:]
             if self._held == per_file:
                 self._finish()
 
     def close(self) -> None:
-        """Finish the last file."""
-        if self._h5 is not None:
+        """Finish the last file, or with ``write_remainder`` false drop it (it holds fewer than ``files_per_record``)."""
+        if self._h5 is None:
+            return
+        if self._options.write_remainder:
             self._finish()
+        else:
+            self.remainder_dropped = self._held
+            self.abort()
 
     def abort(self) -> None:
         """Drop the file being written."""
@@ -93,6 +109,9 @@ class SampleFiles:
         self._close(sync=True)
         os.replace(self._partial, self._path)
         self.complete += 1
+        self.written += self._held
+        self.statistics.merge(self._pending)
+        self._pending = self.statistics.empty()
 
 
 def clear_unfinished(output_dir: str, output_name: str) -> None:
@@ -100,7 +119,7 @@ def clear_unfinished(output_dir: str, output_name: str) -> None:
     if os.path.exists(os.path.join(output_dir, DATA_PARAMS)):
         raise FileExistsError(f"{output_dir} holds a finished HDF5 export ({DATA_PARAMS}); remove it or export into another directory")
     name, params = re.escape(output_name), re.escape(DATA_PARAMS)
-    ours = re.compile(rf"{name}_\d{{5}}\.h5|\.{name}_\d{{5}}\.h5\.partial|\.{params}\.partial")
+    ours = re.compile(rf"{name}_\d+_0\.h5|\.{name}_\d+_0\.h5\.partial|\.{params}\.partial")
     left = sorted(f for f in os.listdir(output_dir) if ours.fullmatch(f))
     for f in left:
         refuse_unsafe(os.path.join(output_dir, f), "file of an unfinished export")  # never an export's: a link planted there
@@ -119,7 +138,7 @@ def read_hdf5_samples(output_dir: str) -> Iterator[np.ndarray]:
         raise FileNotFoundError(f"{output_dir}: no finished HDF5 export (no {DATA_PARAMS}); export into it with export_hdf5 first")
     with open(params_path) as f:
         params = json.load(f)
-    paths = [os.path.join(output_dir, _file_name(params["processing"]["output_name"], i)) for i in range(params["h5_dataset_stats"]["n_files"])]
+    paths = [os.path.join(output_dir, _file_name(params["processing"]["output_name"], i)) for i in range(params["tokenmix"]["n_files"])]
     return _read_files(paths)
 
 
@@ -133,5 +152,5 @@ def _read_files(paths: list[str]) -> Iterator[np.ndarray]:
 
 
 def _file_name(output_name: str, index: int) -> str:
-    """The name of file ``index`` of an export: ``{output_name}_{index:05d}.h5``."""
-    return f"{output_name}_{index:05d}.h5"
+    """The name of file ``index`` of an export: ``{output_name}_{index}_0.h5``, as Cerebras's process 0 names it."""
+    return f"{output_name}_{index}_0.h5"

@@ -24,6 +24,8 @@ import numpy as np
 from tokenmix.sources.token_file_base import TokenFile, TokenFileError, document_ends, local_path
 
 DATA_PARAMS = "data_params.json"
+PROCESSOR_MODES = {"LMDataPreprocessor": "LMData", "SummarizationPreprocessor": "Summarization", "FIMDataPreprocessor": "FIM"}
+"""Cerebras's mode for each of its processors, as ``setup.dataset_processor`` names the one that wrote the samples."""
 
 
 def _natural(name: str) -> list[int | str]:
@@ -47,13 +49,23 @@ def _setting(params: dict, key: str, default: object) -> object:
     return default
 
 
+def _mode(params: dict) -> str:
+    """The mode that wrote the samples: ``setup.mode`` (tokenmix's exports), else Cerebras's processor class (what
+    ``create_hdf5_dataset.py`` records), else LMData (its default)."""
+    setup = params.get("setup") or {}
+    if "mode" in setup:
+        return str(setup["mode"])
+    processor = str(setup.get("dataset_processor", "LMDataPreprocessor"))
+    return PROCESSOR_MODES.get(processor, processor)
+
+
 def open_cerebras_hdf5(directory: str, eos_id: int | None = None) -> TokenFile:
     """The documents of one Cerebras HDF5 directory, in memory; ``eos_id`` where ``data_params.json`` records none."""
     import h5py
 
     directory = local_path(directory, "hdf5").rstrip("/")
     params = _params(directory)
-    mode = str(_setting(params, "mode", "LMData"))
+    mode = _mode(params)
     packed = bool(_setting(params, "pack_sequences", True))
     inverted = bool(_setting(params, "inverted_mask", False))
     eos = eos_id if eos_id is not None else _setting(params, "eos_id", None)
@@ -82,7 +94,9 @@ def open_cerebras_hdf5(directory: str, eos_id: int | None = None) -> TokenFile:
         ends = np.cumsum(real + 1)
         return TokenFile(directory, tokens, ends, loss.astype(np.uint8), info={"format": "cerebras_hdf5", "mode": mode})
     if mode != "LMData":
-        raise TokenFileError(f"{directory}: mode {mode!r}; tokenmix reads Cerebras's LMData and Summarization samples")
+        raise TokenFileError(f"{directory}: samples written in Cerebras's {mode!r} mode ({DATA_PARAMS}: setup); tokenmix reads "
+                             "LMData and Summarization samples back as documents (FIM samples are rearranged: export the "
+                             "documents again in LMData mode, or read the source they were made from)")
     real = trained.sum(axis=1)
     if packed:
         closes = np.zeros(len(window), bool)
