@@ -110,12 +110,12 @@ def test_a_levanter_cache_on_object_storage_is_read_in_place_by_a_mixture(s3, tm
     """Levanter users keep finished caches in buckets: a mixture pointed at one reads it there, building nothing."""
     from tokenmix.export import export_levanter
 
-    local = tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "local"),
+    local = tokenmix.load_data_config({"tokenizer": TOKENIZER, "enforce_bos": True, "cache_dir": str(tmp_path / "local"),
                                        "configs": {"web": {"train_urls": demo_urls("webster")}}})
     tokenmix.build_caches(local, progress=False)
     built = tokenmix.open_cache(local, "web")
     export_levanter(built, f"s3://{BUCKET}/levanter/web/train", tokenizer=TOKENIZER, progress=False)
-    remote = tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "unused"), "configs": {
+    remote = tokenmix.load_data_config({"tokenizer": TOKENIZER, "enforce_bos": True, "cache_dir": str(tmp_path / "unused"), "configs": {
         "web": {"train_urls": demo_urls("webster"), "cache_dir": f"s3://{BUCKET}/levanter/web"}}})
     tokenmix.build_caches(remote, progress=False)
     opened = tokenmix.open_cache(remote, "web")

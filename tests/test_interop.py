@@ -33,6 +33,14 @@ def text_cache(tmp_path_factory) -> TokenCache:
 
 
 @pytest.fixture(scope="module")
+def bos_cache(tmp_path_factory) -> TokenCache:
+    """Rows as Levanter's tokenizer shapes them for the demo tokenizer: BOS, the text's ids, EOS."""
+    location = str(tmp_path_factory.mktemp("bos") / "cache")
+    build(location, demo_urls("webster"), tokenization={"enforce_bos": True})
+    return TokenCache(location)
+
+
+@pytest.fixture(scope="module")
 def supervised_cache(tmp_path_factory) -> TokenCache:
     root = tmp_path_factory.mktemp("sup")
     records = [{"prompt": f"Question {i}: what is {i} + {i}?", "response": f" It is {2 * i}." * (1 + i % 3)} for i in range(40)]
@@ -206,20 +214,37 @@ def test_split_bounds_cover_the_whole_in_order(total, weights):
     assert all(abs(b - e) <= 2 for b, e in zip(bounds, exact))
 
 
-def test_a_cache_levanter_wrote_opens_in_a_mixture_and_is_checked_against_the_config(tmp_path, text_cache):
-    export_levanter(text_cache, str(tmp_path / "lev" / "train"), tokenizer=TOKENIZER, progress=False)
+def test_a_cache_levanter_wrote_opens_in_a_mixture_and_is_checked_against_the_config(tmp_path, bos_cache):
+    export_levanter(bos_cache, str(tmp_path / "lev" / "train"), tokenizer=TOKENIZER, progress=False)
     ledger = json.loads((tmp_path / "lev" / "train" / "shard_ledger.json").read_text())
-    assert ledger["is_finished"] and ledger["metadata"]["preprocessor_metadata"]["vocab_size"] == 32000
+    assert ledger["is_finished"] and ledger["metadata"]["preprocessor_metadata"] == {
+        "tokenizer": TOKENIZER, "vocab_size": 32000, "return_attention_mask": False, "padding": False, "max_length": 10**9,
+        "append_bos": True, "append_eos": True}
     source = {"train_urls": demo_urls("webster"), "cache_dir": str(tmp_path / "lev")}
-    config = mixture(tmp_path, {"lev": source})
+    config = mixture(tmp_path, {"lev": source}, enforce_bos=True)
     tokenmix.build_caches(config, progress=False)  # finds Levanter's cache there and builds nothing
     assert not (tmp_path / "lev" / "train" / "ledger.json").exists()
     opened = tokenmix.open_cache(config, "lev")
-    assert opened.dtype == np.int32 and opened.identity["levanter_cache"]
-    assert all(np.array_equal(a, b) for a, b in zip(rows_of(opened), rows_of(text_cache)))
+    assert opened.dtype == np.int64 and opened.identity["levanter_cache"]
+    assert all(np.array_equal(a, b) for a, b in zip(rows_of(opened), rows_of(bos_cache)))
     assert np.array_equal(config.train_set(SEQ_LEN).get_batch(range(8)).tokens, config.train_set(SEQ_LEN).get_batch(range(8)).tokens)
     with pytest.raises(CacheMismatchError, match="append_eos: Levanter's cache has True, the config asks for False"):
-        tokenmix.open_cache(mixture(tmp_path, {"lev": source}, enforce_eos=False), "lev")
+        tokenmix.open_cache(mixture(tmp_path, {"lev": source}, enforce_bos=True, enforce_eos=False), "lev")
+
+
+def test_levanter_export_refuses_rows_shaped_otherwise_than_levanters_tokenizer_shapes_them(tmp_path, text_cache, bos_cache):
+    """Levanter's trainer asks its tokenizer for BOS: rows without it would be exported under metadata that lies (or
+    that Levanter warns about), so the export refuses them and says how to rebuild; so too a cache of another tokenizer."""
+    with pytest.raises(ValueError, match="starts with BOS but this cache's rows do not; rebuild the cache with enforce_bos: true"):
+        export_levanter(text_cache, str(tmp_path / "lev"), tokenizer=TOKENIZER, progress=False)
+    assert not (tmp_path / "lev").exists()
+    other = tmp_path / "other_tokenizer"
+    other.mkdir()
+    config = json.loads((Path(TOKENIZER) / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(json.dumps({**config, "pad_token": "<|endoftext|>"}))
+    shutil.copy(Path(TOKENIZER) / "tokenizer.json", other / "tokenizer.json")
+    with pytest.raises(ValueError, match="built with another tokenizer than .*; give --tokenizer the tokenizer the cache was built with"):
+        export_levanter(bos_cache, str(tmp_path / "lev"), tokenizer=str(other), progress=False)
 
 
 def test_levanter_export_refuses_a_cache_that_masks_the_loss(tmp_path, supervised_cache):

@@ -24,7 +24,7 @@ from tokenmix.sources import FileShard
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = str(REPO / "data" / "tokenizer")
 CORPUS = REPO / "data" / "demo" / "python_doc"
-EXEMPLAR = {"input_ids": np.zeros((0,), dtype=np.int32)}
+EXEMPLAR = {"input_ids": np.zeros((0,), dtype=np.int64)}
 
 
 def texts() -> list[str]:
@@ -59,7 +59,7 @@ def levanter_builds_we_read(root: Path) -> None:
 
 
 def levanter_reads_ours(root: Path) -> None:
-    config = tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(root / "built"),
+    config = tokenmix.load_data_config({"tokenizer": TOKENIZER, "enforce_bos": True, "cache_dir": str(root / "built"),
                                         "configs": {"python": {"train_urls": [str(CORPUS / "train-01-of-02.jsonl.zst")]}}})
     tokenmix.build_caches(config, progress=False)
     cache = tokenmix.open_cache(config, "python")

@@ -9,7 +9,7 @@ imports them.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 import numpy as np
@@ -20,7 +20,7 @@ from tokenmix.cache.token_files_cache import TokenFilesCache
 from tokenmix.config.caches import DataConfigBase, open_cache
 from tokenmix.config.components import DatasetComponentBase, resolve_components
 from tokenmix.config.holdout import held_out_documents, kept_documents
-from tokenmix.config.levanter import CacheOptions, note_cache_options
+from tokenmix.config.levanter import CacheOptions, note_cache_options, refuse_removed_shard_counts
 from tokenmix.config.sources import LMDatasetSourceConfig
 from tokenmix.datasets.base import Dataset
 from tokenmix.datasets.block_shuffle import BlockShuffle
@@ -400,13 +400,43 @@ class LMDatasetConfig(LMDatasetSourceConfig, DataConfigBase):
     cache_dir: str | None = "cache/"
     cache_options: CacheOptions | None = None
     """Levanter's cache-builder options: accepted, and logged as having no effect here."""
+    shuffle: bool | int = False
+    """Levanter's single-dataset order: false (its default) in cache order, true a full shuffle, an int shuffles within
+    eras of that many examples."""
+    permutation_type: Literal["feistel", "linear"] | None = None
+    """As the mixture's: accepted; tokenmix shuffles with its own keyed Feistel permutation."""
+    ignore_token_id: int | None = None
+    """As the mixture's: no position is trained to predict this token id."""
+    num_train_shards: int | None = None
+    """Removed in Levanter 1.0: refused, with what replaces it."""
+    num_val_shards: int | None = None
+    """Removed in Levanter 1.0: refused, with what replaces it."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         note_cache_options(self.cache_options)
+        refuse_removed_shard_counts(self.num_train_shards, self.num_val_shards)
+        self.as_mixture()  # refuses a bad shuffle or permutation_type, naming the field
 
     def sources(self) -> dict[str, LMDatasetSourceConfig]:
         return {"default": self}
+
+    def as_mixture(self) -> LMMixtureDatasetConfig:
+        """The one-source mixture (named ``default``, its caches where this config keeps them) that trains as Levanter
+        trains a single dataset: its examples in cache order or shuffled (``shuffle``), with ``ignore_token_id``."""
+        source = {f.name: getattr(self, f.name) for f in fields(LMDatasetSourceConfig)}
+        source.update(cache_dir=self.cache_dir or "cache/", text_key=None, plaintext=None, rows_per_chunk=None)
+        tokenization = {f.name: getattr(self, f.name) for f in fields(DataConfigBase)}
+        return LMMixtureDatasetConfig(**tokenization, configs={"default": LMDatasetSourceConfig(**source)}, shuffle=self.shuffle,
+                                      permutation_type=self.permutation_type, ignore_token_id=self.ignore_token_id)
+
+    def train_set(self, seq_len: int, key: int | None = None) -> MixtureDataset:
+        """The training examples, as ``as_mixture`` defines them."""
+        return self.as_mixture().train_set(seq_len, key)
+
+    def validation_sets(self, seq_len: int) -> dict[str, Dataset]:
+        """The validation examples (of ``validation_urls``, or the dataset's validation split), under ``default``."""
+        return self.as_mixture().validation_sets(seq_len)
 
     def cache_location(self, name: str, split: str) -> str:
         return join_location(self.cache_dir or "cache/", split)

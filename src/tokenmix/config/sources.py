@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import tokenmix.formats  # noqa: F401  (registers every format, so `format: {type: ...}` can name any of them)
+from tokenmix.config.levanter import older_source_fields
 from tokenmix.config.token_file_source import TokenFilesConfig
 from tokenmix.datasets.order import check_shuffle
 from tokenmix.datasets.packing import LongDocuments, check_packing
@@ -81,8 +82,16 @@ class LMDatasetSourceConfig:
     true by default; false packs one document per example), text and fim sources cut their token stream."""
     token_files: TokenFilesConfig | None = None
     """The URLs name token files another stack wrote (Megatron, datatrove, Nanoset), read in place: nothing to build."""
+    text_key: str | None = None
+    """Older Levanter (until April 2025): the field holding a record's text, now ``format: {type: text, text_key: ...}``;
+    read with that meaning."""
+    plaintext: bool | None = None
+    """Older Levanter (October 2023 to April 2025): a flag Levanter never read; accepted, and logged."""
+    rows_per_chunk: int | None = None
+    """Older Levanter (until its 1.2 builds of September 2024): rows per chunk of its cache; accepted, and logged."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "format", older_source_fields(self.format, self.text_key, self.plaintext, self.rows_per_chunk))
         if self.id is not None and (self.train_urls or self.validation_urls or self.metadata_files):
             raise ValueError(f"source {self.id!r}: give either `id` (Hugging Face) or `train_urls`/`validation_urls`/"
                              "`metadata_files`, not both")

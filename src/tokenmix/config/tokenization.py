@@ -6,13 +6,20 @@ The identity (tokenizer fingerprint, vocabulary size, format and its options, BO
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tokenmix.formats.base import LmDatasetFormatBase
 from tokenmix.formats.encoder import PRETOKENIZED_KEY, EncoderSpec, format_context, token_dtype
 from tokenmix.formats.tokenizer import TokenizerIdentity, describe_tokenizer, load_tokenizer
 from tokenmix.formats.tokenizer_identity import remember, tokenizer_identity
+
+logger = logging.getLogger(__name__)
+
+LEVANTER_DEFAULT_TOKENIZER = "gpt2"
+"""What a data config without ``tokenizer`` means, as in Levanter; found only in the local Hugging Face cache."""
+_TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json", "config.json"]
 
 
 @dataclass(frozen=True)
@@ -21,16 +28,20 @@ class TokenizationConfig:
 
     tokenizer: str | None = None
     """Hub name, local tokenizer directory, a ``tokenizer.json`` file (NeoX's encoder file), or a directory of GPT-2's
-    ``vocab.json`` + ``merges.txt``."""
+    ``vocab.json`` + ``merges.txt``. Unset means Levanter's default, ``gpt2``, taken from the local Hugging Face cache
+    (never downloaded) when a cache is built or opened."""
     enforce_eos: bool = True
     """Append the tokenizer's EOS id to every document."""
     enforce_bos: bool | None = None
     """Prepend BOS to every document; None follows the tokenizer's own habit."""
     vocab_size: int | None = None
     """Levanter's field (its pass-through tokenizer needs it): when set, it must be the tokenizer's vocabulary size."""
+    chat_template: str | None = None
+    """Levanter's field: the chat template of every chat source whose format gives none (else the tokenizer's)."""
 
     def encoder_spec(self, fmt: LmDatasetFormatBase, where: str) -> tuple[EncoderSpec, dict[str, Any]]:
         """The encoder for a format, and the identity a cache made with it records (loads the tokenizer)."""
+        fmt = self.source_format(fmt)
         name = self.tokenizer_name(where)
         info = describe_tokenizer(name)
         bos_id, eos_id = self._special_ids(remember(name, info), fmt, where)
@@ -54,9 +65,16 @@ class TokenizationConfig:
         """The identity a cache of this format made with these settings records, as ``encoder_spec`` gives it, but
         without loading the tokenizer once its files have been described on this machine (``tokenizer_identity.py``):
         what opening a cache checks."""
+        fmt = self.source_format(fmt)
         known = tokenizer_identity(self.tokenizer_name(where))
         bos_id, eos_id = self._special_ids(known, fmt, where)
         return self._identity(known.fingerprint, known.vocab_size, fmt, bos_id, eos_id)
+
+    def source_format(self, fmt: LmDatasetFormatBase) -> LmDatasetFormatBase:
+        """A source's format with the config's ``chat_template`` where the format takes a template and gives none."""
+        if self.chat_template is None or getattr(fmt, "chat_template", self.chat_template) is not None:
+            return fmt
+        return replace(fmt, chat_template=self.chat_template)  # type: ignore[type-var]
 
     def pad_id(self) -> int:
         """The id packed examples are padded with: the tokenizer's pad token, else its EOS, else 0 (padding is never trained on)."""
@@ -64,10 +82,11 @@ class TokenizationConfig:
         return next((i for i in (known.pad_id, known.eos_id) if i is not None), 0)
 
     def tokenizer_name(self, where: str) -> str:
-        """The tokenizer's name, or an error naming ``where`` it is missing."""
-        if not self.tokenizer:
-            raise ValueError(f"{where}: `tokenizer` is not set; give a hub name or a local tokenizer directory")
-        return self.tokenizer
+        """The tokenizer's name; unset, the local Hugging Face cache's copy of Levanter's default (``gpt2``), or an error
+        naming ``where``, the field and the fix when that cache does not hold it."""
+        if self.tokenizer:
+            return self.tokenizer
+        return default_tokenizer(where)
 
     def _special_ids(self, known: TokenizerIdentity, fmt: LmDatasetFormatBase, where: str) -> tuple[int | None, int | None]:
         """The BOS and EOS ids put around each document (None: none), checked against ``vocab_size``."""
@@ -96,3 +115,22 @@ class TokenizationConfig:
         if fmt.masks_loss:
             identity["loss_spans"] = True
         return identity
+
+
+def default_tokenizer(where: str) -> str:
+    """The local directory of Levanter's default tokenizer in the Hugging Face cache, never downloaded: a config that
+    names no tokenizer must not fetch one behind its user's back, nor fail later for want of a network."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        path = snapshot_download(LEVANTER_DEFAULT_TOKENIZER, allow_patterns=_TOKENIZER_FILES, local_files_only=True)
+    except LocalEntryNotFoundError:
+        raise ValueError(
+            f"{where}: `tokenizer` is not set, so it is Levanter's default, {LEVANTER_DEFAULT_TOKENIZER!r}, which tokenmix takes "
+            "only from the local Hugging Face cache, and that cache holds no copy of it. Fix: set `tokenizer:` to a hub id or a "
+            f"local tokenizer directory, or put {LEVANTER_DEFAULT_TOKENIZER!r} in the cache once "
+            f"(`huggingface-cli download {LEVANTER_DEFAULT_TOKENIZER}`)") from None
+    logger.info("%s: `tokenizer` is not set: Levanter's default, %r, from the local Hugging Face cache (%s)", where,
+                LEVANTER_DEFAULT_TOKENIZER, path)
+    return path

@@ -19,8 +19,9 @@ def export_cache(cache: TokenSource, to: str, output: str, tokenizer: str | None
     - ``hdf5``: ``output`` is a directory of Cerebras ``.h5`` files and ``data_params.json`` (options: ``hdf5``, an
       ``Hdf5ExportOptions``).
 
-    ``tokenizer`` is the name recorded where the target keeps one (datatrove metadata, Levanter's ledger), and for
-    ``hdf5`` the tokenizer that decodes the samples (default: the one the cache's ledger records). Returns what
+    ``tokenizer`` is the name recorded where the target keeps one (datatrove metadata, Levanter's ledger; Levanter's
+    export needs it, and loads it), and for ``hdf5`` the tokenizer that decodes the samples (default: the one the
+    cache's ledger records). Returns what
     was written (documents, tokens, dtype; HDF5: its statistics).
     """
     if not cache.is_finished():
@@ -40,7 +41,10 @@ def export_cache(cache: TokenSource, to: str, output: str, tokenizer: str | None
     if to == "levanter":
         from tokenmix.export.levanter import export_levanter
 
-        return export_levanter(cache, output, tokenizer or str(cache.identity.get("tokenizer_fingerprint")), progress)
+        if not tokenizer:
+            raise ValueError("export --to levanter needs the tokenizer Levanter will open the cache with (--tokenizer NAME, or "
+                             "--config_path CFG.yaml whose tokenizer is used)")
+        return export_levanter(cache, output, tokenizer, progress)
     if to == "hdf5":
         from tokenmix.export.hdf5 import export_hdf5
         from tokenmix.export.hdf5_options import Hdf5ExportOptions

@@ -1,14 +1,26 @@
-"""A cache written as a cache Levanter opens: ``TreeCache.load(path, {"input_ids": int32 exemplar})``.
+"""A cache written as the token cache Levanter's trainer opens: ``load_lm_dataset_cache(path, TextLmDatasetFormat(),
+tokenizer)``, which loads it with the exemplar and metadata of the ``BatchTokenizer`` it would have built it with.
 
-Our arrays cannot simply gain Levanter's ledger: Levanter opens each array with its own layout as a constraint (int32
-values, stored objects of 2^27 elements holding blosc-compressed chunks of 2^18) and refuses any other. So the export
-writes a copy in that layout, row after row, and ``shard_ledger.json`` last: until the ledger says the cache is
-finished Levanter will not load it, so an interrupted export is never taken for a cache. Memory: one stored object
-of tokens (512 MiB of int32) at most, since an object is compressed once, when it is complete.
+That exemplar is what the tokenizer returns for a text without an attention mask, each field a list of Python ints, so
+int64 arrays: ``input_ids`` and, for tokenizers that return them, ``token_type_ids`` (zeros for a single text). Which
+tokenizers return them depends on the transformers release Levanter runs with (4.x's ``PreTrainedTokenizerFast`` does,
+5.x's does not), so the export always writes both: Levanter opens only the arrays its exemplar names. The metadata is
+the tokenizer's name, ``len(tokenizer)``, its ``model_max_length``, and whether Levanter's tokenizer appends BOS and
+EOS to what the tokenizer gives on its own. Levanter's rows always start with BOS when the tokenizer has one (it is
+asked to add it) and end with EOS when the tokenizer has one and ``enforce_eos`` is on; a cache whose rows are shaped
+otherwise is refused rather than exported under metadata that would misdescribe it.
+
+Our arrays cannot simply gain Levanter's ledger: Levanter opens each array with its own layout as a constraint (the
+exemplar's dtype, stored objects of 2^27 elements holding blosc-compressed chunks of 2^18) and refuses any other. So
+the export writes a copy in that layout, row after row, and ``shard_ledger.json`` last: until the ledger says the
+cache is finished Levanter will not load it, so an interrupted export is never taken for a cache. Memory: one stored
+object per array (1 GiB of int64) at most, since an object is compressed once, when it is complete.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,15 +29,47 @@ import tensorstore as ts
 from tokenmix.cache.levanter import LEVANTER_LEDGER
 from tokenmix.cache.store import TOKENS_ARRAY, JsonDocuments, join_location, kvstore_spec, open_kvstore
 from tokenmix.export.streaming import TokenSource, row_batches
+from tokenmix.formats.tokenizer import describe_tokenizer, load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 LEVANTER_WRITE_CHUNK = 1 << 27
 LEVANTER_READ_CHUNK = 1 << 18
 LEVANTER_SHAPE = 1 << 54
+LEVANTER_DTYPE = "int64"
+"""The type of the lists of ints a Hugging Face tokenizer returns, as Levanter's cache stores them."""
+LEVANTER_FIELDS = (TOKENS_ARRAY, "token_type_ids")
 
 
-def _levanter_array(location: str, name: str, dtype: str) -> ts.TensorStore:
+@dataclass(frozen=True)
+class LevanterLayout:
+    """What Levanter's ``BatchTokenizer`` for a tokenizer records as its metadata, and whether its rows hold BOS and EOS."""
+
+    metadata: dict[str, Any]
+    has_bos: bool
+    has_eos: bool
+
+
+def levanter_layout(tokenizer: str, enforce_eos: bool) -> LevanterLayout:
+    """The layout Levanter's ``BatchTokenizer(tokenizer, enforce_bos=True, enforce_eos=enforce_eos)`` writes, as its
+    trainer's ``load_lm_dataset_cache`` expects it."""
+    tok = load_tokenizer(tokenizer)
+    sample = tok("hi there", return_attention_mask=False, verbose=False)
+    ids = list(sample["input_ids"])
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    append_bos = bos is not None and ids[0] != bos
+    append_eos = enforce_eos and eos is not None and ids[-1] != eos
+    metadata = {
+        "tokenizer": tokenizer, "vocab_size": len(tok), "return_attention_mask": False, "padding": False,
+        "max_length": tok.model_max_length, "append_bos": append_bos, "append_eos": append_eos,
+    }
+    has_eos = append_eos or (eos is not None and ids[-1] == eos)
+    return LevanterLayout(metadata, bos is not None, has_eos)
+
+
+def _levanter_array(location: str, field: str, name: str) -> ts.TensorStore:
     """A new array in the layout Levanter's ``JaggedArrayStore`` creates and demands when it opens one."""
-    kvstore = kvstore_spec(join_location(location, TOKENS_ARRAY, name))
+    kvstore = kvstore_spec(join_location(location, field, name))
     spec = {
         "driver": "zarr3",
         "kvstore": kvstore,
@@ -35,7 +79,7 @@ def _levanter_array(location: str, name: str, dtype: str) -> ts.TensorStore:
                                                                        "codecs": [{"name": "blosc", "configuration": {"clevel": 5}}]}}],
         },
     }
-    return ts.open(spec, dtype=dtype, shape=[LEVANTER_SHAPE], create=True, delete_existing=True).result()
+    return ts.open(spec, dtype=LEVANTER_DTYPE, shape=[LEVANTER_SHAPE], create=True, delete_existing=True).result()
 
 
 class _ObjectWriter:
@@ -65,35 +109,60 @@ class _ObjectWriter:
             self.waiting, self.count = [], 0
 
 
+def _check_rows(cache: TokenSource, tokenizer: str, layout: LevanterLayout) -> None:
+    """Refuse a cache of another tokenizer, or whose rows hold BOS/EOS otherwise than Levanter's for this tokenizer."""
+    identity = cache.identity
+    fingerprint = identity.get("tokenizer_fingerprint")
+    if fingerprint is not None and fingerprint != describe_tokenizer(tokenizer).fingerprint:
+        raise ValueError(f"{cache.location}: the cache was built with another tokenizer than {tokenizer!r} (fingerprint "
+                         f"{fingerprint}); give --tokenizer the tokenizer the cache was built with")
+    if "bos_id" not in identity:
+        logger.warning("%s: the rows' BOS/EOS are not recorded; the metadata says what Levanter's tokenizer adds for %s",
+                       cache.location, tokenizer)
+        return
+    for has, wanted, what, fix in ((identity["bos_id"] is not None, layout.has_bos, "BOS", "enforce_bos: true"),
+                                   (identity.get("eos_id") is not None, layout.has_eos, "EOS", "enforce_eos: true")):
+        if has != wanted:
+            have = "starts with" if what == "BOS" else "ends with"
+            raise ValueError(
+                f"{cache.location}: every row Levanter's BatchTokenizer writes for {tokenizer!r} {have} {what} "
+                f"{'' if wanted else 'only when the tokenizer itself adds it, '}but this cache's rows "
+                f"{'do not' if wanted else 'do'}; rebuild the cache with {fix if wanted else fix.replace('true', 'false')} "
+                "to export it to Levanter")
+
+
 def export_levanter(cache: TokenSource, location: str, tokenizer: str, progress: bool = True) -> dict[str, Any]:
-    """Write ``location`` (a path or URL) as a finished Levanter token cache of the cache's rows; ``tokenizer`` is the
-    name recorded in its metadata (Levanter compares it with its own config's, and warns when they differ)."""
+    """Write ``location`` (a path or URL) as a finished Levanter token cache of the cache's rows, opened by Levanter's
+    ``load_lm_dataset_cache`` with ``tokenizer`` (a name or path Levanter loads; it is recorded in the metadata) and
+    the text format. Levanter's ``enforce_eos`` must match whether the cache's rows end with EOS, as always."""
     if cache.has_loss_spans:
         raise ValueError(f"{cache.location}: Levanter's token caches hold ids only, and this cache's format masks the loss; export "
                          "it to datatrove (.ds with .loss) or Cerebras HDF5 instead")
+    layout = levanter_layout(tokenizer, enforce_eos=cache.identity.get("eos_id", 0) is not None)
+    _check_rows(cache, tokenizer, layout)
     open_kvstore(location).write(LEVANTER_LEDGER, None).result()  # an earlier export's ledger must not vouch for this one's arrays
-    data = _ObjectWriter(_levanter_array(location, "data", "int32"), 0)
-    ends = _ObjectWriter(_levanter_array(location, "offsets", "int64"), 1)
+    writers = {field: (_ObjectWriter(_levanter_array(location, field, "data"), 0),
+                       _ObjectWriter(_levanter_array(location, field, "offsets"), 1)) for field in LEVANTER_FIELDS}
     total = 0
     for batch in row_batches(cache, description=f"levanter {location}", progress=progress):
-        data.append(batch.tokens.astype(np.int32))
-        ends.append(total + np.cumsum(batch.lengths, dtype=np.int64))
+        ends = total + np.cumsum(batch.lengths, dtype=np.int64)
+        for field, (data, offsets) in writers.items():
+            values = batch.tokens.astype(np.int64) if field == TOKENS_ARRAY else np.zeros(len(batch.tokens), np.int64)
+            data.append(values)
+            offsets.append(ends)
         total += int(batch.lengths.sum())
-    data.flush()
-    ends.flush()
     rows = cache.num_rows()
-    ends.array[0].write(np.int64(rows)).result()
-    identity = cache.identity
+    for data, offsets in writers.values():
+        data.flush()
+        offsets.flush()
+        offsets.array[0].write(np.int64(rows)).result()
     ledger = {
         "total_num_rows": rows,
         "shard_rows": {"tokenmix": rows},
         "is_finished": True,
         "finished_shards": ["tokenmix"],
         "field_counts": {},
-        "metadata": {"preprocessor_metadata": {
-            "tokenizer": tokenizer, "vocab_size": identity["vocab_size"], "return_attention_mask": False, "padding": False,
-            "max_length": None, "append_bos": identity.get("bos_id") is not None, "append_eos": identity.get("eos_id") is not None,
-        }},
+        "metadata": {"preprocessor_metadata": layout.metadata},
     }
     JsonDocuments(location).write(LEVANTER_LEDGER, ledger)
-    return {"format": "levanter", "path": location, "documents": rows, "tokens": total, "dtype": "int32"}
+    return {"format": "levanter", "path": location, "documents": rows, "tokens": total, "dtype": LEVANTER_DTYPE}
