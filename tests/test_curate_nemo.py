@@ -339,3 +339,21 @@ def test_filter_keeps_records_by_a_field_with_a_function_or_a_documentfilter_and
         Filter(lambda label: label == "High", filter_field="quality_pred")
     with pytest.raises(ValueError, match="filter_field"):
         Filter(_keep_high)
+
+
+def test_a_filter_function_edited_between_runs_makes_another_pipeline_not_a_reuse_of_the_earlier_work(tmp_path, monkeypatch):
+    """A NeMo user edits the function in their script and runs it again: the function's code is part of the work
+    directory's key, so the second run filters anew instead of finding the first run finished."""
+    import importlib
+
+    records = [{"text": r["text"], "n": n} for n, r in enumerate(_slice("webster", 0, 6))]
+    _write_jsonl(tmp_path / "in" / "s.jsonl", records)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kept = []
+    for threshold in (2, 4):
+        (tmp_path / "user_filters.py").write_text(f"def keep(n):\n    return n >= {threshold}\n")
+        module = importlib.reload(sys.modules["user_filters"]) if "user_filters" in sys.modules else importlib.import_module("user_filters")
+        ds = Filter(module.keep, filter_field="n")(DocumentDataset.read_json(str(tmp_path / "in"), add_filename=True))
+        ds.to_json(str(tmp_path / "out"), write_to_filename=True, num_workers=0)
+        kept.append([r["n"] for r in _read_jsonl(tmp_path / "out" / "s.jsonl")])
+    assert kept == [[2, 3, 4, 5], [4, 5]]
