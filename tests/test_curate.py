@@ -202,6 +202,40 @@ def test_exact_dedup_decides_in_passes_when_memory_is_short(tmp_path):
     assert len(passes) > 1
 
 
+def test_exact_dedup_cross_source_removes_only_copies_in_lower_ranked_sources(tmp_path):
+    """Zyda-2's policy on real documents planted as duplicates within and across sources: a text some higher-ranked
+    source holds is removed from the lower ones, and the copies of a text inside its best source all stay; the default
+    keeps one copy only. Deciding in passes (memory short) changes nothing."""
+    docs = [r["text"] for r in read_jsonl_zst(DEMO_CORPUS / "python_doc" / "train-00-of-02.jsonl.zst")[:8]]
+    variant = "  " + "".join(c.upper() if c.isascii() else c for c in docs[2]).replace(" ", " \n ")  # equal once normalized
+    planted = {"high": [[0, 1], [0, 2]], "mid": [[3, 1, 3, 4, variant]], "low": [[3, 6, 6, 4, 7]]}
+    sources = []
+    for name, shards in planted.items():
+        urls = []
+        for k, shard in enumerate(shards):
+            urls.append(str(tmp_path / name / f"s{k}.jsonl"))
+            (tmp_path / name).mkdir(exist_ok=True)
+            Path(urls[-1]).write_text("".join(json.dumps({"text": docs[d] if isinstance(d, int) else d, "doc": d if isinstance(d, int) else "2'"})
+                                               + "\n" for d in shard))
+        sources.append(CurationSource(name, urls))
+    expected = {"cross_source": {"high": [0, 1, 0, 2], "mid": [3, 3, 4], "low": [6, 6, 7]},
+                "one_per_cluster": {"high": [0, 1, 2], "mid": [3, 4], "low": [6, 7]}}
+    removed = {"cross_source": {"high": 0, "mid": 2, "low": 2}, "one_per_cluster": {"high": 1, "mid": 3, "low": 3}}
+    outputs = {}
+    for policy, memory in (("cross_source", 1 << 30), ("cross_source", 48), ("one_per_cluster", 1 << 30)):
+        out = tmp_path / f"{policy}-{memory}"
+        stats = run_curation(CurationConfig(sources=sources, stages=[ExactDedup(policy=policy, memory_bytes=memory)], num_workers=0,
+                                            output=CurationOutput(str(out), "jsonl", write_to_filename=True)))
+        kept = {name: [r["doc"] for k in range(len(shards)) for r in _read(out / name / f"s{k}.jsonl")] for name, shards in planted.items()}
+        assert kept == expected[policy]
+        assert {n: s["removed"].get("exact_duplicate", 0) for n, s in stats["stages"][0]["per_source"].items()} == removed[policy]
+        assert stats["accounted"]
+        outputs[policy, memory] = _outputs(out)
+    assert outputs["cross_source", 48] == outputs["cross_source", 1 << 30]
+    with pytest.raises(ValueError, match="exact_dedup.policy: 'per_source' is not one of cross_source, one_per_cluster"):
+        ExactDedup(policy="per_source")
+
+
 def test_blend_counts_are_exact_with_oversampling_and_seeded(tmp_path):
     sources = [_demo_source(s) for s in SOURCES]
     docs = {s: [r["text"] for i in range(2) for r in read_jsonl_zst(DEMO_CORPUS / s / f"train-0{i}-of-02.jsonl.zst")] for s in SOURCES}

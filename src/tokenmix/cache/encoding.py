@@ -37,7 +37,7 @@ from typing import IO
 from tokenmix._child_fd import ChildFd
 from tokenmix.cache.options import BuildOptions
 from tokenmix.execution.configs import LocalExecutorConfig
-from tokenmix.execution.process_pool import run_here, spawn_process_pool
+from tokenmix.execution.process_pool import run_here, worker_process_pool
 from tokenmix.execution.task_executor import TaskExecutor
 from tokenmix.formats.backends import FAST, REFERENCE
 from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
@@ -74,8 +74,8 @@ class EncoderPool:
         if self._pool is None:
             self._spec_file = _anonymous_file() if _PASSES_FDS else None
             threads = max(1, (os.cpu_count() or 1) // self.num_workers)
-            self._pool = spawn_process_pool(self.num_workers, init_worker,
-                                            (threads, None if self._spec_file is None else ChildFd(self._spec_file.fileno())))
+            self._pool = worker_process_pool(self.num_workers, init_worker,
+                                             (threads, None if self._spec_file is None else ChildFd(self._spec_file.fileno())))
             for _ in range(self.num_workers):
                 self._pool.submit(warm_up)
         return self._pool

@@ -4,7 +4,9 @@ on Ray or Dask. A curated directory feeds ``build-cache`` as it is.
 
 Two faces over one engine (``pipeline.py``): a ``CurationConfig`` (YAML, ``tokenmix curate``), and NeMo Curator's
 ``DocumentDataset`` calls (``read_json``, ``ScoreFilter(WordCountFilter(min_words=80))(dataset)``, ``blend_datasets``,
-``Shuffle``, ``to_json``), with NeMo's names for the heuristic filters and modifiers.
+``Shuffle``, ``to_json``, ``get_all_files_paths_under``, ``Filter``), with NeMo's names for the heuristic filters and
+modifiers: NeMo Curator code runs with its imports changed to ``from tokenmix.curate import ...`` (or ``import
+tokenmix.curate as nc``).
 """
 
 from typing import TYPE_CHECKING
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
         WordCountFilter,
         WordsWithoutAlphabetsFilter,
     )
+    from tokenmix.curate.listing import get_all_files_paths_under
     from tokenmix.curate.minhash import MinHashConfig
     from tokenmix.curate.modifiers import (
         DocumentModifier,
@@ -50,7 +53,7 @@ if TYPE_CHECKING:
     from tokenmix.curate.quality import QualityClassifier
     from tokenmix.curate.remaining import get_batched_files, get_remaining_files
     from tokenmix.curate.shard_io import CurationInputError
-    from tokenmix.curate.stages import AddId, ExactDedup, FieldFilter, Modify, Score, ScoreFilter, Stage
+    from tokenmix.curate.stages import AddId, ExactDedup, FieldFilter, Filter, Modify, Score, ScoreFilter, Stage
 
 __all__ = [
     "AddId",
@@ -70,6 +73,7 @@ __all__ = [
     "EllipsisFilter",
     "ExactDedup",
     "FieldFilter",
+    "Filter",
     "FunctionFilter",
     "FunctionModifier",
     "FuzzyDedup",
@@ -105,6 +109,7 @@ __all__ = [
     "WordCountFilter",
     "WordsWithoutAlphabetsFilter",
     "blend_datasets",
+    "get_all_files_paths_under",
     "get_batched_files",
     "get_remaining_files",
     "load_curation_config",

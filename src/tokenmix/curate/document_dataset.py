@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from tokenmix.curate.pipeline import STATS_FILE, run_curation
+from tokenmix.curate.listing import is_curation_bookkeeping
+from tokenmix.curate.pipeline import run_curation
 from tokenmix.curate.pipeline_config import BlendConfig, CurationConfig, CurationOutput, CurationSource, ShuffleConfig
 from tokenmix.curate.records import user_table
 from tokenmix.curate.shard_io import ShardBatches, read_batches
@@ -156,12 +157,12 @@ def _is_directory(url: str) -> bool:
 
 
 def _shards_in(directory: str, suffixes: tuple[str, ...]) -> list[str]:
-    """The files of ``directory`` ending in each of ``suffixes`` in turn, each group in name order, less the statistics
-    an earlier curation wrote there (``curation_stats.json`` is no shard): a step reads the directory the step before
-    it wrote."""
+    """The files of ``directory`` ending in each of ``suffixes`` in turn, each group in name order, less what an earlier
+    curation kept there (``listing.is_curation_bookkeeping``: ``curation_stats.json`` is no shard): a step reads the
+    directory the step before it wrote."""
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(directory)
     found = [name for suffix in suffixes for name in sorted(fs.glob(posixpath.join(path, f"*{suffix}")))
-             if posixpath.basename(name) != STATS_FILE]
+             if not is_curation_bookkeeping(posixpath.basename(name))]
     return [fs.unstrip_protocol(name) for name in found] if "://" in directory else found

@@ -1,9 +1,11 @@
 """Exact deduplication across every input: which records to remove, decided from the hashes the shards wrote.
 
 Each shard task of the pass before ``exact_dedup`` writes, beside its records, a 128-bit hash of each record's
-(normalized) text and the record's row. Here the driver decides: among records with the same hash the first is kept,
-first meaning the lowest task, which is the highest-ranked source (the sources' list order), then its first shard,
-then its first row. The others are written to removal files, read by the next pass's tasks.
+(normalized) text and the record's row. Here the driver decides, among records with the same hash, by the stage's
+policy (``dedup_policy.py``): ``one_per_cluster`` keeps the first, first meaning the lowest task, which is the
+highest-ranked source (the sources' list order), then its first shard, then its first row; ``cross_source`` keeps
+every record of the highest-ranked source that has the text (Zyda-2's rule). The others are written to removal files,
+read by the next pass's tasks.
 
 Memory is bounded by ``memory_bytes``: records are decided in passes over hash ranges (``h mod passes``), each pass
 holding only its range; the removal files are one per pass, so an interrupted decision resumes at its next pass.
@@ -16,6 +18,7 @@ import logging
 import numpy as np
 import pyarrow as pa
 
+from tokenmix.curate.dedup_policy import pack, removals
 from tokenmix.curate.shard_io import exists, local_or_url_join, read_table, write_table
 
 logger = logging.getLogger(__name__)
@@ -30,8 +33,10 @@ def write_hashes(url: str, hashes: np.ndarray, rows: np.ndarray) -> None:
                                "row": pa.array(rows, pa.int64())}))
 
 
-def decide(hash_urls: list[str], out_dir: str, total_records: int, memory_bytes: int) -> list[str]:
-    """Removal files for the records whose text an earlier record has; ``hash_urls[t]`` is task ``t``'s hashes.
+def decide(hash_urls: list[str], out_dir: str, total_records: int, memory_bytes: int, rank_of_task: list[int],
+           policy: str) -> list[str]:
+    """Removal files for the duplicates ``policy`` removes; ``hash_urls[t]`` is task ``t``'s hashes, ``rank_of_task[t]``
+    the rank of its source.
 
     Returns the removal files' URLs (one per pass); passes already decided by an interrupted run are not redone.
     """
@@ -54,12 +59,14 @@ def decide(hash_urls: list[str], out_dir: str, total_records: int, memory_bytes:
         h1, h2, task, row = (np.concatenate(a) if a else np.empty(0) for a in (h1s, h2s, tasks, rows))
         order = np.lexsort((row, task, h2, h1))
         h1, h2, task, row = h1[order], h2[order], task[order], row[order]
-        duplicate = np.zeros(len(h1), dtype=bool)
-        duplicate[1:] = (h1[1:] == h1[:-1]) & (h2[1:] == h2[:-1])
+        same = np.zeros(len(h1), dtype=bool)
+        same[1:] = (h1[1:] == h1[:-1]) & (h2[1:] == h2[:-1])
+        duplicate = removals(pack(task, row), np.cumsum(~same) - 1, np.asarray(rank_of_task, dtype=np.int64), policy)
         removed = np.lexsort((row[duplicate], task[duplicate]))
         table = pa.table({"task": pa.array(task[duplicate][removed], pa.int32()), "row": pa.array(row[duplicate][removed], pa.int64())})
         write_table(url, table, statistics=True)
-        logger.info("exact dedup pass %d of %d: %d records, %d duplicates", index + 1, passes, len(h1), int(duplicate.sum()))
+        logger.info("exact dedup pass %d of %d: %d records, %d duplicates removed, %d kept (%s)", index + 1, passes, len(h1),
+                    int(duplicate.sum()), int(same.sum() - duplicate.sum()), policy)
     return urls
 
 

@@ -29,13 +29,12 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from tokenmix.curate.dedup_policy import Policy, pack, removals, unpack
 from tokenmix.curate.minhash import MinHashConfig, jaccard
 from tokenmix.curate.records import as_array, column_name
 from tokenmix.curate.scatter import mix64
 from tokenmix.curate.shard_io import exists, local_or_url_join, read_table, write_json, write_table
 from tokenmix.curate.stages import ShardContext, Stage
-
-ROW_BITS = 32
 
 
 @Stage.register_subclass("fuzzy_dedup")
@@ -49,9 +48,9 @@ class FuzzyDedup(Stage):
     bands: int = 8
     rows: int = 16
     """``bands * rows`` must be ``minhash.num_perm``; 8 x 16 puts the threshold near Jaccard 0.85 (Zyda-2)."""
-    policy: Literal["cross_source", "one_per_cluster"] = "cross_source"
+    policy: Policy = "cross_source"
     """``cross_source``: in a cluster keep every member of its highest-ranked source, remove the others' (duplicates
-    inside a source stay); ``one_per_cluster``: keep only the first member."""
+    inside a source stay); ``one_per_cluster``: keep only the first member (``dedup_policy.py``)."""
     jaccard_check: bool = False
     """Check each candidate pair's true shingle Jaccard against ``jaccard_threshold`` (off, as in Zyda-2)."""
     jaccard_threshold: float = 0.8
@@ -71,16 +70,6 @@ class FuzzyDedup(Stage):
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
         raise TypeError("fuzzy_dedup runs between passes of the pipeline, not on one batch")
-
-
-def pack(task: int | np.ndarray, row: int | np.ndarray) -> np.ndarray:
-    """A document's name: its task and its row in one int64."""
-    return (np.asarray(task, dtype=np.int64) << ROW_BITS) | np.asarray(row, dtype=np.int64)
-
-
-def unpack(doc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The task and row of packed document names."""
-    return doc >> ROW_BITS, doc & ((1 << ROW_BITS) - 1)
 
 
 def band_hashes(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
@@ -123,22 +112,6 @@ def components(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     np.minimum.at(first_of, labels, np.arange(len(nodes)))
     renumbered = np.argsort(np.argsort(first_of, kind="stable"), kind="stable")
     return nodes, renumbered[labels]
-
-
-def removals(nodes: np.ndarray, clusters: np.ndarray, rank_of_task: np.ndarray, policy: str) -> np.ndarray:
-    """Which clustered documents to remove (a bool per node): ``cross_source`` removes members of every source ranked
-    below the cluster's best, ``one_per_cluster`` all but the first member (best rank, then shard, then row)."""
-    tasks, _ = unpack(nodes)
-    ranks = rank_of_task[tasks]
-    if policy == "one_per_cluster":
-        first = np.full(clusters.max() + 1 if len(clusters) else 0, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(first, clusters, nodes)
-        return nodes != first[clusters]
-    if policy != "cross_source":
-        raise ValueError(f"fuzzy_dedup.policy {policy!r} is not cross_source or one_per_cluster")
-    best = np.full(clusters.max() + 1 if len(clusters) else 0, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(best, clusters, ranks)
-    return ranks > best[clusters]
 
 
 @dataclass(frozen=True)

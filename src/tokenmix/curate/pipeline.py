@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import marshal
 import os
 import posixpath
 import stat
@@ -44,6 +45,7 @@ from tqdm.auto import tqdm
 import tokenmix.curate.quality  # noqa: F401  (registers the quality stage as a choice of Stage)
 from tokenmix.curate import blend as blending
 from tokenmix.curate import exact_dedup, fuzzy_dedup, scatter
+from tokenmix.curate.listing import STATS_FILE, WORK_DIR
 from tokenmix.curate.partial_files import damage
 from tokenmix.curate.pipeline_config import CurationConfig, CurationError
 from tokenmix.curate.pipeline_plan import final_url, list_shards, partition_count, split_at_dedups
@@ -56,9 +58,6 @@ from tokenmix.execution.retrying import run_tasks
 from tokenmix.sources.shards import FileShard
 
 logger = logging.getLogger(__name__)
-
-WORK_DIR = ".curate"
-STATS_FILE = "curation_stats.json"
 
 
 def _fingerprint(config: CurationConfig, shards: list[ShardRef]) -> dict[str, Any]:
@@ -84,7 +83,7 @@ def _fingerprint(config: CurationConfig, shards: list[ShardRef]) -> dict[str, An
 
 def describe(value: Any) -> Any:
     """A config as plain JSON values: dataclasses as their fields (a draccus choice with its ``type``), functions by
-    import path."""
+    import path and a hash of their code (a function edited since makes another pipeline)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         if isinstance(value, draccus.ChoiceRegistry):
@@ -97,7 +96,9 @@ def describe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [describe(v) for v in value]
     if callable(value):
-        return f"{value.__module__}:{value.__qualname__}"
+        code = getattr(value, "__code__", None)
+        digest = "" if code is None else "#" + xxhash.xxh3_64_hexdigest(marshal.dumps(code))
+        return f"{value.__module__}:{value.__qualname__}{digest}"
     return value
 
 
@@ -152,7 +153,8 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
             total = sum(r["written"] for r in map_results[-1])
             artifacts = [t.artifact_url for t in tasks if t.artifact_url]
             if isinstance(barrier, ExactDedup):
-                removal_urls = exact_dedup.decide(artifacts, local_or_url_join(phase, "dedup"), total, barrier.memory_bytes)
+                removal_urls = exact_dedup.decide(artifacts, local_or_url_join(phase, "dedup"), total, barrier.memory_bytes,
+                                                  [s.source_rank for s in shards], barrier.policy)
                 removal_reason = "exact_duplicate"
             elif isinstance(barrier, fuzzy_dedup.FuzzyDedup):
                 def run_phase(fn: Any, phase_tasks: list[Any], stats_urls: list[str], label: str) -> list[dict[str, Any]]:

@@ -60,6 +60,18 @@ def field_column(table: pa.Table, field: str) -> pa.ChunkedArray:
     return table.column(column_name(field))
 
 
+def field_values(table: pa.Table, field: str) -> list[Any]:
+    """The values of the record field ``field`` as the records hold them (a field kept as JSON text parsed), ``None``
+    for a record without it: what a user's function is given."""
+    column = column_name(field)
+    if column not in table.column_names:
+        return [None] * table.num_rows
+    values = table.column(column).to_pylist()
+    if column in json_fields(table):
+        return [None if v is None else orjson.loads(v) for v in values]
+    return values
+
+
 def has_field(table: pa.Table, field: str) -> bool:
     """Whether some record of ``table`` has the field ``field``."""
     return column_name(field) in table.column_names

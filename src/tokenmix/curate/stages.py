@@ -20,11 +20,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tokenmix.curate.filters import DocumentFilter
+from tokenmix.curate.dedup_policy import POLICIES, Policy
+from tokenmix.curate.filters import DocumentFilter, resolve_function
 from tokenmix.curate.heuristics import registry  # noqa: F401  (registers the heuristic filters as choices of DocumentFilter)
 from tokenmix.curate.heuristics.analyses import carry_analyses
 from tokenmix.curate.modifiers import DocumentModifier
-from tokenmix.curate.records import POSITION, as_array, field_column, has_field, set_field
+from tokenmix.curate.records import POSITION, as_array, field_column, field_values, has_field, set_field
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,51 @@ class FieldFilter(Stage):
         return f"{self.field} {self.op} {self.value}"
 
 
+@Stage.register_subclass("filter")
+@dataclass(frozen=True)
+class Filter(Stage):
+    """Keeps the records whose ``filter_field`` a function keeps (NeMo Curator's ``Filter``): it filters on a field
+    already there (a score, a label), computing nothing from the text. ``filter_fn`` is a function of one value that
+    returns true to keep the record, or a ``DocumentFilter``, whose rule is applied to the field as its score; in YAML,
+    a function's import path (``package.module:function``). A record without the field gives the function ``None``.
+
+    The function runs in the worker processes, so it must be importable there: a ``def`` at the top level of a module
+    or of the script, not a lambda or a function defined inside another."""
+
+    filter_fn: Any = None
+    """A function of one field value (or its import path), or a ``DocumentFilter``."""
+    filter_field: str = ""
+    invert: bool = False
+    """Keep what the function would remove instead."""
+
+    def __post_init__(self) -> None:
+        if not self.filter_field:
+            raise ValueError("Filter.filter_field: name the field to filter on, e.g. Filter(keep, filter_field='quality_pred')")
+        if isinstance(self.filter_fn, str):
+            resolve_function(self.filter_fn, "Filter.filter_fn")
+        elif not isinstance(self.filter_fn, DocumentFilter):
+            if not callable(self.filter_fn):
+                raise ValueError(f"Filter.filter_fn: {self.filter_fn!r} is neither a function nor a DocumentFilter")
+            name = getattr(self.filter_fn, "__qualname__", "")
+            if "<lambda>" in name or "<locals>" in name:
+                raise ValueError(f"Filter.filter_fn: {name} cannot reach the worker processes (they import functions by name); "
+                                 "define it with def at the top level of a module or of the script")
+
+    def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
+        if isinstance(self.filter_fn, DocumentFilter):
+            values = field_column(table, self.filter_field) if has_field(table, self.filter_field) else pa.nulls(table.num_rows)
+            keep = self.filter_fn.keep(as_array(values))
+        else:
+            function = resolve_function(self.filter_fn, "Filter.filter_fn") if isinstance(self.filter_fn, str) else self.filter_fn
+            keep = np.array([bool(function(v)) for v in field_values(table, self.filter_field)], dtype=bool)
+        return _keep(table, ~keep if self.invert else keep, self.label)
+
+    @property
+    def label(self) -> str:
+        function = self.filter_fn.reason if isinstance(self.filter_fn, DocumentFilter) else getattr(self.filter_fn, "__name__", self.filter_fn)
+        return f"filter({function} on {self.filter_field}{', inverted' if self.invert else ''})"
+
+
 def _compares(compare: Any, value: Any, threshold: Any) -> bool:
     try:
         return bool(compare(value, threshold))
@@ -187,8 +233,10 @@ class Modify(Stage):
 @Stage.register_subclass("exact_dedup")
 @dataclass(frozen=True)
 class ExactDedup(Stage):
-    """Removes records whose normalized text another record has, keeping the first by source rank (the sources' list
-    order), then shard, then row. Needs every shard before it can decide, so the pipeline runs it between passes."""
+    """Removes records whose normalized text another record has: by default all but the first by source rank (the
+    sources' list order), then shard, then row; with ``policy: cross_source`` (Zyda-2's rule) only the copies in
+    sources ranked below the best source holding the text, so duplicates inside one source stay. Needs every shard
+    before it can decide, so the pipeline runs it between passes."""
 
     text_field: str | None = None
     """Unset: the source's ``text_field``."""
@@ -196,6 +244,13 @@ class ExactDedup(Stage):
     """Compare texts after Unicode NFC, lower-casing, collapsing whitespace and trimming; off: byte for byte."""
     memory_bytes: int = 1 << 30
     """Memory for the hashes held at once while deciding (24 bytes a record); more records are decided in passes."""
+    policy: Policy = "one_per_cluster"
+    """``one_per_cluster``: of the records of one text keep only the first; ``cross_source``: keep every record of the
+    highest-ranked source holding the text and remove the others' (``dedup_policy.py``)."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"exact_dedup.policy: {self.policy!r} is not one of {', '.join(POLICIES)}")
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
         raise TypeError("exact_dedup runs between passes of the pipeline, not on one batch")

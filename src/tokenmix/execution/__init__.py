@@ -13,7 +13,7 @@ from tokenmix._lazy import lazy_exports
 if TYPE_CHECKING:
     from tokenmix.execution.configs import ClusterExecutorConfig, DaskExecutorConfig, ExecutorConfig, LocalExecutorConfig, RayExecutorConfig
     from tokenmix.execution.extras import MissingExtraError, import_extra
-    from tokenmix.execution.process_pool import LocalExecutor, run_here, spawn_process_pool
+    from tokenmix.execution.process_pool import LocalExecutor, run_here, worker_process_pool
     from tokenmix.execution.retrying import TaskInputError, run_tasks
     from tokenmix.execution.task_executor import TaskExecutor, TaskFuture
 
@@ -31,6 +31,6 @@ __all__ = [
     "import_extra",
     "run_here",
     "run_tasks",
-    "spawn_process_pool",
+    "worker_process_pool",
 ]
 _exports, __getattr__, __dir__ = lazy_exports(__name__, __file__)
