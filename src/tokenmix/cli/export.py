@@ -58,7 +58,8 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--config_path", help="a data config; with --source (and --split), export that source's cache or token files")
     parser.add_argument("--source", help="the config's source to export")
     parser.add_argument("--split", default="train", help="train or validation")
-    parser.add_argument("--tokenizer", help="the cache's tokenizer: recorded by datatrove and Levanter targets, decodes the HDF5 samples (default: the config's, else the cache ledger's)")
+    parser.add_argument("--tokenizer", help="the cache's tokenizer: recorded by datatrove and Levanter targets, decodes the HDF5 "
+                                            "samples (default: the config's, else the cache ledger's)")
     _add_hdf5_options(parser)
     args = parser.parse_args(argv)
     if bool(args.cache) == bool(args.config_path):
