@@ -34,6 +34,7 @@ from tokenmix.datasets.preference_pairs import PreferencePairs
 from tokenmix.datasets.splits import SPLIT_NAMES, split_bounds
 from tokenmix.datasets.subset import ExampleRange, ExampleSubset
 from tokenmix.datasets.token_seq import TokenSeqDataset
+from tokenmix.datasets.ul2r_denoising import UL2R_PAD_ID, DenoisingTask, Ul2rDataset
 from tokenmix.formats.preference import PreferenceChatLmDatasetFormat
 from tokenmix.formats.ul2r import Ul2rLmDatasetFormat
 from tokenmix.loader.batch_schedule import BatchSchedule
@@ -257,8 +258,12 @@ class LMMixtureDatasetConfig(DataConfigBase):
     def _source_examples(self, name: str, cache: TokenCache, seq_len: int, source_id: int, documents: np.ndarray | None) -> Dataset:
         fmt = self.configs[name].format
         if isinstance(fmt, Ul2rLmDatasetFormat):
-            raise ValueError(f"source {name!r}: format ul2r: tokenmix builds its cache (text, as Levanter's Ul2rDataset reads) but "
-                             "does not make UL2R denoising examples; train on it with Levanter, or use format text here")
+            if documents is not None:
+                raise ValueError(f"source {name!r}: format ul2r: Levanter's UL2R packs every document of the cache in order; remove "
+                                 "it from num_validation_sequences/validation_fraction and give validation_urls instead")
+            return Ul2rDataset(cache, seq_len if self.example_convention == "levanter" else seq_len + 1, source_id,
+                               tasks=[DenoisingTask(*task) for task in fmt.task_table()], task_probs=fmt.probabilities(),
+                               seed=fmt.rng_seed, sentinel_ids=fmt.sentinel_ids(), pad_id=UL2R_PAD_ID)
         if isinstance(fmt, PreferenceChatLmDatasetFormat):
             if documents is not None:
                 raise ValueError(f"source {name!r}: format preference_chat: holding out documents would split its pairs; remove it "

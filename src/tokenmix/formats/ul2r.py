@@ -1,16 +1,16 @@
-"""``ul2r``: marin's Levanter format for UL2R denoising, read with its meaning as far as a cache goes.
+"""``ul2r``: marin's Levanter format for UL2R denoising, read with its meaning.
 
 marin's ``lib/levanter`` configs (``gpt2_nano_ul2r.yaml``, ``gpt2_eval_ul2r.yaml``) name ``format: {type: ul2r}`` with
 ``task_configs`` (per task: ``type: rx``, R/X-denoising with ``mask_prob``, ``mean_span_length``, ``random_roll``, or
 ``type: s``, S-denoising; each with its ``task_token_id``), ``task_probs`` (the share of documents each task gets, keyed
 like ``task_configs``), ``rng_seed`` and the sentinel ids ``sentinel_token_id_start`` .. ``+ sentinel_token_id_count``.
 What it caches is plain text tokenized as the ``text`` format does (Levanter's ``Ul2rDataset`` reads a text cache's
-``input_ids``); the denoising happens when examples are read: a task drawn per document, noise spans replaced by
-sentinels, the task token first, loss on the targets only and prefix-LM attention over the inputs
-(``levanter/data/ul2r.py``).
+``input_ids``); the denoising happens when examples are read (``datasets/ul2r_denoising.py``): a task drawn per
+document, noise spans replaced by sentinels, the task token first, loss on the targets only.
 
-tokenmix builds the cache and checks the task table against the tokenizer; it does not make denoising examples, so a
-training or validation set of a ``ul2r`` source is refused, saying so (``config/mixture.py``).
+The YAMLs feed a format class that no stored marin commit holds, so tokenmix gives the fields the meaning of
+``Ul2rDataset``'s arguments: the key is ``PRNGKey(rng_seed)``, the sentinels are ``sentinel_token_id_start`` and the
+``sentinel_token_id_count - 1`` ids after it, tasks keep the order of ``task_configs``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import draccus
+import numpy as np
 
 from tokenmix.formats.base import FormatContext, LmDatasetFormatBase, RecordRenderer
 from tokenmix.formats.text import TextLmDatasetFormat
@@ -78,6 +79,19 @@ class Ul2rLmDatasetFormat(TextLmDatasetFormat):
                 raise ValueError(f"format ul2r: task_configs.{name}: mask_prob must be in (0, 1) and mean_span_length positive")
         if self.sentinel_token_id_start is None:
             raise ValueError("format ul2r: sentinel_token_id_start is not set; give the first of the sentinel token ids")
+
+    def task_table(self) -> list[tuple[str, int, float, float, bool]]:
+        """Each task in ``task_configs`` order as (kind, task token id, mask_prob, mean_span_length, random_roll)."""
+        return [("rx", t.task_token_id, t.mask_prob, t.mean_span_length, t.random_roll) if isinstance(t, RXDenoisingTaskConfig)
+                else ("s", t.task_token_id, 0.0, 0.0, False) for t in self.task_configs.values()]
+
+    def probabilities(self) -> list[float]:
+        """``task_probs`` in ``task_configs`` order."""
+        return [self.task_probs[name] for name in self.task_configs]
+
+    def sentinel_ids(self) -> np.ndarray:
+        """The sentinel ids, in the order spans use them."""
+        return np.arange(self.sentinel_token_id_start, self.sentinel_token_id_start + self.sentinel_token_id_count)  # type: ignore[operator]
 
     def __hash__(self) -> int:  # the task tables are dicts; a format keys the encoders a build keeps
         return hash(repr(self))
