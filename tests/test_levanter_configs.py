@@ -24,7 +24,7 @@ LEVANTER = Path(__file__).parent / "data" / "levanter"
 
 
 def test_every_levanter_config_kept_here_loads():
-    paths = sorted(LEVANTER.rglob("*.yaml"))
+    paths = sorted(p for p in LEVANTER.rglob("*.yaml") if "wild" not in p.parts)  # wild/: test_levanter_wild_configs.py
     assert len(paths) == 10
     for path in paths:
         tokenmix.load_data_config(path)

@@ -68,6 +68,9 @@ class CachedComponent(DatasetComponentBase):
     """Names the component's validation loss is also reported under (with its own name)."""
     split: str = "validation"
     """Accepted: Levanter's data loading does not read it either."""
+    shuffle: bool | int | None = None
+    """Set by marin's DPO configs (``dpo_tiny_gpt2.yaml``), though no Levanter release defines it on a component: the
+    order of this component's examples, which tokenmix takes from the config's ``shuffle`` (the two must agree)."""
 
 
 @DatasetComponentBase.register_subclass("hierarchical_cached")
@@ -105,6 +108,21 @@ class DirectComponent(DatasetComponentBase):
     def __post_init__(self) -> None:
         raise ValueError("a `direct` component holds datasets made in Python, which a config file cannot: build a "
                          "tokenmix.MixtureDataset of your datasets in Python instead, or give this component a `source`")
+
+
+def check_component_shuffles(components: dict[str, DatasetComponentBase], shuffle: object) -> None:
+    """A component's ``shuffle`` is accepted where it says what the config's ``shuffle`` already does, refused (naming the
+    component and the fix) where it asks for an order of its own."""
+    cached = [(n, c) for n, c in components.items() if isinstance(c, CachedComponent)]
+    cached += [(f"{n}/{k}", c) for n, h in components.items() if isinstance(h, HierarchicalComponent) for k, c in h.components.items()]
+    for name, component in cached:
+        if component.shuffle is None:
+            continue
+        if component.shuffle != shuffle:
+            raise ValueError(f"component {name!r}: shuffle: {component.shuffle!r} differs from the config's shuffle: {shuffle!r}; "
+                             "tokenmix orders every source as the config's `shuffle` says: set it there (data.shuffle) and "
+                             "remove it from the component")
+        logger.info("component %r: shuffle: %r is accepted: it is the config's shuffle already", name, component.shuffle)
 
 
 def resolve_components(components: dict[str, DatasetComponentBase], weights: Weights | None, cache_dir: str,

@@ -18,7 +18,7 @@ from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import join_location
 from tokenmix.cache.token_files_cache import TokenFilesCache
 from tokenmix.config.caches import DataConfigBase, open_cache
-from tokenmix.config.components import DatasetComponentBase, resolve_components
+from tokenmix.config.components import DatasetComponentBase, check_component_shuffles, resolve_components
 from tokenmix.config.holdout import held_out_documents, kept_documents
 from tokenmix.config.levanter import CacheOptions, note_cache_options, refuse_removed_shard_counts
 from tokenmix.config.sources import LMDatasetSourceConfig
@@ -30,9 +30,13 @@ from tokenmix.datasets.nanoset_order import NanosetOrderDataset, NanotronStage
 from tokenmix.datasets.order import check_shuffle
 from tokenmix.datasets.packed import PackedDataset
 from tokenmix.datasets.permutation import derive_key
+from tokenmix.datasets.preference_pairs import PreferencePairs
 from tokenmix.datasets.splits import SPLIT_NAMES, split_bounds
 from tokenmix.datasets.subset import ExampleRange, ExampleSubset
 from tokenmix.datasets.token_seq import TokenSeqDataset
+from tokenmix.datasets.ul2r_denoising import UL2R_PAD_ID, DenoisingTask, Ul2rDataset
+from tokenmix.formats.preference import PreferenceChatLmDatasetFormat
+from tokenmix.formats.ul2r import Ul2rLmDatasetFormat
 from tokenmix.loader.batch_schedule import BatchSchedule
 
 logger = logging.getLogger(__name__)
@@ -113,6 +117,7 @@ class LMMixtureDatasetConfig(DataConfigBase):
         if self.components:
             if self.configs:
                 raise ValueError("give `configs` (Levanter's older schema) or `components` (its newer one), not both")
+            check_component_shuffles(self.components, self.shuffle)
             configs, weights = resolve_components(self.components, self.train_weights, self.cache_dir)
             for name, value in (("configs", configs), ("train_weights", weights), ("components", {})):
                 object.__setattr__(self, name, value)
@@ -146,6 +151,7 @@ class LMMixtureDatasetConfig(DataConfigBase):
                     raise ValueError(f"{field_name}[{name!r}] must be positive{limit}, got {value}")
         self._check_budgets()
         self._check_nanotron_order()
+        self._check_preference_pairs()
         for field_name, why in (("auto_build_caches", "opening a cache never builds it here; build_caches or `tokenmix build-cache` "
                                  "builds missing caches"),
                                 ("block_cross_document_attention", "every batch carries segment ids, and a model blocks "
@@ -177,6 +183,20 @@ class LMMixtureDatasetConfig(DataConfigBase):
         if self.max_train_batches and self.batch_schedule() is None:
             raise ValueError("max_train_batches counts batches of the first batch size: set `batch_size` (or, in a training "
                              "config, trainer.train_batch_size)")
+
+    def _check_preference_pairs(self) -> None:
+        """Preference pairs are ``2 x seq_len`` wide: a training mixture holds them only with each other (Levanter's DPO
+        data config takes preference_chat components only)."""
+        trained = {n for _, w in self._stages() for n, v in w.items() if v > 0}
+        pairs = {n for n in trained if isinstance(self.configs[n].format, PreferenceChatLmDatasetFormat)}
+        if pairs and pairs != trained:
+            raise ValueError(f"sources {sorted(pairs)} are preference_chat pairs and {sorted(trained - pairs)} are not: a training "
+                             "mixture holds preference pairs only with each other (as Levanter's DPO data config); give the others "
+                             "train_weights 0 or train them in another config")
+
+    def _stages(self) -> list[tuple[int, dict[str, float]]]:
+        weights = self._weights_in_steps() or dict.fromkeys(self.configs, 1.0)
+        return [(0, weights)] if isinstance(weights, dict) else weights
 
     def _check_nanotron_order(self) -> None:
         """``example_order`` and the fields only Nanotron's order reads."""
@@ -236,6 +256,20 @@ class LMMixtureDatasetConfig(DataConfigBase):
         return IgnoredTargets(examples, self.ignore_token_id)
 
     def _source_examples(self, name: str, cache: TokenCache, seq_len: int, source_id: int, documents: np.ndarray | None) -> Dataset:
+        fmt = self.configs[name].format
+        if isinstance(fmt, Ul2rLmDatasetFormat):
+            if documents is not None:
+                raise ValueError(f"source {name!r}: format ul2r: Levanter's UL2R packs every document of the cache in order; remove "
+                                 "it from num_validation_sequences/validation_fraction and give validation_urls instead")
+            return Ul2rDataset(cache, seq_len if self.example_convention == "levanter" else seq_len + 1, source_id,
+                               tasks=[DenoisingTask(*task) for task in fmt.task_table()], task_probs=fmt.probabilities(),
+                               seed=fmt.rng_seed, sentinel_ids=fmt.sentinel_ids(), pad_id=UL2R_PAD_ID)
+        if isinstance(fmt, PreferenceChatLmDatasetFormat):
+            if documents is not None:
+                raise ValueError(f"source {name!r}: format preference_chat: holding out documents would split its pairs; remove it "
+                                 "from num_validation_sequences/validation_fraction and give validation_urls instead")
+            sides = PackedDataset(cache, seq_len, source_id, pad_id=self.pad_id(), max_segments_per_example=1)
+            return PreferencePairs(sides, cache)
         packing = self.configs[name].packing_options()
         width = seq_len if self.example_convention == "levanter" else seq_len + 1
         if packing is None:

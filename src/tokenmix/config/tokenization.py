@@ -12,6 +12,7 @@ from typing import Any
 
 from tokenmix.formats.base import LmDatasetFormatBase
 from tokenmix.formats.encoder import PRETOKENIZED_KEY, EncoderSpec, format_context, token_dtype
+from tokenmix.formats.passthrough import PASSTHROUGH, passthrough_tokenizer_file
 from tokenmix.formats.tokenizer import TokenizerIdentity, describe_tokenizer, load_tokenizer
 from tokenmix.formats.tokenizer_identity import remember, tokenizer_identity
 
@@ -28,14 +29,16 @@ class TokenizationConfig:
 
     tokenizer: str | None = None
     """Hub name, local tokenizer directory, a ``tokenizer.json`` file (NeoX's encoder file), or a directory of GPT-2's
-    ``vocab.json`` + ``merges.txt``. Unset means Levanter's default, ``gpt2``, taken from the local Hugging Face cache
+    ``vocab.json`` + ``merges.txt``, or ``passthrough`` (Levanter's: text of integers read as ids; needs ``vocab_size``).
+    Unset means Levanter's default, ``gpt2``, taken from the local Hugging Face cache
     (never downloaded) when a cache is built or opened."""
     enforce_eos: bool = True
     """Append the tokenizer's EOS id to every document."""
     enforce_bos: bool | None = None
     """Prepend BOS to every document; None follows the tokenizer's own habit."""
     vocab_size: int | None = None
-    """Levanter's field (its pass-through tokenizer needs it): when set, it must be the tokenizer's vocabulary size."""
+    """Levanter's field: the passthrough tokenizer's number of ids; with any other tokenizer, when set, it must be the
+    tokenizer's vocabulary size."""
     chat_template: str | None = None
     """Levanter's field: the chat template of every chat source whose format gives none (else the tokenizer's)."""
 
@@ -84,6 +87,8 @@ class TokenizationConfig:
     def tokenizer_name(self, where: str) -> str:
         """The tokenizer's name; unset, the local Hugging Face cache's copy of Levanter's default (``gpt2``), or an error
         naming ``where``, the field and the fix when that cache does not hold it."""
+        if self.tokenizer == PASSTHROUGH:
+            return passthrough_tokenizer_file(self.vocab_size, where)
         if self.tokenizer:
             return self.tokenizer
         return default_tokenizer(where)
@@ -94,6 +99,10 @@ class TokenizationConfig:
             raise ValueError(f"{where}: vocab_size is {self.vocab_size}, but tokenizer {self.tokenizer!r} has {known.vocab_size} "
                              "tokens; remove vocab_size (tokenmix reads it from the tokenizer) or give the tokenizer it belongs to")
         special = fmt.adds_special_tokens  # a chat template places its own
+        if self.tokenizer == PASSTHROUGH:  # Levanter's has no special tokens, so it appends none whatever enforce_* say
+            if special and (self.enforce_eos or self.enforce_bos):
+                logger.info("%s: tokenizer: passthrough has no BOS or EOS token: none is added (as Levanter)", where)
+            return None, None
         use_bos = special and (known.adds_bos if self.enforce_bos is None else self.enforce_bos)
         use_eos = special and (self.enforce_eos or known.adds_eos)
         for wanted, token_id, what in ((use_bos, known.bos_id, "BOS"), (use_eos, known.eos_id, "EOS")):

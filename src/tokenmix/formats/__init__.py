@@ -1,4 +1,4 @@
-"""Records to token ids and loss-mask spans: the formats (``text``, ``supervised``, ``chat``, ``fim``, ``prebuilt``),
+"""Records to token ids and loss-mask spans: the formats (``text``, ``supervised``, ``chat``, ``preference_chat``, ``fim``, ``prebuilt``, ``ul2r``),
 the tokenizer's description, and the encoder the cache builder's workers run.
 
 Importing the package registers every format on ``LmDatasetFormatBase``, so ``format: {type: ...}`` in
@@ -8,7 +8,7 @@ YAML can name any of them.
 from typing import TYPE_CHECKING
 
 from tokenmix._lazy import lazy_exports
-from tokenmix.formats import chat, fim, prebuilt, supervised, text  # noqa: F401  (registration)
+from tokenmix.formats import chat, fim, prebuilt, preference, supervised, text, ul2r  # noqa: F401  (registration)
 
 if TYPE_CHECKING:
     from tokenmix.formats.base import FILTER_REASONS, BadRecordError, FormatContext, LmDatasetFormatBase, Rendered
@@ -16,9 +16,11 @@ if TYPE_CHECKING:
     from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
     from tokenmix.formats.fim import FimLmDatasetFormat
     from tokenmix.formats.prebuilt import PrebuiltLmDatasetFormat
+    from tokenmix.formats.preference import PreferenceChatLmDatasetFormat
     from tokenmix.formats.supervised import SupervisedLmDatasetFormat
     from tokenmix.formats.text import TextLmDatasetFormat
     from tokenmix.formats.tokenizer import TokenizerInfo, TokenizerLoadError, describe_tokenizer, load_tokenizer
+    from tokenmix.formats.ul2r import Ul2rLmDatasetFormat
 
 __all__ = [
     "FILTER_REASONS",
@@ -31,11 +33,13 @@ __all__ = [
     "FormatContext",
     "LmDatasetFormatBase",
     "PrebuiltLmDatasetFormat",
+    "PreferenceChatLmDatasetFormat",
     "Rendered",
     "SupervisedLmDatasetFormat",
     "TextLmDatasetFormat",
     "TokenizerInfo",
     "TokenizerLoadError",
+    "Ul2rLmDatasetFormat",
     "describe_tokenizer",
     "load_tokenizer",
 ]

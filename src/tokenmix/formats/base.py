@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 import draccus
 import numpy as np
 
-FILTER_REASONS = frozenset({"too_long", "too_short"})
+FILTER_REASONS = frozenset({"too_long", "too_short", "empty_preference_pair"})
 """Skip reasons that are a format's deliberate filters (counted and logged), not bad input: they never
 stop a build under ``on_error: raise``."""
 
@@ -67,7 +67,8 @@ class FormatContext:
     """The tokenizer's own chat template."""
 
 
-RecordRenderer = Callable[[dict[str, Any]], Rendered]
+RecordRenderer = Callable[[dict[str, Any]], "Rendered | list[Rendered]"]
+"""A record to its document, or to several (a preference pair is two, in cache order)."""
 
 Pack = bool | int | Literal["pad"] | None
 """Levanter's ``pack`` (a dataset option, not part of what a cache holds): true packs whole documents into examples (at

@@ -123,8 +123,9 @@ class DocumentEncoder:
             if doc is None:
                 continue
             out.records += 1
-            docs.append(doc)
-            where.append(chunk.start + offset)
+            parts = doc if isinstance(doc, list) else [doc]  # a record may be several documents (a preference pair)
+            docs.extend(parts)
+            where.extend([chunk.start + offset] * len(parts))
         if not self.masked and all(isinstance(d, Rendered) and d.char_targets is None and len(d.pieces) == 1
                                    and isinstance(d.pieces[0], str) for d in docs):
             self._assemble_plain(out, docs, *self._tokenize([d.pieces[0] for d in docs]), where)  # type: ignore[arg-type, union-attr]
@@ -133,7 +134,7 @@ class DocumentEncoder:
         out.skipped.sort(key=lambda s: s[0])
         return out
 
-    def _document(self, raw: Any) -> Rendered | np.ndarray | None:
+    def _document(self, raw: Any) -> Rendered | list[Rendered] | np.ndarray | None:
         if isinstance(raw, PlainText):
             try:
                 text = raw.decode("utf-8")

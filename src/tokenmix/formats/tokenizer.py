@@ -208,8 +208,9 @@ def describe_tokenizer(name_or_path: str) -> TokenizerInfo:
         "chat_template": getattr(tok, "chat_template", None),
     }
     fingerprint = hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()
-    probe = backend.encode("a", add_special_tokens=True).ids
-    plain = backend.encode("a", add_special_tokens=False).ids
+    sample = "a" if backend.token_to_id("[UNK]") is not None or not _word_level_without_unknown(backend_json) else ""
+    probe = backend.encode(sample, add_special_tokens=True).ids
+    plain = backend.encode(sample, add_special_tokens=False).ids
     bos_id, eos_id = tok.bos_token_id, tok.eos_token_id
     adds_bos = bos_id is not None and len(probe) > len(plain) and probe[0] == bos_id
     adds_eos = eos_id is not None and len(probe) > len(plain) and probe[-1] == eos_id
@@ -226,3 +227,10 @@ def describe_tokenizer(name_or_path: str) -> TokenizerInfo:
         special_tokens=tuple(sorted((k, str(v)) for k, v in tok.special_tokens_map.items() if isinstance(v, str))),
         chat_template=identity["chat_template"] if isinstance(identity["chat_template"], str) else None,
     )
+
+
+def _word_level_without_unknown(backend_json: str) -> bool:
+    """Whether a tokenizer is a word-level one that cannot encode a word outside its vocabulary (the passthrough
+    tokenizer's ids as text): its BOS/EOS habit is probed on empty text instead of "a"."""
+    model = json.loads(backend_json).get("model", {})
+    return model.get("type") == "WordLevel" and model.get("unk_token") not in model.get("vocab", {})
