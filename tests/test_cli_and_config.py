@@ -135,8 +135,9 @@ def test_every_commands_help_describes_each_option_with_its_default_and_no_marku
 
 def test_an_unknown_format_lists_the_choices_and_a_misspelt_one_names_the_closest():
     with pytest.raises(ConfigError) as unknown:
-        load_data_config(str(REPO / "config" / "demo.yaml"), ["--configs.webster.format.type", "ul2r"])
-    assert "'ul2r'" in str(unknown.value) and str(unknown.value).endswith("(the choices are chat, fim, prebuilt, supervised, text)")
+        load_data_config(str(REPO / "config" / "demo.yaml"), ["--configs.webster.format.type", "denoise"])
+    assert "'denoise'" in str(unknown.value)
+    assert str(unknown.value).endswith("(the choices are chat, fim, prebuilt, preference_chat, supervised, text, ul2r)")
     with pytest.raises(ConfigError, match=r"\(did you mean: chta -> chat\?\)$"):
         load_data_config(str(REPO / "config" / "demo.yaml"), ["--configs.webster.format.type", "chta"])
 
