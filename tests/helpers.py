@@ -34,6 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = str(REPO / "data" / "tokenizer")
 DEMO_CORPUS = REPO / "data" / "demo"
 SEQ_LEN = 128
+# the chat template of the DPO configs in the wild (marin's lib/levanter/config, tests/data/levanter/wild)
+DPO_TEMPLATE = ("{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ message['content'] }}\n"
+                "{% elif message['role'] == 'assistant' %}\n{% generation %}{{ message['content'] }}{% endgeneration %}\n"
+                "{% endif %}\n{% endfor %}\n")
 
 
 def read_jsonl_zst(path: Path) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import TOKENIZER, demo_urls
+from helpers import DPO_TEMPLATE, TOKENIZER, demo_urls
 
 import tokenmix
 from tokenmix.config import cache_targets
@@ -46,7 +46,7 @@ def test_preference_chat_pairs_are_chosen_then_rejected_each_with_its_assistant_
         config = _preference_config(tmp_path, tmp_path / "prefs.jsonl", shuffle=True)
     assert "component 'prefs': shuffle: True is accepted" in caplog.text
     tokenmix.build_caches(config, progress=False)
-    # each side is exactly what the chat format makes of that conversation alone
+    # each side is exactly what the chat format makes of that conversation alone, but for the padding
     chat = tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "chat"), "chat_template": TEMPLATE,
                                       "train_urls": [str(tmp_path / "chosen.jsonl")], "format": {"type": "chat", "pack": False}})
     sides = [{"messages": p[side]} for p in pairs for side in ("chosen", "rejected")]
@@ -57,7 +57,8 @@ def test_preference_chat_pairs_are_chosen_then_rejected_each_with_its_assistant_
     source = config.train_sources(SEQ)["prefs"]
     assert len(source) == len(pairs) and source.tokens_per_example == 2 * SEQ
     batch = source.get_batch(range(len(pairs)))
-    assert np.array_equal(batch.tokens, expected.tokens.reshape(len(pairs), 2 * SEQ))
+    padded_with_zeros = np.where(expected.segment_ids < 0, 0, expected.tokens)  # Levanter's padding, whatever the tokenizer's pad
+    assert np.array_equal(batch.tokens, padded_with_zeros.reshape(len(pairs), 2 * SEQ))
     assert np.array_equal(batch.loss_mask, expected.loss_mask.reshape(len(pairs), 2 * SEQ))
     rejected = batch.segment_ids[:, SEQ:]
     assert set(np.unique(batch.segment_ids[:, :SEQ])) == {-1, 0} and set(np.unique(rejected)) == {-1, 1}
@@ -85,6 +86,51 @@ def test_preference_chat_refuses_what_levanters_dpo_data_refuses(tmp_path):
     with pytest.raises(ValueError, match=r"preference pair 0: its chosen conversation has \d+ tokens, more than seq_len 8"):
         config.train_sources(8)["prefs"].get_batch([0])
 
+
+
+def test_preference_chat_equals_marins_preference_pair_dataset(tmp_path):
+    """``tests/data/levanter/preference_marin.npz`` is what marin's own preference code made of ``preference_pairs.jsonl``
+    (11 records: 10 pairs, multi-turn and system turns among them, and one with an empty chosen side).
+
+    How it was made: in the side venv /work/sidevenv/marin (marin-levanter 0.2.20.dev202606180959, jax 0.10.2 CPU,
+    transformers 4.57.6), ``levanter.tokenizers.load_tokenizer`` of data/tokenizer, then, for ``mask_user_turns`` true and
+    false, ``preprocessor_for_preference_format(PreferenceChatLmDatasetFormat(chat_template=DPO_TEMPLATE,
+    mask_user_turns=...), tokenizer)`` (a ``PreferenceChatProcessor``) over all records at once; with mask_user_turns true
+    its rows' ``{chosen,rejected}_{input_ids,assistant_masks}`` are kept (concatenated, with per-row lengths). Its rows
+    were written with Levanter's ``SerialCacheWriter`` and ``dataset_for_preference_format(format, Axis("position",
+    seq_len), TreeCache.load(...))`` (a ``PreferencePairDataset``, max_segments_per_example 1, slice_strategy raise) gave,
+    for seq_len 39 (the longest conversation) and 64, every ``DpoExample``'s chosen and rejected tokens, loss_weight and
+    segment ids (``L{seq_len}_*``; ``nomask_L*`` for mask_user_turns false); at seq_len 24 making the dataset raised,
+    and ``L24_error`` is its message. The script stays in the side venv, not here."""
+    marin = np.load(LEVANTER_DATA / "preference_marin.npz")
+    assert "Document 2 in leaf 'chosen_" in str(marin["L24_error"])  # Levanter refuses the whole dataset when it is made
+    for mask_user_turns, tag in ((True, ""), (False, "nomask_")):
+        config = tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / tag), "components": {"prefs": {
+            "source": {"type": "url", "train_urls": [str(LEVANTER_DATA / "preference_pairs.jsonl")]},
+            "format": {"type": "preference_chat", "chat_template": DPO_TEMPLATE, "mask_user_turns": mask_user_turns}}}})
+        tokenmix.build_caches(config, progress=False)
+        cache = tokenmix.open_cache(config, "prefs")
+        if mask_user_turns:  # the cache holds what Levanter's PreferenceChatProcessor stores, side by side
+            rows = cache.get_rows(range(cache.num_rows()))
+            assistant = [np.zeros(len(r), np.int32) for r in rows]
+            for row, begin, end in zip(*cache.loss_spans(0, cache.num_rows())):
+                assistant[row][begin:end] = 1
+            for k, side in enumerate(("chosen", "rejected")):
+                cut = np.cumsum(marin[f"{side}_input_ids_lengths"])[:-1]
+                assert [r.tolist() for r in rows[k::2]] == [r.tolist() for r in np.split(marin[f"{side}_input_ids"], cut)]
+                assert [m.tolist() for m in assistant[k::2]] == [m.tolist() for m in np.split(marin[f"{side}_assistant_masks"], cut)]
+        for seq_len in (39, 64):
+            source = config.train_sources(seq_len)["prefs"]
+            assert len(source) == 10
+            batch = source.get_batch(range(10))
+            for k, side in enumerate(("chosen", "rejected")):
+                half = slice(k * seq_len, (k + 1) * seq_len)
+                levanter = {f: marin[f"{tag}L{seq_len}_{side}_{f}"] for f in ("tokens", "loss_weight", "segment_ids")}
+                assert np.array_equal(batch.tokens[:, half], levanter["tokens"]), (tag, seq_len, side)
+                assert np.array_equal(batch.loss_mask[:, half], levanter["loss_weight"] > 0), (tag, seq_len, side)
+                assert np.array_equal(batch.segment_ids[:, half] >= 0, levanter["segment_ids"] >= 0), (tag, seq_len, side)
+        with pytest.raises(ValueError, match=r"preference pair 2: its chosen conversation has 39 tokens, more than seq_len 24"):
+            config.train_sources(24)
 
 UL2R_TASKS = {"r": {"type": "rx", "mask_prob": 0.15, "mean_span_length": 3.0, "random_roll": True, "task_token_id": 31000},
               "x": {"type": "rx", "mask_prob": 0.5, "mean_span_length": 3.0, "random_roll": False, "task_token_id": 31001},

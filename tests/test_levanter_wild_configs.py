@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import DPO_TEMPLATE
 
 import tokenmix
 from tokenmix.formats.base import LmDatasetFormatBase
@@ -34,9 +35,6 @@ def weights(config):
 
 
 MIMIR = "gs://mimir-data-eu/mimir-base/data/"
-DPO_TEMPLATE = ("{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ message['content'] }}\n"
-                "{% elif message['role'] == 'assistant' %}\n{% generation %}{{ message['content'] }}{% endgeneration %}\n"
-                "{% endif %}\n{% endfor %}\n")
 UL2R_TASKS = {"r": RXDenoisingTaskConfig(50257, 0.15, 3.0, True), "x1": RXDenoisingTaskConfig(50258, 0.15, 32.0, True),
               "x2": RXDenoisingTaskConfig(50258, 0.5, 3.0, True), "s": SDenoisingTaskConfig(50259)}
 UL2R_PROBS = {"r": 0.5, "x1": 0.125, "x2": 0.125, "s": 0.25}
