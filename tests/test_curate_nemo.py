@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from helpers import DEMO_CORPUS, REPO, read_jsonl_zst
 
-from tokenmix.curate import DocumentDataset, Filter, WordCountFilter, get_all_files_paths_under
+from tokenmix.curate import DocumentDataset, Filter, Score, ScoreFilter, WordCountFilter, get_all_files_paths_under
 
 NEMO_IMPORTS = {
     "import nemo_curator as nc": "import tokenmix.curate as nc",
@@ -339,6 +339,18 @@ def test_filter_keeps_records_by_a_field_with_a_function_or_a_documentfilter_and
         Filter(lambda label: label == "High", filter_field="quality_pred")
     with pytest.raises(ValueError, match="filter_field"):
         Filter(_keep_high)
+
+
+def test_score_and_score_filter_take_their_arguments_in_nemos_order(tmp_path):
+    """``Score(score_fn, score_field, text_field)`` and ``ScoreFilter(filter, text_field, score_field)``, as NeMo orders
+    them, so a NeMo call with positional arguments writes the field it names."""
+    records = [{"text": r["text"], "n": n} for n, r in enumerate(_slice("webster", 0, 4))]
+    _write_jsonl(tmp_path / "in" / "s.jsonl", records)
+    ds = DocumentDataset.read_json(str(tmp_path / "in"))
+    scored = [r for t in Score(WordCountFilter(), "words", "text")(ds).iter_batches() for r in t.to_pylist()]
+    assert [r["words"] for r in scored] == [len(r["text"].split()) for r in records]
+    filtered = [r for t in ScoreFilter(WordCountFilter(min_words=1), "text", "words")(ds).iter_batches() for r in t.to_pylist()]
+    assert [r["words"] for r in filtered] == [len(r["text"].split()) for r in records]
 
 
 def test_a_filter_function_edited_between_runs_makes_another_pipeline_not_a_reuse_of_the_earlier_work(tmp_path, monkeypatch):

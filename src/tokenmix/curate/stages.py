@@ -111,13 +111,14 @@ class ScoreFilter(Stage):
 @dataclass(frozen=True)
 class Score(Stage):
     """Writes a filter's score of each record's text to a field and removes nothing (NeMo Curator's ``Score``), for a
-    later ``field_filter``, or to look at a corpus before choosing thresholds."""
+    later ``field_filter``, or to look at a corpus before choosing thresholds. Its arguments come in NeMo's order
+    (``Score(filter, "score_field")`` writes ``score_field``)."""
 
     filter: DocumentFilter
-    text_field: str | None = None
-    """Unset: the source's ``text_field``."""
     score_field: str | None = None
     """Unset: the filter's reason (``word_count``, ``repeating_top_ngrams_3``)."""
+    text_field: str | None = None
+    """Unset: the source's ``text_field``."""
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
         scores = self.filter.score(as_array(field_column(table, self.text_field or context.text_field)))
