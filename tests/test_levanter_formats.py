@@ -33,9 +33,9 @@ def _pairs(path: Path) -> list[dict]:
     return [r for r in rows if r["chosen"]]
 
 
-def _preference_config(tmp_path, data: Path, **component):
+def _preference_config(tmp_path, data: Path, top: dict | None = None, **component):
     return tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "cache"), "chat_template": TEMPLATE,
-                                      "batch_size": 4, "components": {"prefs": {
+                                      "batch_size": 4, **(top or {}), "components": {"prefs": {
                                           "source": {"type": "url", "train_urls": [str(data)]},
                                           "format": {"type": "preference_chat", "slice_strategy": "raise"}, **component}}})
 
@@ -44,7 +44,8 @@ def test_preference_chat_pairs_are_chosen_then_rejected_each_with_its_assistant_
     pairs = _pairs(tmp_path / "prefs.jsonl")
     with caplog.at_level(logging.INFO, logger="tokenmix.config"):
         config = _preference_config(tmp_path, tmp_path / "prefs.jsonl", shuffle=True)
-    assert "component 'prefs': shuffle: True is accepted" in caplog.text
+    assert "component 'prefs': shuffle: True is read as the config's shuffle, which sets none" in caplog.text
+    assert config.shuffle is True
     tokenmix.build_caches(config, progress=False)
     # each side is exactly what the chat format makes of that conversation alone, but for the padding
     chat = tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "chat"), "chat_template": TEMPLATE,
@@ -77,7 +78,7 @@ def test_preference_chat_refuses_what_levanters_dpo_data_refuses(tmp_path):
             tokenmix.load_data_config({"tokenizer": TOKENIZER, "train_urls": [str(data)],
                                        "format": {"type": "preference_chat", option: value}})
     with pytest.raises(ConfigError, match=r"component 'prefs': shuffle: 1000 differs from the config's shuffle: True"):
-        _preference_config(tmp_path, data, shuffle=1000)
+        _preference_config(tmp_path, data, {"shuffle": True}, shuffle=1000)
     with pytest.raises(ConfigError, match=r"\['prefs'\] are preference_chat pairs and \['web'\] are not"):
         tokenmix.load_data_config({"tokenizer": TOKENIZER, "configs": {
             "prefs": {"train_urls": [str(data)], "format": {"type": "preference_chat"}}, "web": {"train_urls": demo_urls("webster")}}})

@@ -14,6 +14,7 @@ import pytest
 from helpers import DPO_TEMPLATE
 
 import tokenmix
+from tokenmix.config.components import LEVANTER_BLOCK_SHUFFLE
 from tokenmix.formats.base import LmDatasetFormatBase
 from tokenmix.formats.ul2r import RXDenoisingTaskConfig, SDenoisingTaskConfig
 
@@ -127,6 +128,7 @@ MEANING = {
         ("order", lambda c: (c.shuffle, c.stop_strategy), (True, "restart")),
     ],
     "marin_gpt2_small_fast_mix.yaml": [
+        ("order: older schema, no shuffle set", lambda c: c.shuffle, False),
         ("tokenizer", lambda c: c.tokenizer, "gpt2"),
         ("weights", weights, {"owt": 0.6, "wikitext": 0.4}),
         ("URL source", lambda c: len(shards(c, "owt", "train")), 128),
@@ -143,6 +145,7 @@ MEANING = {
     ],
     # newer Levanter's components schema, DPO pairs among them
     "marin_fineweb_llama_txt.yaml": [
+        ("order: newer schema, no shuffle set", lambda c: c.shuffle, LEVANTER_BLOCK_SHUFFLE),
         ("tokenizer", lambda c: c.tokenizer, "NousResearch/Llama-2-7b-hf"),
         ("components", lambda c: len(c.configs), 17),
         ("fineweb URL patterns", lambda c: len(c.configs["fineweb"].train_urls), 50),
@@ -156,6 +159,7 @@ MEANING = {
         ("cache", lambda c: c.cache_location("pubmed", "train"), "gs://pubmed-mosaic/tokenized/pubmed-sharded/pubmed/train"),
     ],
     "marin_dpo_tiny_gpt2.yaml": [
+        ("order: its component's shuffle", lambda c: c.shuffle, True),
         ("tokenizer", lambda c: c.tokenizer, "gpt2"),
         ("format", lambda c: fmt(c, "default"), "preference_chat"),
         ("pairs", lambda c: (c.configs["default"].format.chat_template, c.configs["default"].format.chosen_field,

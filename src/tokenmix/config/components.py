@@ -18,6 +18,7 @@ from typing import Any, Literal
 import draccus
 
 from tokenmix.config.sources import LMDatasetSourceConfig
+from tokenmix.datasets.block_shuffle import BlockShuffle
 from tokenmix.formats.base import LmDatasetFormatBase, Pack
 from tokenmix.formats.text import TextLmDatasetFormat
 
@@ -110,19 +111,27 @@ class DirectComponent(DatasetComponentBase):
                          "tokenmix.MixtureDataset of your datasets in Python instead, or give this component a `source`")
 
 
-def check_component_shuffles(components: dict[str, DatasetComponentBase], shuffle: object) -> None:
-    """A component's ``shuffle`` is accepted where it says what the config's ``shuffle`` already does, refused (naming the
-    component and the fix) where it asks for an order of its own."""
+LEVANTER_BLOCK_SHUFFLE = BlockShuffle(io_block_size=256, window_blocks=512)
+"""Newer Levanter's shuffle when a ``components`` config sets none (``DEFAULT_LM_DATA_SHUFFLE``)."""
+
+
+def components_shuffle(components: dict[str, DatasetComponentBase], shuffle: object) -> object:
+    """The order a ``components`` config means: its own ``shuffle``; unset, the one its components all give (they name
+    no such field in Levanter, but real configs set it), else newer Levanter's block shuffle. A component asking for
+    another order than that is refused, naming it and the fix."""
     cached = [(n, c) for n, c in components.items() if isinstance(c, CachedComponent)]
     cached += [(f"{n}/{k}", c) for n, h in components.items() if isinstance(h, HierarchicalComponent) for k, c in h.components.items()]
-    for name, component in cached:
-        if component.shuffle is None:
-            continue
-        if component.shuffle != shuffle:
-            raise ValueError(f"component {name!r}: shuffle: {component.shuffle!r} differs from the config's shuffle: {shuffle!r}; "
+    given = [(name, c.shuffle) for name, c in cached if c.shuffle is not None]
+    if shuffle is None:
+        shuffle = given[0][1] if given else LEVANTER_BLOCK_SHUFFLE
+        if given:
+            logger.info("component %r: shuffle: %r is read as the config's shuffle, which sets none", given[0][0], shuffle)
+    for name, own in given:
+        if own != shuffle:
+            raise ValueError(f"component {name!r}: shuffle: {own!r} differs from the config's shuffle: {shuffle!r}; "
                              "tokenmix orders every source as the config's `shuffle` says: set it there (data.shuffle) and "
-                             "remove it from the component")
-        logger.info("component %r: shuffle: %r is accepted: it is the config's shuffle already", name, component.shuffle)
+                             "remove it from the components")
+    return shuffle
 
 
 def resolve_components(components: dict[str, DatasetComponentBase], weights: Weights | None, cache_dir: str,

@@ -18,7 +18,7 @@ from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import join_location
 from tokenmix.cache.token_files_cache import TokenFilesCache
 from tokenmix.config.caches import DataConfigBase, open_cache
-from tokenmix.config.components import DatasetComponentBase, check_component_shuffles, resolve_components
+from tokenmix.config.components import DatasetComponentBase, components_shuffle, resolve_components
 from tokenmix.config.holdout import held_out_documents, kept_documents
 from tokenmix.config.levanter import CacheOptions, note_cache_options, refuse_removed_shard_counts
 from tokenmix.config.sources import LMDatasetSourceConfig
@@ -61,9 +61,11 @@ class LMMixtureDatasetConfig(DataConfigBase):
     steps into example indices (needed with stages), through the same schedule the loader uses."""
     mixture_block_size: int = 2048
     """Examples per block; every block holds its exact per-source counts."""
-    shuffle: bool | int | BlockShuffle = True
+    shuffle: bool | int | BlockShuffle | None = None
     """Per-source order: true = full shuffle per epoch, false = in order, an int = shuffle within eras of that many,
-    ``{io_block_size, window_blocks}`` = newer Levanter's block shuffle (``datasets/block_shuffle.py``)."""
+    ``{io_block_size, window_blocks}`` = newer Levanter's block shuffle (``datasets/block_shuffle.py``). Unset, Levanter's
+    default for the schema: false with ``configs`` (``LMMixtureDatasetConfig``), the block shuffle ``{256, 512}`` with
+    ``components`` (``LmDataConfig``)."""
     shuffle_buffer_size: int | None = None
     """Older Levanter: shuffle through a buffer of this many examples; read as ``shuffle:`` eras of that many, the same
     bound on how far an example moves."""
@@ -117,10 +119,12 @@ class LMMixtureDatasetConfig(DataConfigBase):
         if self.components:
             if self.configs:
                 raise ValueError("give `configs` (Levanter's older schema) or `components` (its newer one), not both")
-            check_component_shuffles(self.components, self.shuffle)
+            object.__setattr__(self, "shuffle", components_shuffle(self.components, self.shuffle))
             configs, weights = resolve_components(self.components, self.train_weights, self.cache_dir)
             for name, value in (("configs", configs), ("train_weights", weights), ("components", {})):
                 object.__setattr__(self, name, value)
+        elif self.shuffle is None:
+            object.__setattr__(self, "shuffle", False)
         names = list(self.configs)
         if self.train_weights is None:
             object.__setattr__(self, "train_weights", {})  # Levanter's newer schema: null means equal weights

@@ -113,7 +113,8 @@ def nanotron_mixture(doc: dict[str, Any], where: str) -> dict[str, Any]:
                     "(seq_len + 1 tokens every seq_len); Nanotron reads datatrove folders in windows that do not overlap", where)
     convention = "datatrove" if kinds == {"datatrove"} else "megatron"
     mixture: dict[str, Any] = {"configs": sources, "train_weights": weights if len(weights) > 1 else weights[0][1],
-                               "example_convention": convention, "seed": int(seeds[0] or 0), "cache_dir": cache_dir or ".tokenmix_cache"}
+                               "example_convention": convention, "shuffle": True, "seed": int(seeds[0] or 0),
+                               "cache_dir": cache_dir or ".tokenmix_cache"}
     if tokenizer:
         mixture["tokenizer"] = tokenizer
     tokens = doc.get("tokens") or {}
