@@ -114,6 +114,9 @@ class Ul2rDataset(DirectDataset):
         self.sentinel_ids = np.asarray(sentinel_ids, np.int64)
         self.pad_id = pad_id
         self.max_segments = max_segments_per_example
+        logger.warning("%s: UL2R batches hold Levanter's tokens and loss mask, but no prefix-LM mask: a model trained on them "
+                       "attends causally over the inputs, where Levanter attends bidirectionally; a trainer of your own finds "
+                       "the mask in Ul2rDataset.example(i).input_mask", cache.location)
         if not cache.is_finished():
             logger.info("%s: waiting for the cache to finish: UL2R packs every document in order", cache.location)
             cache.wait_until_finished()
