@@ -4,7 +4,9 @@ Index i falls in a stage of the weight schedule and, inside it, in a block of ``
 Each block holds exactly the per-source counts ``BlockAllocator`` gives (within 1 of the exact share
 after any whole number of blocks, no positive weight rounded away) in a seeded order, so mapping an
 index to (source, draw number) needs one block's counts, not a per-example array. A source's draws
-continue across stages, so a change of weights neither skips nor repeats examples. Each source is
+continue across stages, so a change of weights neither skips nor repeats examples. The stages are the
+weight log, which ``append_stage`` grows while the mixture is read (an update placed at ``next_boundary``
+past what was read ahead): the mixture is then the one built with the whole log at once. Each source is
 read through its own ``EpochedDataset``, keyed by the seed and the source's name: reordering the
 sources changes nothing and renaming one leaves the others' orders alone.
 """
@@ -109,35 +111,67 @@ class MixtureDataset(Dataset):
         self.block_size = block_size
         self.seed = seed
         self.stop_strategy = stop_strategy
-        stages = normalize_schedule(weights, self.names)
-        self.stages = stages
+        self._datasets = dict(datasets)
+        self._shuffle = shuffle
+        self.stages: list[tuple[int, dict[str, float]]] = []
+        """The weight log: ``(start_index, weights)`` stages, the first at 0; ``append_stage`` adds to it."""
         self._canon = sorted(self.names)
         self._ids = np.array([self.names.index(n) for n in self._canon], np.int32)
-        self._starts = np.array([s for s, _ in stages], np.int64)
-        self._stage_starts: list[int] = self._starts.tolist()
-        self._allocators = [BlockAllocator([w.get(n, 0.0) for n in self._canon], block_size) for _, w in stages]
-        for (start, weights), alloc in zip(stages, self._allocators):
-            if alloc.worst_walk > _SLOW_WALK_STEPS:
-                name = self._canon[alloc.slowest_tiny]
-                logger.warning(
-                    "mixture stage from index %d: source %r (weight %s) gets one example every %s blocks of %d, so a read "
-                    "of a block far from those read before walks the layout over up to that many blocks, %.3g steps a "
-                    "block (a million steps take about a second). Raise that weight or drop the source to make random "
-                    "access cheap.",
-                    start, name, _short(weights[name]), _short(alloc.memory), block_size,
-                    Fraction(alloc.worst_walk, alloc.memory),
-                )
-        self._active = [c for c, n in enumerate(self._canon) if any(w.get(n, 0.0) > 0 for _, w in stages)]
-        self._sources = {
-            c: EpochedDataset(datasets[self._canon[c]], derive_key(seed, "source", self._canon[c]), shuffle) for c in self._active
-        }
-        self._bases = [np.zeros(len(self._canon), np.int64)]
-        for j in range(1, len(stages)):
-            self._bases.append(self._consumed_in_stage(j - 1, int(self._starts[j] - self._starts[j - 1])))
+        self._starts = np.zeros(0, np.int64)
+        self._stage_starts: list[int] = []
+        self._allocators: list[BlockAllocator] = []
+        self._bases: list[np.ndarray] = []
+        self._sources: dict[int, EpochedDataset] = {}
         self._length: int | None = None
+        for start, stage in normalize_schedule(weights, self.names):
+            self._add_stage(start, stage)
 
     def __repr__(self) -> str:
         return f"MixtureDataset({self.names}, stop_strategy={self.stop_strategy!r})"
+
+    def append_stage(self, start: int, weights: Weights) -> None:
+        """Draw by ``weights`` from index ``start`` on: a stage appended to the weight log while the mixture is in use.
+
+        Every index before ``start`` keeps its example, and each source's draws go on from where the indices before
+        ``start`` leave them, so nothing is skipped or repeated: the mixture is the one built with the whole log at once.
+        ``start`` must come after the last stage's start; an update decided during a run goes at ``next_boundary`` of an
+        index past what the loader may have read ahead, so that no batch already read changes.
+        """
+        normalize_schedule([*self.stages, (int(start), dict(weights))], self.names)
+        final = self.final_len()
+        if final is not None and start >= final:
+            raise ValueError(f"a stage from index {start} would never be read: the mixture ends at index {final} ({self.stop_strategy})")
+        self._add_stage(int(start), dict(weights))
+
+    def next_boundary(self, index: int) -> int:
+        """The first block boundary of the last stage at or after ``index``, and after that stage's start: where an
+        update that may not change the examples before ``index`` takes effect with whole, exact blocks."""
+        start = self._stage_starts[-1]
+        return start + max(1, -(-(int(index) - start) // self.block_size)) * self.block_size
+
+    def _add_stage(self, start: int, weights: dict[str, float]) -> None:
+        alloc = BlockAllocator([weights.get(n, 0.0) for n in self._canon], self.block_size)
+        if alloc.worst_walk > _SLOW_WALK_STEPS:
+            name = self._canon[alloc.slowest_tiny]
+            logger.warning(
+                "mixture stage from index %d: source %r (weight %s) gets one example every %s blocks of %d, so a read "
+                "of a block far from those read before walks the layout over up to that many blocks, %.3g steps a "
+                "block (a million steps take about a second). Raise that weight or drop the source to make random "
+                "access cheap.",
+                start, name, _short(weights[name]), _short(alloc.memory), self.block_size,
+                Fraction(alloc.worst_walk, alloc.memory),
+            )
+        for c, name in enumerate(self._canon):
+            if weights.get(name, 0.0) > 0 and c not in self._sources:
+                self._sources[c] = EpochedDataset(self._datasets[name], derive_key(self.seed, "source", name), self._shuffle)
+        base = self._consumed_in_stage(len(self.stages) - 1, start - self._stage_starts[-1]) if self.stages else np.zeros(len(self._canon), np.int64)
+        # a reader in another thread finds the new stage only once its start is listed, after all it needs
+        self._bases.append(base)
+        self._allocators.append(alloc)
+        self.stages.append((start, weights))
+        self._starts = np.array([*self._stage_starts, start], np.int64)
+        self._stage_starts = [*self._stage_starts, start]
+        self._length = None
 
     @lru_cache(maxsize=256)  # noqa: B019 - the cache lives as long as the dataset, which is intended
     def _block(self, stage: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
