@@ -274,15 +274,20 @@ class LMMixtureDatasetConfig(DataConfigBase):
         # keyed by the source name alone: every run and seed validates on the same documents
         return held_out_documents(np.diff(bounds), wanted, derive_key("holdout", name), self.shuffle_before_trainval_split)
 
-    def train_set(self, seq_len: int, key: int | None = None) -> MixtureDataset | NanosetOrderDataset:
+    def train_set(self, seq_len: int, key: int | None = None,
+                  weight_log: list[tuple[int, dict[str, float]]] | None = None) -> MixtureDataset | NanosetOrderDataset:
         """The training mixture of ``seq_len``-token examples (``seq_len + 1`` under ``example_convention`` megatron or datatrove);
-        ``key`` overrides the config's ``seed``. Under ``example_order: nanotron``, Nanotron's order instead (a
-        ``NanosetOrderDataset``; ``key`` then overrides every stage's seed)."""
+        ``key`` overrides the config's ``seed``; ``weight_log`` (a run's ``[(start_index, weights), ...]``, as a checkpoint
+        records it) is drawn by instead of ``train_weights``. Under ``example_order: nanotron``, Nanotron's order instead
+        (a ``NanosetOrderDataset``; ``key`` then overrides every stage's seed; no weight log)."""
         if self.example_order == "nanotron":
+            if weight_log is not None:
+                raise ValueError("example_order: nanotron draws by train_weights' stages only; a weight log (a hand reweight at "
+                                 "a resume, online weights) needs example_order: tokenmix")
             return self._nanotron_train_set(seq_len, key)
-        schedule = self.weight_schedule()
+        schedule = self.weight_schedule() if weight_log is None else weight_log
         seed = self._seed(key)
-        datasets = self.train_sources(seq_len, key)
+        datasets = self.train_sources(seq_len, key, weight_log)
         weights = [(start, {n: w.get(n, 0.0) for n in datasets}) for start, w in schedule]
         return MixtureDataset(
             datasets,
@@ -306,10 +311,12 @@ class LMMixtureDatasetConfig(DataConfigBase):
         length = None if self.train_steps is None else self.batch_schedule().offset(self.train_steps)  # type: ignore[union-attr]
         return NanosetOrderDataset(datasets, stages, length)
 
-    def train_sources(self, seq_len: int, key: int | None = None) -> dict[str, Dataset]:
-        """Per source with a training weight, its training examples before mixing: what ``train_set`` draws from (held-out
-        documents, a ``split``'s other parts and budgets already taken away), in config order."""
-        schedule = self.weight_schedule()
+    def train_sources(self, seq_len: int, key: int | None = None,
+                      weight_log: list[tuple[int, dict[str, float]]] | None = None) -> dict[str, Dataset]:
+        """Per source with a training weight (in ``train_weights`` or in ``weight_log``), its training examples before
+        mixing: what ``train_set`` draws from (held-out documents, a ``split``'s other parts and budgets already taken
+        away), in config order."""
+        schedule = self.weight_schedule() + list(weight_log or [])
         seed = self._seed(key)
         return {n: self._budgeted(n, self._train_dataset(n, seq_len, i), seed) for i, n in enumerate(self.configs)
                 if any(w.get(n, 0) > 0 for _, w in schedule)}

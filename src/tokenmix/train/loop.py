@@ -4,7 +4,9 @@ every source's validation set, checkpoint, and resume exactly where a run stoppe
 A checkpoint holds the parameters, the optimizer state, the step and the data the run trained on (``checkpoint.py``,
 ``data_identity.py``); the loader resumes with ``iter_from_step`` (no batch before it is read or replayed), so a run
 stopped at step k and resumed sees the very batches an uninterrupted run sees (their fingerprints are logged to prove
-it, and the resume checks that step k - 1's batch is still the one the checkpoint recorded). ``metrics.jsonl`` in the
+it, and the resume checks that step k - 1's batch is still the one the checkpoint recorded). The mixture draws by the
+run's weight log (``weight_log.py``), which checkpoints and ``weights.jsonl`` hold, and which new ``train_weights`` at a
+resume extend from the resume step. ``metrics.jsonl`` in the
 run directory gets one line per step and per evaluation; ``train.png`` draws them (``plots.py``).
 """
 
@@ -28,11 +30,14 @@ from jax.sharding import PartitionSpec as P
 
 from tokenmix.config.caches import build_caches, open_cache
 from tokenmix.datasets.base import Dataset
+from tokenmix.datasets.mixture import MixtureDataset
+from tokenmix.loader.batch_schedule import BatchSchedule
 from tokenmix.loader.loader import DataLoader
-from tokenmix.train.checkpoint import Checkpoint, latest_checkpoint, load_state, save_checkpoint
+from tokenmix.train.checkpoint import RECORD_FILE, Checkpoint, latest_checkpoint, load_state, save_checkpoint
 from tokenmix.train.config import TrainLmConfig
 from tokenmix.train.data_identity import accept_data_change, caches_identity, changed_fields, data_identity
 from tokenmix.train.model import TinyLM, loss_and_count, shard_params
+from tokenmix.train.weight_log import LoggedStage, as_records, config_log, from_records, reweight_at_resume, stages, write_log
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +93,13 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
         accept_data_change(changes, checkpoint.step, checkpoint.path, trainer.allow_data_change)
     build_caches(data, progress=False)
     mesh = make_mesh(config)
-    train_set = data.train_set(trainer.seq_len)
+    schedule = BatchSchedule.of(trainer.train_batch_size)
+    weight_log = _resumed_weight_log(config, checkpoint, changes, schedule)
+    train_set = data.train_set(trainer.seq_len, weight_log=None if weight_log is None else stages(weight_log))
+    if weight_log is None and isinstance(train_set, MixtureDataset):
+        weight_log = config_log(train_set, schedule)
+    if weight_log is not None:
+        write_log(run_dir, weight_log)
     vocab = int(open_cache(data, train_set.names[0]).identity["vocab_size"])
     model = shard_params(TinyLM.init(config.model, vocab, jax.random.PRNGKey(trainer.seed)), mesh)
     optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, trainer.learning_rate, trainer.warmup_steps,
@@ -162,7 +173,8 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
             step += 1
             if step % trainer.steps_per_checkpoint == 0 or step == end:
                 save_checkpoint(run_dir, step, (model, opt_state), {"data": identity, "caches": caches, "data_changes": history, "last_batch":
-                                {"step": step - 1, "fingerprint": fingerprints[step - 1]}}, trainer.keep_checkpoints)
+                                {"step": step - 1, "fingerprint": fingerprints[step - 1]},
+                                "weight_log": None if weight_log is None else as_records(weight_log)}, trainer.keep_checkpoints)
     share = wait / busy if busy else 0.0
     logger.info("trained steps %d to %d; waiting for data took %.2f%% of step time", start, end - 1, 100 * share)
     return TrainResult(start, end - start, loss, last_eval, fingerprints, model, share)
@@ -207,6 +219,20 @@ def _replicate_unplaced(state: Any, mesh: Mesh) -> Any:
 def _write(log, record: dict[str, Any]) -> None:
     log.write(json.dumps(record) + "\n")
     log.flush()
+
+
+def _resumed_weight_log(config: TrainLmConfig, checkpoint: Checkpoint | None, changes: dict[str, list[Any]],
+                        schedule: BatchSchedule) -> list[LoggedStage] | None:
+    """The weight log a resume draws by: its checkpoint's, with the new ``train_weights`` appended from the resume step
+    when they changed (a hand reweight, already allowed). None for a new run, and where the checkpoint keeps no log
+    (Nanotron's order, or a run from before the log), which then draws by ``train_weights``."""
+    recorded = None if checkpoint is None else checkpoint.record.get("weight_log")
+    if recorded is None:
+        return None
+    log = from_records(recorded, os.path.join(checkpoint.path, RECORD_FILE))  # type: ignore[union-attr]
+    if any(name == "data.train_weights" or name.startswith("data.train_weights.") for name in changes):
+        return reweight_at_resume(log, config.data.weight_schedule(), schedule, checkpoint.step)  # type: ignore[union-attr]
+    return log
 
 
 def _last_batch_change(loader: DataLoader, checkpoint: Checkpoint) -> dict[str, list[Any]]:
