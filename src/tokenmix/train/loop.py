@@ -36,7 +36,8 @@ from tokenmix.loader.loader import DataLoader
 from tokenmix.train.checkpoint import RECORD_FILE, Checkpoint, latest_checkpoint, load_state, save_checkpoint
 from tokenmix.train.config import TrainLmConfig
 from tokenmix.train.data_identity import accept_data_change, caches_identity, changed_fields, data_identity
-from tokenmix.train.model import TinyLM, loss_and_count, shard_params
+from tokenmix.train.model import TinyLM, loss_and_count, per_source, row_losses, shard_params
+from tokenmix.train.source_stats import SourceStats
 from tokenmix.train.weight_log import LoggedStage, as_records, config_log, from_records, reweight_at_resume, stages, write_log
 
 logger = logging.getLogger(__name__)
@@ -121,18 +122,23 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
         logger.info("resuming %s at step %d", run_dir, start)
     shardings = jax.tree_util.tree_map(lambda a: a.sharding, (model, opt_state))
 
-    @eqx.filter_jit
-    def step_fn(model: TinyLM, opt_state: Any, batch: dict[str, jax.Array]) -> tuple[TinyLM, Any, jax.Array]:
-        def loss_fn(m: TinyLM) -> jax.Array:
-            total, count = loss_and_count(m, batch["tokens"], batch["loss_mask"], batch["segment_ids"], batch["positions"])
-            return total / jnp.maximum(count, 1.0)
+    num_sources = len(train_set.names)
 
-        loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
+    @eqx.filter_jit
+    def step_fn(model: TinyLM, opt_state: Any, batch: dict[str, jax.Array]) -> tuple[TinyLM, Any, jax.Array, jax.Array]:
+        """One optimizer step; its loss, and per source the summed loss and the tokens trained on (``SourceStats``)."""
+        def loss_fn(m: TinyLM) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+            rows, counts = row_losses(m, batch["tokens"], batch["loss_mask"], batch["segment_ids"], batch["positions"])
+            return jnp.sum(rows) / jnp.maximum(jnp.sum(counts), 1.0), (rows, counts)
+
+        (loss, (rows, counts)), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(model)
         updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_array))
         # laid out as they came in, so that the next step's inputs are those this step was compiled for (XLA's own choice
         # of output layouts, written differently, made step 1 compile again)
         model, opt_state = jax.lax.with_sharding_constraint((eqx.apply_updates(model, updates), opt_state), shardings)
-        return model, opt_state, loss
+        by_source = jnp.stack([per_source(jax.lax.stop_gradient(rows), batch["source_ids"], num_sources),
+                               per_source(counts, batch["source_ids"], num_sources)])
+        return model, opt_state, loss, by_source
 
     eval_size = trainer.eval_batch_size or trainer.first_batch_size()
     validation = evaluated_sets(data.validation_sets(trainer.seq_len), train_set.names, eval_size)
@@ -155,8 +161,9 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
             began = time.perf_counter()
             step_batch = next(iterator)
             fetched = time.perf_counter()
-            model, opt_state, loss = step_fn(model, opt_state, step_batch.batch.arrays())
+            model, opt_state, loss, by_source = step_fn(model, opt_state, step_batch.batch.arrays())
             loss = float(loss)  # waits for the step: what the step cost, apart from waiting for data
+            stats = SourceStats.of(train_set.names, np.asarray(by_source))
             done = time.perf_counter()
             if step > start:  # the first step compiles
                 wait += fetched - began
@@ -165,7 +172,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
             counts = np.bincount(np.asarray(step_batch.batch.source_ids.array), minlength=len(train_set.names))
             _write(log, {"kind": "train", "step": step, "loss": loss, "examples": step_batch.size, "seconds": done - began,
                          "data_wait_s": fetched - began, "fingerprint": step_batch.fingerprint,
-                         "sources": {n: int(c) for n, c in zip(train_set.names, counts)}})
+                         "sources": {n: int(c) for n, c in zip(train_set.names, counts)}, **stats.as_record()})
             if (step + 1) % trainer.steps_per_eval == 0 or step + 1 == trainer.num_train_steps:
                 last_eval = evaluate(model, validation, eval_size, trainer.max_eval_batches, mesh)
                 _write(log, {"kind": "eval", "step": step, "loss": last_eval})
