@@ -17,6 +17,7 @@ import numpy as np
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import join_location
 from tokenmix.cache.token_files_cache import TokenFilesCache
+from tokenmix.config.adaptive import AdaptiveMixing
 from tokenmix.config.caches import DataConfigBase, open_cache
 from tokenmix.config.components import DatasetComponentBase, resolve_components
 from tokenmix.config.holdout import held_out_documents, kept_documents
@@ -105,6 +106,9 @@ class LMMixtureDatasetConfig(DataConfigBase):
     batch_size`` examples (every stage's blend is built for that many); unset, it does not end."""
     stage_seeds: list[int] | None = None
     """With ``example_order: nanotron``: each ``train_weights`` stage's ``data.seed`` (unset: ``seed`` for every stage)."""
+    adaptive: AdaptiveMixing | None = None
+    """An online algorithm changing the weights during a training run (``config/adaptive.py``); ``train_weights`` is its
+    first stage. Each update is appended to the run's weight log."""
     block_cross_document_attention: bool | None = None
     """Newer Levanter: whether attention stops at document boundaries. Accepted: every tokenmix batch carries the
     segment ids that blocking needs, and whether to block is the model's choice."""
@@ -146,6 +150,10 @@ class LMMixtureDatasetConfig(DataConfigBase):
                     raise ValueError(f"{field_name}[{name!r}] must be positive{limit}, got {value}")
         self._check_budgets()
         self._check_nanotron_order()
+        if self.adaptive is not None and (self.example_order != "tokenmix" or self.stop_strategy != "restart"):
+            raise ValueError(f"adaptive mixing appends stages to tokenmix's own mixture, which it needs unending: set "
+                             f"example_order: tokenmix (not {self.example_order}) and stop_strategy: restart (not {self.stop_strategy}), "
+                             "or remove adaptive")
         for field_name, why in (("auto_build_caches", "opening a cache never builds it here; build_caches or `tokenmix build-cache` "
                                  "builds missing caches"),
                                 ("block_cross_document_attention", "every batch carries segment ids, and a model blocks "

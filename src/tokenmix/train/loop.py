@@ -37,6 +37,7 @@ from tokenmix.train.checkpoint import RECORD_FILE, Checkpoint, latest_checkpoint
 from tokenmix.train.config import TrainLmConfig
 from tokenmix.train.data_identity import accept_data_change, caches_identity, changed_fields, data_identity
 from tokenmix.train.model import TinyLM, loss_and_count, per_source, row_losses, shard_params
+from tokenmix.train.online_mixing import OnlineMixing
 from tokenmix.train.source_stats import SourceStats
 from tokenmix.train.weight_log import LoggedStage, as_records, config_log, from_records, reweight_at_resume, stages, write_log
 
@@ -140,6 +141,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
                                per_source(counts, batch["source_ids"], num_sources)])
         return model, opt_state, loss, by_source
 
+    mixing = OnlineMixing.start(config, train_set, weight_log, checkpoint) if data.adaptive is not None else None
     eval_size = trainer.eval_batch_size or trainer.first_batch_size()
     validation = evaluated_sets(data.validation_sets(trainer.seq_len), train_set.names, eval_size)
     mapping = {"batch": "data"}
@@ -164,6 +166,10 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
             model, opt_state, loss, by_source = step_fn(model, opt_state, step_batch.batch.arrays())
             loss = float(loss)  # waits for the step: what the step cost, apart from waiting for data
             stats = SourceStats.of(train_set.names, np.asarray(by_source))
+            if mixing is not None and (stage := mixing.observe(step, stats)) is not None:
+                weight_log.append(stage)  # type: ignore[union-attr]
+                write_log(run_dir, weight_log)  # type: ignore[arg-type]
+                _write(log, {"kind": "weights", **as_records([stage])[0]})
             done = time.perf_counter()
             if step > start:  # the first step compiles
                 wait += fetched - began
@@ -181,7 +187,8 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
             if step % trainer.steps_per_checkpoint == 0 or step == end:
                 save_checkpoint(run_dir, step, (model, opt_state), {"data": identity, "caches": caches, "data_changes": history, "last_batch":
                                 {"step": step - 1, "fingerprint": fingerprints[step - 1]},
-                                "weight_log": None if weight_log is None else as_records(weight_log)}, trainer.keep_checkpoints)
+                                "weight_log": None if weight_log is None else as_records(weight_log),
+                                "mixing": None if mixing is None else mixing.state()}, trainer.keep_checkpoints)
     share = wait / busy if busy else 0.0
     logger.info("trained steps %d to %d; waiting for data took %.2f%% of step time", start, end - 1, 100 * share)
     return TrainResult(start, end - start, loss, last_eval, fingerprints, model, share)
