@@ -238,3 +238,26 @@ def test_the_step_gives_each_sources_loss_sum_and_tokens_reduced_over_the_mesh_a
         take = {k: jnp.asarray(np.asarray(v)[rows_of]) for k, v in b.items()}
         total, count = loss_and_count(result.model, take["tokens"], take["loss_mask"], take["segment_ids"], take["positions"])
         assert float(sums[sid]) == pytest.approx(float(total), rel=1e-5) and float(tokens[sid]) == float(count)
+
+
+def test_the_run_picture_and_tokenmix_plot_draw_the_runs_weight_log_and_each_sources_training_loss(tmp_path):
+    config = _config(tmp_path, "logged")
+    run = tmp_path / "logged"
+    run.mkdir()
+    names = ["linux_doc", "python_doc", "webster"]
+    with open(run / "metrics.jsonl", "w") as log:
+        for step in range(20):
+            log.write(json.dumps({"kind": "train", "step": step, "loss": 9 - step / 10, "examples": 8, "sources": {n: 3 for n in names},
+                                  "source_loss": {n: 9 - step / 10 + i for i, n in enumerate(names)}}) + "\n")
+    stages = [{"start": 0, "step": 0, "weights": {"linux_doc": 0.5, "python_doc": 0.3, "webster": 0.2}, "by": "config"},
+              {"start": 80, "step": 10, "weights": {"linux_doc": 0.2, "python_doc": 0.2, "webster": 0.6}, "by": "odm", "decided_at_step": 5}]
+    (run / "weights.jsonl").write_text("".join(json.dumps(s) + "\n" for s in stages))
+    figure = run_figure(config)
+    loss_ax, share_ax = figure.axes
+    assert {line.get_label() for line in loss_ax.get_lines()} >= {f"train: {n}" for n in names}
+    dashed = {line.get_gid(): line.get_ydata() for line in share_ax.get_lines() if line.get_linestyle() == "--"}
+    assert dashed["webster"][5] == 0.2 and dashed["webster"][15] == 0.6 and dashed["linux_doc"][15] == 0.2
+    out = tmp_path / "log.png"
+    subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "plot", "--config_path", str(tmp_path / "logged.yaml"), "--steps", "20",
+                    "--weight_log", str(run / "weights.jsonl"), "--out", str(out)], check=True, cwd=REPO, capture_output=True)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

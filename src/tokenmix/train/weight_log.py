@@ -95,6 +95,10 @@ def write_log(run_dir: str, log: Sequence[LoggedStage]) -> str:
 
 def read_log(run_dir: str) -> list[LoggedStage]:
     """The weight log in ``<run_dir>/weights.jsonl``."""
-    path = os.path.join(run_dir, WEIGHT_LOG)
+    return read_log_file(os.path.join(run_dir, WEIGHT_LOG))
+
+
+def read_log_file(path: str) -> list[LoggedStage]:
+    """The weight log in the JSON-lines file ``path`` (a run's ``weights.jsonl``)."""
     with open(path) as f:
         return from_records([json.loads(line) for line in f if line.strip()], path)
