@@ -144,3 +144,23 @@ def test_on_noise_beside_a_learnable_source_doremi_moves_weight_away_from_the_no
     assert max(shares["doremi"]) < 0.4  # every update, from the first, keeps the noise well below its initial half
     odm = shares["odm"]
     assert odm[0] == 0.5 and all(b >= a for a, b in zip(odm, odm[1:])) and odm[-1] > 0.52  # the highest loss gains weight
+
+
+@pytest.mark.slow
+def test_an_adaptive_run_is_the_same_whatever_its_prefetch_depth_and_when_resumed_on_8_devices_after_4(tmp_path, caches):
+    """With ``adaptive.delay`` set (6 steps, past either read-ahead), prefetching 0 or 4 batches gives the same batches
+    and log; a run stopped on 4 devices and resumed on 8 replays its log and decides the same updates."""
+    adaptive = {**ODM, "delay": 6}
+    mesh4, mesh8 = {"data": 4, "model": 1}, {"data": 8, "model": 1}
+    whole = write_train_config(tmp_path, "whole", {**TRAINER, "mesh": mesh4, "prefetch": 0}, MODEL, caches, adaptive=adaptive,
+                               mixture_block_size=16)
+    train(load_train_config(whole))
+    for mesh, stop in ((mesh4, 6), (mesh8, None)):
+        config = write_train_config(tmp_path, "elastic", {**TRAINER, "mesh": mesh, "prefetch": 4}, MODEL, caches,
+                                    config_name=f"elastic-{mesh['data']}", adaptive=adaptive, mixture_block_size=16)
+        result = train(load_train_config(config), stop_after=stop)
+    assert result.first_step == 6
+    runs = [read_metrics(str(tmp_path / run))[0] for run in ("whole", "elastic")]
+    assert [{r["step"]: r["fingerprint"] for r in steps} for steps in runs][0] == {r["step"]: r["fingerprint"] for r in runs[1]}
+    assert (tmp_path / "elastic" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()
+    assert len(read_log(str(tmp_path / "whole"))) == 5
