@@ -12,8 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from helpers import REPO, write_train_config
 
+from tokenmix import build_caches
+from tokenmix.datasets.packed import PackedDataset
 from tokenmix.loader.loader import DataLoader
 from tokenmix.train.config import load_train_config
 from tokenmix.train.data_identity import DataChangedError
@@ -78,3 +81,23 @@ def test_a_reweighted_run_killed_mid_way_and_resumed_gives_the_uninterrupted_run
     assert {r["step"]: r["fingerprint"] for r in resumed} == {r["step"]: r["fingerprint"] for r in whole}
     assert (tmp_path / "killed" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()
     assert len(read_log(str(tmp_path / "killed"))) == 2
+
+
+def test_a_packed_sources_draws_go_on_across_an_appended_stage(tmp_path, caches):
+    path = write_train_config(tmp_path, "packed", TRAINER, MODEL, caches)
+    doc = yaml.safe_load(open(path))
+    doc["data"]["configs"]["webster"]["packing"] = {"max_segments_per_example": 8}
+    open(path, "w").write(yaml.safe_dump(doc))
+    config = load_train_config(path)
+    build_caches(config.data, progress=False)
+    mixture = config.data.train_set(config.trainer.seq_len)
+    webster = mixture.names.index("webster")
+    before = mixture.get_batch(np.arange(64))
+    mixture.append_stage(64, {"linux_doc": 0.2, "webster": 0.8})
+    batch = mixture.get_batch(np.arange(128))
+    assert np.array_equal(batch.tokens[:64], before.tokens)
+    rows = batch.source_ids == webster
+    packed = mixture.source("webster")
+    expected = packed.base.get_batch(packed.examples(np.arange(int(rows.sum()))))  # its first draws, in order, once each
+    assert np.array_equal(batch.tokens[rows], expected.tokens) and np.array_equal(batch.segment_ids[rows], expected.segment_ids)
+    assert rows[64:].sum() > rows[:64].sum() and isinstance(packed.base, PackedDataset)
