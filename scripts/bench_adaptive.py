@@ -113,10 +113,12 @@ def long_log(sources: int, stages: int) -> tuple[float, float, float]:
         return {n: int(u) / 10_000 for n, u in zip(names, units)}
 
     log = [(i * 2048, weights()) for i in range(stages)]
-    tracemalloc.start()
     began = time.perf_counter()
     mix = MixtureDataset(datasets, log)
     built = time.perf_counter() - began
+    del mix
+    tracemalloc.start()
+    mix = MixtureDataset(datasets, log)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     began = time.perf_counter()

@@ -72,17 +72,23 @@ def normalize_schedule(weights: WeightSchedule, names: Sequence[str], *, unit: s
     for (a, _), (b, _) in zip(stages, stages[1:]):
         if b <= a:
             raise ValueError(f"train_weights: stage starts must increase, got {unit} {a} then {b}")
+    known = set(names)
     for start, stage in stages:
-        where = f"train_weights (the stage from {unit} {start})" if staged else "train_weights"
-        unknown = sorted(set(stage) - set(names))
-        if unknown:
-            raise ValueError(f"{where}: unknown source(s) {unknown}; the sources are {sorted(names)}")
-        for name, value in stage.items():
-            if not is_weight(value):
-                raise ValueError(f"{where}: source {name!r} has weight {value!r}; give it a finite number >= 0 (0 leaves it out)")
-        if sum(stage.values()) <= 0:
-            raise ValueError(f"{where}: at least one weight must be positive")
+        check_stage(stage, names, f"train_weights (the stage from {unit} {start})" if staged else "train_weights", known)
     return stages
+
+
+def check_stage(stage: Mapping[str, float], names: Sequence[str], where: str, known: set[str] | None = None) -> None:
+    """Refuse a stage's weights that name an unknown source, are not finite numbers >= 0, or are all 0; ``where`` names
+    the stage in the message."""
+    unknown = sorted(set(stage) - (known if known is not None else set(names)))
+    if unknown:
+        raise ValueError(f"{where}: unknown source(s) {unknown}; the sources are {sorted(names)}")
+    for name, value in stage.items():
+        if not is_weight(value):
+            raise ValueError(f"{where}: source {name!r} has weight {value!r}; give it a finite number >= 0 (0 leaves it out)")
+    if sum(stage.values()) <= 0:
+        raise ValueError(f"{where}: at least one weight must be positive")
 
 
 class MixtureDataset(Dataset):
@@ -137,7 +143,10 @@ class MixtureDataset(Dataset):
         ``start`` must come after the last stage's start; an update decided during a run goes at ``next_boundary`` of an
         index past what the loader may have read ahead, so that no batch already read changes.
         """
-        normalize_schedule([*self.stages, (int(start), dict(weights))], self.names)
+        last = self._stage_starts[-1]
+        if start <= last:
+            raise ValueError(f"train_weights: stage starts must increase, got index {last} then {start}")
+        check_stage(weights, self.names, f"train_weights (the stage from index {start})")
         final = self.final_len()
         if final is not None and start >= final:
             raise ValueError(f"a stage from index {start} would never be read: the mixture ends at index {final} ({self.stop_strategy})")
