@@ -2,8 +2,9 @@
 per-source statistics and the updates cost, and the start-up and memory of a mixture with a long weight log.
 
 1. Quality: a tiny model (hidden 64, 1 layer, batches of 8 x 64 tokens, one device) on the bundled three-source demo
-   mixture (config/train_demo.yaml otherwise), equal steps, fixed weights (the demo's 0.5 / 0.3 / 0.2) against ODM and against DoReMi (its reference: the fixed run).
-   Reports each source's final validation loss, their mean and the worst source (DoReMi's target).
+   mixture (config/train_demo.yaml otherwise), equal steps, fixed weights (the demo's 0.5 / 0.3 / 0.2) against ODM and
+   against DoReMi (its reference: the fixed run). Reports each source's final validation loss, their mean and the worst
+   source (DoReMi's target).
 2. Cost, as a share of the fixed run's median step time: the per-source sums the step adds (``per_source`` of the row
    sums, timed alone, jitted, on the step's shapes), and an update (the updater, ``append_stage`` and the log written).
 3. Start-up and traced memory of a MixtureDataset over 1,000 synthetic sources built with a log of 10,000 stages (and
@@ -90,7 +91,10 @@ def stats_cost(config, step_s: float) -> tuple[float, float]:
     updates = []
     for step in range(100):
         began = time.perf_counter()
-        log.append(mixing.observe(step * 20, stats))  # type: ignore[arg-type]
+        stage = mixing.observe(step * 20, stats)
+        assert stage is not None
+        train_set.append_stage(stage.start, stage.weights)
+        log.append(stage)
         write_log(run_dir, log)
         updates.append(time.perf_counter() - began)
     return statistics.median(times), statistics.median(updates)

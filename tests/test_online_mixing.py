@@ -75,8 +75,8 @@ def test_adaptive_settings_are_checked_naming_the_field(tmp_path):
         DoReMiUpdater(AdaptiveMixing("doremi", reference_metrics=str(tmp_path / "missing.jsonl")), "ab", {"a": 1.0})
     with pytest.raises(ValueError, match="adaptive.delay 2 is less than the 4 steps the loader may have read ahead"):
         train(load_train_config(write_train_config(tmp_path, "short", TRAINER, MODEL, adaptive={**ODM, "delay": 2})))
-    with pytest.raises(ValueError, match="set trainer.loader_workers: 0"):
-        train(load_train_config(write_train_config(tmp_path, "workers", {**TRAINER, "loader_workers": 1}, MODEL, adaptive=ODM)))
+    with pytest.raises(ValueError, match=r"adaptive.delay 5 is less than the 6 steps .* trainer.loader_workers 1 x the prefetch"):
+        train(load_train_config(write_train_config(tmp_path, "workers", {**TRAINER, "loader_workers": 1}, MODEL, adaptive={**ODM, "delay": 5})))
     with pytest.raises(ValueError, match="adaptive mixing .* stop_strategy: restart"):
         load_train_config(write_train_config(tmp_path, "finite", TRAINER, MODEL, adaptive=ODM, stop_strategy="first_exhausted"))
 
@@ -147,9 +147,10 @@ def test_on_noise_beside_a_learnable_source_doremi_moves_weight_away_from_the_no
 
 
 @pytest.mark.slow
-def test_an_adaptive_run_is_the_same_whatever_its_prefetch_depth_and_when_resumed_on_8_devices_after_4(tmp_path, caches):
-    """With ``adaptive.delay`` set (6 steps, past either read-ahead), prefetching 0 or 4 batches gives the same batches
-    and log; a run stopped on 4 devices and resumed on 8 replays its log and decides the same updates."""
+def test_an_adaptive_run_is_the_same_whatever_its_prefetch_depth_or_readers_and_when_resumed_on_8_devices_after_4(tmp_path, caches):
+    """With ``adaptive.delay`` set (6 steps, past every read-ahead here), prefetching 0 or 4 batches, or reading in 2
+    reader processes, gives the same batches and log; a run stopped on 4 devices and resumed on 8 replays its log and
+    decides the same updates."""
     adaptive = {**ODM, "delay": 6}
     mesh4, mesh8 = {"data": 4, "model": 1}, {"data": 8, "model": 1}
     whole = write_train_config(tmp_path, "whole", {**TRAINER, "mesh": mesh4, "prefetch": 0}, MODEL, caches, adaptive=adaptive,
@@ -164,3 +165,8 @@ def test_an_adaptive_run_is_the_same_whatever_its_prefetch_depth_and_when_resume
     assert [{r["step"]: r["fingerprint"] for r in steps} for steps in runs][0] == {r["step"]: r["fingerprint"] for r in runs[1]}
     assert (tmp_path / "elastic" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()
     assert len(read_log(str(tmp_path / "whole"))) == 5
+    readers = {**TRAINER, "mesh": mesh4, "loader_workers": 2, "prefetch": 1}  # reads in 2 processes, each told of every update
+    workers = write_train_config(tmp_path, "workers", readers, MODEL, caches, adaptive=adaptive, mixture_block_size=16)
+    train(load_train_config(workers))
+    assert {r["step"]: r["fingerprint"] for r in read_metrics(str(tmp_path / "workers"))[0]} == {r["step"]: r["fingerprint"] for r in runs[0]}
+    assert (tmp_path / "workers" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()

@@ -167,6 +167,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
             loss = float(loss)  # waits for the step: what the step cost, apart from waiting for data
             stats = SourceStats.of(train_set.names, np.asarray(by_source))
             if mixing is not None and (stage := mixing.observe(step, stats)) is not None:
+                loader.append_stage(stage.start, stage.weights)
                 weight_log.append(stage)  # type: ignore[union-attr]
                 write_log(run_dir, weight_log)  # type: ignore[arg-type]
                 _write(log, {"kind": "weights", **as_records([stage])[0]})
