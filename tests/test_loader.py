@@ -759,3 +759,8 @@ def test_two_processes_read_only_their_rows_and_see_the_single_process_batches(t
             else:  # each process reads only its half, once
                 assert all(len(r) == BATCH // 2 and len(np.unique(r)) == len(r) for r in rows), case
                 assert np.array_equal(np.sort(np.concatenate(rows)), np.arange(BATCH)), case
+    log = reports[0]["log"]
+    assert reports[1]["log"] == log and len(log["stages"]) == 2  # both hosts appended the same stage and read the same batches
+    whole = mixture_config(config_path).train_set(SEQ_LEN, weight_log=[(start, w) for start, w in log["stages"]])
+    with DataLoader(whole, BATCH, jax.make_mesh((8,), ("data",)), {"batch": "data"}, fingerprint=True, prefetch=0) as single:
+        assert log["fingerprints"] == [single.batch(step).fingerprint for step in range(len(log["fingerprints"]))]  # 2 hosts -> 1
