@@ -20,7 +20,7 @@ from helpers import REPO, TOKENIZER, write_jsonl, write_train_config
 from tokenmix.config.adaptive import WEIGHT_QUANTUM, AdaptiveMixing
 from tokenmix.train.config import load_train_config
 from tokenmix.train.loop import train
-from tokenmix.train.plots import read_metrics
+from tokenmix.train.plots import plot_run, read_metrics
 from tokenmix.train.source_stats import SourceStats
 from tokenmix.train.weight_log import WEIGHT_LOG, read_log
 from tokenmix.train.weight_updaters import DoReMiUpdater, OdmUpdater, floored
@@ -95,6 +95,8 @@ def test_an_adaptive_run_killed_mid_way_resumes_to_the_uninterrupted_runs_batche
     assert [(s.by, s.decided_at_step) for s in log] == [("config", None), ("odm", 2), ("odm", 5), ("odm", 8), ("odm", 11)]
     assert all((s.start - log[i].start) % 16 == 0 and s.start >= 8 * (s.decided_at_step + 4) for i, s in enumerate(log[1:]))
     assert log[-1].weights != log[1].weights  # the weights moved
+    picture = plot_run(load_train_config(paths["whole"]))  # metrics.jsonl's weight lines are not evaluations
+    assert open(picture, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def _planted_config(tmp_path: Path, run: str, adaptive: dict | None) -> str:

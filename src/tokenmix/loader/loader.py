@@ -281,7 +281,7 @@ class BatchIterator(Iterator[StepBatch]):
     def _append_stage(self, start: int, weights: dict[str, float]) -> None:
         """Send a weight stage the loader's mixture was given to this iterator's reader processes (if it has any)."""
         if isinstance(self._prefetcher, _WithProcesses):
-            self._prefetcher.processes.append_stage(start, weights)
+            self._prefetcher._processes.append_stage(start, weights)
 
     def __enter__(self) -> BatchIterator:
         return self
@@ -308,14 +308,14 @@ class _WithProcesses:
 
     def __init__(self, prefetcher: Prefetcher[_Placed], processes: ReaderProcesses):
         self._prefetcher = prefetcher
-        self.processes = processes
+        self._processes = processes
 
     def get(self) -> _Placed | object:
         return self._prefetcher.get()
 
     def close(self) -> None:
         self._prefetcher.close()
-        self.processes.close()
+        self._processes.close()
 
 
 def steps_read_ahead(prefetch: int, workers: int, read_ahead: int) -> int:

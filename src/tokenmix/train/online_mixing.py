@@ -56,11 +56,14 @@ class OnlineMixing:
                              f"{trainer.loader_workers} x the prefetch): an update would change batches already read. Set "
                              f"adaptive.delay to at least {ahead}, or leave it unset")
         names = list(train_set.names)
-        updater = make_updater(adaptive, names, log[0].weights)
+        updater = make_updater(adaptive, names, log[-1].weights)
         zero = np.zeros(len(names))
         mixing = OnlineMixing(adaptive, updater, SourceStats(tuple(names), zero, zero), train_set, BatchSchedule.of(trainer.train_batch_size), delay)
         saved = None if checkpoint is None else checkpoint.record.get("mixing")
-        if saved is not None:
+        if saved is not None and saved.get("algorithm") != adaptive.algorithm:
+            logger.warning("%s: its online mixing was %s, now %s (allowed as a data change): %s starts afresh from the log's "
+                           "weights so far", checkpoint.path, saved.get("algorithm"), adaptive.algorithm, adaptive.algorithm)  # type: ignore[union-attr]
+        elif saved is not None:
             updater.restore(saved["updater"])
             mixing.window = SourceStats(tuple(names), np.asarray(saved["window"]["loss_sums"]), np.asarray(saved["window"]["tokens"]))
         return mixing
@@ -80,5 +83,5 @@ class OnlineMixing:
 
     def state(self) -> dict[str, Any]:
         """The updater's state and the statistics of the window under way (a checkpoint's ``mixing``)."""
-        return {"updater": self.updater.state(),
+        return {"algorithm": self.config.algorithm, "updater": self.updater.state(),
                 "window": {"loss_sums": self.window.loss_sums.tolist(), "tokens": self.window.tokens.tolist()}}

@@ -80,13 +80,15 @@ def plot_schedule(config: LMMixtureDatasetConfig, steps: int, path: str, weight_
 
 
 def read_metrics(run_dir: str) -> tuple[list[dict], list[dict]]:
-    """The run's training steps and evaluations, the last record of each step kept (a resumed run logs some twice)."""
+    """The run's training steps and evaluations, the last record of each step kept (a resumed run logs some twice); the
+    weight stages an online algorithm logged there are in ``weights.jsonl`` too (``weight_log.read_log``)."""
     train: dict[int, dict] = {}
     evals: dict[int, dict] = {}
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         for line in f:
             record = json.loads(line)
-            (train if record["kind"] == "train" else evals)[record["step"]] = record
+            if record["kind"] in ("train", "eval"):
+                (train if record["kind"] == "train" else evals)[record["step"]] = record
     return [train[s] for s in sorted(train)], [evals[s] for s in sorted(evals)]
 
 

@@ -106,7 +106,8 @@ class DoReMiUpdater(WeightUpdater):
     reference run's last validation loss of the source, from ``reference_metrics``); ``a_i <- a_i exp(eta lambda_i)``
     normalized (``eta``: ``doremi_step_size``), then ``(1 - c) a + c / K`` (``c``: ``doremi_smoothing``). DoReMi moves
     weight to sources the model can still learn more of than it has; a source the reference learns no better (noise)
-    has no excess loss and loses weight. ``a`` starts at the first stage's weights."""
+    has no excess loss and loses weight. ``a`` starts at the weights in effect when the updater starts (the first stage's,
+in a new run)."""
 
     def __init__(self, config: AdaptiveMixing, names: Sequence[str], initial: dict[str, float]):
         super().__init__(config, names)
@@ -153,7 +154,7 @@ def reference_losses(path: str, names: Sequence[str]) -> np.ndarray:
 
 
 def make_updater(config: AdaptiveMixing, names: Sequence[str], initial: dict[str, float]) -> WeightUpdater:
-    """The updater ``config.algorithm`` names, over ``names``, starting from the first stage's weights ``initial``."""
+    """The updater ``config.algorithm`` names, over ``names``, starting from the weights in effect ``initial``."""
     if config.algorithm == "odm":
         return OdmUpdater(config, names)
     return DoReMiUpdater(config, names, initial)
