@@ -18,11 +18,13 @@ import yaml
 from helpers import REPO, TOKENIZER, write_jsonl, write_train_config
 
 from tokenmix.config.adaptive import WEIGHT_QUANTUM, AdaptiveMixing
+from tokenmix.loader.batch_schedule import BatchSchedule
+from tokenmix.loader.loader import DataLoader
 from tokenmix.train.config import load_train_config
-from tokenmix.train.loop import train
+from tokenmix.train.loop import make_mesh, train
 from tokenmix.train.plots import plot_run, read_metrics
 from tokenmix.train.source_stats import SourceStats
-from tokenmix.train.weight_log import WEIGHT_LOG, read_log
+from tokenmix.train.weight_log import WEIGHT_LOG, read_log, stages
 from tokenmix.train.weight_updaters import DoReMiUpdater, OdmUpdater, floored
 
 TRAINER = {"num_train_steps": 12, "train_batch_size": 8, "seq_len": 64, "mesh": {"data": 1, "model": 1}, "learning_rate": 0.01,
@@ -172,3 +174,21 @@ def test_an_adaptive_run_is_the_same_whatever_its_prefetch_depth_or_readers_and_
     train(load_train_config(workers))
     assert {r["step"]: r["fingerprint"] for r in read_metrics(str(tmp_path / "workers"))[0]} == {r["step"]: r["fingerprint"] for r in runs[0]}
     assert (tmp_path / "workers" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()
+
+
+def test_under_a_batch_size_ramp_updates_start_where_the_ramp_puts_step_s_plus_delay_and_the_log_gives_the_batches(tmp_path, caches):
+    ramp = [[0, 8], [4, 16]]
+    path = write_train_config(tmp_path, "ramp", {**TRAINER, "num_train_steps": 9, "train_batch_size": ramp}, MODEL, caches,
+                              adaptive=ODM, mixture_block_size=16)
+    config = load_train_config(path)
+    train(config)
+    log = read_log(str(tmp_path / "ramp"))
+    offset = BatchSchedule.of([tuple(stage) for stage in ramp]).offset
+    # steps 0-3 take 8 examples, then 16: step s + 4 starts at 32 + 16 (s + 4 - 4), here already on a block boundary
+    assert [(s.decided_at_step, s.start, s.step) for s in log[1:]] == [(2, 64, 6), (5, 112, 9), (8, 160, 12)]
+    assert all(offset(s.decided_at_step + 4) <= s.start < offset(s.decided_at_step + 4) + 16 for s in log[1:])
+    steps, _ = read_metrics(str(tmp_path / "ramp"))
+    mixture = config.data.train_set(config.trainer.seq_len, weight_log=stages(log))
+    with DataLoader(mixture, [tuple(stage) for stage in ramp], make_mesh(config), {"batch": "data"}, prefetch=0, fingerprint=True,
+                    positions=True) as loader:
+        assert [loader.batch(r["step"]).fingerprint for r in steps] == [r["fingerprint"] for r in steps]
