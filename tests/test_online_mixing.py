@@ -79,8 +79,8 @@ def test_adaptive_settings_are_checked_naming_the_field(tmp_path):
         train(load_train_config(write_train_config(tmp_path, "short", TRAINER, MODEL, adaptive={**ODM, "delay": 2})))
     with pytest.raises(ValueError, match=r"adaptive.delay 5 is less than the 6 steps .* trainer.loader_workers 1 x the prefetch"):
         train(load_train_config(write_train_config(tmp_path, "workers", {**TRAINER, "loader_workers": 1}, MODEL, adaptive={**ODM, "delay": 5})))
-    with pytest.raises(ValueError, match="adaptive mixing .* stop_strategy: restart"):
-        load_train_config(write_train_config(tmp_path, "finite", TRAINER, MODEL, adaptive=ODM, stop_strategy="first_exhausted"))
+    with pytest.raises(ValueError, match="stop_strategy all_exhausted .* set adaptive.floor above 0"):
+        load_train_config(write_train_config(tmp_path, "finite", TRAINER, MODEL, adaptive={**ODM, "floor": 0}, stop_strategy="all_exhausted"))
 
 
 @pytest.mark.slow
@@ -176,10 +176,12 @@ def test_an_adaptive_run_is_the_same_whatever_its_prefetch_depth_or_readers_and_
     assert (tmp_path / "workers" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()
 
 
-def test_under_a_batch_size_ramp_updates_start_where_the_ramp_puts_step_s_plus_delay_and_the_log_gives_the_batches(tmp_path, caches):
+@pytest.mark.parametrize("stop_strategy", ["restart", "first_exhausted"])
+def test_under_a_batch_size_ramp_updates_start_where_the_ramp_puts_step_s_plus_delay_and_the_log_gives_the_batches(tmp_path, caches,
+                                                                                                                   stop_strategy):
     ramp = [[0, 8], [4, 16]]
     path = write_train_config(tmp_path, "ramp", {**TRAINER, "num_train_steps": 9, "train_batch_size": ramp}, MODEL, caches,
-                              adaptive=ODM, mixture_block_size=16)
+                              adaptive=ODM, mixture_block_size=16, stop_strategy=stop_strategy)
     config = load_train_config(path)
     train(config)
     log = read_log(str(tmp_path / "ramp"))
@@ -192,3 +194,5 @@ def test_under_a_batch_size_ramp_updates_start_where_the_ramp_puts_step_s_plus_d
     with DataLoader(mixture, [tuple(stage) for stage in ramp], make_mesh(config), {"batch": "data"}, prefetch=0, fingerprint=True,
                     positions=True) as loader:
         assert [loader.batch(r["step"]).fingerprint for r in steps] == [r["fingerprint"] for r in steps]
+    if stop_strategy == "first_exhausted":  # a finite mixture's end moves with the weights
+        assert len(mixture) != len(config.data.train_set(config.trainer.seq_len)) and len(mixture) > log[-1].start

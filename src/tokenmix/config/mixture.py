@@ -150,10 +150,12 @@ class LMMixtureDatasetConfig(DataConfigBase):
                     raise ValueError(f"{field_name}[{name!r}] must be positive{limit}, got {value}")
         self._check_budgets()
         self._check_nanotron_order()
-        if self.adaptive is not None and (self.example_order != "tokenmix" or self.stop_strategy != "restart"):
-            raise ValueError(f"adaptive mixing appends stages to tokenmix's own mixture, which it needs unending: set "
-                             f"example_order: tokenmix (not {self.example_order}) and stop_strategy: restart (not {self.stop_strategy}), "
-                             "or remove adaptive")
+        if self.adaptive is not None and self.example_order != "tokenmix":
+            raise ValueError(f"adaptive mixing appends stages to tokenmix's own mixture: set example_order: tokenmix (not "
+                             f"{self.example_order}), or remove adaptive")
+        if self.adaptive is not None and self.stop_strategy == "all_exhausted" and self.adaptive.floor <= 0:
+            raise ValueError("stop_strategy all_exhausted ends once every source is read through, and adaptive.floor 0 lets an "
+                             "update give a source weight 0, so the mixture might never end: set adaptive.floor above 0")
         for field_name, why in (("auto_build_caches", "opening a cache never builds it here; build_caches or `tokenmix build-cache` "
                                  "builds missing caches"),
                                 ("block_cross_document_attention", "every batch carries segment ids, and a model blocks "

@@ -77,6 +77,11 @@ class OnlineMixing:
         weights = self.updater.update(self.window)
         self.window = SourceStats(self.window.names, np.zeros_like(self.window.tokens), np.zeros_like(self.window.tokens))
         start = self.train_set.next_boundary(self.schedule.offset(step + self.delay))
+        end = self.train_set.final_len()
+        if end is not None and start >= end:
+            logger.info("step %d: %s's weights %s would start at example %d, but the mixture ends at %d (%s): not applied",
+                        step, self.config.algorithm, weights, start, end, self.train_set.stop_strategy)
+            return None
         logger.info("step %d: %s sets the weights %s from example %d (step %d)", step, self.config.algorithm, weights, start,
                     self.schedule.steps_within(start))
         return LoggedStage(start, self.schedule.steps_within(start), weights, self.config.algorithm, step)
