@@ -128,7 +128,8 @@ class MixtureDataset(Dataset):
         self._allocators: list[BlockAllocator] = []
         self._bases: list[np.ndarray] = []
         self._sources: dict[int, EpochedDataset] = {}
-        self._length: int | None = None
+        self._length: tuple[int, int] | None = None
+        """The length under a stop strategy, and how many stages it was found with."""
         for start, stage in normalize_schedule(weights, self.names):
             self._add_stage(start, stage)
 
@@ -180,7 +181,6 @@ class MixtureDataset(Dataset):
         self.stages.append((start, weights))
         self._starts = np.array([*self._stage_starts, start], np.int64)
         self._stage_starts = [*self._stage_starts, start]
-        self._length = None
 
     @lru_cache(maxsize=256)  # noqa: B019 - the cache lives as long as the dataset, which is intended
     def _block(self, stage: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -291,9 +291,10 @@ class MixtureDataset(Dataset):
     def final_len(self) -> int | None:
         if self.stop_strategy == "restart":
             return None
-        if self._length is None:
-            self._length = self._stop_length()
-        return self._length
+        stages = len(self._stage_starts)
+        if self._length is None or self._length[0] != stages:  # a stage appended since (in another thread, maybe) moves the end
+            self._length = (stages, self._stop_length())
+        return self._length[1]
 
     def current_len(self) -> int:
         return UNBOUNDED if self.stop_strategy == "restart" else self.final_len()
