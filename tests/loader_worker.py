@@ -6,7 +6,7 @@ with XLA_FLAGS=--xla_force_host_platform_device_count=4 in its environment (the 
 process has 4 CPU devices; together they form 8. For every mesh case it streams a few steps,
 records the example indices of each ``dataset.read`` it made and the fingerprints, gathers the global
 batch (``process_allgather``) and writes everything to OUT_DIR for the test to compare with a
-single-process run.
+single-process run; then it appends ``LOG_STAGE`` to a mixture it iterates, and records the fingerprints and the log.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ MESH_CASES = {
 }
 BATCH = 16
 STEPS = 3
+LOG_STAGE = {"linux_doc": 0.1, "webster": 0.9}
+"""A weight stage each process appends while it iterates, as every host of an online-mixing run does."""
 
 
 def main() -> None:
@@ -53,6 +55,14 @@ def main() -> None:
                     break
         np.savez(os.path.join(out_dir, f"{name}-{process_id}.npz"), **{k: np.stack(v) for k, v in gathered.items()})
         report[name] = {"fingerprints": fingerprints, "reads": [r.tolist() for r in dataset.reads]}
+    grown = load_data_config(config_path, []).train_set(SEQ_LEN)  # every host appends the same stage at the same step
+    with DataLoader(grown, BATCH, jax.make_mesh((8,), ("data",)), {"batch": "data"}, fingerprint=True, prefetch=2) as loader:
+        it = iter(loader)
+        fingerprints = [next(it).fingerprint]
+        start = grown.next_boundary(BATCH * (2 + loader.steps_read_ahead()))
+        loader.append_stage(start, LOG_STAGE)
+        fingerprints += [next(it).fingerprint for _ in range(start // BATCH + 4 - 1)]
+    report["log"] = {"fingerprints": fingerprints, "stages": grown.stages}
     with open(os.path.join(out_dir, f"report-{process_id}.json"), "w") as f:
         json.dump(report, f)
     jax.distributed.shutdown()

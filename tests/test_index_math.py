@@ -477,3 +477,64 @@ def test_block_shuffle_is_a_bijection_that_reads_whole_blocks_per_window_and_kee
         assert sorted(order[full * block :].tolist()) == list(range(full * block, length))
     again = block_shuffled(np.arange(length)[::-1], length, shape, key)
     assert np.array_equal(again, order[::-1])  # a per-index function: any subset of positions, any order
+
+
+weights_st = st.dictionaries(st.sampled_from("abc"), st.one_of(st.just(1e-3), st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0])), min_size=1)
+
+
+@SETTINGS
+@given(first=weights_st, later=st.lists(weights_st, min_size=1, max_size=3), block=st.sampled_from([4, 32, 100]), seed=st.integers(0, 100),
+       after=st.lists(st.integers(0, 400), min_size=3, max_size=3), n=st.integers(200, 1500))
+def test_a_stage_appended_after_reads_keeps_them_and_draws_on_without_gaps_or_repeats(first, later, block, seed, after, n):
+    """The weight log grown while the mixture is read is the mixture built with the whole log: a batch is a pure
+    function of (seed, index, log), and every source's draws run 0, 1, 2, ... across the appended stages."""
+    later = [w for w in later if sum(w.values()) > 0] or [{"b": 1.0}]
+    first = first if sum(first.values()) > 0 else {"a": 1.0}
+    sizes = {"a": 37, "b": 5, "c": 200}
+    grown = mixture(sizes, first, block_size=block, seed=seed)
+    read = 0
+    for weights, gap in zip(later, after):
+        before = grown.get_batch(np.arange(read + gap + 1))  # what a loader read ahead up to index read + gap
+        start = grown.next_boundary(read + gap + 1)
+        assert (start - grown.stages[-1][0]) % block == 0 and start > grown.stages[-1][0] and start >= read + gap + 1
+        grown.append_stage(start, weights)
+        again = grown.get_batch(np.arange(read + gap + 1))
+        assert np.array_equal(before.tokens, again.tokens) and np.array_equal(before.source_ids, again.source_ids)
+        read = start
+    whole = mixture(sizes, grown.stages, block_size=block, seed=seed)
+    end = max(n, read + block)
+    ids, draws = grown.locate(np.arange(end))
+    assert np.array_equal(ids, whole.locate(np.arange(end))[0]) and np.array_equal(draws, whole.locate(np.arange(end))[1])
+    assert np.array_equal(grown.get_batch(np.arange(end)).tokens, whole.get_batch(np.arange(end)).tokens)
+    for sid, name in enumerate(grown.names):
+        got = draws[ids == sid]
+        assert np.array_equal(got, np.arange(len(got))), name
+
+
+def test_next_boundary_is_the_first_block_start_of_the_last_stage_after_it_and_at_or_after_the_index():
+    mix = mixture({"a": 10, "b": 10}, [(0, {"a": 1.0}), (70, {"b": 1.0})], block_size=16)
+    assert [mix.next_boundary(i) for i in (0, 70, 71, 86, 87, 102, 103)] == [86, 86, 86, 86, 102, 102, 118]
+
+
+def test_an_appended_stage_is_refused_when_it_is_not_after_the_last_names_an_unknown_source_or_is_never_read():
+    mix = mixture({"a": 10, "b": 10}, [(0, {"a": 1.0}), (64, {"b": 1.0})], block_size=16)
+    with pytest.raises(ValueError, match="stage starts must increase, got index 64 then 64"):
+        mix.append_stage(64, {"a": 1.0})
+    with pytest.raises(ValueError, match=re.escape("train_weights (the stage from index 80): unknown source(s) ['z']; the sources are ['a', 'b']")):
+        mix.append_stage(80, {"z": 1.0})
+    assert len(mix.stages) == 2
+    finite = mixture({"a": 10, "b": 10}, {"a": 1.0, "b": 1.0}, block_size=4, stop_strategy="first_exhausted")
+    with pytest.raises(ValueError, match="a stage from index 20 would never be read: the mixture ends at index 20"):
+        finite.append_stage(20, {"a": 1.0})
+    finite.append_stage(12, {"b": 1.0})
+    assert len(finite) == 16  # b has 10 examples: 6 in the first 12 indices, then 4 more
+
+
+def test_a_source_first_weighted_by_an_appended_stage_starts_at_its_first_draw():
+    mix = mixture({"a": 10, "b": 10}, {"a": 1.0}, block_size=8)
+    mix.append_stage(16, {"a": 1.0, "b": 1.0})
+    ids, draws = mix.locate(np.arange(32))
+    b = mix.names.index("b")
+    assert not np.any(ids[:16] == b) and draws[ids == b].tolist() == list(range(8))
+    batch = mix.get_batch(np.arange(16, 32))
+    assert len(set(batch.tokens[batch.source_ids == b, 0].tolist())) == 8  # its first epoch: no example twice

@@ -484,6 +484,27 @@ def test_reader_processes_give_the_batches_the_loaders_own_thread_gives(train):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stage_appended_while_iterating_reaches_the_reader_processes_and_gives_the_logs_batches(config_path, workers):
+    """``DataLoader.append_stage`` past the read-ahead: the batches are those of the mixture built with the whole log,
+    whether the steps are read in this process or in reader processes (each told of the stage)."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    grown = mixture_config(config_path).train_set(SEQ_LEN)
+    with DataLoader(grown, 16, mesh, {"batch": "data"}, fingerprint=True, workers=workers, prefetch=1) as loader:
+        it = loader.iter_from_step(0)
+        got = [next(it).fingerprint for _ in range(2)]
+        start = grown.next_boundary(16 * (2 + loader.steps_read_ahead()))
+        loader.append_stage(start, {"linux_doc": 0.1, "webster": 0.9})
+        got += [next(it).fingerprint for _ in range(start // 16 + 8 - 2)]
+    whole = mixture_config(config_path).train_set(SEQ_LEN, weight_log=grown.stages)
+    with DataLoader(whole, 16, mesh, {"batch": "data"}, fingerprint=True, prefetch=0) as loader:
+        assert got == [loader.batch(step).fingerprint for step in range(len(got))]
+    old = mixture_config(config_path).train_set(SEQ_LEN)
+    with DataLoader(old, 16, mesh, {"batch": "data"}, fingerprint=True, prefetch=0) as loader:
+        assert got[-1] != loader.batch(len(got) - 1).fingerprint  # the stage changed the batches after its start
+
+
+@pytest.mark.timeout(120)
 def test_reader_processes_end_a_finite_dataset_at_its_last_full_batch(train):
     webster = train.source("webster").base
     mesh = jax.make_mesh((4, 2), ("data", "model"))
@@ -738,3 +759,8 @@ def test_two_processes_read_only_their_rows_and_see_the_single_process_batches(t
             else:  # each process reads only its half, once
                 assert all(len(r) == BATCH // 2 and len(np.unique(r)) == len(r) for r in rows), case
                 assert np.array_equal(np.sort(np.concatenate(rows)), np.arange(BATCH)), case
+    log = reports[0]["log"]
+    assert reports[1]["log"] == log and len(log["stages"]) == 2  # both hosts appended the same stage and read the same batches
+    whole = mixture_config(config_path).train_set(SEQ_LEN, weight_log=[(start, w) for start, w in log["stages"]])
+    with DataLoader(whole, BATCH, jax.make_mesh((8,), ("data",)), {"batch": "data"}, fingerprint=True, prefetch=0) as single:
+        assert log["fingerprints"] == [single.batch(step).fingerprint for step in range(len(log["fingerprints"]))]  # 2 hosts -> 1

@@ -20,9 +20,10 @@ import yaml
 from helpers import REPO, CountingDataset, write_train_config
 
 from tokenmix import build_caches
+from tokenmix.loader.loader import DataLoader
 from tokenmix.train.config import TrainerConfig, TrainLmConfig, load_train_config
 from tokenmix.train.loop import evaluate, make_mesh, train
-from tokenmix.train.model import ModelConfig, TinyLM, shard_params
+from tokenmix.train.model import ModelConfig, TinyLM, loss_and_count, per_source, row_losses, shard_params
 from tokenmix.train.plots import plot_run, read_metrics, run_figure, scheduled_weights
 
 TINY = {"hidden_dim": 64, "num_layers": 1, "num_heads": 2, "max_position": 256}
@@ -210,3 +211,53 @@ def test_a_seq_len_longer_than_the_models_positions_is_refused_at_start_naming_b
     assert result.returncode == 1 and "trainer.seq_len 512 is more than model.max_position 256" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1  # one line, as every command
     assert not (tmp_path / "run").exists()  # refused before anything was built or trained
+
+
+def test_the_step_gives_each_sources_loss_sum_and_tokens_reduced_over_the_mesh_and_logs_them(tmp_path):
+    config = _config(tmp_path, "stats", num_train_steps=3, steps_per_eval=3)
+    result = train(config)
+    steps, _ = read_metrics(config.trainer.checkpoint_dir)
+    names = ["linux_doc", "python_doc", "webster"]
+    for r in steps:
+        tokens = r["source_tokens"]
+        assert set(tokens) == set(names) and all(tokens[n] > 0 for n in names if r["sources"][n])
+        mean = sum(r["source_loss"][n] * tokens[n] for n in names if tokens[n]) / sum(tokens.values())
+        assert mean == pytest.approx(r["loss"], rel=1e-5)
+    mesh = make_mesh(config)
+    train_set = config.data.train_set(config.trainer.seq_len)
+    with DataLoader(train_set, 8, mesh, {"batch": "data"}, prefetch=0, positions=True) as loader:
+        batch = loader.batch(0).batch
+    b = batch.arrays()
+    assert len(b["tokens"].sharding.device_set) == 8  # the batch is spread over the mesh
+    rows, counts = jax.jit(row_losses)(result.model, b["tokens"], b["loss_mask"], b["segment_ids"], b["positions"])
+    sums = jax.jit(per_source, static_argnums=2)(rows, b["source_ids"], 3)
+    tokens = jax.jit(per_source, static_argnums=2)(counts, b["source_ids"], 3)
+    ids = np.asarray(b["source_ids"])
+    for sid in range(3):
+        rows_of = np.flatnonzero(ids == sid)
+        take = {k: jnp.asarray(np.asarray(v)[rows_of]) for k, v in b.items()}
+        total, count = loss_and_count(result.model, take["tokens"], take["loss_mask"], take["segment_ids"], take["positions"])
+        assert float(sums[sid]) == pytest.approx(float(total), rel=1e-5) and float(tokens[sid]) == float(count)
+
+
+def test_the_run_picture_and_tokenmix_plot_draw_the_runs_weight_log_and_each_sources_training_loss(tmp_path):
+    config = _config(tmp_path, "logged")
+    run = tmp_path / "logged"
+    run.mkdir()
+    names = ["linux_doc", "python_doc", "webster"]
+    with open(run / "metrics.jsonl", "w") as log:
+        for step in range(20):
+            log.write(json.dumps({"kind": "train", "step": step, "loss": 9 - step / 10, "examples": 8, "sources": {n: 3 for n in names},
+                                  "source_loss": {n: 9 - step / 10 + i for i, n in enumerate(names)}}) + "\n")
+    stages = [{"start": 0, "step": 0, "weights": {"linux_doc": 0.5, "python_doc": 0.3, "webster": 0.2}, "by": "config"},
+              {"start": 80, "step": 10, "weights": {"linux_doc": 0.2, "python_doc": 0.2, "webster": 0.6}, "by": "odm", "decided_at_step": 5}]
+    (run / "weights.jsonl").write_text("".join(json.dumps(s) + "\n" for s in stages))
+    figure = run_figure(config)
+    loss_ax, share_ax = figure.axes
+    assert {line.get_label() for line in loss_ax.get_lines()} >= {f"train: {n}" for n in names}
+    dashed = {line.get_gid(): line.get_ydata() for line in share_ax.get_lines() if line.get_linestyle() == "--"}
+    assert dashed["webster"][5] == 0.2 and dashed["webster"][15] == 0.6 and dashed["linux_doc"][15] == 0.2
+    out = tmp_path / "log.png"
+    subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "plot", "--config_path", str(tmp_path / "logged.yaml"), "--steps", "20",
+                    "--weight_log", str(run / "weights.jsonl"), "--out", str(out)], check=True, cwd=REPO, capture_output=True)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

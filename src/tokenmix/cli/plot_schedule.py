@@ -1,5 +1,6 @@
 """``tokenmix plot``: draw a mixture config's schedule (each source's share of the examples by step) as a PNG,
-before any training; a training config's data section is drawn with its trainer's batch sizes.
+before any training, or a run's weight log (``--weight_log run/weights.jsonl``); a training config's data section is
+drawn with its trainer's batch sizes.
 
     tokenmix plot --config_path config/demo.yaml --steps 1000 --out schedule.png
 """
@@ -15,6 +16,7 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--config_path", required=True, help="a mixture config, or a training config with a data section")
     parser.add_argument("--steps", type=at_least(1, "training steps"), default=1000, help="training steps drawn")
     parser.add_argument("--out", default="schedule.png", help="the PNG file written")
+    parser.add_argument("--weight_log", default=None, help="a run's weights.jsonl: draw its stages instead of the config's")
     args, overrides = parser.parse_known_args(argv)
     from tokenmix.config.loading import load_data_config
     from tokenmix.config.mixture import LMMixtureDatasetConfig
@@ -24,5 +26,10 @@ def run(argv: list[str]) -> int:
     if not isinstance(config, LMMixtureDatasetConfig):
         make_console().print(f"{args.config_path} is a single-source config: it has no mixture schedule to draw")
         return 1
-    make_console().print(f"wrote {plot_schedule(config, args.steps, args.out)}")
+    log = None
+    if args.weight_log is not None:
+        from tokenmix.train.weight_log import read_log_file, stages
+
+        log = stages(read_log_file(args.weight_log))
+    make_console().print(f"wrote {plot_schedule(config, args.steps, args.out, log)}")
     return 0

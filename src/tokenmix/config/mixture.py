@@ -17,6 +17,7 @@ import numpy as np
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import join_location
 from tokenmix.cache.token_files_cache import TokenFilesCache
+from tokenmix.config.adaptive import AdaptiveMixing
 from tokenmix.config.caches import DataConfigBase, open_cache
 from tokenmix.config.components import DatasetComponentBase, components_shuffle, resolve_components
 from tokenmix.config.holdout import held_out_documents, kept_documents
@@ -111,6 +112,9 @@ class LMMixtureDatasetConfig(DataConfigBase):
     batch_size`` examples (every stage's blend is built for that many); unset, it does not end."""
     stage_seeds: list[int] | None = None
     """With ``example_order: nanotron``: each ``train_weights`` stage's ``data.seed`` (unset: ``seed`` for every stage)."""
+    adaptive: AdaptiveMixing | None = None
+    """An online algorithm changing the weights during a training run (``config/adaptive.py``); ``train_weights`` is its
+    first stage. Each update is appended to the run's weight log."""
     block_cross_document_attention: bool | None = None
     """Newer Levanter: whether attention stops at document boundaries. Accepted: every tokenmix batch carries the
     segment ids that blocking needs, and whether to block is the model's choice."""
@@ -156,6 +160,12 @@ class LMMixtureDatasetConfig(DataConfigBase):
         self._check_budgets()
         self._check_nanotron_order()
         self._check_preference_pairs()
+        if self.adaptive is not None and self.example_order != "tokenmix":
+            raise ValueError(f"adaptive mixing appends stages to tokenmix's own mixture: set example_order: tokenmix (not "
+                             f"{self.example_order}), or remove adaptive")
+        if self.adaptive is not None and self.stop_strategy == "all_exhausted" and self.adaptive.floor <= 0:
+            raise ValueError("stop_strategy all_exhausted ends once every source is read through, and adaptive.floor 0 lets an "
+                             "update give a source weight 0, so the mixture might never end: set adaptive.floor above 0")
         for field_name, why in (("auto_build_caches", "opening a cache never builds it here; build_caches or `tokenmix build-cache` "
                                  "builds missing caches"),
                                 ("block_cross_document_attention", "every batch carries segment ids, and a model blocks "
@@ -312,15 +322,20 @@ class LMMixtureDatasetConfig(DataConfigBase):
         # keyed by the source name alone: every run and seed validates on the same documents
         return held_out_documents(np.diff(bounds), wanted, derive_key("holdout", name), self.shuffle_before_trainval_split)
 
-    def train_set(self, seq_len: int, key: int | None = None) -> MixtureDataset | NanosetOrderDataset:
+    def train_set(self, seq_len: int, key: int | None = None,
+                  weight_log: list[tuple[int, dict[str, float]]] | None = None) -> MixtureDataset | NanosetOrderDataset:
         """The training mixture of ``seq_len``-token examples (``seq_len + 1`` under ``example_convention`` megatron or datatrove);
-        ``key`` overrides the config's ``seed``. Under ``example_order: nanotron``, Nanotron's order instead (a
-        ``NanosetOrderDataset``; ``key`` then overrides every stage's seed)."""
+        ``key`` overrides the config's ``seed``; ``weight_log`` (a run's ``[(start_index, weights), ...]``, as a checkpoint
+        records it) is drawn by instead of ``train_weights``. Under ``example_order: nanotron``, Nanotron's order instead
+        (a ``NanosetOrderDataset``; ``key`` then overrides every stage's seed; no weight log)."""
         if self.example_order == "nanotron":
+            if weight_log is not None:
+                raise ValueError("example_order: nanotron draws by train_weights' stages only; a weight log (a hand reweight at "
+                                 "a resume, online weights) needs example_order: tokenmix")
             return self._nanotron_train_set(seq_len, key)
-        schedule = self.weight_schedule()
+        schedule = self.weight_schedule() if weight_log is None else weight_log
         seed = self._seed(key)
-        datasets = self.train_sources(seq_len, key)
+        datasets = self.train_sources(seq_len, key, weight_log)
         weights = [(start, {n: w.get(n, 0.0) for n in datasets}) for start, w in schedule]
         return MixtureDataset(
             datasets,
@@ -344,10 +359,12 @@ class LMMixtureDatasetConfig(DataConfigBase):
         length = None if self.train_steps is None else self.batch_schedule().offset(self.train_steps)  # type: ignore[union-attr]
         return NanosetOrderDataset(datasets, stages, length)
 
-    def train_sources(self, seq_len: int, key: int | None = None) -> dict[str, Dataset]:
-        """Per source with a training weight, its training examples before mixing: what ``train_set`` draws from (held-out
-        documents, a ``split``'s other parts and budgets already taken away), in config order."""
-        schedule = self.weight_schedule()
+    def train_sources(self, seq_len: int, key: int | None = None,
+                      weight_log: list[tuple[int, dict[str, float]]] | None = None) -> dict[str, Dataset]:
+        """Per source with a training weight (in ``train_weights`` or in ``weight_log``), its training examples before
+        mixing: what ``train_set`` draws from (held-out documents, a ``split``'s other parts and budgets already taken
+        away), in config order."""
+        schedule = self.weight_schedule() + list(weight_log or [])
         seed = self._seed(key)
         return {n: self._budgeted(n, self._train_dataset(n, seq_len, i), seed) for i, n in enumerate(self.configs)
                 if any(w.get(n, 0) > 0 for _, w in schedule)}

@@ -4,7 +4,9 @@ Index i falls in a stage of the weight schedule and, inside it, in a block of ``
 Each block holds exactly the per-source counts ``BlockAllocator`` gives (within 1 of the exact share
 after any whole number of blocks, no positive weight rounded away) in a seeded order, so mapping an
 index to (source, draw number) needs one block's counts, not a per-example array. A source's draws
-continue across stages, so a change of weights neither skips nor repeats examples. Each source is
+continue across stages, so a change of weights neither skips nor repeats examples. The stages are the
+weight log, which ``append_stage`` grows while the mixture is read (an update placed at ``next_boundary``
+past what was read ahead): the mixture is then the one built with the whole log at once. Each source is
 read through its own ``EpochedDataset``, keyed by the seed and the source's name: reordering the
 sources changes nothing and renaming one leaves the others' orders alone.
 """
@@ -70,17 +72,23 @@ def normalize_schedule(weights: WeightSchedule, names: Sequence[str], *, unit: s
     for (a, _), (b, _) in zip(stages, stages[1:]):
         if b <= a:
             raise ValueError(f"train_weights: stage starts must increase, got {unit} {a} then {b}")
+    known = set(names)
     for start, stage in stages:
-        where = f"train_weights (the stage from {unit} {start})" if staged else "train_weights"
-        unknown = sorted(set(stage) - set(names))
-        if unknown:
-            raise ValueError(f"{where}: unknown source(s) {unknown}; the sources are {sorted(names)}")
-        for name, value in stage.items():
-            if not is_weight(value):
-                raise ValueError(f"{where}: source {name!r} has weight {value!r}; give it a finite number >= 0 (0 leaves it out)")
-        if sum(stage.values()) <= 0:
-            raise ValueError(f"{where}: at least one weight must be positive")
+        check_stage(stage, names, f"train_weights (the stage from {unit} {start})" if staged else "train_weights", known)
     return stages
+
+
+def check_stage(stage: Mapping[str, float], names: Sequence[str], where: str, known: set[str] | None = None) -> None:
+    """Refuse a stage's weights that name an unknown source, are not finite numbers >= 0, or are all 0; ``where`` names
+    the stage in the message."""
+    unknown = sorted(set(stage) - (known if known is not None else set(names)))
+    if unknown:
+        raise ValueError(f"{where}: unknown source(s) {unknown}; the sources are {sorted(names)}")
+    for name, value in stage.items():
+        if not is_weight(value):
+            raise ValueError(f"{where}: source {name!r} has weight {value!r}; give it a finite number >= 0 (0 leaves it out)")
+    if sum(stage.values()) <= 0:
+        raise ValueError(f"{where}: at least one weight must be positive")
 
 
 class MixtureDataset(Dataset):
@@ -109,35 +117,70 @@ class MixtureDataset(Dataset):
         self.block_size = block_size
         self.seed = seed
         self.stop_strategy = stop_strategy
-        stages = normalize_schedule(weights, self.names)
-        self.stages = stages
+        self._datasets = dict(datasets)
+        self._shuffle = shuffle
+        self.stages: list[tuple[int, dict[str, float]]] = []
+        """The weight log: ``(start_index, weights)`` stages, the first at 0; ``append_stage`` adds to it."""
         self._canon = sorted(self.names)
         self._ids = np.array([self.names.index(n) for n in self._canon], np.int32)
-        self._starts = np.array([s for s, _ in stages], np.int64)
-        self._stage_starts: list[int] = self._starts.tolist()
-        self._allocators = [BlockAllocator([w.get(n, 0.0) for n in self._canon], block_size) for _, w in stages]
-        for (start, weights), alloc in zip(stages, self._allocators):
-            if alloc.worst_walk > _SLOW_WALK_STEPS:
-                name = self._canon[alloc.slowest_tiny]
-                logger.warning(
-                    "mixture stage from index %d: source %r (weight %s) gets one example every %s blocks of %d, so a read "
-                    "of a block far from those read before walks the layout over up to that many blocks, %.3g steps a "
-                    "block (a million steps take about a second). Raise that weight or drop the source to make random "
-                    "access cheap.",
-                    start, name, _short(weights[name]), _short(alloc.memory), block_size,
-                    Fraction(alloc.worst_walk, alloc.memory),
-                )
-        self._active = [c for c, n in enumerate(self._canon) if any(w.get(n, 0.0) > 0 for _, w in stages)]
-        self._sources = {
-            c: EpochedDataset(datasets[self._canon[c]], derive_key(seed, "source", self._canon[c]), shuffle) for c in self._active
-        }
-        self._bases = [np.zeros(len(self._canon), np.int64)]
-        for j in range(1, len(stages)):
-            self._bases.append(self._consumed_in_stage(j - 1, int(self._starts[j] - self._starts[j - 1])))
-        self._length: int | None = None
+        self._starts = np.zeros(0, np.int64)
+        self._stage_starts: list[int] = []
+        self._allocators: list[BlockAllocator] = []
+        self._bases: list[np.ndarray] = []
+        self._sources: dict[int, EpochedDataset] = {}
+        self._length: tuple[int, int] | None = None
+        """The length under a stop strategy, and how many stages it was found with."""
+        for start, stage in normalize_schedule(weights, self.names):
+            self._add_stage(start, stage)
 
     def __repr__(self) -> str:
         return f"MixtureDataset({self.names}, stop_strategy={self.stop_strategy!r})"
+
+    def append_stage(self, start: int, weights: Weights) -> None:
+        """Draw by ``weights`` from index ``start`` on: a stage appended to the weight log while the mixture is in use.
+
+        Every index before ``start`` keeps its example, and each source's draws go on from where the indices before
+        ``start`` leave them, so nothing is skipped or repeated: the mixture is the one built with the whole log at once.
+        ``start`` must come after the last stage's start; an update decided during a run goes at ``next_boundary`` of an
+        index past what the loader may have read ahead, so that no batch already read changes.
+        """
+        last = self._stage_starts[-1]
+        if start <= last:
+            raise ValueError(f"train_weights: stage starts must increase, got index {last} then {start}")
+        check_stage(weights, self.names, f"train_weights (the stage from index {start})")
+        final = self.final_len()
+        if final is not None and start >= final:
+            raise ValueError(f"a stage from index {start} would never be read: the mixture ends at index {final} ({self.stop_strategy})")
+        self._add_stage(int(start), dict(weights))
+
+    def next_boundary(self, index: int) -> int:
+        """The first block boundary of the last stage at or after ``index``, and after that stage's start: where an
+        update that may not change the examples before ``index`` takes effect with whole, exact blocks."""
+        start = self._stage_starts[-1]
+        return start + max(1, -(-(int(index) - start) // self.block_size)) * self.block_size
+
+    def _add_stage(self, start: int, weights: dict[str, float]) -> None:
+        alloc = BlockAllocator([weights.get(n, 0.0) for n in self._canon], self.block_size)
+        if alloc.worst_walk > _SLOW_WALK_STEPS:
+            name = self._canon[alloc.slowest_tiny]
+            logger.warning(
+                "mixture stage from index %d: source %r (weight %s) gets one example every %s blocks of %d, so a read "
+                "of a block far from those read before walks the layout over up to that many blocks, %.3g steps a "
+                "block (a million steps take about a second). Raise that weight or drop the source to make random "
+                "access cheap.",
+                start, name, _short(weights[name]), _short(alloc.memory), self.block_size,
+                Fraction(alloc.worst_walk, alloc.memory),
+            )
+        for c, name in enumerate(self._canon):
+            if weights.get(name, 0.0) > 0 and c not in self._sources:
+                self._sources[c] = EpochedDataset(self._datasets[name], derive_key(self.seed, "source", name), self._shuffle)
+        base = self._consumed_in_stage(len(self.stages) - 1, start - self._stage_starts[-1]) if self.stages else np.zeros(len(self._canon), np.int64)
+        # a reader in another thread finds the new stage only once its start is listed, after all it needs
+        self._bases.append(base)
+        self._allocators.append(alloc)
+        self.stages.append((start, weights))
+        self._starts = np.array([*self._stage_starts, start], np.int64)
+        self._stage_starts = [*self._stage_starts, start]
 
     @lru_cache(maxsize=256)  # noqa: B019 - the cache lives as long as the dataset, which is intended
     def _block(self, stage: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -248,9 +291,10 @@ class MixtureDataset(Dataset):
     def final_len(self) -> int | None:
         if self.stop_strategy == "restart":
             return None
-        if self._length is None:
-            self._length = self._stop_length()
-        return self._length
+        stages = len(self._stage_starts)
+        if self._length is None or self._length[0] != stages:  # a stage appended since (in another thread, maybe) moves the end
+            self._length = (stages, self._stop_length())
+        return self._length[1]
 
     def current_len(self) -> int:
         return UNBOUNDED if self.stop_strategy == "restart" else self.final_len()

@@ -46,6 +46,7 @@ import numbers
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from fractions import Fraction
 
 import numpy as np
@@ -56,11 +57,13 @@ _STATES_KEPT = 256
 
 def is_weight(value: object) -> bool:
     """Whether ``value`` can weigh a mixture source: a real number, finite and >= 0 (numpy's numbers included)."""
+    if type(value) is float:  # the usual case, without the numbers ABCs' cost
+        return 0 <= value < math.inf
     return isinstance(value, numbers.Real) and bool(value >= 0) and (isinstance(value, numbers.Rational) or math.isfinite(value))
 
 
-def exact_weights(weights: Sequence[float | int | Fraction]) -> list[Fraction]:
-    """Weights normalised to sum to 1, exactly.
+def exact_ratios(weights: Sequence[float | int | Fraction]) -> tuple[list[int], int]:
+    """Weights as integers over their exact sum: ``weights[i] / sum(weights) == numerators[i] / total``.
 
     A float (numpy's too) is taken as the shortest decimal that prints as it (``1e-5`` is 1/100000, not the
     nearest binary fraction): that is the number the user wrote, and decimal weights give the layout a short
@@ -68,11 +71,14 @@ def exact_weights(weights: Sequence[float | int | Fraction]) -> list[Fraction]:
     """
     if not all(is_weight(w) for w in weights):
         raise ValueError(f"mixture weights must be finite numbers >= 0, got {list(weights)}")
-    values = [Fraction(w) if isinstance(w, numbers.Rational) else Fraction(repr(float(w))) for w in weights]
-    total = sum(values)
+    ratios = [(w.numerator, w.denominator) if isinstance(w, numbers.Rational) else Decimal(repr(float(w))).as_integer_ratio()
+              for w in weights]
+    common = math.lcm(*(d for _, d in ratios))
+    numerators = [n * (common // d) for n, d in ratios]
+    total = sum(numerators)
     if total <= 0:
         raise ValueError("mixture weights must have a positive sum")
-    return [v / total for v in values]
+    return numerators, total
 
 
 class BlockAllocator:
@@ -82,12 +88,12 @@ class BlockAllocator:
         if block_size < 1:
             raise ValueError(f"mixture_block_size must be >= 1, got {block_size}")
         self.block_size = block_size
-        self.weights = exact_weights(weights)
-        self.num_sources = len(self.weights)
-        rates = [w * block_size for w in self.weights]
-        # every rate as an integer numerator over one common denominator: exact and fast
-        self._den = math.lcm(*(r.denominator for r in rates))
-        self._num = [r.numerator * (self._den // r.denominator) for r in rates]
+        numerators, total = exact_ratios(weights)
+        self.num_sources = len(numerators)
+        # every rate n_i B / T as an integer numerator over one common denominator, the least: T / gcd(T, B gcd(n))
+        common = math.gcd(total, block_size * math.gcd(*numerators))
+        self._den = total // common
+        self._num = [n * block_size // common for n in numerators]
         self._large = [i for i, p in enumerate(self._num) if p >= self._den]
         self._tiny = [i for i, p in enumerate(self._num) if 0 < p < self._den]
         self._tiny_num = sum(self._num[i] for i in self._tiny)
@@ -109,6 +115,11 @@ class BlockAllocator:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._tiny_lock = threading.Lock()
+
+    @property
+    def weights(self) -> list[Fraction]:
+        """The weights normalised to sum to 1, exactly."""
+        return [Fraction(n, self._den * self.block_size) for n in self._num]
 
     @property
     def slowest_tiny(self) -> int | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
@@ -150,6 +150,20 @@ class DataLoader:
         final = self.dataset.final_len()
         return None if final is None else self.schedule.steps_within(final)
 
+    def steps_read_ahead(self) -> int:
+        """How many steps past the last one taken this loader may already have read (``steps_read_ahead``)."""
+        return steps_read_ahead(self.prefetch, self.workers, self.reads.read_ahead)
+
+    def append_stage(self, start: int, weights: Mapping[str, float]) -> None:
+        """Append a weight stage to the loader's mixture (``MixtureDataset.append_stage``), in this process and in the
+        reader processes of every iterator. ``start`` must lie past what the loader may have read (more than
+        ``steps_read_ahead()`` steps past the last step taken), or batches already read would not be those the log gives."""
+        if not callable(getattr(self.dataset, "append_stage", None)):
+            raise TypeError(f"{self.dataset!r} has no weight stages to append to: append_stage needs a MixtureDataset")
+        self.dataset.append_stage(start, weights)  # type: ignore[attr-defined]
+        for it in list(self._iterators):
+            it._append_stage(start, dict(weights))
+
     # --- the consumer's side ---
 
     def __iter__(self) -> BatchIterator:
@@ -264,6 +278,11 @@ class BatchIterator(Iterator[StepBatch]):
         """Stop the prefetch thread (or the reader processes) and wait for it."""
         self._finalizer()
 
+    def _append_stage(self, start: int, weights: dict[str, float]) -> None:
+        """Send a weight stage the loader's mixture was given to this iterator's reader processes (if it has any)."""
+        if isinstance(self._prefetcher, _WithProcesses):
+            self._prefetcher._processes.append_stage(start, weights)
+
     def __enter__(self) -> BatchIterator:
         return self
 
@@ -297,3 +316,10 @@ class _WithProcesses:
     def close(self) -> None:
         self._prefetcher.close()
         self._processes.close()
+
+
+def steps_read_ahead(prefetch: int, workers: int, read_ahead: int) -> int:
+    """How many steps past the last one taken a loader with these settings may already have read: the ``prefetch`` queue,
+    the step its thread is reading and the ``read_ahead`` steps started after it, and with ``workers`` reader processes
+    their ``prefetch`` slots each."""
+    return prefetch + 1 + read_ahead + workers * prefetch

@@ -3,7 +3,9 @@
 Reader ``w`` of ``N`` reads steps ``start + w``, ``start + w + N``, ... (``StepReads.read``, as the loader's own thread
 would) into a ring of slots in a shared-memory block of its own, and tells the loader which slot holds which step over
 a pipe. The loader takes the steps in order, copies each step's rows out of its slot into arrays of its own (on CPU
-devices a placed array would use the slot's memory in place) and hands the slot back. A reader holds at most as many
+devices a placed array would use the slot's memory in place) and hands the slot back. Weight stages appended to the
+loader's mixture during a run (``DataLoader.append_stage``) go down the same pipe, so a reader appends them to its copy
+before it reads into any slot handed back after them. A reader holds at most as many
 finished steps as it has slots, so it never gets further ahead than that.
 
 A block's name is unlinked as soon as it is made: the reader gets the block's descriptor as it starts, and the
@@ -200,6 +202,15 @@ class ReaderProcesses:
             raise self._failed(step, stalled) from stalled
         return None
 
+    def append_stage(self, start: int, weights: dict[str, float]) -> None:
+        """Send every reader a weight stage to append to its copy of the mixture. A pipe delivers in order, so a reader
+        has the stage before any slot handed back after it, and reads no step past those it could read before it."""
+        for pipe in self._pipes:
+            try:
+                pipe.send(("stage", start, weights))
+            except OSError:  # the reader has stopped (it reached the dataset's end): it reads nothing more
+                pass
+
     def _failed(self, step: int, error: ReaderProcessError) -> LoaderError:
         """Step ``step``'s ``LoaderError``, its cause being what happened to its reader."""
         return self._reads.load_error(step, self._reads.schedule.offset(step) + self._reads.rows[self._reads.schedule.batch_size(step)], error)
@@ -259,6 +270,7 @@ def _reader_main(pipe: Connection, payload: bytes, first: int, stride: int, memo
     free: queue.SimpleQueue[int] = queue.SimpleQueue()
     for slot in range(slots.count):
         free.put(slot)
+    stages: queue.SimpleQueue[tuple[int, dict[str, float]]] = queue.SimpleQueue()  # weight stages, applied before the next read
     stop = threading.Event()
 
     def listen() -> None:
@@ -269,6 +281,8 @@ def _reader_main(pipe: Connection, payload: bytes, first: int, stride: int, memo
                     message = pipe.recv()
                     if message[0] == "free":
                         free.put(message[1])
+                    elif message[0] == "stage":
+                        stages.put((message[1], message[2]))
                     else:
                         stop.set()
                         free.put(_STOP)
@@ -291,6 +305,8 @@ def _reader_main(pipe: Connection, payload: bytes, first: int, stride: int, memo
             slot = free.get()
             if slot == _STOP or stop.is_set():
                 return
+            while not stages.empty():  # every stage sent before this slot came back
+                reads.dataset.append_stage(*stages.get())  # type: ignore[attr-defined]
             try:
                 read = reads.read(step, stop, ahead, stride)
             except LoaderError as e:

@@ -7,7 +7,8 @@ are accepted without effect (``NOT_DATA``); the tokenizer by its fingerprint (a 
 the two trainer fields. ``caches_identity`` holds per training source its cache's identity fingerprint (tokenizer,
 format, options), rows and tokens; it is taken once the caches are built, the other before, so that a config listing
 other shards is refused before it extends a cache. A resume whose identity differs is refused field by field, unless
-``trainer.allow_data_change`` is set; then the change is logged and recorded in the checkpoints that follow.
+``trainer.allow_data_change`` is set; then the change is logged and recorded in the checkpoints that follow (changed
+``train_weights`` become a stage of the run's weight log from the resume step: ``weight_log.py``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ every source's validation set, checkpoint, and resume exactly where a run stoppe
 A checkpoint holds the parameters, the optimizer state, the step and the data the run trained on (``checkpoint.py``,
 ``data_identity.py``); the loader resumes with ``iter_from_step`` (no batch before it is read or replayed), so a run
 stopped at step k and resumed sees the very batches an uninterrupted run sees (their fingerprints are logged to prove
-it, and the resume checks that step k - 1's batch is still the one the checkpoint recorded). ``metrics.jsonl`` in the
+it, and the resume checks that step k - 1's batch is still the one the checkpoint recorded). The mixture draws by the
+run's weight log (``weight_log.py``), which checkpoints and ``weights.jsonl`` hold, and which new ``train_weights`` at a
+resume extend from the resume step. ``metrics.jsonl`` in the
 run directory gets one line per step and per evaluation; ``train.png`` draws them (``plots.py``).
 """
 
@@ -28,11 +30,16 @@ from jax.sharding import PartitionSpec as P
 
 from tokenmix.config.caches import build_caches, open_cache
 from tokenmix.datasets.base import Dataset
+from tokenmix.datasets.mixture import MixtureDataset
+from tokenmix.loader.batch_schedule import BatchSchedule
 from tokenmix.loader.loader import DataLoader
-from tokenmix.train.checkpoint import Checkpoint, latest_checkpoint, load_state, save_checkpoint
+from tokenmix.train.checkpoint import RECORD_FILE, Checkpoint, latest_checkpoint, load_state, save_checkpoint
 from tokenmix.train.config import TrainLmConfig
 from tokenmix.train.data_identity import accept_data_change, caches_identity, changed_fields, data_identity
-from tokenmix.train.model import TinyLM, loss_and_count, shard_params
+from tokenmix.train.model import TinyLM, loss_and_count, per_source, row_losses, shard_params
+from tokenmix.train.online_mixing import OnlineMixing
+from tokenmix.train.source_stats import SourceStats
+from tokenmix.train.weight_log import LoggedStage, as_records, config_log, from_records, reweight_at_resume, stages, write_log
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +95,13 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
         accept_data_change(changes, checkpoint.step, checkpoint.path, trainer.allow_data_change)
     build_caches(data, progress=False)
     mesh = make_mesh(config)
-    train_set = data.train_set(trainer.seq_len)
+    schedule = BatchSchedule.of(trainer.train_batch_size)
+    weight_log = _resumed_weight_log(config, checkpoint, changes, schedule)
+    train_set = data.train_set(trainer.seq_len, weight_log=None if weight_log is None else stages(weight_log))
+    if weight_log is None and isinstance(train_set, MixtureDataset):
+        weight_log = config_log(train_set, schedule)
+    if weight_log is not None:
+        write_log(run_dir, weight_log)
     vocab = int(open_cache(data, train_set.names[0]).identity["vocab_size"])
     model = shard_params(TinyLM.init(config.model, vocab, jax.random.PRNGKey(trainer.seed)), mesh)
     optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, trainer.learning_rate, trainer.warmup_steps,
@@ -110,19 +123,25 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
         logger.info("resuming %s at step %d", run_dir, start)
     shardings = jax.tree_util.tree_map(lambda a: a.sharding, (model, opt_state))
 
-    @eqx.filter_jit
-    def step_fn(model: TinyLM, opt_state: Any, batch: dict[str, jax.Array]) -> tuple[TinyLM, Any, jax.Array]:
-        def loss_fn(m: TinyLM) -> jax.Array:
-            total, count = loss_and_count(m, batch["tokens"], batch["loss_mask"], batch["segment_ids"], batch["positions"])
-            return total / jnp.maximum(count, 1.0)
+    num_sources = len(train_set.names)
 
-        loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
+    @eqx.filter_jit
+    def step_fn(model: TinyLM, opt_state: Any, batch: dict[str, jax.Array]) -> tuple[TinyLM, Any, jax.Array, jax.Array]:
+        """One optimizer step; its loss, and per source the summed loss and the tokens trained on (``SourceStats``)."""
+        def loss_fn(m: TinyLM) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+            rows, counts = row_losses(m, batch["tokens"], batch["loss_mask"], batch["segment_ids"], batch["positions"])
+            return jnp.sum(rows) / jnp.maximum(jnp.sum(counts), 1.0), (rows, counts)
+
+        (loss, (rows, counts)), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(model)
         updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_array))
         # laid out as they came in, so that the next step's inputs are those this step was compiled for (XLA's own choice
         # of output layouts, written differently, made step 1 compile again)
         model, opt_state = jax.lax.with_sharding_constraint((eqx.apply_updates(model, updates), opt_state), shardings)
-        return model, opt_state, loss
+        by_source = jnp.stack([per_source(jax.lax.stop_gradient(rows), batch["source_ids"], num_sources),
+                               per_source(counts, batch["source_ids"], num_sources)])
+        return model, opt_state, loss, by_source
 
+    mixing = OnlineMixing.start(config, train_set, weight_log, checkpoint) if data.adaptive is not None else None
     eval_size = trainer.eval_batch_size or trainer.first_batch_size()
     validation = evaluated_sets(data.validation_sets(trainer.seq_len), train_set.names, eval_size)
     mapping = {"batch": "data"}
@@ -144,8 +163,14 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
             began = time.perf_counter()
             step_batch = next(iterator)
             fetched = time.perf_counter()
-            model, opt_state, loss = step_fn(model, opt_state, step_batch.batch.arrays())
+            model, opt_state, loss, by_source = step_fn(model, opt_state, step_batch.batch.arrays())
             loss = float(loss)  # waits for the step: what the step cost, apart from waiting for data
+            stats = SourceStats.of(train_set.names, np.asarray(by_source))
+            if mixing is not None and (stage := mixing.observe(step, stats)) is not None:
+                loader.append_stage(stage.start, stage.weights)
+                weight_log.append(stage)  # type: ignore[union-attr]
+                write_log(run_dir, weight_log)  # type: ignore[arg-type]
+                _write(log, {"kind": "weights", **as_records([stage])[0]})
             done = time.perf_counter()
             if step > start:  # the first step compiles
                 wait += fetched - began
@@ -154,7 +179,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
             counts = np.bincount(np.asarray(step_batch.batch.source_ids.array), minlength=len(train_set.names))
             _write(log, {"kind": "train", "step": step, "loss": loss, "examples": step_batch.size, "seconds": done - began,
                          "data_wait_s": fetched - began, "fingerprint": step_batch.fingerprint,
-                         "sources": {n: int(c) for n, c in zip(train_set.names, counts)}})
+                         "sources": {n: int(c) for n, c in zip(train_set.names, counts)}, **stats.as_record()})
             if (step + 1) % trainer.steps_per_eval == 0 or step + 1 == trainer.num_train_steps:
                 last_eval = evaluate(model, validation, eval_size, trainer.max_eval_batches, mesh)
                 _write(log, {"kind": "eval", "step": step, "loss": last_eval})
@@ -162,7 +187,9 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
             step += 1
             if step % trainer.steps_per_checkpoint == 0 or step == end:
                 save_checkpoint(run_dir, step, (model, opt_state), {"data": identity, "caches": caches, "data_changes": history, "last_batch":
-                                {"step": step - 1, "fingerprint": fingerprints[step - 1]}}, trainer.keep_checkpoints)
+                                {"step": step - 1, "fingerprint": fingerprints[step - 1]},
+                                "weight_log": None if weight_log is None else as_records(weight_log),
+                                "mixing": None if mixing is None else mixing.state()}, trainer.keep_checkpoints)
     share = wait / busy if busy else 0.0
     logger.info("trained steps %d to %d; waiting for data took %.2f%% of step time", start, end - 1, 100 * share)
     return TrainResult(start, end - start, loss, last_eval, fingerprints, model, share)
@@ -207,6 +234,20 @@ def _replicate_unplaced(state: Any, mesh: Mesh) -> Any:
 def _write(log, record: dict[str, Any]) -> None:
     log.write(json.dumps(record) + "\n")
     log.flush()
+
+
+def _resumed_weight_log(config: TrainLmConfig, checkpoint: Checkpoint | None, changes: dict[str, list[Any]],
+                        schedule: BatchSchedule) -> list[LoggedStage] | None:
+    """The weight log a resume draws by: its checkpoint's, with the new ``train_weights`` appended from the resume step
+    when they changed (a hand reweight, already allowed). None for a new run, and where the checkpoint keeps no log
+    (Nanotron's order, or a run from before the log), which then draws by ``train_weights``."""
+    recorded = None if checkpoint is None else checkpoint.record.get("weight_log")
+    if recorded is None:
+        return None
+    log = from_records(recorded, os.path.join(checkpoint.path, RECORD_FILE))  # type: ignore[union-attr]
+    if any(name == "data.train_weights" or name.startswith("data.train_weights.") for name in changes):
+        return reweight_at_resume(log, config.data.weight_schedule(), schedule, checkpoint.step)  # type: ignore[union-attr]
+    return log
 
 
 def _last_batch_change(loader: DataLoader, checkpoint: Checkpoint) -> dict[str, list[Any]]:

@@ -109,9 +109,22 @@ def shard_params(model: TinyLM, mesh: Mesh, model_axis: str = "model") -> TinyLM
 def loss_and_count(model: TinyLM, tokens: jax.Array, loss_mask: jax.Array, segment_ids: jax.Array, positions: jax.Array,
                    ) -> tuple[jax.Array, jax.Array]:
     """Summed next-token cross-entropy over the positions ``loss_mask`` trains, and how many those are."""
+    row_loss, row_count = row_losses(model, tokens, loss_mask, segment_ids, positions)
+    return jnp.sum(row_loss), jnp.sum(row_count)
+
+
+def row_losses(model: TinyLM, tokens: jax.Array, loss_mask: jax.Array, segment_ids: jax.Array, positions: jax.Array,
+               ) -> tuple[jax.Array, jax.Array]:
+    """Per row of the batch: summed next-token cross-entropy over the positions ``loss_mask`` trains, and their number."""
     logits = model(tokens, segment_ids, positions).astype(jnp.float32)
     targets = jnp.roll(tokens, -1, axis=1)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
     weight = loss_mask.astype(jnp.float32)
-    return jnp.sum(nll * weight), jnp.sum(weight)
+    return jnp.sum(nll * weight, axis=1), jnp.sum(weight, axis=1)
+
+
+def per_source(row_values: jax.Array, source_ids: jax.Array, num_sources: int) -> jax.Array:
+    """``row_values`` summed per source (``num_sources`` sums, in source id order): over the whole batch, however it is
+    sharded (XLA adds the reduction over the mesh)."""
+    return jax.ops.segment_sum(row_values, source_ids, num_segments=num_sources)

@@ -1,8 +1,9 @@
 """Pictures of a run and of a mixture's schedule (matplotlib, written as PNG files).
 
-``plot_run``: the training loss, each source's validation loss, and each source's share of the examples of every step
-against its scheduled weight (stages visible as steps in the weight lines). ``plot_schedule``: the same weight lines for
-a mixture config before any training. A source has one colour in every panel and picture (``source_colors``: by its
+``plot_run``: the training loss, each source's training and validation loss, and each source's share of the examples of
+every step against its weight (stages visible as steps in the weight lines; the run's weight log, ``weights.jsonl``, when
+it has one, so online updates and hand reweights show). ``plot_schedule``: the same weight lines for a mixture config
+before any training, or for a run's weight log. A source has one colour in every panel and picture (``source_colors``: by its
 place in the config), and legends sit beside the panels, over no data.
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tokenmix.config.mixture import LMMixtureDatasetConfig
+from tokenmix.train.weight_log import WEIGHT_LOG, read_log, stages
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -31,9 +33,11 @@ def _pyplot():
     return plt
 
 
-def scheduled_weights(config: LMMixtureDatasetConfig, steps: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Per step ``0..steps-1``: each training source's normalized weight, from the config's stages and batch sizes."""
-    stages = config.weight_schedule()
+def scheduled_weights(config: LMMixtureDatasetConfig, steps: int, weight_log: list[tuple[int, dict[str, float]]] | None = None,
+                      ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Per step ``0..steps-1``: each training source's normalized weight at the step's first example, from the config's
+    stages (or a run's ``weight_log``, starts in example indices) and batch sizes."""
+    stages = config.weight_schedule() if weight_log is None else weight_log
     schedule = config.batch_schedule()
     offsets = np.array([schedule.offset(s) if schedule else s for s in range(steps)])
     names = [n for n in config.configs if any(w.get(n, 0) > 0 for _, w in stages)]
@@ -56,10 +60,10 @@ def source_colors(config: LMMixtureDatasetConfig) -> dict[str, tuple[float, ...]
     return {name: palette(i % palette.N) for i, name in enumerate(names)}
 
 
-def plot_schedule(config: LMMixtureDatasetConfig, steps: int, path: str) -> str:
-    """Each source's scheduled share of the examples by step, as a stacked area chart."""
+def plot_schedule(config: LMMixtureDatasetConfig, steps: int, path: str, weight_log: list[tuple[int, dict[str, float]]] | None = None) -> str:
+    """Each source's scheduled share of the examples by step (the config's, or a run's ``weight_log``), as a stacked area chart."""
     plt = _pyplot()
-    x, weights = scheduled_weights(config, steps)
+    x, weights = scheduled_weights(config, steps, weight_log)
     colors = source_colors(config)
     fig, ax = plt.subplots(figsize=(9, 4))
     ax.stackplot(x, *weights.values(), labels=list(weights), colors=[colors[n] for n in weights], alpha=0.8)
@@ -76,13 +80,15 @@ def plot_schedule(config: LMMixtureDatasetConfig, steps: int, path: str) -> str:
 
 
 def read_metrics(run_dir: str) -> tuple[list[dict], list[dict]]:
-    """The run's training steps and evaluations, the last record of each step kept (a resumed run logs some twice)."""
+    """The run's training steps and evaluations, the last record of each step kept (a resumed run logs some twice); the
+    weight stages an online algorithm logged there are in ``weights.jsonl`` too (``weight_log.read_log``)."""
     train: dict[int, dict] = {}
     evals: dict[int, dict] = {}
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         for line in f:
             record = json.loads(line)
-            (train if record["kind"] == "train" else evals)[record["step"]] = record
+            if record["kind"] in ("train", "eval"):
+                (train if record["kind"] == "train" else evals)[record["step"]] = record
     return [train[s] for s in sorted(train)], [evals[s] for s in sorted(evals)]
 
 
@@ -120,9 +126,13 @@ def run_figure(config: TrainLmConfig) -> Figure:
     for name in [n for n in colors if any(n in r["loss"] for r in evals)]:
         points = [(r["step"], r["loss"][name]) for r in evals if name in r["loss"]]
         loss_ax.plot(*zip(*points), marker="o", color=colors[name], label=f"validation: {name}", gid=name)
+    for name in [n for n in colors if any((r.get("source_loss") or {}).get(n) is not None for r in train)]:
+        points = [(r["step"], r["source_loss"][name]) for r in train if (r.get("source_loss") or {}).get(name) is not None]
+        loss_ax.plot(*zip(*points), color=colors[name], lw=0.8, alpha=0.6, label=f"train: {name}", gid=name)
     loss_ax.set_ylabel("loss (nats / token)")
     loss_ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
-    _, weights = scheduled_weights(config.data, int(steps.max()) + 1 if len(steps) else 1)
+    log = stages(read_log(run_dir)) if os.path.exists(os.path.join(run_dir, WEIGHT_LOG)) else None
+    _, weights = scheduled_weights(config.data, int(steps.max()) + 1 if len(steps) else 1, log)
     for name, weight in weights.items():
         share = np.array([r["sources"].get(name, 0) / r["examples"] for r in train])
         share_ax.plot(steps, share, color=colors[name], alpha=0.3, lw=1, gid=name)
@@ -137,7 +147,7 @@ def run_figure(config: TrainLmConfig) -> Figure:
     legend = [Line2D([], [], color=colors[name], lw=2, label=name) for name in weights]
     legend += [Line2D([], [], color="grey", lw=1.5, label="seen, 10-step mean"),
                Line2D([], [], color="grey", alpha=0.3, lw=1, label="seen, per step"),
-               Line2D([], [], color="grey", ls="--", lw=1.5, label="scheduled weight")]
+               Line2D([], [], color="grey", ls="--", lw=1.5, label="weight (the run's weight log)" if log else "scheduled weight")]
     share_ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
     fig.suptitle(run_title(config, len(train)), fontsize=10)
     fig.tight_layout()
