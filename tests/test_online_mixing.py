@@ -66,7 +66,7 @@ def test_an_updaters_state_restored_decides_what_the_uninterrupted_one_decides(t
         assert decided[0] != decided[-1]  # (ODM explores uniformly while eps_t = 1/K: its first 3 updates for 3 sources)
 
 
-def test_adaptive_settings_are_checked_naming_the_field(tmp_path):
+def test_adaptive_settings_are_checked_naming_the_field(tmp_path, caches):
     with pytest.raises(ValueError, match="adaptive.algorithm must be one of"):
         AdaptiveMixing("exp3")
     with pytest.raises(ValueError, match="adaptive.algorithm doremi needs adaptive.reference_metrics"):
@@ -76,9 +76,10 @@ def test_adaptive_settings_are_checked_naming_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"adaptive.reference_metrics: .*missing.jsonl"):
         DoReMiUpdater(AdaptiveMixing("doremi", reference_metrics=str(tmp_path / "missing.jsonl")), "ab", {"a": 1.0})
     with pytest.raises(ValueError, match="adaptive.delay 2 is less than the 4 steps the loader may have read ahead"):
-        train(load_train_config(write_train_config(tmp_path, "short", TRAINER, MODEL, adaptive={**ODM, "delay": 2})))
+        train(load_train_config(write_train_config(tmp_path, "short", TRAINER, MODEL, caches, adaptive={**ODM, "delay": 2})))
     with pytest.raises(ValueError, match=r"adaptive.delay 5 is less than the 6 steps .* trainer.loader_workers 1 x the prefetch"):
-        train(load_train_config(write_train_config(tmp_path, "workers", {**TRAINER, "loader_workers": 1}, MODEL, adaptive={**ODM, "delay": 5})))
+        train(load_train_config(write_train_config(tmp_path, "workers", {**TRAINER, "loader_workers": 1}, MODEL, caches,
+                                                   adaptive={**ODM, "delay": 5})))
     with pytest.raises(ValueError, match="stop_strategy all_exhausted .* set adaptive.floor above 0"):
         load_train_config(write_train_config(tmp_path, "finite", TRAINER, MODEL, adaptive={**ODM, "floor": 0}, stop_strategy="all_exhausted"))
 
