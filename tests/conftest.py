@@ -22,6 +22,15 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 from helpers import DEMO_CORPUS, TOKENIZER, GrowingCache, read_jsonl_zst  # noqa: E402
 
+CLUSTER_TESTS = {"test_executors.py", "test_curate.py", "test_readme.py"}
+"""Files whose tests start Ray or Dask clusters: under pytest-xdist they run in one worker, one cluster at a time."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in CLUSTER_TESTS:
+            item.add_marker(pytest.mark.xdist_group("clusters"))
+
 
 @pytest.fixture(scope="session")
 def demo_docs() -> dict[str, list[dict[str, Any]]]:
