@@ -12,8 +12,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # the mesh tests want 8 fake CPU devices; the flag only works before JAX starts, and conftest runs first
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-# remembered tokenizer descriptions go to a directory of this test session, not the user's ~/.cache
-os.environ.setdefault("TOKENMIX_CACHE_DIR", tempfile.mkdtemp(prefix="tokenmix-test-cache-"))
+# remembered tokenizer descriptions go to a directory of this test session, not the user's ~/.cache; a pytest-xdist
+# worker makes its own (it inherits the controller's environment), since tests count what their session remembered
+if os.environ.get("PYTEST_XDIST_WORKER") or "TOKENMIX_CACHE_DIR" not in os.environ:
+    os.environ["TOKENMIX_CACHE_DIR"] = tempfile.mkdtemp(prefix="tokenmix-test-cache-")
+    os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 # compiled training steps are kept for the session, so the training processes the tests start (and stop, and resume)
 # compile each step once between them, not once each (the checkpoint kill tests: 106 s -> 46 s)
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.environ["TOKENMIX_CACHE_DIR"], "jax"))
