@@ -9,11 +9,14 @@ import random
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from helpers import DEMO_CORPUS, read_jsonl_zst
 
 from tokenmix.curate import AddId, CurationConfig, CurationOutput, CurationSource, run_curation
-from tokenmix.curate.fuzzy_dedup import FuzzyDedup, band_hashes, bucket_edges, components, pack, removals, unpack
+from tokenmix.curate.components import DocRanges, RangeWriters, find_components, scatter_by_range
+from tokenmix.curate.dedup_policy import pack, removals, unpack
+from tokenmix.curate.fuzzy_dedup import FuzzyDedup, band_hashes, bucket_edges
 from tokenmix.curate.minhash import MinHashConfig, candidate_probability, jaccard, signatures
 
 
@@ -27,11 +30,25 @@ def test_bucket_members_join_their_first_only_and_a_pair_in_two_bands_counts_onc
     assert len(big) == 9_999 and (big[:, 0] == 0).all()
 
 
-def test_components_join_chains_and_number_clusters_by_their_first_document():
-    edges = np.array([[7, 9], [1, 3], [3, 5], [9, 11]], dtype=np.int64)
-    nodes, clusters = components(edges)
-    assert nodes.tolist() == [1, 3, 5, 7, 9, 11]
-    assert clusters.tolist() == [0, 0, 0, 1, 1, 1]
+def test_components_found_range_by_range_join_chains_across_ranges_and_number_clusters_by_their_first_document(tmp_path):
+    edges = np.array([[7, 9], [1, 3], [3, 5], [9, 11], [2, 11]], dtype=np.int64)
+    ranges = DocRanges((0, 4, 8))
+    writers = RangeWriters(str(tmp_path / "adjacency"), 0)
+    both = np.concatenate([edges, edges[:, ::-1]])
+    scatter_by_range({"node": both[:, 0], "neighbor": both[:, 1]}, both[:, 0], ranges, writers)
+    written = writers.close()
+    adjacency = [[str(tmp_path / "adjacency" / f"00000-{q:05d}.parquet")] if str(q) in written else [] for q in range(len(ranges))]
+    found = find_components(ranges, adjacency, str(tmp_path / "components"), lambda fn, tasks, stats, label: [fn(t) for t in tasks])
+    labels = {}
+    for url in found.labels_urls:
+        table = pq.read_table(url)
+        labels.update(zip(table.column("node").to_pylist(), table.column("label").to_pylist(), strict=True))
+    assert labels == {1: 1, 3: 1, 5: 1, 2: 2, 7: 2, 9: 2, 11: 2}
+    assert found.rounds >= 2, "the label of 2 reaches 7 only through 11 and 9, in ranges of their own"
+    assert found.first_cluster == [0, 2, 2]
+    members = pq.read_table(found.member_urls[0]).to_pydict()
+    assert sorted(zip(members["doc"], members["root"], strict=True)) == sorted(labels.items())
+    assert found.member_urls[1] == [] and found.member_urls[2] == []
 
 
 def test_cross_source_removal_keeps_the_top_ranked_source_and_internal_duplicates():
@@ -156,8 +173,8 @@ def test_the_zyda2_recipe_removes_cross_source_duplicates_by_rank(tmp_path):
     assert fuzzy["fuzzy_dedup"]["clusters_by_sources"]["high+low+mid"] == 1
     assert stats["accounted"]
     work = tmp_path / "out" / ".curate"
-    clusters = [os.path.join(r, f) for r, _, fs in os.walk(work) for f in fs if f == "clusters.parquet"]
-    assert len(clusters) == 1
+    clusters = [os.path.join(r, d) for r, ds, _ in os.walk(work) for d in ds if d == "clusters.parquet"]
+    assert len(clusters) == 1 and len(pq.read_table(clusters[0])) == 9
 
 
 def test_the_bundled_zyda2_pipeline_runs(tmp_path):
@@ -174,14 +191,173 @@ def test_the_bundled_zyda2_pipeline_runs(tmp_path):
 
 
 def test_per_cluster_source_counts_are_written(tmp_path):
-    import pyarrow.parquet as pq
-
     text = " ".join(f"word{i}" for i in range(400))
     _write_source(tmp_path / "x" / "s.jsonl", [text, text, "something else entirely " * 20])
     _write_source(tmp_path / "y" / "s.jsonl", [text])
     sources = [CurationSource("x", [str(tmp_path / "x" / "s.jsonl")]), CurationSource("y", [str(tmp_path / "y" / "s.jsonl")])]
     stats = run_curation(CurationConfig(sources=sources, stages=[FuzzyDedup()], num_workers=0, keep_intermediate=True,
                                         output=CurationOutput(str(tmp_path / "out"), "jsonl", write_to_filename=True)))
-    counts = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path / "out" / ".curate") for f in fs if f == "cluster_counts.parquet"]
+    counts = [os.path.join(r, d) for r, ds, _ in os.walk(tmp_path / "out" / ".curate") for d in ds if d == "cluster_counts.parquet"]
     assert pq.read_table(counts[0]).to_pylist() == [{"cluster": 0, "source": "x", "documents": 2}, {"cluster": 0, "source": "y", "documents": 1}]
     assert stats["stages"][0]["fuzzy_dedup"]["removed_by_source"] == {"y": 1} and stats["output"]["records"] == 3
+
+
+def _chained_sources(root) -> list[CurationSource]:
+    """Three sources of two shards each from the real corpus, with near-copies across and inside sources, and chains
+    (a copy of a copy) whose ends share fewer bands than either link."""
+    rng = random.Random(5)
+    texts = {s: [r["text"] for r in read_jsonl_zst(DEMO_CORPUS / s / "train-00-of-02.jsonl.zst") if len(r["text"]) > 500][:30]
+             for s in ("linux_doc", "python_doc", "webster")}
+    near = lambda t: _edit(t, max(1, len(t) // 1500), rng)  # noqa: E731
+    high, mid, low = texts["linux_doc"], list(texts["python_doc"]), list(texts["webster"])
+    for i in range(0, 12, 2):
+        first = near(high[i])
+        mid.insert(3 * i % len(mid), first)
+        low.insert(5 * i % len(low), near(first))
+    mid.append(mid[7])
+    low += [near(mid[2]), near(mid[2])]
+    sources = []
+    for name, docs in (("high", high), ("mid", mid), ("low", low)):
+        half = len(docs) // 2
+        _write_source(root / name / "a.jsonl", docs[:half])
+        _write_source(root / name / "b.jsonl", docs[half:])
+        sources.append(CurationSource(name, [str(root / name / "a.jsonl"), str(root / name / "b.jsonl")]))
+    return sources
+
+
+def _decision_files(out, name: str) -> pa.Table:
+    found = [os.path.join(r, d) for r, ds, _ in os.walk(out / ".curate") for d in ds if d == name]
+    assert len(found) == 1
+    table = pq.read_table(found[0])
+    return table.sort_by([(table.column_names[0], "ascending"), (table.column_names[1], "ascending")])
+
+
+@pytest.mark.parametrize("policy", ["cross_source", "one_per_cluster"])
+def test_buckets_and_edges_too_large_for_memory_give_the_same_clusters_and_output_within_the_bound(tmp_path, policy):
+    sources = _chained_sources(tmp_path)
+    runs = {}
+    for memory in (1 << 30, 1024):
+        out = tmp_path / f"out-{memory}"
+        stats = run_curation(CurationConfig(sources=sources, stages=[AddId(), FuzzyDedup(policy=policy, memory_bytes=memory)], num_workers=0,
+                                            keep_intermediate=True, output=CurationOutput(str(out), "jsonl", write_to_filename=True)))
+        files = {os.path.relpath(os.path.join(r, f), out): open(os.path.join(r, f), "rb").read()
+                 for r, _, fs in os.walk(out) if ".curate" not in r for f in fs if f != "curation_stats.json"}
+        decision = dict(stats["stages"][1]["fuzzy_dedup"])
+        for per_partition in ("candidate_pairs", "edges"):  # a pair whose bands fall in two partitions is found in each
+            decision.pop(per_partition)
+        runs[memory] = (files, decision.pop("bounds"), decision, _decision_files(out, "clusters.parquet"),
+                        _decision_files(out, "cluster_counts.parquet"), stats["stages"][1]["removed"])
+    (files, unbounded, *decided), (tiny_files, bounds, *tiny_decided) = runs[1 << 30], runs[1024]
+    assert tiny_files == files and len(files) == 6
+    assert tiny_decided == decided
+    assert decided[0]["clusters"] >= 8 and decided[-1]["fuzzy_duplicate"] >= 12
+    assert unbounded["partitions"] == 1 and unbounded["ranges"] == 1
+    assert bounds["partitions"] > 8 and bounds["ranges"] >= 3 and bounds["rounds"] >= 2
+    assert bounds["max_task_bytes"] <= 1024 < unbounded["max_task_bytes"]
+
+
+def test_a_bucket_larger_than_the_memory_bound_is_refused_naming_the_setting(tmp_path):
+    from tokenmix.curate.pipeline_config import CurationError
+
+    text = " ".join(f"word{i}" for i in range(300))
+    _write_source(tmp_path / "x" / "s.jsonl", [text] * 60 + [f"other {i} " * 40 for i in range(20)])
+    config = CurationConfig(sources=[CurationSource("x", [str(tmp_path / "x" / "s.jsonl")])], stages=[FuzzyDedup(memory_bytes=1024)],
+                            num_workers=0, output=CurationOutput(str(tmp_path / "out"), "jsonl", write_to_filename=True))
+    with pytest.raises(CurationError, match=r"fuzzy_dedup.memory_bytes \(1,024\) cannot hold LSH partition \d+: \d+ bucket entries .*"
+                                            r"one text copied many times.*raise fuzzy_dedup.memory_bytes$"):
+        run_curation(config)
+
+
+STAGE_DIRS = {"signatures": ["pass-0/stats"], "buckets": ["pass-0/fuzzy/lsh/stats"], "edges": ["pass-0/fuzzy/edges/stats"],
+              "components": ["pass-0/fuzzy/components"], "removal": ["pass-0/fuzzy/clusters/stats", "pass-0/fuzzy/removed/stats"]}
+"""Where each step of fuzzy dedup records its finished tasks (``.json``), below the run's work directory."""
+
+
+def _finished_tasks(out, stage: str) -> int:
+    work = out / ".curate"
+    keys = os.listdir(work) if work.is_dir() else []
+    return sum(1 for key in keys for d in STAGE_DIRS[stage] for _, _, files in os.walk(work / key / d) for f in files if f.endswith(".json"))
+
+
+def _curate_until(config_path, out, stage: str) -> bool:
+    """Run the curation in a process of its own until ``stage`` has finished a task (polled), then SIGKILL it and its
+    workers; returns whether the run ended first."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import REPO
+
+    proc = subprocess.Popen([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(config_path), "--output.path", str(out)],
+                            cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300  # a hung run, not a slow one: generous and fixed
+    while proc.poll() is None and _finished_tasks(out, stage) < 1:
+        assert time.monotonic() < deadline, f"no task of {stage} finished in 300 s"
+        time.sleep(0.002)
+    finished = proc.poll() is not None
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    stderr = proc.communicate()[1].decode()
+    assert not finished or proc.returncode == 0, stderr[-3000:]
+    return finished
+
+
+@pytest.mark.slow
+def test_a_kill_in_each_step_of_fuzzy_dedup_resumes_to_identical_output_and_decisions(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+    from helpers import REPO
+
+    from tokenmix.curate.pipeline import describe
+
+    sources = []
+    for source in _chained_sources(tmp_path / "corpus"):
+        docs = [line for path in source.paths for line in open(path)]
+        paths = []
+        for k in range(5):
+            (tmp_path / source.name / f"{k}.jsonl").parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / source.name / f"{k}.jsonl").write_text("".join(docs[k::5]))
+            paths.append(str(tmp_path / source.name / f"{k}.jsonl"))
+        sources.append(CurationSource(source.name, paths))
+    config = CurationConfig(sources=sources, stages=[AddId(), FuzzyDedup(memory_bytes=1024)], num_workers=1,
+                            output=CurationOutput(str(tmp_path / "unused"), "jsonl", write_to_filename=True))
+    config_path = tmp_path / "pipeline.yaml"
+    config_path.write_text(yaml.safe_dump(describe(config)))
+
+    def curate(out):
+        done = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(config_path), "--output.path", str(out)],
+                              cwd=REPO, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    def everything(out):
+        """The outputs and the decision's files (below the run's work directory, whose name is the run's key)."""
+        files = {}
+        for r, _, fs in os.walk(out):
+            for f in fs:
+                if f.endswith((".jsonl", ".parquet")):
+                    path = os.path.relpath(os.path.join(r, f), out).split(os.sep)
+                    files["/".join(path[:1] + path[2:] if path[0] == ".curate" else path)] = open(os.path.join(r, f), "rb").read()
+        return files
+
+    curate(tmp_path / "reference")
+    tasks = {stage: _finished_tasks(tmp_path / "reference", stage) for stage in STAGE_DIRS}
+    assert min(tasks.values()) >= 8, tasks
+    out = tmp_path / "killed"
+    landed = {}
+    for stage in STAGE_DIRS:
+        assert not _curate_until(config_path, out, stage), f"the run ended before it was killed in {stage}"
+        landed[stage] = _finished_tasks(out, stage)
+    curate(out)
+    print("finished tasks of each step at its kill", landed, "of", tasks)
+    assert all(landed[stage] < tasks[stage] for stage in STAGE_DIRS), f"a kill landed after its step: {landed} of {tasks}"
+    assert everything(out) == everything(tmp_path / "reference")
+    assert not [f for _, _, files in os.walk(out) for f in files if f.endswith(".partial")]
+    first = sorted(p for p in everything(out) if p.endswith(".jsonl"))[0]
+    os.remove(out / first)
+    curate(out)
+    assert everything(out) == everything(tmp_path / "reference")

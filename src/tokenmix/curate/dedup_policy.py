@@ -29,17 +29,19 @@ def unpack(doc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return doc >> ROW_BITS, doc & ((1 << ROW_BITS) - 1)
 
 
+def member_keys(nodes: np.ndarray, rank_of_task: np.ndarray, policy: str) -> np.ndarray:
+    """What a group keeps its least of: the node itself (``one_per_cluster``) or its source's rank (``cross_source``)."""
+    if policy == "one_per_cluster":
+        return nodes
+    if policy != "cross_source":
+        raise ValueError(f"dedup policy {policy!r} is not one of {', '.join(POLICIES)}")
+    return rank_of_task[unpack(nodes)[0]]
+
+
 def removals(nodes: np.ndarray, clusters: np.ndarray, rank_of_task: np.ndarray, policy: str) -> np.ndarray:
     """Which grouped documents to remove (a bool per node; ``clusters`` numbers each node's group): ``cross_source``
     removes members of every source ranked below the group's best, ``one_per_cluster`` all but the first member."""
-    tasks, _ = unpack(nodes)
-    ranks = rank_of_task[tasks]
-    if policy == "one_per_cluster":
-        first = np.full(clusters.max() + 1 if len(clusters) else 0, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(first, clusters, nodes)
-        return nodes != first[clusters]
-    if policy != "cross_source":
-        raise ValueError(f"dedup policy {policy!r} is not one of {', '.join(POLICIES)}")
+    keys = member_keys(nodes, rank_of_task, policy)
     best = np.full(clusters.max() + 1 if len(clusters) else 0, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(best, clusters, ranks)
-    return ranks > best[clusters]
+    np.minimum.at(best, clusters, keys)
+    return keys > best[clusters]

@@ -1,26 +1,35 @@
 """Fuzzy deduplication: MinHash signatures, LSH buckets, duplicate edges, clusters, and removal by source rank.
 
-The Zyda-2 recipe, on CPUs and with memory bounded by an on-disk shuffle. The pass before a ``fuzzy_dedup`` stage
-writes each shard's MinHash signatures (``minhash.py``). Then, each step an artifact of its own, written under a
-temporary name and renamed, so an interrupted run resumes at the step it was in:
+The Zyda-2 recipe, on CPUs, every step a set of tasks on the executor with memory bounded by ``memory_bytes``, not by
+the corpus. The pass before a ``fuzzy_dedup`` stage writes each shard's MinHash signatures (``minhash.py``). Then,
+each step an artifact of its own, written under a temporary name and renamed, so an interrupted run resumes at the
+step (and the task) it was in:
 
 1. lsh (one task per shard): each signature cut into ``bands`` bands of ``rows`` values, each band hashed to 64 bits;
    every (band, hash, document) goes to one of ``partitions`` bucket files by its hash.
 2. edges (one task per partition): documents with the same value in the same band share a bucket; each member is
    joined to the bucket's first (never all pairs, so a huge bucket costs its size, not its square), and with
    ``jaccard_check`` each edge is kept only when the true shingle Jaccard of its two texts reaches ``jaccard_threshold``.
-3. clusters (the driver): connected components of the edges (``scipy.sparse.csgraph``), each document in a cluster
-   with its cluster id (``clusters.parquet``); per cluster the documents of each source (``cluster_counts.parquet``,
-   Zyda-2's ``compute_counts``).
-4. removal (the driver): ``cross_source`` keeps every member of the cluster's highest-ranked source (the sources'
-   list order) and removes the members of the others, so duplicates inside a source stay (Zyda-2); ``one_per_cluster``
-   keeps only the first member (highest rank, then shard, then row). The next pass drops the removed records.
+   Each edge goes, from each of its ends, to the adjacency file of that end's range of document ids.
+3. components (one task per range and round, ``components.py``): min-label propagation until no label changes; each
+   document then goes to the range of its cluster's root (its least document).
+4. clusters (one task per range): the clusters rooted in the range, numbered by their root as one pass over all
+   edges would number them, each document with its cluster id (``clusters.parquet/``, a file per range); per cluster the
+   documents of each source (``cluster_counts.parquet/``, Zyda-2's ``compute_counts``); and which to remove.
+   ``cross_source`` keeps every member of the cluster's highest-ranked source (the sources' list order) and removes the
+   members of the others, so duplicates inside a source stay (Zyda-2); ``one_per_cluster`` keeps only the first member
+   (highest rank, then shard, then row). A cluster's members are streamed twice: its best, then the removals.
+5. removal (one task per range): the removed documents of the range, sorted (``removed/``); the next pass's task for a
+   shard reads the files of the ranges its rows fall in and drops what they list.
 
-A document is named by ``task << 32 | row``: its input shard's task and its row in that shard's intermediate output.
+A document is named by ``task << 32 | row``: its input shard's task and its row in that shard's intermediate output, so
+ranges of names are ranges of (task, row) and sorted lists of them join by streaming. The driver holds a few numbers
+per shard, partition and range, never one per document.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,12 +38,19 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from tokenmix.curate.dedup_policy import Policy, pack, removals, unpack
+from tokenmix.curate.components import BYTES_PER_NODE, DocRanges, RangeWriters, chunks, find_components, range_file, scatter_by_range
+from tokenmix.curate.dedup_policy import Policy, member_keys, pack, unpack
 from tokenmix.curate.minhash import MinHashConfig, jaccard
+from tokenmix.curate.pipeline_config import CurationError
 from tokenmix.curate.records import as_array, column_name
 from tokenmix.curate.scatter import mix64
-from tokenmix.curate.shard_io import exists, local_or_url_join, read_table, write_json, write_table
+from tokenmix.curate.shard_io import ShardWriter, local_or_url_join, read_table, write_json, write_table
 from tokenmix.curate.stages import ShardContext, Stage
+
+logger = logging.getLogger(__name__)
+
+BYTES_PER_ENTRY = 24
+"""What an edges task holds per bucket entry (a document in one band): its band, hash and document, and their order."""
 
 
 @Stage.register_subclass("fuzzy_dedup")
@@ -57,7 +73,9 @@ class FuzzyDedup(Stage):
     text_field: str | None = None
     """Unset: the source's ``text_field``."""
     memory_bytes: int = 1 << 30
-    """Memory for the bucket entries an edges task holds (24 bytes per document and band); more means more partitions."""
+    """What one task holds of the corpus-wide steps: an edges task's bucket entries (24 bytes per document and band),
+    a components, clusters or removal task's range of documents (32 bytes each, and 8 per source). Less means more
+    partitions and ranges, never more memory; a bucket too large for it is refused, naming this field."""
     backend: Literal["numba", "jax"] = "numba"
     """What computes signatures: ``numba`` (compiled loops, the fastest on CPUs) or ``jax`` (for an accelerator; about
     1.3 s to start in each worker process); both give the same bits."""
@@ -97,23 +115,6 @@ def bucket_edges(bands: np.ndarray, hashes: np.ndarray, docs: np.ndarray) -> np.
     return np.unique(edges, axis=0)
 
 
-def components(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The documents that have an edge, sorted, and the cluster of each (clusters numbered by their first document)."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    nodes, index = np.unique(edges.reshape(-1), return_inverse=True)
-    if not len(nodes):
-        return nodes, nodes.copy()
-    index = index.reshape(-1, 2)
-    graph = coo_matrix((np.ones(len(index), dtype=np.int8), (index[:, 0], index[:, 1])), shape=(len(nodes), len(nodes)))
-    _, labels = connected_components(graph, directed=False)
-    first_of = np.full(labels.max() + 1, len(nodes), dtype=np.int64)
-    np.minimum.at(first_of, labels, np.arange(len(nodes)))
-    renumbered = np.argsort(np.argsort(first_of, kind="stable"), kind="stable")
-    return nodes, renumbered[labels]
-
-
 @dataclass(frozen=True)
 class LshTask:
     """One shard's signatures into bucket files by band hash."""
@@ -129,15 +130,44 @@ class LshTask:
 
 @dataclass(frozen=True)
 class EdgesTask:
-    """One partition's buckets into edges (checked against the texts when asked)."""
+    """One partition's buckets into edges (checked against the texts when asked), sent to the ranges of their ends."""
 
     partition: int
     bucket_urls: list[str]
-    out_url: str
+    ranges: DocRanges
+    out_dir: str
     stats_url: str
     check: FuzzyDedup | None
     intermediate_urls: list[str]
     text_fields: list[str]
+
+
+@dataclass(frozen=True)
+class ClustersTask:
+    """The clusters rooted in one range: their numbers, source counts and removals."""
+
+    range_index: int
+    labels_url: str
+    member_urls: list[str]
+    first_cluster: int
+    ranges: DocRanges
+    rank_of_task: list[int]
+    sources: list[str]
+    policy: Policy
+    clusters_url: str
+    counts_url: str
+    removed_dir: str
+    stats_url: str
+
+
+@dataclass(frozen=True)
+class RemovalTask:
+    """One range's removed documents, as one sorted list."""
+
+    range_index: int
+    urls: list[str]
+    out_url: str
+    stats_url: str
 
 
 def write_signatures(url: str, signatures: np.ndarray, present: np.ndarray) -> None:
@@ -178,18 +208,27 @@ def run_lsh_task(task: LshTask) -> dict[str, Any]:
 
 
 def run_edges_task(task: EdgesTask) -> dict[str, Any]:
-    """The edges of one partition's buckets, checked against the texts with ``jaccard_check``."""
+    """The edges of one partition's buckets, checked against the texts with ``jaccard_check``, written from each end
+    to the adjacency file of its range."""
     parts = [read_table(url) for url in task.bucket_urls]
     if parts:
         table = pa.concat_tables(parts)
+        entries = table.num_rows
         edges = bucket_edges(table.column("band").to_numpy(), table.column("hash").to_numpy(), table.column("doc").to_numpy())
     else:
+        entries = 0
         edges = np.zeros((0, 2), dtype=np.int64)
     candidates = len(edges)
     if task.check is not None and len(edges):
         edges = edges[_similar(edges, task)]
-    write_table(task.out_url, pa.table({"a": pa.array(edges[:, 0], pa.int64()), "b": pa.array(edges[:, 1], pa.int64())}))
-    result = {"candidates": candidates, "edges": int(len(edges))}
+    writers = RangeWriters(task.out_dir, task.partition)
+    try:
+        both = np.concatenate([edges, edges[:, ::-1]])
+        scatter_by_range({"node": both[:, 0], "neighbor": both[:, 1]}, both[:, 0], task.ranges, writers)
+    except BaseException:
+        writers.abort()
+        raise
+    result = {"candidates": candidates, "edges": int(len(edges)), "adjacency": writers.close(), "held_bytes": entries * BYTES_PER_ENTRY}
     write_json(task.stats_url, result)
     return result
 
@@ -208,61 +247,146 @@ def _similar(edges: np.ndarray, task: EdgesTask) -> np.ndarray:
     return np.array([jaccard(texts[a], texts[b], task.check.minhash) >= task.check.jaccard_threshold for a, b in edges.tolist()], dtype=bool)
 
 
+def run_clusters_task(task: ClustersTask) -> dict[str, Any]:
+    """Number the clusters rooted in a range, count their sources, decide their removals (members streamed twice:
+    each cluster's best, then who is below it); returns the range's share of the decision's statistics."""
+    labels = read_table(task.labels_url)
+    nodes = labels.column("node").to_numpy()
+    roots = nodes[labels.column("label").to_numpy() == nodes]
+    rank_of_task = np.asarray(task.rank_of_task, dtype=np.int64)
+    n_sources = len(task.sources)
+    best = np.full(len(roots), np.iinfo(np.int64).max, dtype=np.int64)
+    for doc, root in chunks(task.member_urls, "doc", "root"):
+        np.minimum.at(best, np.searchsorted(roots, root), member_keys(doc, rank_of_task, task.policy))
+    names = pa.array(task.sources, pa.string())
+    pair_keys, pair_counts = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    in_clusters = np.zeros(n_sources, dtype=np.int64)
+    removed_by = np.zeros(n_sources, dtype=np.int64)
+    clusters = ShardWriter(task.clusters_url, "parquet", keep_hidden=True)
+    removed_writers = RangeWriters(task.removed_dir, task.range_index)
+    try:
+        for doc, root in chunks(task.member_urls, "doc", "root"):
+            at = np.searchsorted(roots, root)
+            removed = member_keys(doc, rank_of_task, task.policy) > best[at]
+            source = rank_of_task[unpack(doc)[0]]
+            clusters.write(pa.table({"doc": pa.array(doc, pa.int64()), "cluster": pa.array(task.first_cluster + at, pa.int64()),
+                                     "source": names.take(pa.array(source)), "removed": pa.array(removed)}))
+            scatter_by_range({"doc": doc[removed]}, doc[removed], task.ranges, removed_writers)
+            keys, inverse = np.unique(np.concatenate([pair_keys, at * n_sources + source]), return_inverse=True)
+            pair_counts = np.bincount(inverse, weights=np.concatenate([pair_counts, np.ones(len(doc), dtype=np.int64)]),
+                                      minlength=len(keys)).astype(np.int64)
+            pair_keys = keys
+            in_clusters += np.bincount(source, minlength=n_sources)
+            removed_by += np.bincount(source[removed], minlength=n_sources)
+    except BaseException:
+        clusters.abort()
+        removed_writers.abort()
+        raise
+    if clusters.records:
+        clusters.close()
+    else:
+        clusters.abort()
+        write_table(task.clusters_url, pa.table({"doc": pa.array([], pa.int64()), "cluster": pa.array([], pa.int64()),
+                                                 "source": pa.array([], pa.string()), "removed": pa.array([], pa.bool_())}))
+    cluster_of_pair, source_of_pair = pair_keys // max(n_sources, 1), pair_keys % max(n_sources, 1)
+    write_table(task.counts_url, pa.table({"cluster": pa.array(task.first_cluster + cluster_of_pair, pa.int64()),
+                                           "source": names.take(pa.array(source_of_pair)), "documents": pa.array(pair_counts, pa.int64())}))
+    mixes: Counter[str] = Counter()
+    starts = np.flatnonzero(np.r_[True, cluster_of_pair[1:] != cluster_of_pair[:-1]]) if len(pair_keys) else np.zeros(0, dtype=np.int64)
+    for members in np.split(source_of_pair, starts[1:]) if len(starts) else []:
+        mixes["+".join(sorted(task.sources[s] for s in members.tolist()))] += 1
+    result = {"clusters": int(len(roots)), "documents": int(in_clusters.sum()), "clusters_by_sources": dict(mixes),
+              "in_clusters": in_clusters.tolist(), "removed": removed_by.tolist(), "removed_to": removed_writers.close(),
+              "held_bytes": (int(len(nodes)) + int(len(roots)) + int(len(pair_keys))) * 16}
+    write_json(task.stats_url, result)
+    return result
+
+
+def run_removal_task(task: RemovalTask) -> dict[str, Any]:
+    """A range's removed documents as one list sorted by (task, row), with row-group statistics so that the task of a
+    shard reads only its own."""
+    docs = np.sort(np.concatenate([read_table(url).column("doc").to_numpy() for url in task.urls] or [np.zeros(0, dtype=np.int64)]))
+    tasks, rows = unpack(docs)
+    write_table(task.out_url, pa.table({"task": pa.array(tasks, pa.int32()), "row": pa.array(rows, pa.int64())}), statistics=True)
+    result = {"removed": int(len(docs)), "held_bytes": int(len(docs)) * BYTES_PER_NODE}
+    write_json(task.stats_url, result)
+    return result
+
+
+def partition_count(stage: FuzzyDedup, total_records: int) -> int:
+    """Bucket partitions for ``total_records`` documents: an edges task's expected entries fill half of ``memory_bytes``
+    (buckets fall to partitions by hash, so a partition's share varies)."""
+    return max(1, -(-2 * total_records * stage.bands * BYTES_PER_ENTRY // max(stage.memory_bytes, 1)))
+
+
+def documents_per_range(stage: FuzzyDedup, sources: int) -> int:
+    """Documents in a range of ids: a components or removal task holds ``BYTES_PER_NODE`` per document, a clusters task
+    16 bytes per document, per root (at most one in two documents) and per (cluster, source) pair (at most ``sources``
+    per root)."""
+    return max(1, stage.memory_bytes // (BYTES_PER_NODE + 8 * sources))
+
+
 def decide(stage: FuzzyDedup, run_phase: Callable[..., list[dict[str, Any]]], signature_urls: list[str], intermediate_urls: list[str],
-           text_fields: list[str], sources: list[str], source_of_task: list[int], total_records: int, work: str) -> tuple[list[str], dict[str, Any]]:
-    """Run lsh and edges on the executor (through ``run_phase``), then clusters and removal here; returns the removal
-    files (the next pass drops what they list) and the statistics (clusters, per-cluster source counts, removed)."""
-    partitions = max(1, -(-total_records * stage.bands * 24 // max(stage.memory_bytes, 1)))
+           text_fields: list[str], sources: list[str], source_of_task: list[int], records_of_task: list[int],
+           work: str) -> tuple[list[list[str]], dict[str, Any]]:
+    """Run every step on the executor (through ``run_phase``); returns, for each task, the removal files its next pass
+    reads (the next pass drops what they list), and the statistics (clusters, per-cluster source counts, removed)."""
+    total = sum(records_of_task)
+    partitions = partition_count(stage, total)
+    ranges = DocRanges.of(records_of_task, documents_per_range(stage, len(sources)))
     lsh_dir = local_or_url_join(work, "lsh")
     lsh_tasks = [LshTask(t, url, stage.bands, stage.rows, partitions, local_or_url_join(lsh_dir, "buckets"),
                          local_or_url_join(lsh_dir, "stats", f"{t:06d}.json")) for t, url in enumerate(signature_urls)]
     scattered = run_phase(run_lsh_task, lsh_tasks, [t.stats_url for t in lsh_tasks], "lsh buckets")
+    entries = [sum(r["partitions"].get(str(p), 0) for r in scattered) for p in range(partitions)]
+    largest = max(entries, default=0)
+    if largest * BYTES_PER_ENTRY > stage.memory_bytes:
+        raise CurationError(f"fuzzy_dedup.memory_bytes ({stage.memory_bytes:,}) cannot hold LSH partition {entries.index(largest)}: "
+                            f"{largest:,} bucket entries of {BYTES_PER_ENTRY} bytes, {largest * BYTES_PER_ENTRY:,} bytes (its largest buckets "
+                            "are one text copied many times, which no partitioning splits); raise fuzzy_dedup.memory_bytes")
     edge_tasks = []
     for p in range(partitions):
         urls = [_bucket_url(local_or_url_join(lsh_dir, "buckets"), t.task, p) for t, r in zip(lsh_tasks, scattered, strict=True)
                 if str(p) in r["partitions"]]
-        edge_tasks.append(EdgesTask(p, urls, local_or_url_join(work, "edges", f"{p:04d}.parquet"),
-                                    local_or_url_join(work, "edges", "stats", f"{p:04d}.json"), stage if stage.jaccard_check else None,
-                                    intermediate_urls, text_fields))
+        edge_tasks.append(EdgesTask(p, urls, ranges, local_or_url_join(work, "edges"), local_or_url_join(work, "edges", "stats", f"{p:04d}.json"),
+                                    stage if stage.jaccard_check else None, intermediate_urls, text_fields))
     found = run_phase(run_edges_task, edge_tasks, [t.stats_url for t in edge_tasks], "lsh edges")
-    clusters_url = local_or_url_join(work, "clusters.parquet")
-    removal_url = local_or_url_join(work, "removed.parquet")
-    if not exists(removal_url):
-        edges = np.concatenate([np.stack([t.column("a").to_numpy(), t.column("b").to_numpy()], axis=1)
-                                for t in (read_table(e.out_url) for e in edge_tasks)] or [np.zeros((0, 2), dtype=np.int64)])
-        nodes, clusters = components(edges)
-        rank_of_task = np.asarray(source_of_task, dtype=np.int64)
-        removed = removals(nodes, clusters, rank_of_task, stage.policy)
-        tasks, rows = unpack(nodes)
-        write_table(clusters_url, pa.table({"doc": pa.array(nodes, pa.int64()), "cluster": pa.array(clusters, pa.int64()),
-                                             "source": pa.array([sources[s] for s in rank_of_task[tasks].tolist()], pa.string()),
-                                             "removed": pa.array(removed)}))
-        sources_of_nodes = rank_of_task[tasks]
-        pairs, counts = np.unique(np.stack([clusters, sources_of_nodes], axis=1), axis=0, return_counts=True) if len(nodes) \
-            else (np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.int64))
-        write_table(local_or_url_join(work, "cluster_counts.parquet"), pa.table({
-            "cluster": pa.array(pairs[:, 0], pa.int64()), "source": pa.array([sources[s] for s in pairs[:, 1].tolist()], pa.string()),
-            "documents": pa.array(counts, pa.int64())}))
-        order = np.lexsort((rows[removed], tasks[removed]))
-        write_table(removal_url, pa.table({"task": pa.array(tasks[removed][order], pa.int32()), "row": pa.array(rows[removed][order], pa.int64())}))
-    return [removal_url], summary(read_table(clusters_url), found)
+    adjacency = [[range_file(local_or_url_join(work, "edges"), p, q) for p, r in enumerate(found) if str(q) in r["adjacency"]]
+                 for q in range(len(ranges))]
+    components = find_components(ranges, adjacency, local_or_url_join(work, "components"), run_phase)
+    removed_dir = local_or_url_join(work, "removed")
+    cluster_tasks = [ClustersTask(r, components.labels_urls[r], components.member_urls[r], components.first_cluster[r], ranges,
+                                  source_of_task, sources, stage.policy, local_or_url_join(work, "clusters.parquet", f"{r:05d}.parquet"),
+                                  local_or_url_join(work, "cluster_counts.parquet", f"{r:05d}.parquet"), local_or_url_join(removed_dir, "scatter"),
+                                  local_or_url_join(work, "clusters", "stats", f"{r:05d}.json")) for r in range(len(ranges))]
+    decided = run_phase(run_clusters_task, cluster_tasks, [t.stats_url for t in cluster_tasks], "clusters")
+    removal_tasks = [RemovalTask(q, [range_file(local_or_url_join(removed_dir, "scatter"), r, q) for r, d in enumerate(decided)
+                                     if str(q) in d["removed_to"]],
+                                 local_or_url_join(removed_dir, f"{q:05d}.parquet"), local_or_url_join(removed_dir, "stats", f"{q:05d}.json"))
+                     for q in range(len(ranges))]
+    removals = run_phase(run_removal_task, removal_tasks, [t.stats_url for t in removal_tasks], "removal")
+    removal_of_task = [[removal_tasks[q].out_url for q in ranges.of_task(t, n)] for t, n in enumerate(records_of_task)]
+    decision = summary(found, decided, sources)
+    decision["bounds"] = {"memory_bytes": stage.memory_bytes, "partitions": partitions, "ranges": len(ranges), "rounds": components.rounds,
+                          "max_task_bytes": max([r["held_bytes"] for r in (*found, *decided, *removals)] + [components.max_held_bytes])}
+    logger.info("fuzzy dedup: %d clusters, %d documents in them, %d removed; %d partitions, %d ranges, %d rounds of components",
+                decision["clusters"], decision["documents_in_clusters"], sum(decision["removed_by_source"].values()), partitions,
+                len(ranges), components.rounds)
+    return removal_of_task, decision
 
 
-def summary(clusters: pa.Table, edge_stats: list[dict[str, Any]]) -> dict[str, Any]:
-    """Statistics of a decision: clusters, their documents, which sources they mix, what each source loses."""
-    cluster = clusters.column("cluster").to_numpy()
-    source = clusters.column("source").to_pylist()
-    removed = clusters.column("removed").to_numpy()
+def summary(edge_stats: list[dict[str, Any]], cluster_stats: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
+    """Statistics of a decision, from its tasks' shares: clusters, their documents, which sources they mix, what each
+    source loses (sources in rank order)."""
     mixes: Counter[str] = Counter()
-    members: dict[int, Counter[str]] = {}
-    for c, s in zip(cluster.tolist(), source, strict=True):
-        members.setdefault(c, Counter())[s] += 1
-    for counts in members.values():
-        mixes["+".join(sorted(counts))] += 1
+    for s in cluster_stats:
+        mixes.update(s["clusters_by_sources"])
+    in_clusters = np.sum([s["in_clusters"] for s in cluster_stats], axis=0, dtype=np.int64) if cluster_stats else np.zeros(len(sources))
+    removed = np.sum([s["removed"] for s in cluster_stats], axis=0, dtype=np.int64) if cluster_stats else np.zeros(len(sources))
     return {
         "candidate_pairs": sum(s["candidates"] for s in edge_stats), "edges": sum(s["edges"] for s in edge_stats),
-        "clusters": len(members), "documents_in_clusters": int(len(cluster)),
+        "clusters": sum(s["clusters"] for s in cluster_stats), "documents_in_clusters": sum(s["documents"] for s in cluster_stats),
         "clusters_by_sources": dict(sorted(mixes.items())),
-        "in_clusters_by_source": dict(Counter(source)),
-        "removed_by_source": dict(Counter(s for s, r in zip(source, removed.tolist(), strict=True) if r)),
+        "in_clusters_by_source": {name: int(n) for name, n in zip(sources, in_clusters.tolist(), strict=True) if n},
+        "removed_by_source": {name: int(n) for name, n in zip(sources, removed.tolist(), strict=True) if n},
     }

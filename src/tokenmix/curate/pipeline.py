@@ -128,7 +128,7 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
                        out, len(damaged), "; ".join(damaged[:5]) + ("; ..." if len(damaged) > 5 else ""))
     suffix = output_suffix(config.output.format)
     map_results: list[list[dict[str, Any]]] = []
-    removal_urls: list[str] = []
+    removal_urls: list[list[str]] = [[] for _ in shards]
     removal_reason = ""
     decisions: dict[str, Any] = {}
     with config.executor.open(config.num_workers) as executor:
@@ -143,27 +143,29 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
                 tasks.append(MapTask(
                     shard=shard,
                     input_url=shard.url if k == 0 else local_or_url_join(work, f"pass-{k - 1}", "data", f"{shard.index:06d}.parquet"),
-                    from_intermediate=k > 0, stages=stages, first_stage=first_stage, removal_urls=removal_urls, removal_reason=removal_reason,
+                    from_intermediate=k > 0, stages=stages, first_stage=first_stage, removal_urls=removal_urls[shard.index],
+                    removal_reason=removal_reason,
                     output_url=output_url, output_format=config.output.format if final else "parquet", keep_hidden=not final,
                     artifact_url=local_or_url_join(phase, "artifacts", f"{shard.index:06d}.parquet") if barrier is not None else None,
                     barrier=barrier, stats_url=local_or_url_join(phase, "stats", f"{shard.index:06d}.json"),
                     filename_field=config.filename_field, on_error=config.on_error, chunk_bytes=config.chunk_bytes))
             map_results.append(_run_phase(executor, run_map_task, tasks, [t.stats_url for t in tasks], f"pass {k + 1}/{len(segments)}",
                                           checked, records=lambda r: r["read"], final=last and not partitioned))
-            total = sum(r["written"] for r in map_results[-1])
             artifacts = [t.artifact_url for t in tasks if t.artifact_url]
+
+            def run_phase(fn: Any, phase_tasks: list[Any], stats_urls: list[str], label: str) -> list[dict[str, Any]]:
+                return _run_phase(executor, fn, phase_tasks, stats_urls, label, checked)
+
             if isinstance(barrier, ExactDedup):
-                removal_urls = exact_dedup.decide(artifacts, local_or_url_join(phase, "dedup"), total, barrier.memory_bytes,
-                                                  [s.source_rank for s in shards], barrier.policy)
+                decided = exact_dedup.decide(artifacts, local_or_url_join(phase, "dedup"), sum(r["written"] for r in map_results[-1]),
+                                             barrier.memory_bytes, [s.source_rank for s in shards], barrier.policy, run_phase)
+                removal_urls = [decided for _ in shards]
                 removal_reason = "exact_duplicate"
             elif isinstance(barrier, fuzzy_dedup.FuzzyDedup):
-                def run_phase(fn: Any, phase_tasks: list[Any], stats_urls: list[str], label: str) -> list[dict[str, Any]]:
-                    return _run_phase(executor, fn, phase_tasks, stats_urls, label, checked)
-
                 names = [s.name for s in config.sources]
                 removal_urls, decisions[str(first_stage + len(stages))] = fuzzy_dedup.decide(
                     barrier, run_phase, artifacts, [t.output_url for t in tasks], [s.text_field for s in shards], names,
-                    [s.source_rank for s in shards], total, local_or_url_join(phase, "fuzzy"))
+                    [s.source_rank for s in shards], [r["written"] for r in map_results[-1]], local_or_url_join(phase, "fuzzy"))
                 removal_reason = "fuzzy_duplicate"
         blend_stats = shuffle_stats = None
         outputs: list[str]
@@ -281,9 +283,12 @@ def _write_partitions(config: CurationConfig, executor: Any, shards: list[ShardR
 
 
 def _remove_intermediates(work: str) -> None:
-    """Remove the records passed between passes; statistics and dedup decisions (small) stay."""
+    """Remove the records passed between passes and the fuzzy decision's shuffles; statistics and dedup decisions
+    (clusters, removals) stay, so that a rerun after a damaged output redoes no decision."""
     fs, path = fsspec.core.url_to_fs(work)
-    for pattern in ("pass-*/data", "pass-*/artifacts", "pass-*/fuzzy/lsh/buckets", "scatter/data"):
+    for pattern in ("pass-*/data", "pass-*/artifacts", "pass-*/fuzzy/lsh/buckets", "pass-*/fuzzy/edges/*.parquet",
+                    "pass-*/fuzzy/components/round-*/labels", "pass-*/fuzzy/components/round-*/messages",
+                    "pass-*/fuzzy/components/members/*.parquet", "pass-*/fuzzy/removed/scatter", "scatter/data"):
         for target in fs.glob(posixpath.join(path, pattern)):
             fs.rm(target, recursive=True)
 

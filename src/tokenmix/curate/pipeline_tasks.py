@@ -53,7 +53,9 @@ class MapTask:
     stages: list[Stage]
     first_stage: int
     removal_urls: list[str]
+    """The files listing the removed rows of this shard, among others' (after a dedup decision)."""
     removal_reason: str
+    """Why the listed rows go (``exact_duplicate``, ``fuzzy_duplicate``); empty before any dedup."""
     output_url: str
     output_format: str
     keep_hidden: bool
@@ -99,8 +101,8 @@ def run_map_task(task: MapTask) -> dict[str, Any]:
     shard = task.shard
     context = ShardContext(shard.source, shard.source_rank, shard.shard_index, shard.text_field)
     found = ShardBatches()
-    stage_stats = [{"in": 0, "out": 0, "removed": Counter()} for _ in range(len(task.stages) + (1 if task.removal_urls else 0))]
-    removed = exact_dedup.removed_rows(task.removal_urls, shard.index) if task.removal_urls else None
+    stage_stats = [{"in": 0, "out": 0, "removed": Counter()} for _ in range(len(task.stages) + (1 if task.removal_reason else 0))]
+    removed = exact_dedup.removed_rows(task.removal_urls, shard.index) if task.removal_reason else None
     writer = ShardWriter(task.output_url, task.output_format, keep_hidden=task.keep_hidden)
     artifacts: list[Any] = []
     written = nbytes = 0
@@ -145,7 +147,7 @@ def run_map_task(task: MapTask) -> dict[str, Any]:
         fuzzy_dedup.write_signatures(task.artifact_url, sigs, present)
     result = {"read": found.read, "bad": dict(found.bad), "failed": found.failed,
               "stages": [{**s, "removed": dict(s["removed"])} for s in stage_stats],
-              "first_stage": task.first_stage - (1 if task.removal_urls else 0), "written": written, "bytes": nbytes,
+              "first_stage": task.first_stage - (1 if task.removal_reason else 0), "written": written, "bytes": nbytes,
               "files": {task.output_url: output}}
     write_json(task.stats_url, result)
     return result
