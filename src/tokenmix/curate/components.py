@@ -123,7 +123,6 @@ class LabelsTask:
     """One round of label propagation over one range of nodes."""
 
     range_index: int
-    round: int
     ranges: DocRanges
     adjacency_urls: list[str]
     previous_labels_url: str | None
@@ -222,7 +221,7 @@ def find_components(ranges: DocRanges, adjacency_urls: list[list[str]], work: st
             messages = ([] if previous is None else
                         [range_file(local_or_url_join(work, f"round-{round_ - 1:04d}", "messages"), r, q)
                          for r, result in enumerate(previous) if str(q) in result["messages"]])
-            tasks.append(LabelsTask(q, round_, ranges, adjacency_urls[q],
+            tasks.append(LabelsTask(q, ranges, adjacency_urls[q],
                                     None if previous is None else local_or_url_join(work, f"round-{round_ - 1:04d}", "labels", f"{q:05d}.parquet"),
                                     messages, local_or_url_join(here, "labels", f"{q:05d}.parquet"), local_or_url_join(here, "messages"),
                                     local_or_url_join(here, "stats", f"{q:05d}.json")))

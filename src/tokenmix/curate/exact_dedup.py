@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from tokenmix.curate.dedup_policy import pack, removals
-from tokenmix.curate.shard_io import local_or_url_join, read_table, write_json, write_table
+from tokenmix.curate.shard_io import local_or_url_join, read_table, row_groups, write_json, write_table
 from tokenmix.execution.retrying import TaskInputError
 
 logger = logging.getLogger(__name__)
@@ -73,23 +73,23 @@ def decide(hash_urls: list[str], out_dir: str, total_records: int, memory_bytes:
 
 
 def run_pass_task(task: PassTask) -> dict[str, Any]:
-    """Decide one hash range: read its records' hashes from every shard's file, group equal hashes, write the removed
-    (task, row) sorted; returns the counts."""
+    """Decide one hash range: read its records' hashes from every shard's file (a row group at a time), group equal
+    hashes, write the removed (task, row) sorted; returns the counts."""
     h1s, h2s, tasks, rows = [], [], [], []
     held = 0
     for t, hash_url in enumerate(task.hash_urls):
-        table = read_table(hash_url)
-        h1 = table.column("h1").to_numpy()
-        mine = h1 % np.uint64(task.passes) == np.uint64(task.index) if task.passes > 1 else np.ones(len(h1), dtype=bool)
-        held += int(mine.sum()) * BYTES_PER_RECORD
-        if held > task.memory_bytes:
-            raise MemoryBoundError(f"exact_dedup.memory_bytes ({task.memory_bytes:,}) cannot hold hash range {task.index} of {task.passes}: "
-                                   f"more than {held:,} bytes at {BYTES_PER_RECORD} bytes a record (its records are mostly one text copied "
-                                   "many times, which no range splits); raise exact_dedup.memory_bytes")
-        h1s.append(h1[mine])
-        h2s.append(table.column("h2").to_numpy()[mine])
-        rows.append(table.column("row").to_numpy()[mine])
-        tasks.append(np.full(int(mine.sum()), t, dtype=np.int32))
+        for table in row_groups(hash_url):
+            h1 = table.column("h1").to_numpy()
+            mine = h1 % np.uint64(task.passes) == np.uint64(task.index) if task.passes > 1 else np.ones(len(h1), dtype=bool)
+            held += int(mine.sum()) * BYTES_PER_RECORD
+            if held > task.memory_bytes:
+                raise MemoryBoundError(f"exact_dedup.memory_bytes ({task.memory_bytes:,}) cannot hold hash range {task.index} of "
+                                       f"{task.passes}: more than {held:,} bytes at {BYTES_PER_RECORD} bytes a record (its records are "
+                                       "mostly one text copied many times, which no range splits); raise exact_dedup.memory_bytes")
+            h1s.append(h1[mine])
+            h2s.append(table.column("h2").to_numpy()[mine])
+            rows.append(table.column("row").to_numpy()[mine])
+            tasks.append(np.full(int(mine.sum()), t, dtype=np.int32))
     h1, h2, task_of, row = (np.concatenate(a) if a else np.empty(0) for a in (h1s, h2s, tasks, rows))
     order = np.lexsort((row, task_of, h2, h1))
     h1, h2, task_of, row = h1[order], h2[order], task_of[order], row[order]

@@ -74,7 +74,7 @@ class FuzzyDedup(Stage):
     """Unset: the source's ``text_field``."""
     memory_bytes: int = 1 << 30
     """What one task holds of the corpus-wide steps: an edges task's bucket entries (24 bytes per document and band),
-    a components, clusters or removal task's range of documents (32 bytes each, and 8 per source). Less means more
+    a components, clusters or removal task's range of documents (32 bytes each, and 16 per source). Less means more
     partitions and ranges, never more memory; a bucket too large for it is refused, naming this field."""
     backend: Literal["numba", "jax"] = "numba"
     """What computes signatures: ``numba`` (compiled loops, the fastest on CPUs) or ``jax`` (for an accelerator; about
@@ -321,9 +321,9 @@ def partition_count(stage: FuzzyDedup, total_records: int) -> int:
 
 def documents_per_range(stage: FuzzyDedup, sources: int) -> int:
     """Documents in a range of ids: a components or removal task holds ``BYTES_PER_NODE`` per document, a clusters task
-    16 bytes per document, per root (at most one in two documents) and per (cluster, source) pair (at most ``sources``
-    per root)."""
-    return max(1, stage.memory_bytes // (BYTES_PER_NODE + 8 * sources))
+    16 bytes per document, per root (at most one a document: the other members may be in other ranges) and per
+    (cluster, source) pair (at most ``sources`` per root)."""
+    return max(1, stage.memory_bytes // (BYTES_PER_NODE + 16 * sources))
 
 
 def decide(stage: FuzzyDedup, run_phase: Callable[..., list[dict[str, Any]]], signature_urls: list[str], intermediate_urls: list[str],
