@@ -195,15 +195,15 @@ def test_exact_dedup_across_sources_keeps_the_highest_ranked_copy(tmp_path):
 def test_exact_dedup_decides_in_passes_when_memory_is_short_and_refuses_a_range_that_cannot_fit(tmp_path):
     sources = _planted_sources(tmp_path)
     out = {}
-    for memory in (1 << 30, 240):
+    for memory in (1 << 30, 2048):
         stats = run_curation(CurationConfig(sources=sources, stages=[ExactDedup(memory_bytes=memory)], num_workers=0,
                                             output=CurationOutput(str(tmp_path / f"out{memory}"), "jsonl", partitions=2)))
         out[memory] = _outputs(tmp_path / f"out{memory}")
         assert stats["stages"][0]["removed"] == {"exact_duplicate": 5}
-    assert out[240] == out[1 << 30]
-    dedup = tmp_path / "out240" / ".curate" / os.listdir(tmp_path / "out240" / ".curate")[0] / "pass-0" / "dedup"
+    assert out[2048] == out[1 << 30]
+    dedup = tmp_path / "out2048" / ".curate" / os.listdir(tmp_path / "out2048" / ".curate")[0] / "pass-0" / "dedup"
     passes = [json.loads((dedup / "stats" / n).read_text()) for n in os.listdir(dedup / "stats")]
-    assert len(passes) > 1 and max(p["held_bytes"] for p in passes) <= 240
+    assert len(passes) > 1 and max(p["held_bytes"] for p in passes) <= 2048
     with pytest.raises(MemoryBoundError, match=r"exact_dedup.memory_bytes \(48\) cannot hold hash range .*raise exact_dedup.memory_bytes"):
         run_curation(CurationConfig(sources=sources, stages=[ExactDedup(memory_bytes=48)], num_workers=0,
                                     output=CurationOutput(str(tmp_path / "out48"), "jsonl", partitions=2)))
@@ -229,7 +229,7 @@ def test_exact_dedup_cross_source_removes_only_copies_in_lower_ranked_sources(tm
                 "one_per_cluster": {"high": [0, 1, 2], "mid": [3, 4], "low": [6, 7]}}
     removed = {"cross_source": {"high": 0, "mid": 2, "low": 2}, "one_per_cluster": {"high": 1, "mid": 3, "low": 3}}
     outputs = {}
-    for policy, memory in (("cross_source", 1 << 30), ("cross_source", 240), ("one_per_cluster", 1 << 30)):
+    for policy, memory in (("cross_source", 1 << 30), ("cross_source", 2048), ("one_per_cluster", 1 << 30)):
         out = tmp_path / f"{policy}-{memory}"
         stats = run_curation(CurationConfig(sources=sources, stages=[ExactDedup(policy=policy, memory_bytes=memory)], num_workers=0,
                                             output=CurationOutput(str(out), "jsonl", write_to_filename=True)))
@@ -238,7 +238,7 @@ def test_exact_dedup_cross_source_removes_only_copies_in_lower_ranked_sources(tm
         assert {n: s["removed"].get("exact_duplicate", 0) for n, s in stats["stages"][0]["per_source"].items()} == removed[policy]
         assert stats["accounted"]
         outputs[policy, memory] = _outputs(out)
-    assert outputs["cross_source", 240] == outputs["cross_source", 1 << 30]
+    assert outputs["cross_source", 2048] == outputs["cross_source", 1 << 30]
     with pytest.raises(ValueError, match="exact_dedup.policy: 'per_source' is not one of cross_source, one_per_cluster"):
         ExactDedup(policy="per_source")
 
@@ -433,13 +433,13 @@ def test_a_fuzzy_decision_in_memory_bounded_tasks_on_ray_and_dask_gives_the_loca
     outputs = {}
     for name, executor in (("local", None), ("ray", RayExecutorConfig()), ("dask", DaskExecutorConfig())):
         config = _kill_config(copies, tmp_path / name)
-        stages = [dataclasses.replace(s, memory_bytes=16 << 10) if isinstance(s, FuzzyDedup | ExactDedup) else s for s in config.stages]
+        stages = [dataclasses.replace(s, memory_bytes=64 << 10) if isinstance(s, FuzzyDedup | ExactDedup) else s for s in config.stages]
         config = CurationConfig(**{**config.__dict__, "stages": stages, "keep_intermediate": True,
                                    **({"executor": executor} if executor is not None else {})})
         stats = run_curation(config)
         assert stats["accounted"]
         bounds = stats["stages"][4]["fuzzy_dedup"]["bounds"]
-        assert bounds["ranges"] > 1 and bounds["partitions"] > 1 and bounds["max_task_bytes"] <= 16 << 10, bounds
+        assert bounds["ranges"] > 1 and bounds["partitions"] > 1 and bounds["max_task_bytes"] <= 64 << 10, bounds
         outputs[name] = _outputs(tmp_path / name)
         outputs[name + " artifacts"] = _artifacts(tmp_path / name)
     sent = [re.search(r"/components/round-\d+/messages/(\d+)-(\d+)\.parquet$", path) for path in outputs["local artifacts"]]

@@ -236,7 +236,7 @@ def _decision_files(out, name: str) -> pa.Table:
 def test_buckets_and_edges_too_large_for_memory_give_the_same_clusters_and_output_within_the_bound(tmp_path, policy):
     sources = _chained_sources(tmp_path)
     runs = {}
-    for memory in (1 << 30, 1024):
+    for memory in (1 << 30, 8192):
         out = tmp_path / f"out-{memory}"
         stats = run_curation(CurationConfig(sources=sources, stages=[AddId(), FuzzyDedup(policy=policy, memory_bytes=memory)], num_workers=0,
                                             keep_intermediate=True, output=CurationOutput(str(out), "jsonl", write_to_filename=True)))
@@ -247,13 +247,13 @@ def test_buckets_and_edges_too_large_for_memory_give_the_same_clusters_and_outpu
             decision.pop(per_partition)
         runs[memory] = (files, decision.pop("bounds"), decision, _decision_files(out, "clusters.parquet"),
                         _decision_files(out, "cluster_counts.parquet"), stats["stages"][1]["removed"])
-    (files, unbounded, *decided), (tiny_files, bounds, *tiny_decided) = runs[1 << 30], runs[1024]
+    (files, unbounded, *decided), (tiny_files, bounds, *tiny_decided) = runs[1 << 30], runs[8192]
     assert tiny_files == files and len(files) == 6
     assert tiny_decided == decided
     assert decided[0]["clusters"] >= 8 and decided[-1]["fuzzy_duplicate"] >= 12
     assert unbounded["partitions"] == 1 and unbounded["ranges"] == 1
     assert bounds["partitions"] > 8 and bounds["ranges"] >= 3 and bounds["rounds"] >= 2
-    assert bounds["max_task_bytes"] <= 1024 < unbounded["max_task_bytes"]
+    assert bounds["max_task_bytes"] <= 8192 < unbounded["max_task_bytes"]
 
 
 def test_a_bucket_larger_than_the_memory_bound_is_refused_naming_the_setting(tmp_path):
@@ -324,7 +324,7 @@ def test_a_kill_in_each_step_of_fuzzy_dedup_resumes_to_identical_output_and_deci
             (tmp_path / source.name / f"{k}.jsonl").write_text("".join(docs[k::5]))
             paths.append(str(tmp_path / source.name / f"{k}.jsonl"))
         sources.append(CurationSource(source.name, paths))
-    config = CurationConfig(sources=sources, stages=[AddId(), FuzzyDedup(memory_bytes=1024)], num_workers=1,
+    config = CurationConfig(sources=sources, stages=[AddId(), FuzzyDedup(memory_bytes=8192)], num_workers=1,
                             output=CurationOutput(str(tmp_path / "unused"), "jsonl", write_to_filename=True))
     config_path = tmp_path / "pipeline.yaml"
     config_path.write_text(yaml.safe_dump(describe(config)))

@@ -15,9 +15,9 @@ clusters rooted there. Clusters are numbered by their root in id order, as one p
 the driver holds one count of roots per range, and a cluster's number is the roots before its range plus its root's
 place in the range.
 
-A task holds its range's nodes and labels (``BYTES_PER_NODE`` a document of the range) and one row group of a file it
-streams; the driver holds a few numbers per range. Every file is written under a temporary name and then renamed, and
-each task's statistics come last, so a killed round resumes at its unfinished tasks.
+A task holds its range's nodes and labels and one row group of a file it streams (``BYTES_PER_NODE`` a document of
+the range at its peak); the driver holds a few numbers per range. Every file is written under a temporary name and
+then renamed, and each task's statistics come last, so a killed round resumes at its unfinished tasks.
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ import pyarrow as pa
 from tokenmix.curate.dedup_policy import pack
 from tokenmix.curate.shard_io import ShardWriter, local_or_url_join, read_table, row_groups, write_json, write_table
 
-BYTES_PER_NODE = 32
-"""What a range task holds per document of its range: a node id, its label, the label before the round, a flag."""
+BYTES_PER_NODE = 256
+"""A range task's peak memory per document of its range, measured with 1.5 M documents in one range: a labels round
+174-188 bytes, members 136, clusters (one source) 248, removal 88; its arrays, the Arrow tables it reads and writes,
+and numpy's sorts."""
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,11 @@ from tokenmix.curate.stages import ShardContext, Stage
 
 logger = logging.getLogger(__name__)
 
-BYTES_PER_ENTRY = 24
-"""What an edges task holds per bucket entry (a document in one band): its band, hash and document, and their order."""
+BYTES_PER_ENTRY = 128
+"""An edges task's peak memory per bucket entry (a document in one band), measured at 120 with 2 M entries: the
+entries, their sort, the edges and both directions of them."""
+BYTES_PER_PAIR = 48
+"""A clusters task's memory per (cluster, source) pair it counts: key and count, and their merge with each chunk's."""
 
 
 @Stage.register_subclass("fuzzy_dedup")
@@ -73,9 +76,9 @@ class FuzzyDedup(Stage):
     text_field: str | None = None
     """Unset: the source's ``text_field``."""
     memory_bytes: int = 1 << 30
-    """What one task holds of the corpus-wide steps: an edges task's bucket entries (24 bytes per document and band),
-    a components, clusters or removal task's range of documents (32 bytes each, and 16 per source). Less means more
-    partitions and ranges, never more memory; a bucket too large for it is refused, naming this field."""
+    """The peak memory of one task of the corpus-wide steps: an edges task's bucket entries (128 bytes per document and
+    band), a components, clusters or removal task's range of documents (256 bytes each, and 48 per source). Less
+    means more partitions and ranges, never more memory; a bucket too large for it is refused, naming this field."""
     backend: Literal["numba", "jax"] = "numba"
     """What computes signatures: ``numba`` (compiled loops, the fastest on CPUs) or ``jax`` (for an accelerator; about
     1.3 s to start in each worker process); both give the same bits."""
@@ -297,7 +300,7 @@ def run_clusters_task(task: ClustersTask) -> dict[str, Any]:
         mixes["+".join(sorted(task.sources[s] for s in members.tolist()))] += 1
     result = {"clusters": int(len(roots)), "documents": int(in_clusters.sum()), "clusters_by_sources": dict(mixes),
               "in_clusters": in_clusters.tolist(), "removed": removed_by.tolist(), "removed_to": removed_writers.close(),
-              "held_bytes": (int(len(nodes)) + int(len(roots)) + int(len(pair_keys))) * 16}
+              "held_bytes": int(len(nodes)) * BYTES_PER_NODE + int(len(pair_keys)) * BYTES_PER_PAIR}
     write_json(task.stats_url, result)
     return result
 
@@ -320,10 +323,10 @@ def partition_count(stage: FuzzyDedup, total_records: int) -> int:
 
 
 def documents_per_range(stage: FuzzyDedup, sources: int) -> int:
-    """Documents in a range of ids: a components or removal task holds ``BYTES_PER_NODE`` per document, a clusters task
-    16 bytes per document, per root (at most one a document: the other members may be in other ranges) and per
-    (cluster, source) pair (at most ``sources`` per root)."""
-    return max(1, stage.memory_bytes // (BYTES_PER_NODE + 16 * sources))
+    """Documents in a range of ids: a range task peaks at ``BYTES_PER_NODE`` per document, and a clusters task adds
+    its (cluster, source) pairs, at most ``sources`` per root and one root per document (the other members may be in
+    other ranges)."""
+    return max(1, stage.memory_bytes // (BYTES_PER_NODE + BYTES_PER_PAIR * sources))
 
 
 def decide(stage: FuzzyDedup, run_phase: Callable[..., list[dict[str, Any]]], signature_urls: list[str], intermediate_urls: list[str],

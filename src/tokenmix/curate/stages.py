@@ -244,7 +244,8 @@ class ExactDedup(Stage):
     normalize: bool = True
     """Compare texts after Unicode NFC, lower-casing, collapsing whitespace and trimming; off: byte for byte."""
     memory_bytes: int = 1 << 30
-    """Memory for the hashes held at once while deciding (24 bytes a record); more records are decided in passes."""
+    """The peak memory of a task deciding one hash range (176 bytes a record); more records are decided in more ranges,
+    and a range too large for it (one text copied very many times) is refused, naming this field."""
     policy: Policy = "one_per_cluster"
     """``one_per_cluster``: of the records of one text keep only the first; ``cross_source``: keep every record of the
     highest-ranked source holding the text and remove the others' (``dedup_policy.py``)."""
