@@ -11,6 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from helpers import DEMO_CORPUS, read_jsonl_zst
 
 from tokenmix.curate import AddId, CurationConfig, CurationOutput, CurationSource, run_curation
@@ -49,6 +51,38 @@ def test_components_found_range_by_range_join_chains_across_ranges_and_number_cl
     members = pq.read_table(found.member_urls[0]).to_pydict()
     assert sorted(zip(members["doc"], members["root"], strict=True)) == sorted(labels.items())
     assert found.member_urls[1] == [] and found.member_urls[2] == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 59), st.integers(0, 59)), max_size=80),
+       st.lists(st.integers(1, 59), max_size=6, unique=True))
+def test_components_range_by_range_equal_scipy_connected_components(tmp_path_factory, pairs, cuts):
+    """The labels found range by range, in rounds of messages between ranges, are the components scipy's
+    ``connected_components`` finds on the whole graph held in one process (the oracle the driver used before)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    out = tmp_path_factory.mktemp("components")
+    edges = np.array([p for p in pairs if p[0] != p[1]], dtype=np.int64).reshape(-1, 2)
+    ranges = DocRanges((0, *sorted(cuts)))
+    writers = RangeWriters(str(out / "adjacency"), 0)
+    both = np.concatenate([edges, edges[:, ::-1]])
+    scatter_by_range({"node": both[:, 0], "neighbor": both[:, 1]}, both[:, 0], ranges, writers)
+    written = writers.close()
+    adjacency = [[str(out / "adjacency" / f"00000-{q:05d}.parquet")] if str(q) in written else [] for q in range(len(ranges))]
+    found = find_components(ranges, adjacency, str(out / "components"), lambda fn, tasks, stats, label: [fn(t) for t in tasks])
+    labels = {}
+    for url in found.labels_urls:
+        table = pq.read_table(url)
+        labels.update(zip(table.column("node").to_pylist(), table.column("label").to_pylist(), strict=True))
+    nodes = np.unique(edges)
+    assert sorted(labels) == nodes.tolist()
+    graph = coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(60, 60))
+    _, oracle = connected_components(graph, directed=False)
+    least = {}
+    for node in nodes.tolist():
+        least.setdefault(int(oracle[node]), node)
+    assert labels == {node: least[int(oracle[node])] for node in nodes.tolist()}
 
 
 def test_cross_source_removal_keeps_the_top_ranked_source_and_internal_duplicates():
