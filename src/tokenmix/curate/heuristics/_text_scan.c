@@ -347,7 +347,9 @@ typedef struct {
     Py_ssize_t start, length, chars;
 } Piece;
 
-static uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n) {
+/* A hash of the n bytes at p. Bytes up to limit may be read (a whole 8 bytes for the tail, where they lie before
+   limit, rather than a copy byte by byte: words are short, and the copy stalled the load after it). */
+static inline uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n, const uint8_t *limit) {
     uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n, x;
     Py_ssize_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -355,8 +357,18 @@ static uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n) {
         h = (h ^ x) * 0xBF58476D1CE4E5B9ULL;
         h ^= h >> 31;
     }
+    const Py_ssize_t tail = n - i;
     x = 0;
-    memcpy(&x, p + i, (size_t)(n - i));
+    if (tail > 0 && limit - (p + i) >= 8) {
+        memcpy(&x, p + i, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        x &= ~0ULL << (64 - 8 * tail);
+#else
+        x &= ~0ULL >> (64 - 8 * tail);
+#endif
+    } else {
+        memcpy(&x, p + i, (size_t)tail);
+    }
     h = (h ^ x) * 0x94D049BB133111EBULL;
     return h ^ h >> 29;
 }
@@ -417,7 +429,7 @@ static PyObject *pieces(PyObject *self, PyObject *args) {
                     }
                     found = grown;
                 }
-                found[count++] = (Piece){hash_bytes(data + from, to - from), from, to - from, chars};
+                found[count++] = (Piece){hash_bytes(data + from, to - from, data + b.data.len), from, to - from, chars};
             }
             if (to >= end) break;
             from = to + separator;
@@ -467,6 +479,333 @@ fail:
     return NULL;
 }
 
+/* Word n-grams (Gopher's repetition filters), exactly, level by level. Each text's words (as str.split) are hashed
+   once and interned: a word's id is where it first occurs. An n-gram's id is where it first occurs too, interned by
+   the pair (id of its first n - 1 words, id of its last word), so equal n-grams are found by comparing two integers,
+   and a collision of hashes only costs a probe. An n-gram that occurs twice is made of (n - 1)-grams that occur twice,
+   so each level looks only at the positions where the level below found two such in a row: on prose, a few percent
+   of the words past the second level. */
+
+typedef struct {
+    int32_t prev, last; /* the key: the id of the first n - 1 words (the word's hash, for words), of the last word */
+    int32_t first;      /* where the n-gram (or word) first occurs: its id; -1 for an empty slot */
+    int32_t count;
+} Slot;
+
+typedef struct {
+    Py_ssize_t capacity;   /* words the arrays below hold */
+    Py_ssize_t *start;     /* each word's first byte */
+    int32_t *length;       /* its bytes */
+    int64_t *chars_before; /* characters in the words before it (one more entry, for all of them) */
+    uint64_t *hash;        /* a hash of its bytes */
+    int32_t *id;           /* where the first word equal to it is */
+    int32_t *at;           /* per repeated n-gram of the level, where it is, in order (then the next level's candidates) */
+    int32_t *gram;         /* its id */
+    int32_t *slot;         /* its slot in the level's table */
+    Py_ssize_t slots;      /* the size of table */
+    Slot *table;
+    Py_ssize_t pattern_size; /* the size of pattern */
+    uint8_t *pattern;        /* the most frequent n-gram's words joined with single spaces */
+} Words;
+
+static void words_free(Words *w) {
+    free(w->start), free(w->length), free(w->chars_before), free(w->hash), free(w->id), free(w->at), free(w->gram);
+    free(w->slot), free(w->table), free(w->pattern);
+}
+
+static int grow(void **array, Py_ssize_t items, size_t item_size) {
+    void *grown = realloc(*array, (size_t)items * item_size);
+    if (grown == NULL) return -1;
+    *array = grown;
+    return 0;
+}
+
+/* Room for the words of a text of size bytes (at most one a byte and a separator); -1 with an exception set. */
+static int words_room(Words *w, Py_ssize_t size) {
+    const Py_ssize_t capacity = size / 2 + 2;
+    if (capacity <= w->capacity) return 0;
+    if (capacity > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "a text of over 4 GiB");
+        return -1;
+    }
+    if (grow((void **)&w->start, capacity, sizeof *w->start) || grow((void **)&w->length, capacity, sizeof *w->length) ||
+        grow((void **)&w->chars_before, capacity, sizeof *w->chars_before) || grow((void **)&w->hash, capacity, sizeof *w->hash) ||
+        grow((void **)&w->id, capacity, sizeof *w->id) || grow((void **)&w->at, capacity, sizeof *w->at) ||
+        grow((void **)&w->gram, capacity, sizeof *w->gram) || grow((void **)&w->slot, capacity, sizeof *w->slot)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    w->capacity = capacity;
+    return 0;
+}
+
+/* An empty table of at least twice items slots (a power of two); its mask, or -1 with MemoryError set. */
+static Py_ssize_t empty_table(Words *w, Py_ssize_t items) {
+    Py_ssize_t slots = 16;
+    while (slots < 2 * items) slots *= 2;
+    if (slots > w->slots) {
+        if (grow((void **)&w->table, slots, sizeof(Slot))) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        w->slots = slots;
+    }
+    memset(w->table, 0xFF, (size_t)slots * sizeof(Slot));
+    return slots - 1;
+}
+
+static inline Py_ssize_t slot_of(uint64_t key, Py_ssize_t mask) {
+    return (Py_ssize_t)((key * 0x9E3779B97F4A7C15ULL) >> 32) & mask;
+}
+
+/* Whether the code point just decoded at p is a replacement for bytes that are not UTF-8 (not a U+FFFD written out). */
+static inline int replaced(uint32_t code, const uint8_t *p, int width) {
+    return code == REPLACEMENT && !(width == 3 && p[0] == 0xEF && p[1] == 0xBF && p[2] == 0xBD);
+}
+
+/* Whether the n bytes at a and at b are the same; bytes up to limit may be read. */
+static inline int same_bytes(const uint8_t *a, const uint8_t *b, Py_ssize_t n, const uint8_t *limit) {
+    if (n <= 8 && limit - a >= 8 && limit - b >= 8) {
+        uint64_t x, y;
+        memcpy(&x, a, 8);
+        memcpy(&y, b, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        return ((x ^ y) >> (64 - 8 * n)) == 0;
+#else
+        return ((x ^ y) << (64 - 8 * n)) == 0;
+#endif
+    }
+    return memcmp(a, b, (size_t)n) == 0;
+}
+
+enum { B_WORD, B_SPACE, B_WIDE }; /* a byte: ASCII in a word, ASCII whitespace, the start of a character outside ASCII */
+
+/* Splits [start, end) into words as str.split, counting its characters, interns the words and lists, in w->at and
+   w->gram, those that occur twice or more. Returns how many words, -1 with an exception set, or -2 where the text
+   is not valid UTF-8 (its words are then Python's replaced ones, which the bytes do not say). */
+static Py_ssize_t split_words(Words *w, const uint8_t *data, Py_ssize_t start, Py_ssize_t end, const uint8_t *limit,
+                              const uint16_t *classes, const uint8_t *kinds, int64_t *text_chars, Py_ssize_t *repeated) {
+    if (words_room(w, end - start) < 0) return -1;
+    Py_ssize_t *const word_start = w->start;
+    int32_t *const length = w->length, *const id = w->id, *const at = w->at, *const gram = w->gram, *const slots = w->slot;
+    int64_t *const chars_before = w->chars_before;
+    uint64_t *const hash = w->hash;
+    Py_ssize_t count = 0, i = start, extra = 0; /* extra: bytes past the first of each character outside ASCII */
+    int64_t word_chars = 0;
+    for (;;) {
+        while (i < end) {
+            const uint8_t kind = kinds[data[i]];
+            if (kind == B_WORD) break;
+            if (kind == B_SPACE) {
+                i++;
+                continue;
+            }
+            int width;
+            const uint32_t code = decode(data + i, data + end, &width);
+            if (replaced(code, data + i, width)) return -2;
+            if (!(classes[code] & C_SPACE)) break;
+            extra += width - 1;
+            i += width;
+        }
+        if (i >= end) break;
+        const Py_ssize_t from = i, extra_before = extra;
+        while (i < end) {
+            const uint8_t kind = kinds[data[i]];
+            if (kind == B_WORD) {
+                i++;
+                continue;
+            }
+            if (kind == B_SPACE) break;
+            int width;
+            const uint32_t code = decode(data + i, data + end, &width);
+            if (replaced(code, data + i, width)) return -2;
+            if (classes[code] & C_SPACE) break;
+            extra += width - 1;
+            i += width;
+        }
+        word_start[count] = from;
+        length[count] = (int32_t)(i - from);
+        chars_before[count] = word_chars;
+        hash[count] = hash_bytes(data + from, i - from, limit);
+        word_chars += i - from - (extra - extra_before);
+        count++;
+    }
+    chars_before[count] = word_chars;
+    *text_chars = end - start - extra;
+    const Py_ssize_t mask = empty_table(w, count);
+    if (mask < 0) return -1;
+    Slot *const table = w->table;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const uint64_t h = hash[k];
+        const int32_t prev = (int32_t)(h >> 32), last = (int32_t)h;
+        Py_ssize_t slot = slot_of(h, mask);
+        for (;; slot = (slot + 1) & mask) {
+            Slot *s = &table[slot];
+            if (s->first < 0) {
+                *s = (Slot){prev, last, (int32_t)k, 1};
+                break;
+            }
+            if (s->prev == prev && s->last == last && length[s->first] == length[k] &&
+                same_bytes(data + word_start[s->first], data + word_start[k], length[k], limit)) {
+                s->count++;
+                break;
+            }
+        }
+        id[k] = table[slot].first;
+        slots[k] = (int32_t)slot;
+    }
+    Py_ssize_t listed = 0;
+    for (Py_ssize_t k = 0; k < count; k++)
+        if (table[slots[k]].count > 1) at[listed] = (int32_t)k, gram[listed++] = id[k];
+    *repeated = listed;
+    return count;
+}
+
+/* One level: the n-grams at the positions where the level below listed two repeated (n - 1)-grams in a row (the
+   others occur once). Interns them and lists, in place of the level below, those that occur twice or more.
+   duplicate_chars (where not NULL) gets the characters in the words that repeat an earlier n-gram, with the spaces
+   between them, as NeMo counts them: each repeat adds the words it covers that the repeat before did not, and one
+   space before each but its first. best (where not NULL) gets the most frequent n-gram's first position, the first
+   of those tied (0 where all occur once). Returns how many are listed, or -1 with MemoryError set. */
+static Py_ssize_t next_level(Words *w, Py_ssize_t listed, Py_ssize_t n, int64_t *duplicate_chars, Py_ssize_t *best) {
+    Py_ssize_t candidates = 0;
+    for (Py_ssize_t k = 0; k + 1 < listed; k++)
+        if (w->at[k + 1] == w->at[k] + 1) w->at[candidates] = w->at[k], w->gram[candidates++] = w->gram[k];
+    Py_ssize_t mask = empty_table(w, candidates);
+    if (mask < 0) return -1;
+    int32_t best_first = 0, best_count = 1;
+    int64_t chars = 0;
+    Py_ssize_t covered_to = 0;
+    for (Py_ssize_t k = 0; k < candidates; k++) {
+        const int32_t i = w->at[k], prev = w->gram[k], last = w->id[i + n - 1];
+        Py_ssize_t slot = slot_of((uint64_t)(uint32_t)prev << 32 | (uint32_t)last, mask);
+        Slot *s;
+        for (;; slot = (slot + 1) & mask) {
+            s = &w->table[slot];
+            if (s->first < 0) {
+                *s = (Slot){prev, last, i, 0};
+                break;
+            }
+            if (s->prev == prev && s->last == last) {
+                Py_ssize_t first_new = i > covered_to ? i : covered_to;
+                chars += w->chars_before[i + n] - w->chars_before[first_new] + (i + n - first_new < n - 1 ? i + n - first_new : n - 1);
+                covered_to = i + n;
+                break;
+            }
+        }
+        s->count++;
+        if (s->count > best_count || (s->count == best_count && s->first < best_first)) best_first = s->first, best_count = s->count;
+        w->slot[k] = (int32_t)slot;
+    }
+    Py_ssize_t repeated = 0;
+    for (Py_ssize_t k = 0; k < candidates; k++) {
+        const Slot *s = &w->table[w->slot[k]];
+        if (s->count > 1) w->at[repeated] = w->at[k], w->gram[repeated++] = s->first;
+    }
+    if (duplicate_chars) *duplicate_chars = chars;
+    if (best) *best = best_first;
+    return repeated;
+}
+
+/* Characters in the occurrences of the n words from first joined with single spaces, found in [start, end) left to
+   right, not overlapping, as str.replace finds them; -1 with MemoryError set. */
+static int64_t occurrence_chars(Words *w, Py_ssize_t first, Py_ssize_t n, const uint8_t *data, Py_ssize_t start, Py_ssize_t end) {
+    Py_ssize_t size = n - 1;
+    for (Py_ssize_t k = first; k < first + n; k++) size += w->length[k];
+    if (size > w->pattern_size) {
+        if (grow((void **)&w->pattern, size, 1)) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        w->pattern_size = size;
+    }
+    uint8_t *p = w->pattern;
+    for (Py_ssize_t k = first; k < first + n; k++) {
+        if (k > first) *p++ = ' ';
+        memcpy(p, data + w->start[k], (size_t)w->length[k]);
+        p += w->length[k];
+    }
+    int64_t found = 0;
+    for (const uint8_t *at = data + start, *stop = data + end; at + size <= stop; found++) {
+        const uint8_t *hit = memmem(at, (size_t)(stop - at), w->pattern, (size_t)size);
+        if (hit == NULL) break;
+        at = hit + size;
+    }
+    return found * (w->chars_before[first + n] - w->chars_before[first] + n - 1);
+}
+
+/* Per text: its words and characters (-1 and 0 where it is not valid UTF-8), then, for each n of top_sizes, the
+   characters in the occurrences of its most frequent n-gram, and for each n of duplicate_sizes, the characters of
+   the words in repeated n-grams (0 for an n over the text's words). */
+static PyObject *ngrams(PyObject *self, PyObject *args) {
+    Buffers b = {0};
+    Py_buffer top = {0}, duplicate = {0};
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*w*", &b.data, &b.bounds, &b.classes, &top, &duplicate, &b.out)) return NULL;
+    const Py_ssize_t tops = top.len / 8, duplicates = duplicate.len / 8, fields = 2 + tops + duplicates;
+    const int64_t *top_sizes = top.buf, *duplicate_sizes = duplicate.buf;
+    Words w = {0};
+    Py_ssize_t n = texts_in(&b, fields), largest = 1;
+    int wants_words = 0;
+    if (n < 0) goto fail;
+    for (Py_ssize_t k = 0; k < tops + duplicates; k++) {
+        int64_t size = k < tops ? top_sizes[k] : duplicate_sizes[k - tops];
+        if (size < 1) {
+            PyErr_Format(PyExc_ValueError, "n-gram sizes: at least 1, got %lld", (long long)size);
+            goto fail;
+        }
+        if (size > largest) largest = (Py_ssize_t)size;
+        wants_words |= size == 1;
+    }
+    const uint8_t *data = b.data.buf;
+    const int64_t *bounds = b.bounds.buf;
+    const uint16_t *classes = b.classes.buf;
+    int64_t *out = b.out.buf;
+    uint8_t kinds[256];
+    for (int byte = 0; byte < 256; byte++) kinds[byte] = byte >= 0x80 ? B_WIDE : classes[byte] & C_SPACE ? B_SPACE : B_WORD;
+    for (Py_ssize_t t = 0; t < n; t++) {
+        const Py_ssize_t start = bounds[t], end = bounds[t + 1];
+        if (!inside(&b, t, start, end)) goto fail;
+        int64_t *c = out + t * fields, chars = 0;
+        memset(c, 0, (size_t)fields * sizeof *c);
+        Py_ssize_t listed, count = split_words(&w, data, start, end, data + b.data.len, classes, kinds, &chars, &listed);
+        if (count == -1) goto fail;
+        if (count == -2) {
+            c[0] = -1;
+            continue;
+        }
+        c[0] = count, c[1] = chars;
+        for (Py_ssize_t size = 1; size <= largest && size <= count; size++) {
+            int64_t duplicate_chars = 0;
+            Py_ssize_t best = 0;
+            if (size > 1 && (listed = next_level(&w, listed, size, &duplicate_chars, &best)) < 0) goto fail;
+            if (size == 1 && wants_words) {
+                /* words: the first of the most frequent, and the characters of words seen before */
+                int32_t best_count = 1;
+                for (Py_ssize_t k = 0; k < count; k++) {
+                    const Slot *s = &w.table[w.slot[k]];
+                    if (s->count > best_count) best = s->first, best_count = s->count;
+                    if (w.id[k] != k) duplicate_chars += w.chars_before[k + 1] - w.chars_before[k];
+                }
+            }
+            for (Py_ssize_t k = 0; k < tops; k++)
+                if (top_sizes[k] == size && (c[2 + k] = occurrence_chars(&w, best, size, data, start, end)) < 0) goto fail;
+            for (Py_ssize_t k = 0; k < duplicates; k++)
+                if (duplicate_sizes[k] == size) c[2 + tops + k] = duplicate_chars;
+        }
+    }
+    words_free(&w);
+    PyBuffer_Release(&top);
+    PyBuffer_Release(&duplicate);
+    release(&b);
+    Py_RETURN_NONE;
+fail:
+    words_free(&w);
+    if (top.obj) PyBuffer_Release(&top);
+    if (duplicate.obj) PyBuffer_Release(&duplicate);
+    release(&b);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"profile", profile, METH_VARARGS,
      "profile(data, bounds, classes, is_letter, symbol_words, common_words, ellipsis_marks, out): per-text counts, "
@@ -474,6 +813,10 @@ static PyMethodDef methods[] = {
     {"pieces", pieces, METH_VARARGS,
      "pieces(data, bounds, classes, separator_newlines, skip_blank, out): per text, pieces, distinct pieces, their "
      "characters and the distinct ones' characters into out (int64, texts x 4)."},
+    {"ngrams", ngrams, METH_VARARGS,
+     "ngrams(data, bounds, classes, top_sizes, duplicate_sizes, out): per text, words and characters (-1 words where "
+     "it is not valid UTF-8), the characters of its most frequent n-grams' occurrences for each n of top_sizes, and of "
+     "its repeated n-grams' words for each n of duplicate_sizes (int64 sizes), into out (int64, texts x (2 + sizes))."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,4 +1,4 @@
-"""The per-text counts every word, character, line and repetition heuristic is a ratio of, for a whole batch at once:
+"""The per-text counts every word, character, line, repetition and n-gram heuristic is a ratio of, for a whole batch at once:
 by the compiled scan (``_text_scan.c``, a CPython extension that ``pip install`` builds where it finds a C compiler),
 or, where it was not built, by the same counts in plain Python (``plain_scan``), with a warning in the log.
 
@@ -63,6 +63,22 @@ def piece_counts(data: np.ndarray, bounds: np.ndarray, newlines: int, skip_blank
         return plain_scan.pieces(data, bounds, newlines, skip_blank)
     counts = np.empty((len(bounds) - 1, 4), dtype=np.int64)
     scan.pieces(data, bounds, _classes(), newlines, skip_blank, counts)
+    return counts
+
+
+def ngram_counts(data: np.ndarray, bounds: np.ndarray, top_sizes: tuple[int, ...], duplicate_sizes: tuple[int, ...]) -> np.ndarray:
+    """Per text: words, characters, then for each n of ``top_sizes`` the characters in the occurrences of its most
+    frequent word n-gram, and for each n of ``duplicate_sizes`` the characters of its repeated word n-grams (0 where
+    it has fewer than n words). A text that is not valid UTF-8 is counted in plain Python (its words as
+    ``errors="replace"`` reads them, where two different bad bytes are the same word)."""
+    scan = compiled()
+    if scan is None:
+        return plain_scan.ngrams(data, bounds, top_sizes, duplicate_sizes)
+    counts = np.empty((len(bounds) - 1, 2 + len(top_sizes) + len(duplicate_sizes)), dtype=np.int64)
+    scan.ngrams(data, bounds, _classes(), np.array(top_sizes, np.int64), np.array(duplicate_sizes, np.int64), counts)
+    for t in np.flatnonzero(counts[:, 0] < 0):
+        text = data[bounds[t] : bounds[t + 1]]
+        counts[t] = plain_scan.ngrams(text, np.array([0, len(text)]), top_sizes, duplicate_sizes)[0]
     return counts
 
 
