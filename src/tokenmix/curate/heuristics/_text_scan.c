@@ -42,12 +42,46 @@ static const char *const PROFILE_FIELDS[P_FIELDS] = {
 
 #define MAX_CODE 0x110000
 
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+
+/* Of 8 bytes read as a little-endian (or big-endian) word: how many come before the first that is whitespace or
+   outside ASCII, or may be (under 0x21); a mask of the first n; the high bit of each byte equal to 0; of each byte
+   strictly between low and high (bytes under 0x80, bounds up to 0x80). */
+static inline Py_ssize_t ascii_word_bytes(uint64_t x) {
+    const uint64_t stops = ((x - ONES * 0x21) | x) & HIGHS;
+    if (stops == 0) return 8;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return __builtin_clzll(stops) >> 3;
+#else
+    return __builtin_ctzll(stops) >> 3;
+#endif
+}
+
+static inline uint64_t first_bytes(Py_ssize_t n) {
+    if (n >= 8) return ~0ULL;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return n ? ~0ULL << (64 - 8 * n) : 0;
+#else
+    return (1ULL << (8 * n)) - 1;
+#endif
+}
+
+static inline uint64_t zero_bytes(uint64_t v) {
+    return ~(((v & ~HIGHS) + ~HIGHS) | v) & HIGHS;
+}
+
+static inline uint64_t bytes_between(uint64_t x, unsigned low, unsigned high) {
+    return (ONES * (127 + high) - (x & ~HIGHS)) & ~x & ((x & ~HIGHS) + ONES * (127 - low)) & HIGHS;
+}
+
 typedef struct {
     Py_ssize_t count;
     const char *bytes[16];
     Py_ssize_t lengths[16];
     Py_ssize_t longest;
     uint8_t first[256]; /* whether some string starts with this byte */
+    uint64_t packed[16]; /* a string of at most 8 bytes, as a word read from memory holding it then zeros */
 } Strings;
 
 static int strings_from(PyObject *tuple, Strings *out, const char *what) {
@@ -71,13 +105,24 @@ static int strings_from(PyObject *tuple, Strings *out, const char *what) {
             return -1;
         }
         out->first[(uint8_t)out->bytes[i][0]] = 1;
+        out->packed[i] = 0;
+        if (out->lengths[i] <= 8) memcpy(&out->packed[i], out->bytes[i], (size_t)out->lengths[i]);
         if (out->lengths[i] > out->longest) out->longest = out->lengths[i];
     }
     return 0;
 }
 
-static int is_one_of(const Strings *s, const uint8_t *p, Py_ssize_t n) {
+/* Whether the n bytes at p are one of the strings; bytes up to limit may be read. */
+static inline int is_one_of(const Strings *s, const uint8_t *p, Py_ssize_t n, const uint8_t *limit) {
     if (n > s->longest || !s->first[p[0]]) return 0;
+    if (n <= 8 && limit - p >= 8) {
+        uint64_t x;
+        memcpy(&x, p, 8);
+        x &= first_bytes(n);
+        for (Py_ssize_t i = 0; i < s->count; i++)
+            if (s->packed[i] == x && s->lengths[i] == n) return 1;
+        return 0;
+    }
     for (Py_ssize_t i = 0; i < s->count; i++)
         if (s->lengths[i] == n && memcmp(s->bytes[i], p, (size_t)n) == 0) return 1;
     return 0;
@@ -234,7 +279,7 @@ static PyObject *profile(PyObject *self, PyObject *args) {
         release(&b);
         return NULL;
     }
-    const uint8_t *data = b.data.buf;
+    const uint8_t *data = b.data.buf, *limit = data + b.data.len;
     const int64_t *bounds = b.bounds.buf;
     uint16_t *classes = b.classes.buf;
     int64_t *out = b.out.buf;
@@ -296,6 +341,23 @@ static PyObject *profile(PyObject *self, PyObject *args) {
             Py_ssize_t word_start = i, word_chars = 0;
             unsigned seen = 0;
             while (i < end) {
+                if (limit - (data + i) >= 8) {
+                    /* the ASCII bytes of the word 8 at a time, to the first that is whitespace or outside ASCII (or
+                       may be: under 0x21), which the loop below reads */
+                    uint64_t x;
+                    memcpy(&x, data + i, 8);
+                    Py_ssize_t take = ascii_word_bytes(x);
+                    if (take > end - i) take = end - i;
+                    if (take > 0) {
+                        const uint64_t taken = first_bytes(take);
+                        seen |= (bytes_between(x | ONES * 0x20, 'a' - 1, 'z' + 1) & taken ? C_LETTER : 0) |
+                                (zero_bytes(x ^ ONES * '#') & taken ? C_HASH : 0);
+                        i += take;
+                        word_chars += take;
+                        if (take == 8) continue;
+                        if (i >= end) break;
+                    }
+                }
                 uint8_t byte = data[i];
                 unsigned k;
                 if (byte < 0x80) {
@@ -324,8 +386,8 @@ static PyObject *profile(PyObject *self, PyObject *args) {
             Py_ssize_t hash_runs = 0;
             if (seen & C_HASH)
                 for (Py_ssize_t j = word_start; j < i; j++) hash_runs += data[j] == '#' && (j == word_start || data[j - 1] != '#');
-            symbol_words += 2 * hash_runs > word_chars || is_one_of(&symbols, data + word_start, i - word_start);
-            common_words += is_one_of(&common, data + word_start, i - word_start);
+            symbol_words += 2 * hash_runs > word_chars || is_one_of(&symbols, data + word_start, i - word_start, limit);
+            common_words += is_one_of(&common, data + word_start, i - word_start, limit);
             line_last = i - 1;
         }
         if (line_last >= 0) end_line(&line, data, classes, &ellipsis, line_start, line_last);
@@ -610,6 +672,15 @@ static Py_ssize_t split_words(Words *w, const uint8_t *data, Py_ssize_t start, P
         if (i >= end) break;
         const Py_ssize_t from = i, extra_before = extra;
         while (i < end) {
+            if (limit - (data + i) >= 8) {
+                /* 8 bytes at a time to the first that is whitespace or outside ASCII, or may be (under 0x21) */
+                uint64_t x;
+                memcpy(&x, data + i, 8);
+                const Py_ssize_t take = ascii_word_bytes(x);
+                i += take;
+                if (take == 8) continue;
+                if (i >= end) break;
+            }
             const uint8_t kind = kinds[data[i]];
             if (kind == B_WORD) {
                 i++;
@@ -623,6 +694,7 @@ static Py_ssize_t split_words(Words *w, const uint8_t *data, Py_ssize_t start, P
             extra += width - 1;
             i += width;
         }
+        if (i > end) i = end;
         word_start[count] = from;
         length[count] = (int32_t)(i - from);
         chars_before[count] = word_chars;
@@ -655,8 +727,8 @@ static Py_ssize_t split_words(Words *w, const uint8_t *data, Py_ssize_t start, P
         slots[k] = (int32_t)slot;
     }
     Py_ssize_t listed = 0;
-    for (Py_ssize_t k = 0; k < count; k++)
-        if (table[slots[k]].count > 1) at[listed] = (int32_t)k, gram[listed++] = id[k];
+    for (Py_ssize_t k = 0; k < count; k++) /* without a branch: whether a word repeats is not predictable */
+        at[listed] = (int32_t)k, gram[listed] = id[k], listed += table[slots[k]].count > 1;
     *repeated = listed;
     return count;
 }
@@ -669,15 +741,16 @@ static Py_ssize_t split_words(Words *w, const uint8_t *data, Py_ssize_t start, P
    of those tied (0 where all occur once). Returns how many are listed, or -1 with MemoryError set. */
 static Py_ssize_t next_level(Words *w, Py_ssize_t listed, Py_ssize_t n, int64_t *duplicate_chars, Py_ssize_t *best) {
     Py_ssize_t candidates = 0;
-    for (Py_ssize_t k = 0; k + 1 < listed; k++)
-        if (w->at[k + 1] == w->at[k] + 1) w->at[candidates] = w->at[k], w->gram[candidates++] = w->gram[k];
+    int32_t *const at = w->at, *const gram = w->gram;
+    for (Py_ssize_t k = 0; k + 1 < listed; k++) /* without branches, as in split_words */
+        at[candidates] = at[k], gram[candidates] = gram[k], candidates += at[k + 1] == at[k] + 1;
     Py_ssize_t mask = empty_table(w, candidates);
     if (mask < 0) return -1;
     int32_t best_first = 0, best_count = 1;
     int64_t chars = 0;
     Py_ssize_t covered_to = 0;
     for (Py_ssize_t k = 0; k < candidates; k++) {
-        const int32_t i = w->at[k], prev = w->gram[k], last = w->id[i + n - 1];
+        const int32_t i = at[k], prev = gram[k], last = w->id[i + n - 1];
         Py_ssize_t slot = slot_of((uint64_t)(uint32_t)prev << 32 | (uint32_t)last, mask);
         Slot *s;
         for (;; slot = (slot + 1) & mask) {
@@ -700,7 +773,7 @@ static Py_ssize_t next_level(Words *w, Py_ssize_t listed, Py_ssize_t n, int64_t 
     Py_ssize_t repeated = 0;
     for (Py_ssize_t k = 0; k < candidates; k++) {
         const Slot *s = &w->table[w->slot[k]];
-        if (s->count > 1) w->at[repeated] = w->at[k], w->gram[repeated++] = s->first;
+        at[repeated] = at[k], gram[repeated] = s->first, repeated += s->count > 1;
     }
     if (duplicate_chars) *duplicate_chars = chars;
     if (best) *best = best_first;
