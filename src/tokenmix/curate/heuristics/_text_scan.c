@@ -471,8 +471,14 @@ static PyObject *pieces(PyObject *self, PyObject *args) {
                 if (to == end || separator == 1 || (to + 1 < end && data[to + 1] == '\n')) break;
                 to++;
             }
-            Py_ssize_t chars = to - from, wide = 0;
-            for (Py_ssize_t i = from; i < to; i++) wide += data[i] >= 0x80;
+            Py_ssize_t chars = to - from, i = from;
+            uint64_t wide = 0; /* the high bits of the piece's bytes: whether one is outside ASCII */
+            for (; i + 8 <= to; i += 8) {
+                uint64_t x;
+                memcpy(&x, data + i, 8);
+                wide |= x & HIGHS;
+            }
+            for (; i < to; i++) wide |= data[i] & 0x80;
             int blank = 1;
             for (Py_ssize_t i = from; (wide || blank) && i < to;) {
                 int width;
