@@ -533,17 +533,20 @@ def test_filter_stages_share_one_analysis_of_an_unchanged_batch():
 
 def test_the_ngram_filters_of_a_batch_share_one_pass():
     """The first n-gram filter to score a batch counts Gopher's nine sizes in one pass, which the other eight of them
-    find; a size outside them gets a pass of its own, and the first pass is still found after it."""
-    texts = pa.array(["a b c d e f g h i j k l a b c d e f g h i j k l", "one two"], pa.large_string())
+    find, and makes the batch's profile from the same words, which the word filters find; a size outside them gets a
+    pass of its own."""
+    texts = pa.array(["a b c d e f g h i j k l a b c d e f g h i j k l", "one two", "x\u00e9 \u3000y \u2026 x\u00e9 y"], pa.large_string())
     RepeatingDuplicateNGramsFilter(n=7).score(texts)
     batch = analyses._LAST_BATCH.batch
-    shared = batch.derived["ngrams"]
+    shared, profile = batch.derived["ngrams"], batch.derived["profile"]
     assert (shared.top_sizes, shared.duplicate_sizes) == ((2, 3, 4), (5, 6, 7, 8, 9, 10))
-    for f in [*(RepeatingTopNGramsFilter(n=n) for n in (2, 3, 4)), *(RepeatingDuplicateNGramsFilter(n=n) for n in range(5, 11))]:
+    for f in [*(RepeatingTopNGramsFilter(n=n) for n in (2, 3, 4)), *(RepeatingDuplicateNGramsFilter(n=n) for n in range(5, 11)),
+              WordCountFilter(), SymbolsToWordsFilter()]:
         f.score(texts)
-    assert analyses._LAST_BATCH.batch is batch and list(batch.derived) == ["ngrams"]
-    assert RepeatingDuplicateNGramsFilter(n=11).score(texts).to_pylist() == [23 / 47, 1.0]
-    assert list(batch.derived) == ["ngrams", ("ngrams", "duplicate", 11)] and batch.derived["ngrams"] is shared
+    assert analyses._LAST_BATCH.batch is batch and set(batch.derived) == {"ngrams", "profile"} and batch.derived["profile"] is profile
+    assert profile.counts.tolist() == scan.profile_counts(*analyses.bytes_of(texts)).tolist()
+    assert RepeatingDuplicateNGramsFilter(n=11).score(texts).to_pylist() == [23 / 47, 1.0, 1.0]
+    assert set(batch.derived) == {"ngrams", "profile", ("ngrams", "duplicate", 11)} and batch.derived["ngrams"] is shared
 
 
 @settings(max_examples=100, deadline=None)
@@ -586,7 +589,7 @@ def test_a_filter_stage_that_removes_texts_carries_the_counts_to_the_next():
 
 def _scans_agree(texts: pa.Array) -> None:
     """The plain-Python scan's counts equal the compiled scan's, for the profile, for lines and paragraphs (blank
-    ones left out or not) and for word n-grams."""
+    ones left out or not) and for word n-grams, alone and in one pass with the profile."""
     compiled = pytest.importorskip("tokenmix.curate.heuristics._text_scan")
     assert plain_scan.PROFILE_FIELDS == compiled.PROFILE_FIELDS
     data, bounds = analyses.bytes_of(texts)
@@ -595,6 +598,8 @@ def _scans_agree(texts: pa.Array) -> None:
         assert plain_scan.pieces(data, bounds, newlines, skip_blank).tolist() == scan.piece_counts(data, bounds, newlines, skip_blank).tolist()
     sizes = (TOP_SIZES, DUPLICATE_SIZES)
     assert plain_scan.ngrams(data, bounds, *sizes).tolist() == scan.ngram_counts(data, bounds, *sizes).tolist()
+    together = scan.profile_and_ngram_counts(data, bounds, *sizes)
+    assert [c.tolist() for c in together] == [plain_scan.profile(data, bounds).tolist(), plain_scan.ngrams(data, bounds, *sizes).tolist()]
 
 
 def test_the_plain_python_scan_counts_as_the_compiled_one():

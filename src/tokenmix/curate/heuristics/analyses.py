@@ -1,6 +1,7 @@
 """What the heuristic filters derive from a batch of texts before scoring it, made once per batch and shared: the
 per-text counts of one scan (``profile``), of each text's lines and paragraphs (``lines``, ``paragraphs``), and of its
-repeated word n-grams (``ngram_shares``: Gopher's sizes all in one pass).
+repeated word n-grams (``ngram_shares``: Gopher's sizes all in one pass, which makes the profile too where none was
+made yet).
 
 The counts are kept for every filter that asks while the batch is the same (the same buffers, offset and length: a
 stage that removes nothing passes its table on unchanged, and stages take a column's single chunk as it is,
@@ -164,14 +165,25 @@ def _ngrams(texts: pa.Array, top_sizes: tuple[int, ...], duplicate_sizes: tuple[
     return NGrams(top_sizes, duplicate_sizes, scan.ngram_counts(*bytes_of(texts), top_sizes, duplicate_sizes))
 
 
+def _ngrams_and_profile(texts: pa.Array, top_sizes: tuple[int, ...], duplicate_sizes: tuple[int, ...]) -> NGrams:
+    """The batch's n-grams; and its ``Profile`` from the same split into words, kept for the filters that ask next,
+    unless one was made already (the filters that count n-grams, Gopher's, come with those that divide the profile)."""
+    derived = _LAST_BATCH.batch.derived
+    if "profile" in derived:
+        return _ngrams(texts, top_sizes, duplicate_sizes)
+    profile_counts, ngram_counts = scan.profile_and_ngram_counts(*bytes_of(texts), top_sizes, duplicate_sizes)
+    derived["profile"] = Profile(profile_counts)
+    return NGrams(top_sizes, duplicate_sizes, ngram_counts)
+
+
 def ngram_shares(texts: pa.Array, kind: str, n: int) -> np.ndarray:
     """Per text, the share of its characters that its ``kind`` (``top``: the most frequent; ``duplicate``: repeated)
     word n-grams of size ``n`` take; 1.0 with fewer than ``n`` words. The batch's first n-gram filter counts Gopher's
-    sizes (``TOP_NGRAM_SIZES``, ``DUPLICATE_NGRAM_SIZES``) and its own in one pass, which the others share; a size
-    outside them that a later filter asks for gets a pass of its own."""
+    sizes (``TOP_NGRAM_SIZES``, ``DUPLICATE_NGRAM_SIZES``) and its own in one pass, which the others share, and makes
+    the batch's ``Profile`` in the same pass; a size outside them that a later filter asks for gets a pass of its own."""
     top, duplicate = (n,) if kind == "top" else (), (n,) if kind == "duplicate" else ()
-    found = _derived(texts, "ngrams", lambda t: _ngrams(t, tuple(sorted({*TOP_NGRAM_SIZES, *top})),
-                                                          tuple(sorted({*DUPLICATE_NGRAM_SIZES, *duplicate}))))
+    found = _derived(texts, "ngrams", lambda t: _ngrams_and_profile(t, tuple(sorted({*TOP_NGRAM_SIZES, *top})),
+                                                                      tuple(sorted({*DUPLICATE_NGRAM_SIZES, *duplicate}))))
     if not found.has(kind, n):
         found = _derived(texts, ("ngrams", kind, n), lambda t: _ngrams(t, top, duplicate))
     return found.share(kind, n)

@@ -69,13 +69,36 @@ def piece_counts(data: np.ndarray, bounds: np.ndarray, newlines: int, skip_blank
 def ngram_counts(data: np.ndarray, bounds: np.ndarray, top_sizes: tuple[int, ...], duplicate_sizes: tuple[int, ...]) -> np.ndarray:
     """Per text: words, characters, then for each n of ``top_sizes`` the characters in the occurrences of its most
     frequent word n-gram, and for each n of ``duplicate_sizes`` the characters of its repeated word n-grams (0 where
-    it has fewer than n words). A text that is not valid UTF-8 is counted in plain Python (its words as
-    ``errors="replace"`` reads them, where two different bad bytes are the same word)."""
+    it has fewer than n words)."""
     scan = compiled()
     if scan is None:
         return plain_scan.ngrams(data, bounds, top_sizes, duplicate_sizes)
-    counts = np.empty((len(bounds) - 1, 2 + len(top_sizes) + len(duplicate_sizes)), dtype=np.int64)
+    counts = _ngram_out(bounds, top_sizes, duplicate_sizes)
     scan.ngrams(data, bounds, _classes(), np.array(top_sizes, np.int64), np.array(duplicate_sizes, np.int64), counts)
+    return _not_utf8_in_python(counts, data, bounds, top_sizes, duplicate_sizes)
+
+
+def profile_and_ngram_counts(data: np.ndarray, bounds: np.ndarray, top_sizes: tuple[int, ...],
+                             duplicate_sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """``profile_counts`` and ``ngram_counts`` together, from one split of the texts into words."""
+    scan = compiled()
+    if scan is None:
+        return plain_scan.profile(data, bounds), plain_scan.ngrams(data, bounds, top_sizes, duplicate_sizes)
+    counts = np.empty((len(bounds) - 1, len(scan.PROFILE_FIELDS)), dtype=np.int64)
+    ngrams = _ngram_out(bounds, top_sizes, duplicate_sizes)
+    scan.profile(data, bounds, _classes(), chars.is_alphabetic, _SYMBOL_BYTES, _COMMON_BYTES, _ELLIPSIS_BYTES, counts,
+                 np.array(top_sizes, np.int64), np.array(duplicate_sizes, np.int64), ngrams)
+    return counts, _not_utf8_in_python(ngrams, data, bounds, top_sizes, duplicate_sizes)
+
+
+def _ngram_out(bounds: np.ndarray, top_sizes: tuple[int, ...], duplicate_sizes: tuple[int, ...]) -> np.ndarray:
+    return np.empty((len(bounds) - 1, 2 + len(top_sizes) + len(duplicate_sizes)), dtype=np.int64)
+
+
+def _not_utf8_in_python(counts: np.ndarray, data: np.ndarray, bounds: np.ndarray, top_sizes: tuple[int, ...],
+                        duplicate_sizes: tuple[int, ...]) -> np.ndarray:
+    """The compiled n-gram counts, with the rows it left (-1 words: the text is not valid UTF-8) counted in plain
+    Python, where two different bad bytes read as the same word (``errors="replace"``)."""
     for t in np.flatnonzero(counts[:, 0] < 0):
         text = data[bounds[t] : bounds[t + 1]]
         counts[t] = plain_scan.ngrams(text, np.array([0, len(text)]), top_sizes, duplicate_sizes)[0]
