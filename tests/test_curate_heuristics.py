@@ -374,7 +374,8 @@ def test_batch_repetition_scores_equal_the_plain_python_definitions():
 
 
 def _python_scores(text: str) -> dict[str, float]:
-    """NeMo's definitions of the byte-level heuristics, restated in plain Python over one text."""
+    """NeMo's definitions of the byte-level heuristics and of boilerplate, restated in plain Python over one text."""
+    from tokenmix.curate.heuristics.boilerplate import POLICY_SUBSTRINGS
     from tokenmix.curate.heuristics.character_classes import BULLETS, COMMON_ENGLISH_WORDS, ELLIPSIS_MARKS, END_MARKS, URL_PATTERN, is_alphabetic
 
     words = text.split()
@@ -386,7 +387,10 @@ def _python_scores(text: str) -> dict[str, float]:
     def share(count: int, total: int, empty: float) -> float:
         return count / total if total else empty
 
+    lowered = text.lower()
+    paragraphs = lowered.split("\n\n")
     return {
+        "boilerplate_string": 1.0 if "lorem ipsum" in lowered else sum(any(s in p for s in POLICY_SUBSTRINGS) for p in paragraphs) / len(paragraphs),
         "word_count": len(words),
         "mean_word_length": share(sum(map(len, words)), len(words), 0.0),
         "long_word": max(map(len, words), default=0),
@@ -448,7 +452,8 @@ def test_byte_level_scores_equal_the_plain_python_definitions():
               "see http://a.b/c?d=1&e#f, https://x.y/\u00e9 httpss://no http:// h http://ok", "the of The to be and that have with",
               "a b a b a b a b a b a b a b a b a b a b a b c", "xa b a b a bx", "a\u3000b a b\na b", " ".join(["w"] * 30),
               "the cat sat the cat sat on the cat sat on the mat the cat " * 3, " ".join(map(str, range(3000))) + " 1 2 3 4 5 6 7 8 9 10",
-              "\ufffd \ufffd x \ufffd \ufffd x", "\u00e9t\u00e9 \u65e5\u672c \u00e9t\u00e9 \u65e5\u672c \u00e9t\u00e9"]
+              "\ufffd \ufffd x \ufffd \ufffd x", "\u00e9t\u00e9 \u65e5\u672c \u00e9t\u00e9 \u65e5\u672c \u00e9t\u00e9",
+              "Use of Coo\u212aies\n\nok", "PRIVACY POLICY\n\nx\n\nTerms Of Use", "LOREM IPSUM", "pr\u0130vacy policy", "cookies\n\n\ncookie"]
     texts = tricky + webster_texts(600) + [None]
     names = list(_python_scores("").keys())
     filters = {f.name: f for f in every_filter()}
@@ -488,7 +493,8 @@ def test_invalid_utf8_from_a_parquet_shard_scores_as_replacement_characters(tmp_
 
 _PIECES = ["a", "Z", "é", "\u65e5", "\U0001F170", "\U0001F600", "1", "#", ".", "!", "'", "-", "\u00bb", "\u2026", "[", "]", "(", ")",
            "\u27e8", " ", "\t", "\n", "\n\n", "\r", "\x1c", "\u00a0", "\u3000", "\u2028", "\u0085", "\u2022", "\u25e6", "\b",
-           "read more", "READ MORE..", "...", "\u216b", "\u0661", "http", "h", "s", "://", "https://x.io/A?b=1", "the", "The", "of", "with"]
+           "read more", "READ MORE..", "...", "\u216b", "\u0661", "http", "h", "s", "://", "https://x.io/A?b=1", "the", "The", "of", "with",
+           "cookie", "COO", "\u212aie", "Privacy Policy", "pr\u0130vacy", "terms of use", "Lorem Ipsum", "use cookies"]
 
 
 @settings(max_examples=300, deadline=None)
@@ -589,7 +595,8 @@ def test_a_filter_stage_that_removes_texts_carries_the_counts_to_the_next():
 
 def _scans_agree(texts: pa.Array) -> None:
     """The plain-Python scan's counts equal the compiled scan's, for the profile, for lines and paragraphs (blank
-    ones left out or not) and for word n-grams, alone and in one pass with the profile."""
+    ones left out or not), for word n-grams, alone and in one pass with the profile, and for the words boilerplate looks
+    for."""
     compiled = pytest.importorskip("tokenmix.curate.heuristics._text_scan")
     assert plain_scan.PROFILE_FIELDS == compiled.PROFILE_FIELDS
     data, bounds = analyses.bytes_of(texts)
@@ -598,6 +605,8 @@ def _scans_agree(texts: pa.Array) -> None:
         assert plain_scan.pieces(data, bounds, newlines, skip_blank).tolist() == scan.piece_counts(data, bounds, newlines, skip_blank).tolist()
     sizes = (TOP_SIZES, DUPLICATE_SIZES)
     assert plain_scan.ngrams(data, bounds, *sizes).tolist() == scan.ngram_counts(data, bounds, *sizes).tolist()
+    words = ("cookie", "privacy", "terms of use", "lorem ipsum", "in")
+    assert plain_scan.mentions(data, bounds, words, ("\u212a",)).tolist() == scan.mention_flags(data, bounds, words, ("\u212a",)).tolist()
     together = scan.profile_and_ngram_counts(data, bounds, *sizes)
     assert [c.tolist() for c in together] == [plain_scan.profile(data, bounds).tolist(), plain_scan.ngrams(data, bounds, *sizes).tolist()]
 

@@ -58,6 +58,19 @@ static inline Py_ssize_t ascii_word_bytes(uint64_t x) {
 #endif
 }
 
+/* The first byte (in memory) of those whose high bit is set in hits, its bit cleared. */
+static inline Py_ssize_t next_byte(uint64_t *hits) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    const int k = __builtin_clzll(*hits) >> 3;
+    *hits &= ~(0x8000000000000000ULL >> (8 * k));
+    return k;
+#else
+    const int k = __builtin_ctzll(*hits) >> 3;
+    *hits &= *hits - 1;
+    return k;
+#endif
+}
+
 static inline uint64_t first_bytes(Py_ssize_t n) {
     if (n >= 8) return ~0ULL;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
@@ -948,6 +961,86 @@ fail:
     return NULL;
 }
 
+/* Whether the n bytes at p are pattern, its ASCII letters (lowercase) matching either case. */
+static inline int folded_equal(const uint8_t *p, const uint8_t *pattern, Py_ssize_t n) {
+    for (Py_ssize_t j = 0; j < n; j++) {
+        const uint8_t want = pattern[j], got = want >= 'a' && want <= 'z' ? p[j] | 0x20 : p[j];
+        if (got != want) return 0;
+    }
+    return 1;
+}
+
+/* Per text, whether it holds one of the folded patterns (lowercase ASCII, matched in either case), each found from
+   its anchor: the index of two bytes rare in text, whose occurrences (either case) are looked for 8 positions at a
+   time; or one of the raw byte strings. */
+static PyObject *mentions(PyObject *self, PyObject *args) {
+    Buffers b = {0};
+    PyObject *folded_tuple, *anchor_tuple, *raw_tuple;
+    Strings folded, raw;
+    if (!PyArg_ParseTuple(args, "y*y*OOOw*", &b.data, &b.bounds, &folded_tuple, &anchor_tuple, &raw_tuple, &b.out)) return NULL;
+    const Py_ssize_t n = b.bounds.len / 8 - 1;
+    Py_ssize_t anchors[16];
+    uint64_t firsts[16], seconds[16]; /* each pattern's two anchor bytes, as 8 copies, ASCII letters' case bit set */
+    if (n < 0 || check(&b.out, 1, n, "out") || strings_from(folded_tuple, &folded, "patterns") || strings_from(raw_tuple, &raw, "raw patterns"))
+        goto fail;
+    if (!PyTuple_Check(anchor_tuple) || PyTuple_GET_SIZE(anchor_tuple) != folded.count) {
+        PyErr_SetString(PyExc_TypeError, "anchors: a tuple of one index per pattern");
+        goto fail;
+    }
+    for (Py_ssize_t m = 0; m < folded.count; m++) {
+        anchors[m] = PyLong_AsSsize_t(PyTuple_GET_ITEM(anchor_tuple, m));
+        if (anchors[m] == -1 && PyErr_Occurred()) goto fail;
+        if (anchors[m] < 0 || anchors[m] + 1 >= folded.lengths[m]) {
+            PyErr_Format(PyExc_ValueError, "anchors: %zd is not the index of two bytes of pattern %zd", anchors[m], m);
+            goto fail;
+        }
+        firsts[m] = ONES * ((uint8_t)folded.bytes[m][anchors[m]] | 0x20);
+        seconds[m] = ONES * ((uint8_t)folded.bytes[m][anchors[m] + 1] | 0x20);
+    }
+    const uint8_t *data = b.data.buf;
+    const int64_t *bounds = b.bounds.buf;
+    uint8_t *out = b.out.buf;
+    for (Py_ssize_t t = 0; t < n; t++) {
+        const Py_ssize_t start = bounds[t], end = bounds[t + 1];
+        if (!inside(&b, t, start, end)) goto fail;
+        int found = 0;
+        for (Py_ssize_t i = start; i < end && !found;) {
+            /* positions where some pattern's two anchor bytes may start (a superset: every byte's case bit set) */
+            uint64_t x = 0, y = 0, hits = 0;
+            const Py_ssize_t width = end - i >= 9 ? 8 : 1;
+            if (width == 8) {
+                memcpy(&x, data + i, 8);
+                memcpy(&y, data + i + 1, 8);
+            } else {
+                uint8_t tail[9] = {0}; /* the bytes left, then zeros, so that the first is first in memory */
+                memcpy(tail, data + i, (size_t)(end - i));
+                memcpy(&x, tail, 8);
+                memcpy(&y, tail + 1, 8);
+            }
+            x |= ONES * 0x20, y |= ONES * 0x20;
+            for (Py_ssize_t m = 0; m < folded.count; m++) hits |= zero_bytes(x ^ firsts[m]) & zero_bytes(y ^ seconds[m]);
+            if (width == 1) hits &= first_bytes(1);
+            while (hits && !found) {
+                const Py_ssize_t at = i + next_byte(&hits);
+                for (Py_ssize_t m = 0; m < folded.count && !found; m++) {
+                    const Py_ssize_t from = at - anchors[m];
+                    found = from >= start && from + folded.lengths[m] <= end &&
+                            folded_equal(data + from, (const uint8_t *)folded.bytes[m], folded.lengths[m]);
+                }
+            }
+            i += width;
+        }
+        for (Py_ssize_t m = 0; m < raw.count && !found; m++)
+            found = memmem(data + start, (size_t)(end - start), raw.bytes[m], (size_t)raw.lengths[m]) != NULL;
+        out[t] = (uint8_t)found;
+    }
+    release(&b);
+    Py_RETURN_NONE;
+fail:
+    release(&b);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"profile", profile, METH_VARARGS,
      "profile(data, bounds, classes, is_letter, symbol_words, common_words, ellipsis_marks, out[, top_sizes, "
@@ -956,6 +1049,10 @@ static PyMethodDef methods[] = {
     {"pieces", pieces, METH_VARARGS,
      "pieces(data, bounds, classes, separator_newlines, skip_blank, out): per text, pieces, distinct pieces, their "
      "characters and the distinct ones' characters into out (int64, texts x 4)."},
+    {"mentions", mentions, METH_VARARGS,
+     "mentions(data, bounds, patterns, anchors, raw_patterns, out): per text, whether it holds one of the patterns "
+     "(lowercase ASCII bytes, matched in either case, each found from its two bytes at its anchor index) or one of "
+     "the raw byte strings, into out (uint8, one per text)."},
     {"ngrams", ngrams, METH_VARARGS,
      "ngrams(data, bounds, classes, top_sizes, duplicate_sizes, out): per text, words and characters (-1 words where "
      "it is not valid UTF-8), the characters of its most frequent n-grams' occurrences for each n of top_sizes, and of "

@@ -186,3 +186,15 @@ def ngrams(data: np.ndarray, bounds: np.ndarray, top_sizes: tuple[int, ...], dup
             if len(words) >= n:
                 row[k] = _duplicate_ngram_chars(words, n)
     return out
+
+
+def mentions(data: np.ndarray, bounds: np.ndarray, words: tuple[str, ...], raw: tuple[str, ...]) -> np.ndarray:
+    """Per text, whether it holds one of ``words`` (lowercase ASCII) with its ASCII letters in either case
+    (``bytes.lower`` lowers ASCII only), or one of the ``raw`` strings as they are."""
+    folded, exact = tuple(w.encode() for w in words), tuple(r.encode() for r in raw)
+    out = np.zeros(len(bounds) - 1, dtype=bool)
+    for t in range(len(bounds) - 1):
+        text = data[bounds[t] : bounds[t + 1]].tobytes()
+        lowered = text.lower()
+        out[t] = any(w in lowered for w in folded) or any(r in text for r in exact)
+    return out

@@ -105,6 +105,29 @@ def _not_utf8_in_python(counts: np.ndarray, data: np.ndarray, bounds: np.ndarray
     return counts
 
 
+def mention_flags(data: np.ndarray, bounds: np.ndarray, words: tuple[str, ...], raw: tuple[str, ...]) -> np.ndarray:
+    """Per text, whether it holds one of ``words`` (lowercase ASCII, two characters or more) with its ASCII letters in
+    either case, or one of the ``raw`` strings as they are."""
+    if short := [word for word in words if len(word) < 2]:
+        raise ValueError(f"mention_flags: words of two characters or more, got {short}")
+    scan = compiled()
+    if scan is None:
+        return plain_scan.mentions(data, bounds, words, raw)
+    found = np.empty(len(bounds) - 1, dtype=np.uint8)
+    anchors = tuple(min(range(len(word) - 1), key=lambda k: _rank(word[k]) + _rank(word[k + 1])) for word in words)
+    scan.mentions(data, bounds, tuple(w.encode() for w in words), anchors, tuple(r.encode() for r in raw), found)
+    return found.view(bool)
+
+
+_RARE_FIRST = "zqxjkvbpygfwmucldrhsnioate"
+"""English letters, the rarest in text first: the compiled scan looks for a word from the two neighbouring characters
+of it that are, together, the rarest (anything but a letter ranked after every letter)."""
+
+
+def _rank(char: str) -> int:
+    return _RARE_FIRST.find(char) % (len(_RARE_FIRST) + 1)
+
+
 @functools.cache
 def _classes() -> np.ndarray:
     """Each code point's classes for the compiled scan (its bits), from ``character_classes``. Whether a character
