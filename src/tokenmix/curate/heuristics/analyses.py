@@ -6,7 +6,8 @@ made yet).
 The counts are kept for every filter that asks while the batch is the same (the same buffers, offset and length: a
 stage that removes nothing passes its table on unchanged, and stages take a column's single chunk as it is,
 ``records.as_array``), and cut down to the kept texts when a filter stage removes some (``carry_analyses``), so a
-pipeline of these filters reads each batch's text about four times (the scan, lines, paragraphs, n-grams).
+pipeline of these filters reads each batch's text about three times (the scan, with the n-grams where a filter asks
+for them, lines, paragraphs).
 """
 
 from __future__ import annotations
