@@ -374,7 +374,8 @@ def test_batch_repetition_scores_equal_the_plain_python_definitions():
 
 
 def _python_scores(text: str) -> dict[str, float]:
-    """NeMo's definitions of the byte-level heuristics, restated in plain Python over one text."""
+    """NeMo's definitions of the byte-level heuristics and of boilerplate, restated in plain Python over one text."""
+    from tokenmix.curate.heuristics.boilerplate import POLICY_SUBSTRINGS
     from tokenmix.curate.heuristics.character_classes import BULLETS, COMMON_ENGLISH_WORDS, ELLIPSIS_MARKS, END_MARKS, URL_PATTERN, is_alphabetic
 
     words = text.split()
@@ -386,7 +387,10 @@ def _python_scores(text: str) -> dict[str, float]:
     def share(count: int, total: int, empty: float) -> float:
         return count / total if total else empty
 
+    lowered = text.lower()
+    paragraphs = lowered.split("\n\n")
     return {
+        "boilerplate_string": 1.0 if "lorem ipsum" in lowered else sum(any(s in p for s in POLICY_SUBSTRINGS) for p in paragraphs) / len(paragraphs),
         "word_count": len(words),
         "mean_word_length": share(sum(map(len, words)), len(words), 0.0),
         "long_word": max(map(len, words), default=0),
@@ -404,29 +408,72 @@ def _python_scores(text: str) -> dict[str, float]:
     }
 
 
+def _python_ngram_scores(text: str) -> dict[str, float]:
+    """NeMo's n-gram scores, restated in plain Python over one text: the share of characters in the occurrences of
+    the most frequent word n-gram (the first seen of those tied), and in the words of repeated n-grams."""
+    words = text.split()
+    scores = {}
+    for n in TOP_SIZES:
+        frequency: dict[tuple[str, ...], int] = {}
+        for gram in zip(*(words[k:] for k in range(n))):
+            frequency[gram] = frequency.get(gram, 0) + 1
+        top = " ".join(max(frequency, key=frequency.__getitem__)) if frequency else ""
+        scores[f"top_{n}"] = (len(text) - len(text.replace(top, ""))) / len(text) if len(words) >= n else 1.0
+    for n in DUPLICATE_SIZES:
+        seen: set[tuple[str, ...]] = set()
+        covered_to = chars = 0
+        for i, gram in enumerate(zip(*(words[k:] for k in range(n)))):
+            if gram in seen:
+                new = range(max(i, covered_to), i + n)
+                chars += sum(len(words[k]) for k in new) + min(len(new), n - 1)
+                covered_to = i + n
+            seen.add(gram)
+        scores[f"duplicate_{n}"] = chars / len(text) if len(words) >= n else 1.0
+    return scores
+
+
+TOP_SIZES = (1, 2, 3, 4)
+DUPLICATE_SIZES = (1, 2, 5, 6, 7, 8, 9, 10)
+NGRAM_FILTERS = {**{f"top_{n}": RepeatingTopNGramsFilter(n=n) for n in TOP_SIZES},
+                 **{f"duplicate_{n}": RepeatingDuplicateNGramsFilter(n=n) for n in DUPLICATE_SIZES}}
+"""Every n-gram filter of Gopher's sizes, and of sizes outside them (which get passes of their own)."""
+
+
+def _ngram_scores(texts: pa.Array) -> dict[str, list]:
+    return {name: f.score(texts).to_pylist() for name, f in NGRAM_FILTERS.items()}
+
+
 def test_byte_level_scores_equal_the_plain_python_definitions():
     tricky = ["", " ", "\u3000a\u2003b\u00a0c\u0085d\u1680e\u2028f\u202fg\u205fh\x1ci", "## #a# ##x \u2026 [\u2026] -\u00bb (...) [...] ...",
               "\u2022 one\n \u25e6 two\n\t\u2219\nplain", "Read More\nsee READ MORE..\nwait\u2026 \n end \u00bb", "x\r\ny.\r\n\"q\"  \n'",
               "\u65e5\u672c\u8a9e \u0661\u0662 \u216b \u24d0 \U0001F170 \u00e9t\u00e9 123 --", "(a)[b]{c}\u27e8d\u27e9 \b\b", "a" * 3000 + " b",
               "\U0001F600\U0001F600 \U0001F600", "\n\n\n", "ab\u200bcd", "\x1f\x1e\x1d",
               "end." + " \u3000" * 100 + "\n" + " " * 200 + "\nno mark" + "\t" * 70, "\nstarts with a newline.\n",
-              "see http://a.b/c?d=1&e#f, https://x.y/\u00e9 httpss://no http:// h http://ok", "the of The to be and that have with"]
+              "see http://a.b/c?d=1&e#f, https://x.y/\u00e9 httpss://no http:// h http://ok", "the of The to be and that have with",
+              "a b a b a b a b a b a b a b a b a b a b a b c", "xa b a b a bx", "a\u3000b a b\na b", " ".join(["w"] * 30),
+              "the cat sat the cat sat on the cat sat on the mat the cat " * 3, " ".join(map(str, range(3000))) + " 1 2 3 4 5 6 7 8 9 10",
+              "\ufffd \ufffd x \ufffd \ufffd x", "\u00e9t\u00e9 \u65e5\u672c \u00e9t\u00e9 \u65e5\u672c \u00e9t\u00e9",
+              "Use of Coo\u212aies\n\nok", "PRIVACY POLICY\n\nx\n\nTerms Of Use", "LOREM IPSUM", "pr\u0130vacy policy", "cookies\n\n\ncookie"]
     texts = tricky + webster_texts(600) + [None]
     names = list(_python_scores("").keys())
     filters = {f.name: f for f in every_filter()}
+    expected_ngrams = [{name: None for name in NGRAM_FILTERS} if text is None else _python_ngram_scores(text) for text in texts]
     for string_type in (pa.string(), pa.large_string()):
         array = pa.array(["pad", *texts], string_type).slice(1)
         got = {name: filters[name].score(array).to_pylist() for name in names}
+        got_ngrams = _ngram_scores(array)
         for i, text in enumerate(texts):
             expected = {name: None for name in names} if text is None else _python_scores(text)
             assert {name: got[name][i] for name in names} == expected, repr(text[:80] if text else text)
+            assert {name: got_ngrams[name][i] for name in NGRAM_FILTERS} == expected_ngrams[i], repr(text[:80] if text else text)
 
 
 def test_invalid_utf8_from_a_parquet_shard_scores_as_replacement_characters(tmp_path):
     """Arrow does not check that a Parquet shard's strings are UTF-8. A byte that cannot start a UTF-8 sequence, or a
     sequence cut short by the text's end, scores as one U+FFFD (Python's ``errors="replace"``), and no text is read
     past its end."""
-    raw = [b"a \xff\xfe word\n\xe2- \xe2\x80x", b"#\xff# http://a.b/\xfe.", b"tail cut short \xe2", b"\xf0\x9f\x98"]
+    raw = [b"a \xff\xfe word\n\xe2- \xe2\x80x", b"#\xff# http://a.b/\xfe.", b"tail cut short \xe2", b"\xf0\x9f\x98",
+           b"x \xff y x \xfe y x \xef\xbf\xbd y"]
     offsets = np.cumsum([0, *map(len, raw)]).astype(np.int32)
     texts = pa.Array.from_buffers(pa.string(), len(raw), [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(raw))])
     pq.write_table(pa.table({"text": texts}), tmp_path / "bad.parquet")
@@ -436,15 +483,18 @@ def test_invalid_utf8_from_a_parquet_shard_scores_as_replacement_characters(tmp_
     repetition = [RepeatedLinesFilter(), RepeatedLinesByCharFilter(), RepeatedParagraphsFilter(), RepeatedParagraphsByCharFilter()]
     got = {name: filters[name].score(read).to_pylist() for name in names}
     got_repetition = [f.score(read).to_pylist() for f in repetition]
+    got_ngrams = _ngram_scores(read)
     for i, text in enumerate(raw):
         replaced = text.decode("utf-8", "replace")
         assert {name: got[name][i] for name in names} == _python_scores(replaced), text
         assert tuple(g[i] for g in got_repetition) == _python_repetition(replaced), text
+        assert {name: got_ngrams[name][i] for name in NGRAM_FILTERS} == _python_ngram_scores(replaced), text
 
 
 _PIECES = ["a", "Z", "é", "\u65e5", "\U0001F170", "\U0001F600", "1", "#", ".", "!", "'", "-", "\u00bb", "\u2026", "[", "]", "(", ")",
            "\u27e8", " ", "\t", "\n", "\n\n", "\r", "\x1c", "\u00a0", "\u3000", "\u2028", "\u0085", "\u2022", "\u25e6", "\b",
-           "read more", "READ MORE..", "...", "\u216b", "\u0661", "http", "h", "s", "://", "https://x.io/A?b=1", "the", "The", "of", "with"]
+           "read more", "READ MORE..", "...", "\u216b", "\u0661", "http", "h", "s", "://", "https://x.io/A?b=1", "the", "The", "of", "with",
+           "cookie", "COO", "\u212aie", "Privacy Policy", "pr\u0130vacy", "terms of use", "Lorem Ipsum", "use cookies"]
 
 
 @settings(max_examples=300, deadline=None)
@@ -456,9 +506,11 @@ def test_compiled_scores_equal_the_plain_python_definitions_on_random_texts(text
     array = pa.array(texts)
     got = {name: filters[name].score(array).to_pylist() for name in names}
     got_repetition = [f.score(array).to_pylist() for f in repetition]
+    got_ngrams = _ngram_scores(array)
     for i, text in enumerate(texts):
         assert {name: got[name][i] for name in names} == _python_scores(text), repr(text)
         assert tuple(g[i] for g in got_repetition) == _python_repetition(text), repr(text)
+        assert {name: got_ngrams[name][i] for name in NGRAM_FILTERS} == _python_ngram_scores(text), repr(text)
 
 
 def test_a_column_of_one_chunk_is_taken_without_a_copy():
@@ -483,6 +535,24 @@ def test_filter_stages_share_one_analysis_of_an_unchanged_batch():
     table, removed = ScoreFilter(MeanWordLengthFilter(min_mean_word_length=1), score_field="mean").apply(table, context)
     assert not removed and analyses._LAST_BATCH.batch.derived["profile"] is profile
     assert table.column("mean").to_pylist() == pytest.approx([18 / 5, 21 / 5])
+
+
+def test_the_ngram_filters_of_a_batch_share_one_pass():
+    """The first n-gram filter to score a batch counts Gopher's nine sizes in one pass, which the other eight of them
+    find, and makes the batch's profile from the same words, which the word filters find; a size outside them gets a
+    pass of its own."""
+    texts = pa.array(["a b c d e f g h i j k l a b c d e f g h i j k l", "one two", "x\u00e9 \u3000y \u2026 x\u00e9 y"], pa.large_string())
+    RepeatingDuplicateNGramsFilter(n=7).score(texts)
+    batch = analyses._LAST_BATCH.batch
+    shared, profile = batch.derived["ngrams"], batch.derived["profile"]
+    assert (shared.top_sizes, shared.duplicate_sizes) == ((2, 3, 4), (5, 6, 7, 8, 9, 10))
+    for f in [*(RepeatingTopNGramsFilter(n=n) for n in (2, 3, 4)), *(RepeatingDuplicateNGramsFilter(n=n) for n in range(5, 11)),
+              WordCountFilter(), SymbolsToWordsFilter()]:
+        f.score(texts)
+    assert analyses._LAST_BATCH.batch is batch and set(batch.derived) == {"ngrams", "profile"} and batch.derived["profile"] is profile
+    assert profile.counts.tolist() == scan.profile_counts(*analyses.bytes_of(texts)).tolist()
+    assert RepeatingDuplicateNGramsFilter(n=11).score(texts).to_pylist() == [23 / 47, 1.0, 1.0]
+    assert set(batch.derived) == {"ngrams", "profile", ("ngrams", "duplicate", 11)} and batch.derived["ngrams"] is shared
 
 
 @settings(max_examples=100, deadline=None)
@@ -524,14 +594,21 @@ def test_a_filter_stage_that_removes_texts_carries_the_counts_to_the_next():
 
 
 def _scans_agree(texts: pa.Array) -> None:
-    """The plain-Python scan's counts equal the compiled scan's, for the profile and for lines and paragraphs (blank
-    ones left out or not)."""
+    """The plain-Python scan's counts equal the compiled scan's, for the profile, for lines and paragraphs (blank
+    ones left out or not), for word n-grams, alone and in one pass with the profile, and for the words boilerplate looks
+    for."""
     compiled = pytest.importorskip("tokenmix.curate.heuristics._text_scan")
     assert plain_scan.PROFILE_FIELDS == compiled.PROFILE_FIELDS
     data, bounds = analyses.bytes_of(texts)
     assert plain_scan.profile(data, bounds).tolist() == scan.profile_counts(data, bounds).tolist()
     for newlines, skip_blank in ((1, True), (2, False), (1, False), (2, True)):
         assert plain_scan.pieces(data, bounds, newlines, skip_blank).tolist() == scan.piece_counts(data, bounds, newlines, skip_blank).tolist()
+    sizes = (TOP_SIZES, DUPLICATE_SIZES)
+    assert plain_scan.ngrams(data, bounds, *sizes).tolist() == scan.ngram_counts(data, bounds, *sizes).tolist()
+    words = ("cookie", "privacy", "terms of use", "lorem ipsum", "in")
+    assert plain_scan.mentions(data, bounds, words, ("\u212a",)).tolist() == scan.mention_flags(data, bounds, words, ("\u212a",)).tolist()
+    together = scan.profile_and_ngram_counts(data, bounds, *sizes)
+    assert [c.tolist() for c in together] == [plain_scan.profile(data, bounds).tolist(), plain_scan.ngrams(data, bounds, *sizes).tolist()]
 
 
 def test_the_plain_python_scan_counts_as_the_compiled_one():

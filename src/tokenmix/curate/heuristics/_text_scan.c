@@ -42,12 +42,59 @@ static const char *const PROFILE_FIELDS[P_FIELDS] = {
 
 #define MAX_CODE 0x110000
 
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+
+/* Of 8 bytes read as a little-endian (or big-endian) word: how many come before the first that is whitespace or
+   outside ASCII, or may be (under 0x21); a mask of the first n; the high bit of each byte equal to 0; of each byte
+   strictly between low and high (bytes under 0x80, bounds up to 0x80). */
+static inline Py_ssize_t ascii_word_bytes(uint64_t x) {
+    const uint64_t stops = ((x - ONES * 0x21) | x) & HIGHS;
+    if (stops == 0) return 8;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return __builtin_clzll(stops) >> 3;
+#else
+    return __builtin_ctzll(stops) >> 3;
+#endif
+}
+
+/* The first byte (in memory) of those whose high bit is set in hits, its bit cleared. */
+static inline Py_ssize_t next_byte(uint64_t *hits) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    const int k = __builtin_clzll(*hits) >> 3;
+    *hits &= ~(0x8000000000000000ULL >> (8 * k));
+    return k;
+#else
+    const int k = __builtin_ctzll(*hits) >> 3;
+    *hits &= *hits - 1;
+    return k;
+#endif
+}
+
+static inline uint64_t first_bytes(Py_ssize_t n) {
+    if (n >= 8) return ~0ULL;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return n ? ~0ULL << (64 - 8 * n) : 0;
+#else
+    return (1ULL << (8 * n)) - 1;
+#endif
+}
+
+static inline uint64_t zero_bytes(uint64_t v) {
+    return ~(((v & ~HIGHS) + ~HIGHS) | v) & HIGHS;
+}
+
+static inline uint64_t bytes_between(uint64_t x, unsigned low, unsigned high) {
+    return (ONES * (127 + high) - (x & ~HIGHS)) & ~x & ((x & ~HIGHS) + ONES * (127 - low)) & HIGHS;
+}
+
 typedef struct {
     Py_ssize_t count;
     const char *bytes[16];
     Py_ssize_t lengths[16];
     Py_ssize_t longest;
     uint8_t first[256]; /* whether some string starts with this byte */
+    uint64_t packed[16]; /* a string of at most 8 bytes, as a word read from memory holding it then zeros */
 } Strings;
 
 static int strings_from(PyObject *tuple, Strings *out, const char *what) {
@@ -71,13 +118,24 @@ static int strings_from(PyObject *tuple, Strings *out, const char *what) {
             return -1;
         }
         out->first[(uint8_t)out->bytes[i][0]] = 1;
+        out->packed[i] = 0;
+        if (out->lengths[i] <= 8) memcpy(&out->packed[i], out->bytes[i], (size_t)out->lengths[i]);
         if (out->lengths[i] > out->longest) out->longest = out->lengths[i];
     }
     return 0;
 }
 
-static int is_one_of(const Strings *s, const uint8_t *p, Py_ssize_t n) {
+/* Whether the n bytes at p are one of the strings; bytes up to limit may be read. */
+static inline int is_one_of(const Strings *s, const uint8_t *p, Py_ssize_t n, const uint8_t *limit) {
     if (n > s->longest || !s->first[p[0]]) return 0;
+    if (n <= 8 && limit - p >= 8) {
+        uint64_t x;
+        memcpy(&x, p, 8);
+        x &= first_bytes(n);
+        for (Py_ssize_t i = 0; i < s->count; i++)
+            if (s->packed[i] == x && s->lengths[i] == n) return 1;
+        return 0;
+    }
     for (Py_ssize_t i = 0; i < s->count; i++)
         if (s->lengths[i] == n && memcmp(s->bytes[i], p, (size_t)n) == 0) return 1;
     return 0;
@@ -221,20 +279,390 @@ static int inside(const Buffers *b, Py_ssize_t t, Py_ssize_t start, Py_ssize_t e
     return 1;
 }
 
+typedef struct {
+    uint64_t hash;
+    Py_ssize_t start, length, chars;
+} Piece;
+
+/* A hash of the n bytes at p. Bytes up to limit may be read (a whole 8 bytes for the tail, where they lie before
+   limit, rather than a copy byte by byte: words are short, and the copy stalled the load after it). */
+static inline uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n, const uint8_t *limit) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n, x;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&x, p + i, 8);
+        h = (h ^ x) * 0xBF58476D1CE4E5B9ULL;
+        h ^= h >> 31;
+    }
+    const Py_ssize_t tail = n - i;
+    x = 0;
+    if (tail > 0 && limit - (p + i) >= 8) {
+        memcpy(&x, p + i, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        x &= ~0ULL << (64 - 8 * tail);
+#else
+        x &= ~0ULL >> (64 - 8 * tail);
+#endif
+    } else {
+        memcpy(&x, p + i, (size_t)tail);
+    }
+    h = (h ^ x) * 0x94D049BB133111EBULL;
+    return h ^ h >> 29;
+}
+
+/* Word n-grams (Gopher's repetition filters), exactly, level by level. Each text's words (as str.split) are hashed
+   once and interned: a word's id is where it first occurs. An n-gram's id is where it first occurs too, interned by
+   the pair (id of its first n - 1 words, id of its last word), so equal n-grams are found by comparing two integers,
+   and a collision of hashes only costs a probe. An n-gram that occurs twice is made of (n - 1)-grams that occur twice,
+   so each level looks only at the positions where the level below found two such in a row: on prose, a few percent
+   of the words past the second level. */
+
+typedef struct {
+    int32_t prev, last; /* the key: the id of the first n - 1 words (the word's hash, for words), of the last word */
+    int32_t first;      /* where the n-gram (or word) first occurs: its id; -1 for an empty slot */
+    int32_t count;
+} Slot;
+
+typedef struct {
+    Py_ssize_t capacity;   /* words the arrays below hold */
+    Py_ssize_t *start;     /* each word's first byte */
+    int32_t *length;       /* its bytes */
+    int64_t *chars_before; /* characters in the words before it (one more entry, for all of them) */
+    uint64_t *hash;        /* a hash of its bytes */
+    int32_t *id;           /* where the first word equal to it is */
+    int32_t *at;           /* per repeated n-gram of the level, where it is, in order (then the next level's candidates) */
+    int32_t *gram;         /* its id */
+    int32_t *slot;         /* its slot in the level's table */
+    Py_ssize_t slots;      /* the size of table */
+    Slot *table;
+    Py_ssize_t pattern_size; /* the size of pattern */
+    uint8_t *pattern;        /* the most frequent n-gram's words joined with single spaces */
+} Words;
+
+static void words_free(Words *w) {
+    free(w->start), free(w->length), free(w->chars_before), free(w->hash), free(w->id), free(w->at), free(w->gram);
+    free(w->slot), free(w->table), free(w->pattern);
+}
+
+static int grow(void **array, Py_ssize_t items, size_t item_size) {
+    void *grown = realloc(*array, (size_t)items * item_size);
+    if (grown == NULL) return -1;
+    *array = grown;
+    return 0;
+}
+
+/* Room for the words of a text of size bytes (at most one a byte and a separator); -1 with an exception set. */
+static int words_room(Words *w, Py_ssize_t size) {
+    const Py_ssize_t capacity = size / 2 + 2;
+    if (capacity <= w->capacity) return 0;
+    if (capacity > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "a text of over 4 GiB");
+        return -1;
+    }
+    if (grow((void **)&w->start, capacity, sizeof *w->start) || grow((void **)&w->length, capacity, sizeof *w->length) ||
+        grow((void **)&w->chars_before, capacity, sizeof *w->chars_before) || grow((void **)&w->hash, capacity, sizeof *w->hash) ||
+        grow((void **)&w->id, capacity, sizeof *w->id) || grow((void **)&w->at, capacity, sizeof *w->at) ||
+        grow((void **)&w->gram, capacity, sizeof *w->gram) || grow((void **)&w->slot, capacity, sizeof *w->slot)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    w->capacity = capacity;
+    return 0;
+}
+
+/* An empty table of at least twice items slots (a power of two); its mask, or -1 with MemoryError set. */
+static Py_ssize_t empty_table(Words *w, Py_ssize_t items) {
+    Py_ssize_t slots = 16;
+    while (slots < 2 * items) slots *= 2;
+    if (slots > w->slots) {
+        if (grow((void **)&w->table, slots, sizeof(Slot))) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        w->slots = slots;
+    }
+    memset(w->table, 0xFF, (size_t)slots * sizeof(Slot));
+    return slots - 1;
+}
+
+static inline Py_ssize_t slot_of(uint64_t key, Py_ssize_t mask) {
+    return (Py_ssize_t)((key * 0x9E3779B97F4A7C15ULL) >> 32) & mask;
+}
+
+/* Whether the code point just decoded at p is a replacement for bytes that are not UTF-8 (not a U+FFFD written out). */
+static inline int replaced(uint32_t code, const uint8_t *p, int width) {
+    return code == REPLACEMENT && !(width == 3 && p[0] == 0xEF && p[1] == 0xBF && p[2] == 0xBD);
+}
+
+/* Whether the n bytes at a and at b are the same; bytes up to limit may be read. */
+static inline int same_bytes(const uint8_t *a, const uint8_t *b, Py_ssize_t n, const uint8_t *limit) {
+    if (n <= 8 && limit - a >= 8 && limit - b >= 8) {
+        uint64_t x, y;
+        memcpy(&x, a, 8);
+        memcpy(&y, b, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        return ((x ^ y) >> (64 - 8 * n)) == 0;
+#else
+        return ((x ^ y) << (64 - 8 * n)) == 0;
+#endif
+    }
+    return memcmp(a, b, (size_t)n) == 0;
+}
+
+/* Interns the count words w holds (their starts, lengths and hashes): each word's id, and, in w->at and w->gram,
+   those that occur twice or more; -1 with MemoryError set. */
+static int intern_words(Words *w, Py_ssize_t count, const uint8_t *data, const uint8_t *limit, Py_ssize_t *repeated) {
+    const Py_ssize_t mask = empty_table(w, count);
+    if (mask < 0) return -1;
+    const Py_ssize_t *const word_start = w->start;
+    const int32_t *const length = w->length;
+    const uint64_t *const hash = w->hash;
+    int32_t *const id = w->id, *const at = w->at, *const gram = w->gram, *const slots = w->slot;
+    Slot *const table = w->table;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const uint64_t h = hash[k];
+        const int32_t prev = (int32_t)(h >> 32), last = (int32_t)h;
+        Py_ssize_t slot = slot_of(h, mask);
+        for (;; slot = (slot + 1) & mask) {
+            Slot *s = &table[slot];
+            if (s->first < 0) {
+                *s = (Slot){prev, last, (int32_t)k, 1};
+                break;
+            }
+            if (s->prev == prev && s->last == last && length[s->first] == length[k] &&
+                same_bytes(data + word_start[s->first], data + word_start[k], length[k], limit)) {
+                s->count++;
+                break;
+            }
+        }
+        id[k] = table[slot].first;
+        slots[k] = (int32_t)slot;
+    }
+    Py_ssize_t listed = 0;
+    for (Py_ssize_t k = 0; k < count; k++) /* without a branch: whether a word repeats is not predictable */
+        at[listed] = (int32_t)k, gram[listed] = id[k], listed += table[slots[k]].count > 1;
+    *repeated = listed;
+    return 0;
+}
+
+/* Adds a word of the text to w: where it starts, its bytes and characters. */
+static inline void add_word(Words *w, Py_ssize_t count, const uint8_t *data, Py_ssize_t from, Py_ssize_t to, int64_t chars,
+                            const uint8_t *limit) {
+    w->start[count] = from;
+    w->length[count] = (int32_t)(to - from);
+    w->chars_before[count + 1] = w->chars_before[count] + chars;
+    w->hash[count] = hash_bytes(data + from, to - from, limit);
+}
+
+enum { B_WORD, B_SPACE, B_WIDE }; /* a byte: ASCII in a word, ASCII whitespace, the start of a character outside ASCII */
+
+/* Splits [start, end) into words as str.split, counting its characters, and interns the words (intern_words). Returns how many words, -1 with an exception set, or -2 where the text
+   is not valid UTF-8 (its words are then Python's replaced ones, which the bytes do not say). */
+static Py_ssize_t split_words(Words *w, const uint8_t *data, Py_ssize_t start, Py_ssize_t end, const uint8_t *limit,
+                              const uint16_t *classes, const uint8_t *kinds, int64_t *text_chars, Py_ssize_t *repeated) {
+    if (words_room(w, end - start) < 0) return -1;
+    w->chars_before[0] = 0;
+    Py_ssize_t count = 0, i = start, extra = 0; /* extra: bytes past the first of each character outside ASCII */
+    for (;;) {
+        while (i < end) {
+            const uint8_t kind = kinds[data[i]];
+            if (kind == B_WORD) break;
+            if (kind == B_SPACE) {
+                i++;
+                continue;
+            }
+            int width;
+            const uint32_t code = decode(data + i, data + end, &width);
+            if (replaced(code, data + i, width)) return -2;
+            if (!(classes[code] & C_SPACE)) break;
+            extra += width - 1;
+            i += width;
+        }
+        if (i >= end) break;
+        const Py_ssize_t from = i, extra_before = extra;
+        while (i < end) {
+            if (limit - (data + i) >= 8) {
+                /* 8 bytes at a time to the first that is whitespace or outside ASCII, or may be (under 0x21) */
+                uint64_t x;
+                memcpy(&x, data + i, 8);
+                const Py_ssize_t take = ascii_word_bytes(x);
+                i += take;
+                if (take == 8) continue;
+                if (i >= end) break;
+            }
+            const uint8_t kind = kinds[data[i]];
+            if (kind == B_WORD) {
+                i++;
+                continue;
+            }
+            if (kind == B_SPACE) break;
+            int width;
+            const uint32_t code = decode(data + i, data + end, &width);
+            if (replaced(code, data + i, width)) return -2;
+            if (classes[code] & C_SPACE) break;
+            extra += width - 1;
+            i += width;
+        }
+        if (i > end) i = end;
+        add_word(w, count++, data, from, i, i - from - (extra - extra_before), limit);
+    }
+    *text_chars = end - start - extra;
+    return intern_words(w, count, data, limit, repeated) < 0 ? -1 : count;
+}
+
+/* One level: the n-grams at the positions where the level below listed two repeated (n - 1)-grams in a row (the
+   others occur once). Interns them and lists, in place of the level below, those that occur twice or more.
+   duplicate_chars (where not NULL) gets the characters in the words that repeat an earlier n-gram, with the spaces
+   between them, as NeMo counts them: each repeat adds the words it covers that the repeat before did not, and one
+   space before each but its first. best (where not NULL) gets the most frequent n-gram's first position, the first
+   of those tied (0 where all occur once). Returns how many are listed, or -1 with MemoryError set. */
+static Py_ssize_t next_level(Words *w, Py_ssize_t listed, Py_ssize_t n, int64_t *duplicate_chars, Py_ssize_t *best) {
+    Py_ssize_t candidates = 0;
+    int32_t *const at = w->at, *const gram = w->gram;
+    for (Py_ssize_t k = 0; k + 1 < listed; k++) /* without branches, as in split_words */
+        at[candidates] = at[k], gram[candidates] = gram[k], candidates += at[k + 1] == at[k] + 1;
+    Py_ssize_t mask = empty_table(w, candidates);
+    if (mask < 0) return -1;
+    int32_t best_first = 0, best_count = 1;
+    int64_t chars = 0;
+    Py_ssize_t covered_to = 0;
+    for (Py_ssize_t k = 0; k < candidates; k++) {
+        const int32_t i = at[k], prev = gram[k], last = w->id[i + n - 1];
+        Py_ssize_t slot = slot_of((uint64_t)(uint32_t)prev << 32 | (uint32_t)last, mask);
+        Slot *s;
+        for (;; slot = (slot + 1) & mask) {
+            s = &w->table[slot];
+            if (s->first < 0) {
+                *s = (Slot){prev, last, i, 0};
+                break;
+            }
+            if (s->prev == prev && s->last == last) {
+                Py_ssize_t first_new = i > covered_to ? i : covered_to;
+                chars += w->chars_before[i + n] - w->chars_before[first_new] + (i + n - first_new < n - 1 ? i + n - first_new : n - 1);
+                covered_to = i + n;
+                break;
+            }
+        }
+        s->count++;
+        if (s->count > best_count || (s->count == best_count && s->first < best_first)) best_first = s->first, best_count = s->count;
+        w->slot[k] = (int32_t)slot;
+    }
+    Py_ssize_t repeated = 0;
+    for (Py_ssize_t k = 0; k < candidates; k++) {
+        const Slot *s = &w->table[w->slot[k]];
+        at[repeated] = at[k], gram[repeated] = s->first, repeated += s->count > 1;
+    }
+    if (duplicate_chars) *duplicate_chars = chars;
+    if (best) *best = best_first;
+    return repeated;
+}
+
+/* Characters in the occurrences of the n words from first joined with single spaces, found in [start, end) left to
+   right, not overlapping, as str.replace finds them; -1 with MemoryError set. */
+static int64_t occurrence_chars(Words *w, Py_ssize_t first, Py_ssize_t n, const uint8_t *data, Py_ssize_t start, Py_ssize_t end) {
+    Py_ssize_t size = n - 1;
+    for (Py_ssize_t k = first; k < first + n; k++) size += w->length[k];
+    if (size > w->pattern_size) {
+        if (grow((void **)&w->pattern, size, 1)) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        w->pattern_size = size;
+    }
+    uint8_t *p = w->pattern;
+    for (Py_ssize_t k = first; k < first + n; k++) {
+        if (k > first) *p++ = ' ';
+        memcpy(p, data + w->start[k], (size_t)w->length[k]);
+        p += w->length[k];
+    }
+    int64_t found = 0;
+    for (const uint8_t *at = data + start, *stop = data + end; at + size <= stop; found++) {
+        const uint8_t *hit = memmem(at, (size_t)(stop - at), w->pattern, (size_t)size);
+        if (hit == NULL) break;
+        at = hit + size;
+    }
+    return found * (w->chars_before[first + n] - w->chars_before[first] + n - 1);
+}
+
+/* The n-gram sizes asked for: of top n-grams, of duplicate ones. */
+typedef struct {
+    Py_buffer top, duplicate;
+    Py_ssize_t tops, duplicates, largest;
+    int wants_words; /* whether a size is 1 */
+} Sizes;
+
+/* Checks the sizes (each at least 1); -1 with ValueError set. */
+static int sizes_check(Sizes *sizes) {
+    sizes->tops = sizes->top.len / 8, sizes->duplicates = sizes->duplicate.len / 8, sizes->largest = 1, sizes->wants_words = 0;
+    for (Py_ssize_t k = 0; k < sizes->tops + sizes->duplicates; k++) {
+        const int64_t size = k < sizes->tops ? ((const int64_t *)sizes->top.buf)[k] : ((const int64_t *)sizes->duplicate.buf)[k - sizes->tops];
+        if (size < 1) {
+            PyErr_Format(PyExc_ValueError, "n-gram sizes: at least 1, got %lld", (long long)size);
+            return -1;
+        }
+        if (size > sizes->largest) sizes->largest = (Py_ssize_t)size;
+        sizes->wants_words |= size == 1;
+    }
+    return 0;
+}
+
+static void sizes_release(Sizes *sizes) {
+    if (sizes->top.obj) PyBuffer_Release(&sizes->top);
+    if (sizes->duplicate.obj) PyBuffer_Release(&sizes->duplicate);
+}
+
+/* A text's row of n-gram counts from its count interned words (listed of them repeated) and its characters: words,
+   characters, then, for each top size, the characters in the occurrences of its most frequent n-gram, and for each
+   duplicate size, the characters of the words in repeated n-grams (0 for a size over the words); -1 with an
+   exception set. */
+static int ngram_row(Words *w, Py_ssize_t count, Py_ssize_t listed, int64_t chars, const Sizes *sizes, const uint8_t *data,
+                     Py_ssize_t start, Py_ssize_t end, int64_t *row) {
+    const int64_t *top_sizes = sizes->top.buf, *duplicate_sizes = sizes->duplicate.buf;
+    memset(row, 0, (size_t)(2 + sizes->tops + sizes->duplicates) * sizeof *row);
+    row[0] = count, row[1] = chars;
+    for (Py_ssize_t size = 1; size <= sizes->largest && size <= count; size++) {
+        int64_t duplicate_chars = 0;
+        Py_ssize_t best = 0;
+        if (size > 1 && (listed = next_level(w, listed, size, &duplicate_chars, &best)) < 0) return -1;
+        if (size == 1 && sizes->wants_words) {
+            /* words: the first of the most frequent, and the characters of words seen before */
+            int32_t best_count = 1;
+            for (Py_ssize_t k = 0; k < count; k++) {
+                const Slot *s = &w->table[w->slot[k]];
+                if (s->count > best_count) best = s->first, best_count = s->count;
+                if (w->id[k] != k) duplicate_chars += w->chars_before[k + 1] - w->chars_before[k];
+            }
+        }
+        for (Py_ssize_t k = 0; k < sizes->tops; k++)
+            if (top_sizes[k] == size && (row[2 + k] = occurrence_chars(w, best, size, data, start, end)) < 0) return -1;
+        for (Py_ssize_t k = 0; k < sizes->duplicates; k++)
+            if (duplicate_sizes[k] == size) row[2 + sizes->tops + k] = duplicate_chars;
+    }
+    return 0;
+}
+
 static PyObject *profile(PyObject *self, PyObject *args) {
     PyObject *symbol_tuple, *common_tuple, *ellipsis_tuple, *is_letter;
     Buffers b = {0};
     Strings symbols, common, ellipsis;
-    if (!PyArg_ParseTuple(args, "y*y*w*OOOOw*", &b.data, &b.bounds, &b.classes, &is_letter, &symbol_tuple, &common_tuple,
-                          &ellipsis_tuple, &b.out))
+    Sizes sizes = {0};
+    Py_buffer ngram_buffer = {0};
+    Words w = {0};
+    if (!PyArg_ParseTuple(args, "y*y*w*OOOOw*|y*y*w*", &b.data, &b.bounds, &b.classes, &is_letter, &symbol_tuple, &common_tuple,
+                          &ellipsis_tuple, &b.out, &sizes.top, &sizes.duplicate, &ngram_buffer))
         return NULL;
-    Py_ssize_t n = texts_in(&b, P_FIELDS);
+    const int collect = ngram_buffer.obj != NULL; /* the n-gram counts too, from the same words */
+    Py_ssize_t n = texts_in(&b, P_FIELDS), fields = 0;
     if (n < 0 || strings_from(symbol_tuple, &symbols, "symbol words") || strings_from(common_tuple, &common, "common words") ||
-        strings_from(ellipsis_tuple, &ellipsis, "ellipsis marks")) {
-        release(&b);
-        return NULL;
+        strings_from(ellipsis_tuple, &ellipsis, "ellipsis marks"))
+        goto fail;
+    if (collect) {
+        if (sizes_check(&sizes) < 0) goto fail;
+        fields = 2 + sizes.tops + sizes.duplicates;
+        if (check(&ngram_buffer, 8, n * fields, "n-gram out")) goto fail;
     }
-    const uint8_t *data = b.data.buf;
+    int64_t *const ngram_out = ngram_buffer.buf;
+    const uint8_t *data = b.data.buf, *limit = data + b.data.len;
     const int64_t *bounds = b.bounds.buf;
     uint16_t *classes = b.classes.buf;
     int64_t *out = b.out.buf;
@@ -246,9 +674,12 @@ static PyObject *profile(PyObject *self, PyObject *args) {
         const Py_ssize_t start = bounds[t], end = bounds[t + 1];
         if (inside(&b, t, start, end) && end - start >= (Py_ssize_t)1 << 32) /* the histogram counts in 32 bits */
             PyErr_Format(PyExc_ValueError, "text %zd: %zd bytes, over 4 GiB", t, end - start);
-        if (PyErr_Occurred()) {
-            release(&b);
-            return NULL;
+        if (PyErr_Occurred()) goto fail;
+        Py_ssize_t count = 0; /* words, where collected */
+        int valid = 1;        /* whether the text is valid UTF-8, where collected */
+        if (collect) {
+            if (words_room(&w, end - start) < 0) goto fail;
+            w.chars_before[0] = 0;
         }
         /* Characters of an ASCII class from the bytes' histogram; the classes' characters outside ASCII, and the
            characters of words, are counted as the words are read. */
@@ -286,7 +717,9 @@ static PyObject *profile(PyObject *self, PyObject *args) {
                     i++;
                 } else {
                     int width;
-                    if (!(classes[decode(data + i, data + end, &width)] & C_SPACE)) break;
+                    const uint32_t code = decode(data + i, data + end, &width);
+                    if (collect && replaced(code, data + i, width)) valid = 0;
+                    if (!(classes[code] & C_SPACE)) break;
                     wide_spaces++;
                     i += width;
                 }
@@ -296,6 +729,23 @@ static PyObject *profile(PyObject *self, PyObject *args) {
             Py_ssize_t word_start = i, word_chars = 0;
             unsigned seen = 0;
             while (i < end) {
+                if (limit - (data + i) >= 8) {
+                    /* the ASCII bytes of the word 8 at a time, to the first that is whitespace or outside ASCII (or
+                       may be: under 0x21), which the loop below reads */
+                    uint64_t x;
+                    memcpy(&x, data + i, 8);
+                    Py_ssize_t take = ascii_word_bytes(x);
+                    if (take > end - i) take = end - i;
+                    if (take > 0) {
+                        const uint64_t taken = first_bytes(take);
+                        seen |= (bytes_between(x | ONES * 0x20, 'a' - 1, 'z' + 1) & taken ? C_LETTER : 0) |
+                                (zero_bytes(x ^ ONES * '#') & taken ? C_HASH : 0);
+                        i += take;
+                        word_chars += take;
+                        if (take == 8) continue;
+                        if (i >= end) break;
+                    }
+                }
                 uint8_t byte = data[i];
                 unsigned k;
                 if (byte < 0x80) {
@@ -304,10 +754,8 @@ static PyObject *profile(PyObject *self, PyObject *args) {
                     i++;
                 } else {
                     int width, wide = wide_classes(data + i, data + end, classes, is_letter, &width);
-                    if (wide < 0) {
-                        release(&b);
-                        return NULL;
-                    }
+                    if (wide < 0) goto fail;
+                    if (collect && replaced(decode(data + i, data + end, &width), data + i, width)) valid = 0;
                     k = (unsigned)wide;
                     if (k & C_SPACE) break;
                     wide_brackets += (k & C_BRACKET) != 0;
@@ -324,9 +772,10 @@ static PyObject *profile(PyObject *self, PyObject *args) {
             Py_ssize_t hash_runs = 0;
             if (seen & C_HASH)
                 for (Py_ssize_t j = word_start; j < i; j++) hash_runs += data[j] == '#' && (j == word_start || data[j - 1] != '#');
-            symbol_words += 2 * hash_runs > word_chars || is_one_of(&symbols, data + word_start, i - word_start);
-            common_words += is_one_of(&common, data + word_start, i - word_start);
+            symbol_words += 2 * hash_runs > word_chars || is_one_of(&symbols, data + word_start, i - word_start, limit);
+            common_words += is_one_of(&common, data + word_start, i - word_start, limit);
             line_last = i - 1;
+            if (collect) add_word(&w, count++, data, word_start, i, word_chars, limit);
         }
         if (line_last >= 0) end_line(&line, data, classes, &ellipsis, line_start, line_last);
         int64_t spaces = by_class[4] + wide_spaces, chars = word_chars_total + spaces;
@@ -337,28 +786,28 @@ static PyObject *profile(PyObject *self, PyObject *args) {
         c[P_COMMON_WORDS] = common_words, c[P_LINES] = line.lines, c[P_LINES_WITHOUT_END_MARK] = line.without_end_mark;
         c[P_ELLIPSIS_LINES] = line.ending_with_ellipsis, c[P_BULLET_LINES] = bullet_lines;
         c[P_URL_CHARS] = url_chars(data, start, end, classes);
+        if (collect) {
+            int64_t *row = ngram_out + t * fields;
+            Py_ssize_t listed;
+            if (!valid) {
+                memset(row, 0, (size_t)fields * sizeof *row);
+                row[0] = -1;
+            } else if (intern_words(&w, count, data, limit, &listed) < 0 || ngram_row(&w, count, listed, chars, &sizes, data, start, end, row) < 0) {
+                goto fail;
+            }
+        }
     }
+    words_free(&w);
+    sizes_release(&sizes);
+    if (ngram_buffer.obj) PyBuffer_Release(&ngram_buffer);
     release(&b);
     Py_RETURN_NONE;
-}
-
-typedef struct {
-    uint64_t hash;
-    Py_ssize_t start, length, chars;
-} Piece;
-
-static uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n) {
-    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n, x;
-    Py_ssize_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        memcpy(&x, p + i, 8);
-        h = (h ^ x) * 0xBF58476D1CE4E5B9ULL;
-        h ^= h >> 31;
-    }
-    x = 0;
-    memcpy(&x, p + i, (size_t)(n - i));
-    h = (h ^ x) * 0x94D049BB133111EBULL;
-    return h ^ h >> 29;
+fail:
+    words_free(&w);
+    sizes_release(&sizes);
+    if (ngram_buffer.obj) PyBuffer_Release(&ngram_buffer);
+    release(&b);
+    return NULL;
 }
 
 /* Counts each text's pieces between separators ("\n" or "\n\n", left to right, not overlapping, as str.split): all of
@@ -397,8 +846,14 @@ static PyObject *pieces(PyObject *self, PyObject *args) {
                 if (to == end || separator == 1 || (to + 1 < end && data[to + 1] == '\n')) break;
                 to++;
             }
-            Py_ssize_t chars = to - from, wide = 0;
-            for (Py_ssize_t i = from; i < to; i++) wide += data[i] >= 0x80;
+            Py_ssize_t chars = to - from, i = from;
+            uint64_t wide = 0; /* the high bits of the piece's bytes: whether one is outside ASCII */
+            for (; i + 8 <= to; i += 8) {
+                uint64_t x;
+                memcpy(&x, data + i, 8);
+                wide |= x & HIGHS;
+            }
+            for (; i < to; i++) wide |= data[i] & 0x80;
             int blank = 1;
             for (Py_ssize_t i = from; (wide || blank) && i < to;) {
                 int width;
@@ -417,7 +872,7 @@ static PyObject *pieces(PyObject *self, PyObject *args) {
                     }
                     found = grown;
                 }
-                found[count++] = (Piece){hash_bytes(data + from, to - from), from, to - from, chars};
+                found[count++] = (Piece){hash_bytes(data + from, to - from, data + b.data.len), from, to - from, chars};
             }
             if (to >= end) break;
             from = to + separator;
@@ -467,13 +922,141 @@ fail:
     return NULL;
 }
 
+/* Per text: its words and characters (-1 words where it is not valid UTF-8), then its n-gram counts (ngram_row). */
+static PyObject *ngrams(PyObject *self, PyObject *args) {
+    Buffers b = {0};
+    Sizes sizes = {0};
+    Words w = {0};
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*w*", &b.data, &b.bounds, &b.classes, &sizes.top, &sizes.duplicate, &b.out)) goto fail;
+    if (sizes_check(&sizes) < 0) goto fail;
+    const Py_ssize_t fields = 2 + sizes.tops + sizes.duplicates, n = texts_in(&b, fields);
+    if (n < 0) goto fail;
+    const uint8_t *data = b.data.buf, *limit = data + b.data.len;
+    const int64_t *bounds = b.bounds.buf;
+    const uint16_t *classes = b.classes.buf;
+    int64_t *out = b.out.buf;
+    uint8_t kinds[256];
+    for (int byte = 0; byte < 256; byte++) kinds[byte] = byte >= 0x80 ? B_WIDE : classes[byte] & C_SPACE ? B_SPACE : B_WORD;
+    for (Py_ssize_t t = 0; t < n; t++) {
+        const Py_ssize_t start = bounds[t], end = bounds[t + 1];
+        if (!inside(&b, t, start, end)) goto fail;
+        int64_t chars = 0;
+        Py_ssize_t listed, count = split_words(&w, data, start, end, limit, classes, kinds, &chars, &listed);
+        if (count == -1) goto fail;
+        if (count == -2) {
+            memset(out + t * fields, 0, (size_t)fields * sizeof *out);
+            out[t * fields] = -1;
+        } else if (ngram_row(&w, count, listed, chars, &sizes, data, start, end, out + t * fields) < 0) {
+            goto fail;
+        }
+    }
+    words_free(&w);
+    sizes_release(&sizes);
+    release(&b);
+    Py_RETURN_NONE;
+fail:
+    words_free(&w);
+    sizes_release(&sizes);
+    release(&b);
+    return NULL;
+}
+
+/* Whether the n bytes at p are pattern, its ASCII letters (lowercase) matching either case. */
+static inline int folded_equal(const uint8_t *p, const uint8_t *pattern, Py_ssize_t n) {
+    for (Py_ssize_t j = 0; j < n; j++) {
+        const uint8_t want = pattern[j], got = want >= 'a' && want <= 'z' ? p[j] | 0x20 : p[j];
+        if (got != want) return 0;
+    }
+    return 1;
+}
+
+/* Per text, whether it holds one of the folded patterns (lowercase ASCII, matched in either case), each found from
+   its anchor: the index of two bytes rare in text, whose occurrences (either case) are looked for 8 positions at a
+   time; or one of the raw byte strings. */
+static PyObject *mentions(PyObject *self, PyObject *args) {
+    Buffers b = {0};
+    PyObject *folded_tuple, *anchor_tuple, *raw_tuple;
+    Strings folded, raw;
+    if (!PyArg_ParseTuple(args, "y*y*OOOw*", &b.data, &b.bounds, &folded_tuple, &anchor_tuple, &raw_tuple, &b.out)) return NULL;
+    const Py_ssize_t n = b.bounds.len / 8 - 1;
+    Py_ssize_t anchors[16];
+    uint64_t firsts[16], seconds[16]; /* each pattern's two anchor bytes, as 8 copies, ASCII letters' case bit set */
+    if (n < 0 || check(&b.out, 1, n, "out") || strings_from(folded_tuple, &folded, "patterns") || strings_from(raw_tuple, &raw, "raw patterns"))
+        goto fail;
+    if (!PyTuple_Check(anchor_tuple) || PyTuple_GET_SIZE(anchor_tuple) != folded.count) {
+        PyErr_SetString(PyExc_TypeError, "anchors: a tuple of one index per pattern");
+        goto fail;
+    }
+    for (Py_ssize_t m = 0; m < folded.count; m++) {
+        anchors[m] = PyLong_AsSsize_t(PyTuple_GET_ITEM(anchor_tuple, m));
+        if (anchors[m] == -1 && PyErr_Occurred()) goto fail;
+        if (anchors[m] < 0 || anchors[m] + 1 >= folded.lengths[m]) {
+            PyErr_Format(PyExc_ValueError, "anchors: %zd is not the index of two bytes of pattern %zd", anchors[m], m);
+            goto fail;
+        }
+        firsts[m] = ONES * ((uint8_t)folded.bytes[m][anchors[m]] | 0x20);
+        seconds[m] = ONES * ((uint8_t)folded.bytes[m][anchors[m] + 1] | 0x20);
+    }
+    const uint8_t *data = b.data.buf;
+    const int64_t *bounds = b.bounds.buf;
+    uint8_t *out = b.out.buf;
+    for (Py_ssize_t t = 0; t < n; t++) {
+        const Py_ssize_t start = bounds[t], end = bounds[t + 1];
+        if (!inside(&b, t, start, end)) goto fail;
+        int found = 0;
+        for (Py_ssize_t i = start; i < end && !found;) {
+            /* positions where some pattern's two anchor bytes may start (a superset: every byte's case bit set) */
+            uint64_t x = 0, y = 0, hits = 0;
+            const Py_ssize_t width = end - i >= 9 ? 8 : 1;
+            if (width == 8) {
+                memcpy(&x, data + i, 8);
+                memcpy(&y, data + i + 1, 8);
+            } else {
+                uint8_t tail[9] = {0}; /* the bytes left, then zeros, so that the first is first in memory */
+                memcpy(tail, data + i, (size_t)(end - i));
+                memcpy(&x, tail, 8);
+                memcpy(&y, tail + 1, 8);
+            }
+            x |= ONES * 0x20, y |= ONES * 0x20;
+            for (Py_ssize_t m = 0; m < folded.count; m++) hits |= zero_bytes(x ^ firsts[m]) & zero_bytes(y ^ seconds[m]);
+            if (width == 1) hits &= first_bytes(1);
+            while (hits && !found) {
+                const Py_ssize_t at = i + next_byte(&hits);
+                for (Py_ssize_t m = 0; m < folded.count && !found; m++) {
+                    const Py_ssize_t from = at - anchors[m];
+                    found = from >= start && from + folded.lengths[m] <= end &&
+                            folded_equal(data + from, (const uint8_t *)folded.bytes[m], folded.lengths[m]);
+                }
+            }
+            i += width;
+        }
+        for (Py_ssize_t m = 0; m < raw.count && !found; m++)
+            found = memmem(data + start, (size_t)(end - start), raw.bytes[m], (size_t)raw.lengths[m]) != NULL;
+        out[t] = (uint8_t)found;
+    }
+    release(&b);
+    Py_RETURN_NONE;
+fail:
+    release(&b);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"profile", profile, METH_VARARGS,
-     "profile(data, bounds, classes, is_letter, symbol_words, common_words, ellipsis_marks, out): per-text counts, "
-     "PROFILE_FIELDS of them, into out (int64, texts x fields)."},
+     "profile(data, bounds, classes, is_letter, symbol_words, common_words, ellipsis_marks, out[, top_sizes, "
+     "duplicate_sizes, ngram_out]): per-text counts, PROFILE_FIELDS of them, into out (int64, texts x fields); with "
+     "ngram_out, the counts of ngrams() too, from the same words."},
     {"pieces", pieces, METH_VARARGS,
      "pieces(data, bounds, classes, separator_newlines, skip_blank, out): per text, pieces, distinct pieces, their "
      "characters and the distinct ones' characters into out (int64, texts x 4)."},
+    {"mentions", mentions, METH_VARARGS,
+     "mentions(data, bounds, patterns, anchors, raw_patterns, out): per text, whether it holds one of the patterns "
+     "(lowercase ASCII bytes, matched in either case, each found from its two bytes at its anchor index) or one of "
+     "the raw byte strings, into out (uint8, one per text)."},
+    {"ngrams", ngrams, METH_VARARGS,
+     "ngrams(data, bounds, classes, top_sizes, duplicate_sizes, out): per text, words and characters (-1 words where "
+     "it is not valid UTF-8), the characters of its most frequent n-grams' occurrences for each n of top_sizes, and of "
+     "its repeated n-grams' words for each n of duplicate_sizes (int64 sizes), into out (int64, texts x (2 + sizes))."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,10 +1,13 @@
 """What the heuristic filters derive from a batch of texts before scoring it, made once per batch and shared: the
-per-text counts of one scan (``profile``), and of each text's lines and paragraphs (``lines``, ``paragraphs``).
+per-text counts of one scan (``profile``), of each text's lines and paragraphs (``lines``, ``paragraphs``), and of its
+repeated word n-grams (``ngram_shares``: Gopher's sizes all in one pass, which makes the profile too where none was
+made yet).
 
 The counts are kept for every filter that asks while the batch is the same (the same buffers, offset and length: a
 stage that removes nothing passes its table on unchanged, and stages take a column's single chunk as it is,
 ``records.as_array``), and cut down to the kept texts when a filter stage removes some (``carry_analyses``), so a
-pipeline of these filters reads each batch's text about three times (the scan, lines, paragraphs).
+pipeline of these filters reads each batch's text about three times (the scan, with the n-grams where a filter asks
+for them, lines, paragraphs).
 """
 
 from __future__ import annotations
@@ -69,6 +72,36 @@ class Pieces:
         return Pieces(self.counts[keep])
 
 
+TOP_NGRAM_SIZES = (2, 3, 4)
+"""The sizes of Gopher's top n-gram filters, counted in the first n-gram pass over a batch whichever filter asks."""
+DUPLICATE_NGRAM_SIZES = (5, 6, 7, 8, 9, 10)
+"""The sizes of Gopher's duplicate n-gram filters, counted in that pass too."""
+
+
+@dataclass(frozen=True)
+class NGrams:
+    """Per text, words, characters, and the characters its repeated word n-grams take, for each size counted."""
+
+    top_sizes: tuple[int, ...]
+    duplicate_sizes: tuple[int, ...]
+    counts: np.ndarray
+    """Per text: words, characters, then a column per size of ``top_sizes``, then one per size of ``duplicate_sizes``."""
+
+    def has(self, kind: str, n: int) -> bool:
+        return n in (self.top_sizes if kind == "top" else self.duplicate_sizes)
+
+    def share(self, kind: str, n: int) -> np.ndarray:
+        """Characters counted for the ``kind`` (``top`` or ``duplicate``) n-grams of size ``n`` over the text's
+        characters; 1.0 where the text has fewer than ``n`` words."""
+        column = 2 + (self.top_sizes.index(n) if kind == "top" else len(self.top_sizes) + self.duplicate_sizes.index(n))
+        out = np.ones(len(self.counts), dtype=np.float64)
+        np.divide(self.counts[:, column], self.counts[:, 1], out=out, where=self.counts[:, 0] >= n)
+        return out
+
+    def kept(self, keep: np.ndarray) -> NGrams:
+        return NGrams(self.top_sizes, self.duplicate_sizes, self.counts[keep])
+
+
 @dataclass
 class _Batch:
     """A batch of texts and what filters derived from it, kept for the next filter while the batch is the same. The
@@ -127,3 +160,31 @@ def lines(texts: pa.Array) -> Pieces:
 def paragraphs(texts: pa.Array) -> Pieces:
     """The batch's ``\\n\\n``-separated paragraphs, blank ones too."""
     return _pieces(texts, 2, skip_blank=False)
+
+
+def _ngrams(texts: pa.Array, top_sizes: tuple[int, ...], duplicate_sizes: tuple[int, ...]) -> NGrams:
+    return NGrams(top_sizes, duplicate_sizes, scan.ngram_counts(*bytes_of(texts), top_sizes, duplicate_sizes))
+
+
+def _ngrams_and_profile(texts: pa.Array, top_sizes: tuple[int, ...], duplicate_sizes: tuple[int, ...]) -> NGrams:
+    """The batch's n-grams; and its ``Profile`` from the same split into words, kept for the filters that ask next,
+    unless one was made already (the filters that count n-grams, Gopher's, come with those that divide the profile)."""
+    derived = _LAST_BATCH.batch.derived
+    if "profile" in derived:
+        return _ngrams(texts, top_sizes, duplicate_sizes)
+    profile_counts, ngram_counts = scan.profile_and_ngram_counts(*bytes_of(texts), top_sizes, duplicate_sizes)
+    derived["profile"] = Profile(profile_counts)
+    return NGrams(top_sizes, duplicate_sizes, ngram_counts)
+
+
+def ngram_shares(texts: pa.Array, kind: str, n: int) -> np.ndarray:
+    """Per text, the share of its characters that its ``kind`` (``top``: the most frequent; ``duplicate``: repeated)
+    word n-grams of size ``n`` take; 1.0 with fewer than ``n`` words. The batch's first n-gram filter counts Gopher's
+    sizes (``TOP_NGRAM_SIZES``, ``DUPLICATE_NGRAM_SIZES``) and its own in one pass, which the others share, and makes
+    the batch's ``Profile`` in the same pass; a size outside them that a later filter asks for gets a pass of its own."""
+    top, duplicate = (n,) if kind == "top" else (), (n,) if kind == "duplicate" else ()
+    found = _derived(texts, "ngrams", lambda t: _ngrams_and_profile(t, tuple(sorted({*TOP_NGRAM_SIZES, *top})),
+                                                                      tuple(sorted({*DUPLICATE_NGRAM_SIZES, *duplicate}))))
+    if not found.has(kind, n):
+        found = _derived(texts, ("ngrams", kind, n), lambda t: _ngrams(t, top, duplicate))
+    return found.share(kind, n)

@@ -1,5 +1,6 @@
 """The boilerplate filter (after C4): the share of a text's ``\\n\\n``-separated paragraphs that hold a cookie or
-policy notice, found with Arrow's string kernels (RE2) over the few texts that can hold one."""
+policy notice, found with Arrow's string kernels (RE2) over the few texts that can hold one (``scan.mention_flags``:
+a pass of the compiled scan)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tokenmix.curate.filters import DocumentFilter, bounds_keep
-from tokenmix.curate.heuristics.analyses import as_utf8
+from tokenmix.curate.heuristics.analyses import as_utf8, bytes_of
+from tokenmix.curate.heuristics.scan import mention_flags
 from tokenmix.curate.heuristics.scores import check_share, finish
 
 POLICY_SUBSTRINGS = (
@@ -39,11 +41,12 @@ POLICY_SUBSTRINGS = (
 )
 """NeMo's boilerplate strings (after C4), lowercase: a paragraph that contains one (lowercased) is boilerplate."""
 
-BOILERPLATE_CANDIDATES = ("(?i:cookie)", "(?i:privacy)", "(?i:terms of use)", "(?i:lorem ipsum)")
-"""What every text whose lowercase holds one of ``POLICY_SUBSTRINGS`` or "lorem ipsum" holds one of. RE2's case folding
-matches all that lowercases to these letters (the Kelvin sign too); the one other character that lowercases to ASCII,
-``İ``, lowercases to ``i`` and a combining dot, and no word here ends in ``i``. RE2 finds each alone by a fast literal
-search, where their alternation takes a byte-by-byte scan."""
+CANDIDATE_WORDS = ("cookie", "privacy", "terms of use", "lorem ipsum")
+"""What every text whose lowercase holds one of ``POLICY_SUBSTRINGS`` or "lorem ipsum" holds: one of these words, its
+ASCII letters in either case, unless its ``k`` is a Kelvin sign (``KELVIN``), the one other character that lowercases
+to one of their letters; ``İ`` lowercases to ``i`` and a combining dot, and no ``i`` here ends a word."""
+KELVIN = "\u212a"
+"""The Kelvin sign, which lowercases to ``k``: a text that holds one is a candidate too."""
 
 
 def _literal(text: str) -> str:
@@ -78,7 +81,7 @@ class BoilerPlateStringFilter(DocumentFilter):
         texts = as_utf8(texts)
         policy = "|".join(map(_literal, POLICY_SUBSTRINGS))
         scores = np.zeros(len(texts), dtype=np.float64)
-        chosen = _matching(texts, *BOILERPLATE_CANDIDATES)
+        chosen = np.flatnonzero(mention_flags(*bytes_of(texts), CANDIDATE_WORDS, (KELVIN,)))
         if len(chosen):
             # str.lower() turns İ into i and a combining dot where Arrow's has a plain i: one match fewer, never more
             lowered = pc.utf8_lower(pc.replace_substring(texts.take(pa.array(chosen)), "\u0130", "i\u0307"))

@@ -1,7 +1,8 @@
 """The heuristic filters' per-text counts in plain Python, for an install where the compiled scan (``_text_scan.c``)
 was not built: the same counts as its ``profile`` and ``pieces``, from the same definitions (``character_classes``),
 through Python's string methods, text by text: 12 times the compiled scan's time for the profile, 4-5 times for
-lines and paragraphs (docs/benchmarks.md).
+lines and paragraphs (docs/benchmarks.md); and the word n-gram counts of the repetition filters (``ngrams``), as NeMo
+defines them.
 
 A text's bytes are read as the compiled scan reads them: what is not valid UTF-8 (Arrow does not check a Parquet
 shard's strings) as Python's ``errors="replace"`` reads it, and lines and paragraphs compared by their bytes.
@@ -10,7 +11,9 @@ shard's strings) as Python's ``errors="replace"`` reads it, and lines and paragr
 from __future__ import annotations
 
 import re
-from operator import itemgetter
+from collections import Counter
+from itertools import compress, count
+from operator import itemgetter, ne
 
 import numpy as np
 
@@ -135,4 +138,63 @@ def pieces(data: np.ndarray, bounds: np.ndarray, separator: int, skip_blank: boo
             total += len(text)
             chars.setdefault(piece, len(text))
         out[t] = (count, len(chars), total, sum(chars.values()))
+    return out
+
+
+def _ngrams(words: list[str], n: int) -> zip[tuple[str, ...]]:
+    return zip(*(words[k:] for k in range(n)))
+
+
+def _top_ngram_chars(text: str, words: list[str], n: int) -> int:
+    """Characters in the occurrences of the most frequent word n-gram, joined with one space, in ``text`` (as
+    ``str.replace`` finds them). Of n-grams tied, the first seen: NeMo takes whichever its set of n-grams yields
+    first, which changes with Python's hash seed."""
+    ((gram, _),) = Counter(_ngrams(words, n)).most_common(1)
+    top = " ".join(gram)
+    return len(text) - len(text.replace(top, ""))
+
+
+def _duplicate_ngram_chars(words: list[str], n: int) -> int:
+    """Characters in the words covered by a repeat of an earlier word n-gram, plus one space between covered
+    neighbours (NeMo's count)."""
+    first_seen: dict[tuple[str, ...], int] = {}
+    firsts = map(first_seen.setdefault, _ngrams(words, n), count())
+    covered_to = chars = 0
+    # n-gram i repeats an earlier one where its first index is not i; the words it covers that an earlier repeat did
+    # not are added, with the spaces before them
+    for i in compress(count(), map(ne, firsts, count())):
+        first_new = max(i, covered_to)
+        chars += sum(map(len, words[first_new : i + n])) + min(i + n - first_new, n - 1)
+        covered_to = i + n
+    return chars
+
+
+def ngrams(data: np.ndarray, bounds: np.ndarray, top_sizes: tuple[int, ...], duplicate_sizes: tuple[int, ...]) -> np.ndarray:
+    """Per text ``data[bounds[t]:bounds[t + 1]]``: its words and characters, then for each n of ``top_sizes`` the
+    characters in the occurrences of its most frequent word n-gram, and for each n of ``duplicate_sizes`` the
+    characters of its repeated word n-grams (0 where it has fewer than n words), one row per text."""
+    out = np.zeros((len(bounds) - 1, 2 + len(top_sizes) + len(duplicate_sizes)), dtype=np.int64)
+    for t in range(len(bounds) - 1):
+        text = data[bounds[t] : bounds[t + 1]].tobytes().decode("utf-8", "replace")
+        words = text.split()
+        row = out[t]
+        row[0], row[1] = len(words), len(text)
+        for k, n in enumerate(top_sizes):
+            if len(words) >= n:
+                row[2 + k] = _top_ngram_chars(text, words, n)
+        for k, n in enumerate(duplicate_sizes, start=2 + len(top_sizes)):
+            if len(words) >= n:
+                row[k] = _duplicate_ngram_chars(words, n)
+    return out
+
+
+def mentions(data: np.ndarray, bounds: np.ndarray, words: tuple[str, ...], raw: tuple[str, ...]) -> np.ndarray:
+    """Per text, whether it holds one of ``words`` (lowercase ASCII) with its ASCII letters in either case
+    (``bytes.lower`` lowers ASCII only), or one of the ``raw`` strings as they are."""
+    folded, exact = tuple(w.encode() for w in words), tuple(r.encode() for r in raw)
+    out = np.zeros(len(bounds) - 1, dtype=bool)
+    for t in range(len(bounds) - 1):
+        text = data[bounds[t] : bounds[t + 1]].tobytes()
+        lowered = text.lower()
+        out[t] = any(w in lowered for w in folded) or any(r in text for r in exact)
     return out

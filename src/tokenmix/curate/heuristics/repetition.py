@@ -1,20 +1,16 @@
 """The heuristic filters of repetition (Gopher): distinct lines and paragraphs, by count and by characters, from the
 batch's line and paragraph counts (``analyses.lines``, ``analyses.paragraphs``); and the word n-grams that repeat,
-scored in Python text by text, as NeMo does."""
+from the batch's n-gram counts (``analyses.ngram_shares``), as NeMo defines them."""
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import compress, count
-from operator import ne
 
 import numpy as np
 import pyarrow as pa
 
 from tokenmix.curate.filters import DocumentFilter, bounds_keep
-from tokenmix.curate.heuristics.analyses import Pieces, as_utf8, lines, paragraphs
+from tokenmix.curate.heuristics.analyses import Pieces, lines, ngram_shares, paragraphs
 from tokenmix.curate.heuristics.scores import check_at_least, check_share, divide, finish
 
 
@@ -22,12 +18,6 @@ def _distinct_share(pieces: Pieces, by_chars: bool) -> np.ndarray:
     """Distinct pieces (or their characters) over all of them; 0 where there are none."""
     column = 2 if by_chars else 0
     return divide(pieces.counts[:, column + 1], pieces.counts[:, column], 0.0)
-
-
-def _per_text(texts: pa.Array, score: Callable[[str], float]) -> pa.Array:
-    """A score computed in Python for each non-null text."""
-    values = [None if text is None else score(text) for text in as_utf8(texts).to_pylist()]
-    return pa.array(values, type=pa.float64())
 
 
 @DocumentFilter.register_subclass("repeated_lines")
@@ -104,10 +94,6 @@ class RepeatedParagraphsByCharFilter(DocumentFilter):
         return bounds_keep(scores, self.max_repeated_paragraphs_char_ratio, None)
 
 
-def _ngrams(words: list[str], n: int) -> zip[tuple[str, ...]]:
-    return zip(*(words[k:] for k in range(n)))
-
-
 @DocumentFilter.register_subclass("repeating_top_ngrams")
 @dataclass(frozen=True)
 class RepeatingTopNGramsFilter(DocumentFilter):
@@ -124,19 +110,7 @@ class RepeatingTopNGramsFilter(DocumentFilter):
         check_share("max_repeating_ngram_ratio", self.max_repeating_ngram_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        n = self.n
-
-        def top_share(text: str) -> float:
-            words = text.split()
-            if len(words) < n:
-                return 1.0
-            # the first seen of the most frequent: NeMo takes whichever its set of n-grams yields first, which
-            # changes with Python's hash seed
-            ((gram, _),) = Counter(_ngrams(words, n)).most_common(1)
-            top = " ".join(gram)
-            return (len(text) - len(text.replace(top, ""))) / len(text)
-
-        return _per_text(texts, top_share)
+        return finish(ngram_shares(texts, "top", self.n), texts)
 
     @property
     def reason(self) -> str:
@@ -163,24 +137,7 @@ class RepeatingDuplicateNGramsFilter(DocumentFilter):
         check_share("max_repeating_duplicate_ngram_ratio", self.max_repeating_duplicate_ngram_ratio)
 
     def score(self, texts: pa.Array) -> pa.Array:
-        n = self.n
-
-        def duplicate_share(text: str) -> float:
-            words = text.split()
-            if len(words) < n:
-                return 1.0
-            first_seen: dict[tuple[str, ...], int] = {}
-            firsts = map(first_seen.setdefault, _ngrams(words, n), count())
-            covered_to = chars = 0
-            # n-gram i repeats an earlier one where its first index is not i; the words it covers that an earlier
-            # repeat did not are added, with the spaces before them (NeMo's count)
-            for i in compress(count(), map(ne, firsts, count())):
-                first_new = max(i, covered_to)
-                chars += sum(map(len, words[first_new : i + n])) + min(i + n - first_new, n - 1)
-                covered_to = i + n
-            return chars / len(text)
-
-        return _per_text(texts, duplicate_share)
+        return finish(ngram_shares(texts, "duplicate", self.n), texts)
 
     @property
     def reason(self) -> str:

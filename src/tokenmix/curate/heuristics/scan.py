@@ -1,4 +1,4 @@
-"""The per-text counts every word, character, line and repetition heuristic is a ratio of, for a whole batch at once:
+"""The per-text counts every word, character, line, repetition and n-gram heuristic is a ratio of, for a whole batch at once:
 by the compiled scan (``_text_scan.c``, a CPython extension that ``pip install`` builds where it finds a C compiler),
 or, where it was not built, by the same counts in plain Python (``plain_scan``), with a warning in the log.
 
@@ -64,6 +64,68 @@ def piece_counts(data: np.ndarray, bounds: np.ndarray, newlines: int, skip_blank
     counts = np.empty((len(bounds) - 1, 4), dtype=np.int64)
     scan.pieces(data, bounds, _classes(), newlines, skip_blank, counts)
     return counts
+
+
+def ngram_counts(data: np.ndarray, bounds: np.ndarray, top_sizes: tuple[int, ...], duplicate_sizes: tuple[int, ...]) -> np.ndarray:
+    """Per text: words, characters, then for each n of ``top_sizes`` the characters in the occurrences of its most
+    frequent word n-gram, and for each n of ``duplicate_sizes`` the characters of its repeated word n-grams (0 where
+    it has fewer than n words)."""
+    scan = compiled()
+    if scan is None:
+        return plain_scan.ngrams(data, bounds, top_sizes, duplicate_sizes)
+    counts = _ngram_out(bounds, top_sizes, duplicate_sizes)
+    scan.ngrams(data, bounds, _classes(), np.array(top_sizes, np.int64), np.array(duplicate_sizes, np.int64), counts)
+    return _not_utf8_in_python(counts, data, bounds, top_sizes, duplicate_sizes)
+
+
+def profile_and_ngram_counts(data: np.ndarray, bounds: np.ndarray, top_sizes: tuple[int, ...],
+                             duplicate_sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """``profile_counts`` and ``ngram_counts`` together, from one split of the texts into words."""
+    scan = compiled()
+    if scan is None:
+        return plain_scan.profile(data, bounds), plain_scan.ngrams(data, bounds, top_sizes, duplicate_sizes)
+    counts = np.empty((len(bounds) - 1, len(scan.PROFILE_FIELDS)), dtype=np.int64)
+    ngrams = _ngram_out(bounds, top_sizes, duplicate_sizes)
+    scan.profile(data, bounds, _classes(), chars.is_alphabetic, _SYMBOL_BYTES, _COMMON_BYTES, _ELLIPSIS_BYTES, counts,
+                 np.array(top_sizes, np.int64), np.array(duplicate_sizes, np.int64), ngrams)
+    return counts, _not_utf8_in_python(ngrams, data, bounds, top_sizes, duplicate_sizes)
+
+
+def _ngram_out(bounds: np.ndarray, top_sizes: tuple[int, ...], duplicate_sizes: tuple[int, ...]) -> np.ndarray:
+    return np.empty((len(bounds) - 1, 2 + len(top_sizes) + len(duplicate_sizes)), dtype=np.int64)
+
+
+def _not_utf8_in_python(counts: np.ndarray, data: np.ndarray, bounds: np.ndarray, top_sizes: tuple[int, ...],
+                        duplicate_sizes: tuple[int, ...]) -> np.ndarray:
+    """The compiled n-gram counts, with the rows it left (-1 words: the text is not valid UTF-8) counted in plain
+    Python, where two different bad bytes read as the same word (``errors="replace"``)."""
+    for t in np.flatnonzero(counts[:, 0] < 0):
+        text = data[bounds[t] : bounds[t + 1]]
+        counts[t] = plain_scan.ngrams(text, np.array([0, len(text)]), top_sizes, duplicate_sizes)[0]
+    return counts
+
+
+def mention_flags(data: np.ndarray, bounds: np.ndarray, words: tuple[str, ...], raw: tuple[str, ...]) -> np.ndarray:
+    """Per text, whether it holds one of ``words`` (lowercase ASCII, two characters or more) with its ASCII letters in
+    either case, or one of the ``raw`` strings as they are."""
+    if short := [word for word in words if len(word) < 2]:
+        raise ValueError(f"mention_flags: words of two characters or more, got {short}")
+    scan = compiled()
+    if scan is None:
+        return plain_scan.mentions(data, bounds, words, raw)
+    found = np.empty(len(bounds) - 1, dtype=np.uint8)
+    anchors = tuple(min(range(len(word) - 1), key=lambda k: _rank(word[k]) + _rank(word[k + 1])) for word in words)
+    scan.mentions(data, bounds, tuple(w.encode() for w in words), anchors, tuple(r.encode() for r in raw), found)
+    return found.view(bool)
+
+
+_RARE_FIRST = "zqxjkvbpygfwmucldrhsnioate"
+"""English letters, the rarest in text first: the compiled scan looks for a word from the two neighbouring characters
+of it that are, together, the rarest (anything but a letter ranked after every letter)."""
+
+
+def _rank(char: str) -> int:
+    return _RARE_FIRST.find(char) % (len(_RARE_FIRST) + 1)
 
 
 @functools.cache
