@@ -69,7 +69,7 @@ class _Peaks:
 def test_two_hundred_sources_build_concurrently_with_bounded_threads_files_and_locks_into_the_bytes_of_one_at_a_time(
         tmp_path, demo_docs, caplog):
     sources = _sources(tmp_path, demo_docs, 200)
-    few = dict(list(sources.items())[:20])
+    few = dict(list(sources.items())[:OPEN_AHEAD + 20])  # enough to open as many caches at once as the run ever does
     with _Peaks(tmp_path / "few") as few_peaks:
         build_caches(_config(few, tmp_path / "few"), progress=False)
     caplog.set_level(logging.INFO, logger="tokenmix.cache.backend_choice")

@@ -31,10 +31,13 @@ from tokenmix.cache.encoding import EncoderPool
 from tokenmix.cache.local_build import PoolBuild, build_on_pool
 from tokenmix.execution.task_executor import TaskExecutor
 
-SETUP_THREADS = 4
-"""Threads that open and finish caches beside the encoding (their work is mostly waiting on storage)."""
-OPEN_AHEAD = 16
-"""Caches opened (lock held, ledger and arrays open) ahead of the stream, at most."""
+SETUP_THREADS = 8
+"""Threads that open and finish caches beside the encoding. Their work is mostly waiting on storage (each cache's
+lock, ledger, array creations and publications end in an fsync, or a request on an object store), so they are more
+than the cores; 4 left the driver waiting for the next cache's opening on a loaded 2-core machine."""
+OPEN_AHEAD = 32
+"""Caches opened (lock held, ledger and arrays open) ahead of the stream, at most: enough to keep ``SETUP_THREADS``
+busy while the driver appends."""
 
 
 def build_all(builders: Sequence[CacheBuilder], executor: EncoderPool | TaskExecutor) -> list[dict[str, Any]]:
