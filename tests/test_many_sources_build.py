@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 import yaml
 from helpers import TOKENIZER, cache_bytes, start_builders, write_jsonl
 
 from tokenmix import BuildOptions, LMDatasetSourceConfig, LMMixtureDatasetConfig, build_caches
+from tokenmix.cache.appending import BadInputError
 from tokenmix.cache.build_run import OPEN_AHEAD
 from tokenmix.cache.lock import LOCK_FILE, build_lock
 
@@ -129,3 +131,20 @@ def _poll_until_open_ahead(cache_dir: Path, builder: Any, timeout: float = 60.0)
         if time.monotonic() > deadline:
             return counts
         time.sleep(0.01)
+
+
+def test_a_bad_record_stops_a_many_source_run_giving_back_every_lock_and_a_rerun_resumes_each_cache(tmp_path, demo_docs):
+    sources = _sources(tmp_path, demo_docs, 60)
+    bad = Path(sources["s020"])
+    bad.write_bytes(bad.read_bytes() + b"{not json\n")
+    with pytest.raises(BadInputError, match="s020.jsonl.*malformed_json"):
+        build_caches(_config(sources, tmp_path / "cache"), progress=False)
+    assert not list((tmp_path / "cache").glob(f"*/train/{LOCK_FILE}"))  # every cache opened ahead gave its lock back
+    ledgers = {p.parent.parent.name: json.loads(p.read_text()) for p in (tmp_path / "cache").glob("*/train/ledger.json")}
+    assert all(ledgers[f"s{i:03d}"]["finished"] for i in range(20))
+    ahead = [name for name, ledger in ledgers.items() if name > "s020"]
+    assert ahead and all(not ledgers[name]["finished"] and ledgers[name]["rows"] == 0 for name in ahead), sorted(ledgers)
+    build_caches(_config(sources, tmp_path / "cache", on_error="skip"), progress=False)
+    build_caches(_config(sources, tmp_path / "reference", on_error="skip"), progress=False)
+    for name in sources:
+        assert cache_bytes(str(tmp_path / "cache" / name)) == cache_bytes(str(tmp_path / "reference" / name)), name
