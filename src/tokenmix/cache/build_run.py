@@ -86,10 +86,10 @@ class _PoolRun:
             if isinstance(opened, dict):
                 self.results[position] = opened
                 continue
-            if opened.backend is None:  # finished, its statistics missing
+            if not opened.needs_building:  # finished, its statistics missing
                 self._finish_later(position, opened)
                 continue
-            yield PoolBuild(opened.appender, opened.backend, begin=opened.start_progress,
+            yield PoolBuild(opened.appender, opened.choose_backend(self.choices), begin=opened.start_progress,
                             end=lambda position=position, opened=opened: self._finish_later(position, opened))
             self._raise_finishing_errors()
 
@@ -104,7 +104,7 @@ class _PoolRun:
             return len(self._open) + len(self._opening)
 
     def _open_one(self, builder: CacheBuilder) -> OpenBuild | dict[str, Any]:
-        opened = builder.open(self.choices)
+        opened = builder.open()
         if isinstance(opened, OpenBuild):
             with self._held:
                 self._open.add(opened)
@@ -123,10 +123,13 @@ class _PoolRun:
 
     def _raise_finishing_errors(self) -> None:
         """Raise the first error of a cache finished so far (a failed final commit stops the run at once)."""
-        done = [f for f in self._finishing if f.done()]
-        for future in done:
-            future.result()
-        self._finishing = [f for f in self._finishing if not f.done()]
+        running = []
+        for future in self._finishing:
+            if future.done():
+                future.result()
+            else:
+                running.append(future)
+        self._finishing = running
 
     def _give_back(self) -> None:
         """After an error: wait for the caches being opened and finished, then give back every lock still held."""

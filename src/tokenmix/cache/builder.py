@@ -1,8 +1,10 @@
 """Building a cache: tokenize in parallel, commit rows in listed-shard order.
 
 ``CacheBuilder`` runs one build from start to end: it takes the cache's build lock, opens (or starts) the ledger and
-checks the shards read so far, opens the arrays, then runs the build where ``build.executor`` says and writes the
-statistics. The parts, one module each:
+checks the shards read so far, opens the arrays (``open``, giving an ``OpenBuild``), then runs the build where
+``build.executor`` says and writes the statistics (``OpenBuild.finish``). The two halves are apart so that a run over
+many caches (``build_run.py``) can open the next caches and finish the last ones beside one stream of chunks. The
+parts, one module each:
 
 - ``local_build.py``: on this machine, the driver reads shards in listed order and cuts them into chunks, which the
   encoding pool (``encoding.py``) tokenizes in parallel; they are taken back in submission order.
@@ -79,32 +81,30 @@ class CacheBuilder:
         """Run the build to the end and return the cache statistics (a finished cache is left untouched).
 
         Holds the cache's build lock throughout: a second builder of the same cache waits (``build.lock_timeout_s``)."""
-        opened = self.open(BackendChoices())
+        opened = self.open()
         if isinstance(opened, dict):
             return opened
         try:
-            if opened.backend is not None:
+            if opened.needs_building:
                 opened.start_progress()
                 try:
-                    self._run(opened.appender, opened.backend)
+                    self._run(opened.appender, opened.choose_backend(BackendChoices()))
                 finally:
                     opened.close_progress()
             return opened.finish()
         finally:
             opened.close()
 
-    def open(self, choices: BackendChoices) -> OpenBuild | dict[str, Any]:
+    def open(self) -> OpenBuild | dict[str, Any]:
         """Take the build lock and open the ledger and arrays: the ``OpenBuild`` that takes the cache's chunks and holds
-        its lock until closed; or, for a cache finished already, its stored statistics (the lock given back at once).
-
-        The tokenizer backend comes from ``choices``: the first cache of an encoder spec chooses it on its own sample."""
+        its lock until closed; or, for a cache finished already, its stored statistics (the lock given back at once)."""
         started = time.monotonic()
         if isinstance(self.executor, TaskExecutor) or (self.executor is None and not isinstance(self.options.executor, LocalExecutorConfig)):
             portable_location(self.location)  # refuses a location cluster workers cannot reach, before anything starts
         lock = build_lock(self.location, self.options.lock, self.options.lock_timeout_s, self.options.lock_lease_s)
         lock.acquire()
         try:
-            opened = self._open(lock, started, choices)
+            opened = self._open(lock, started)
         except BaseException:
             lock.release()
             raise
@@ -112,7 +112,7 @@ class CacheBuilder:
             lock.release()
         return opened
 
-    def _open(self, lock: BuildLock, started: float, choices: BackendChoices) -> OpenBuild | dict[str, Any]:
+    def _open(self, lock: BuildLock, started: float) -> OpenBuild | dict[str, Any]:
         docs = JsonDocuments(self.location)
         ledger = self._open_ledger(docs)
         refreshed = self._sources.check_begun(ledger)
@@ -139,13 +139,11 @@ class CacheBuilder:
                 "it was written by two builders at once (before tokenmix locked builds) or edited by hand. Delete it and rebuild."
             )
         commits.publish()
-        backend = None
         if not ledger.finished:
             logger.info("%s: building from %d shards", self.location, len(self.shards))
             clear_staging(self.location)  # what tasks of an earlier, killed run left: never part of the cache
-            backend = choices.choose(self.location, self.shards, ledger, self.spec, self.options.tokenizer_backend)
         appender = ShardAppender(self.shards, self.options, commits, self._sources, self.progress)
-        return OpenBuild(self, lock, docs, appender, backend, started)
+        return OpenBuild(self, lock, docs, appender, started)
 
     def _run(self, appender: ShardAppender, backend: ChoosingBackend) -> None:
         """Run the build on the executor given, or on one opened for this build."""
@@ -186,19 +184,28 @@ class CacheBuilder:
 
 class OpenBuild:
     """One cache being built: its build lock held, its ledger and arrays open, taking encoded chunks through its
-    ``appender`` until ``finish`` marks it finished and writes its statistics; ``close`` gives the lock back.
+    ``appender`` until ``finish`` marks it finished and writes its statistics; ``close`` gives the lock back."""
 
-    ``backend`` is None for a cache whose ledger says it is finished (only its statistics are missing)."""
-
-    def __init__(self, builder: CacheBuilder, lock: BuildLock, docs: JsonDocuments, appender: ShardAppender,
-                 backend: ChoosingBackend | None, started: float):
+    def __init__(self, builder: CacheBuilder, lock: BuildLock, docs: JsonDocuments, appender: ShardAppender, started: float):
         self.builder = builder
         self.appender = appender
-        self.backend = backend
+        self.backend: ChoosingBackend | None = None
         self._lock: BuildLock | None = lock
         self._docs = docs
         self._started = started
         self._resumed_rows = appender.ledger.rows
+
+    @property
+    def needs_building(self) -> bool:
+        """Whether shards are left to build (else the ledger says finished and only the statistics are missing)."""
+        return not self.appender.ledger.finished
+
+    def choose_backend(self, choices: BackendChoices) -> ChoosingBackend:
+        """The tokenizer backend of this build, from ``choices``: chosen on this cache's sample if it is the first of its
+        encoder spec to ask (a run asks in config order, so which cache is sampled does not depend on timing)."""
+        b = self.builder
+        self.backend = choices.choose(b.location, b.shards, self.appender.ledger, b.spec, b.options.tokenizer_backend)
+        return self.backend
 
     def start_progress(self) -> None:
         """Start the cache's progress bar (if it has one) over the input bytes left to read."""
@@ -216,7 +223,8 @@ class OpenBuild:
         try:
             ledger, commits = self.appender.ledger, self.appender.commits
             choice = None
-            if self.backend is not None:
+            if self.needs_building:
+                assert self.backend is not None, f"{self.builder.location}: finished without a tokenizer backend"
                 choice = self.backend.result()
                 ledger.finished = True
                 commits.commit()

@@ -61,7 +61,8 @@ class TokenizationConfig:
             chat_template=info.chat_template,
         )
         try:
-            fmt.bind(format_context(spec, load_reference(info.backend_json).token_to_id))
+            # the backend loads only for a format that asks for an id (FIM): a build's backend check loads it in a thread
+            fmt.bind(format_context(spec, lambda token: load_reference(info.backend_json).token_to_id(token)))
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         return spec, self._identity(info.fingerprint, info.vocab_size, fmt, bos_id, eos_id)
