@@ -17,8 +17,9 @@ is exact) and with ``tokenizers``. Two limits are timed on the same shards, on t
 Builds and limits alternate, --repeats times each, and the best of each is compared, so that noise
 from other tenants of the machine hits both alike. Every build and every run of (b) starts from a
 freshly loaded ``fastokens`` tokenizer (it caches words as it goes). The builds share one process, so
-from the second build on the tokenizer library (transformers) is already imported; a cold CLI build
-of the same corpus is timed as well. Prints tokens/s, the ratios, a breakdown of (b), peak RSS and
+from the second build on the tokenizer libraries are already imported; a cold whole call on the same
+corpus is timed as well (below; it replaced a cold ``tokenmix build-cache``, whose figure also held the
+CLI's own imports and table). Prints tokens/s, the ratios, a breakdown of (b), peak RSS and
 cache bytes per token, and a markdown row for docs/benchmarks.md.
 
 ``--sources N`` builds instead N small sources of ``DOCS_PER_SOURCE`` documents each, cut from the corpus (its
