@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers import DEMO_CORPUS, REPO, TOKENIZER
+from helpers import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes
 
 from tokenmix import CacheMismatchError, LMDatasetSourceConfig, LMMixtureDatasetConfig, TextLmDatasetFormat, build_caches, open_cache
 from tokenmix.formats.tokenizer import describe_tokenizer
@@ -27,18 +27,26 @@ OPEN_IN_A_FRESH_PROCESS = textwrap.dedent("""
 """)
 
 
+BUILD_IN_A_FRESH_PROCESS = textwrap.dedent("""
+    import json, sys
+    import tokenmix
+    stats = tokenmix.build_caches(tokenmix.load_data_config(sys.argv[1]), progress=False)
+    print(json.dumps({"documents": stats["webster", "train"]["documents"], "transformers": "transformers" in sys.modules}))
+""")
+
+
 def _config(tmp_path, tokenizer: str) -> LMMixtureDatasetConfig:
     urls = [str(DEMO_CORPUS / "webster" / "train-00-of-02.jsonl.zst")]
     return LMMixtureDatasetConfig(tokenizer=tokenizer, cache_dir=str(tmp_path / "cache"),
                                   configs={"webster": LMDatasetSourceConfig(train_urls=urls)})
 
 
-def _open_in_a_fresh_process(tmp_path, config: LMMixtureDatasetConfig, description_dir) -> dict:
+def _open_in_a_fresh_process(tmp_path, config: LMMixtureDatasetConfig, description_dir, code: str = OPEN_IN_A_FRESH_PROCESS) -> dict:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"tokenizer": config.tokenizer, "cache_dir": config.cache_dir,
                                 "configs": {"webster": {"train_urls": config.configs["webster"].train_urls}}}))
     env = {**os.environ, "TOKENMIX_CACHE_DIR": str(description_dir)}
-    out = subprocess.run([sys.executable, "-c", OPEN_IN_A_FRESH_PROCESS, str(path)], cwd=REPO, env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=REPO, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -51,6 +59,18 @@ def test_after_a_build_a_fresh_process_opens_the_cache_without_importing_transfo
     first_time = _open_in_a_fresh_process(tmp_path, config, tmp_path / "empty")  # nothing remembered: describes it once
     assert first_time["rows"] == remembered["rows"] and first_time["transformers"] is True
     assert len(list((tmp_path / "empty" / "tokenizers").glob("*.json"))) == 1
+
+
+def test_a_build_in_a_fresh_process_after_one_description_imports_no_transformers_and_writes_the_same_cache(tmp_path):
+    reference = _config(tmp_path / "reference", TOKENIZER)
+    build_caches(reference, progress=False)  # describes the tokenizer (or finds it described) and remembers it
+    for name, descriptions, imports in (("remembered", os.environ["TOKENMIX_CACHE_DIR"], False), ("described", tmp_path / "empty", True)):
+        config = _config(tmp_path / name, TOKENIZER)
+        built = _open_in_a_fresh_process(tmp_path, config, descriptions, BUILD_IN_A_FRESH_PROCESS)
+        assert built["documents"] > 0 and built["transformers"] is imports, name
+        location = config.cache_location("webster", "train")
+        assert cache_bytes(location) == cache_bytes(reference.cache_location("webster", "train")), name
+    assert {p.suffix for p in (tmp_path / "empty" / "tokenizers").iterdir()} == {".json", ".backend"}
 
 
 def test_the_remembered_identity_is_the_description_and_gives_the_builds_cache_identity(tmp_path):

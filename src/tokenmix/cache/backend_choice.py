@@ -3,7 +3,8 @@
 Unless ``build.tokenizer_backend`` is ``tokenizers``, both backends encode the first ``BACKEND_SAMPLE_BYTES`` of the
 first shard left to read into what the cache would hold, and must agree for ``fastokens`` to be used
 (``formats.backends.choose_backend`` says why not). The choice is made in a thread started with the build: the check
-(and loading ``fastokens``, about 0.15 s) overlaps the build's first reads, which need no tokenizer.
+(and loading ``fastokens``, about 0.15 s) overlaps the build's first reads, which need no tokenizer. A run of builds
+over many caches chooses once per encoder spec (``BackendChoices``).
 """
 
 from __future__ import annotations
@@ -92,3 +93,26 @@ class ChoosingBackend:
             if records:
                 return RawChunk(first.start, records), f"{len(records)} records sampled from {shard.name}"
         return None, "no sample (no record short enough for one)"
+
+
+class BackendChoices:
+    """The tokenizer backends of one run of builds: one choice per encoder spec and requested backend, made on the sample
+    of the first cache of them that is built; the run's later caches of that spec take it.
+
+    A spec is one tokenizer and format, so what a choice checks (that both backends give the cache the same ids) is the
+    same for each of its caches; only the sampled text differs, as it does between a cache's own shards, of which only
+    the first left to read is sampled. Choosing once spares every further cache the sample's encoding by the slow
+    backend (about 20 ms of a core), which a build of a thousand small sources would otherwise pay a thousand times."""
+
+    def __init__(self) -> None:
+        self._choices: dict[tuple[EncoderSpec, TokenizerBackend], ChoosingBackend] = {}
+        self._lock = threading.Lock()
+
+    def choose(self, location: str, shards: Sequence[Shard], ledger: CacheLedger, spec: EncoderSpec,
+               requested: TokenizerBackend) -> ChoosingBackend:
+        """The backend for a cache of ``spec``: chosen on this cache's sample if it is the run's first of that spec."""
+        with self._lock:
+            choosing = self._choices.get((spec, requested))
+            if choosing is None:
+                choosing = self._choices[(spec, requested)] = ChoosingBackend(location, shards, ledger, spec, requested)
+            return choosing

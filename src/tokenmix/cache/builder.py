@@ -1,8 +1,10 @@
 """Building a cache: tokenize in parallel, commit rows in listed-shard order.
 
 ``CacheBuilder`` runs one build from start to end: it takes the cache's build lock, opens (or starts) the ledger and
-checks the shards read so far, opens the arrays, then runs the build where ``build.executor`` says and writes the
-statistics. The parts, one module each:
+checks the shards read so far, opens the arrays (``open``, giving an ``OpenBuild``), then runs the build where
+``build.executor`` says and writes the statistics (``OpenBuild.finish``). The two halves are apart so that a run over
+many caches (``build_run.py``) can open the next caches and finish the last ones beside one stream of chunks. The
+parts, one module each:
 
 - ``local_build.py``: on this machine, the driver reads shards in listed order and cuts them into chunks, which the
   encoding pool (``encoding.py``) tokenizes in parallel; they are taken back in submission order.
@@ -28,12 +30,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokenmix.cache.appending import ShardAppender
-from tokenmix.cache.backend_choice import ChoosingBackend
+from tokenmix.cache.backend_choice import BackendChoices, ChoosingBackend
 from tokenmix.cache.cluster_build import build_on_cluster
 from tokenmix.cache.commits import CacheCommits
 from tokenmix.cache.encoding import EncoderPool, open_build_executor
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, ShardProgress
-from tokenmix.cache.local_build import build_on_pool
+from tokenmix.cache.local_build import PoolBuild, build_on_pool
 from tokenmix.cache.lock import BuildLock, build_lock
 from tokenmix.cache.options import BuildOptions
 from tokenmix.cache.progress import BuildProgress
@@ -73,29 +75,52 @@ class CacheBuilder:
         self.progress = progress
         self.info = info or {}
         self.executor = executor
-        self._docs = JsonDocuments(location)
         self._sources = SourceChecks(location, self.shards, options.chunk_bytes)
-        self._lock: BuildLock | None = None
 
     def build(self) -> dict[str, Any]:
         """Run the build to the end and return the cache statistics (a finished cache is left untouched).
 
         Holds the cache's build lock throughout: a second builder of the same cache waits (``build.lock_timeout_s``)."""
+        opened = self.open()
+        if isinstance(opened, dict):
+            return opened
+        try:
+            if opened.needs_building:
+                opened.start_progress()
+                try:
+                    self._run(opened.appender, opened.choose_backend(BackendChoices()))
+                finally:
+                    opened.close_progress()
+            return opened.finish()
+        finally:
+            opened.close()
+
+    def open(self) -> OpenBuild | dict[str, Any]:
+        """Take the build lock and open the ledger and arrays: the ``OpenBuild`` that takes the cache's chunks and holds
+        its lock until closed; or, for a cache finished already, its stored statistics (the lock given back at once)."""
         started = time.monotonic()
         if isinstance(self.executor, TaskExecutor) or (self.executor is None and not isinstance(self.options.executor, LocalExecutorConfig)):
             portable_location(self.location)  # refuses a location cluster workers cannot reach, before anything starts
-        with build_lock(self.location, self.options.lock, self.options.lock_timeout_s, self.options.lock_lease_s) as lock:
-            self._lock = lock
-            return self._build(started)
+        lock = build_lock(self.location, self.options.lock, self.options.lock_timeout_s, self.options.lock_lease_s)
+        lock.acquire()
+        try:
+            opened = self._open(lock, started)
+        except BaseException:
+            lock.release()
+            raise
+        if isinstance(opened, dict):
+            lock.release()
+        return opened
 
-    def _build(self, started: float) -> dict[str, Any]:
-        ledger = self._open_ledger()
+    def _open(self, lock: BuildLock, started: float) -> OpenBuild | dict[str, Any]:
+        docs = JsonDocuments(self.location)
+        ledger = self._open_ledger(docs)
         refreshed = self._sources.check_begun(ledger)
         if ledger.finished:
-            stats = self._docs.read(STATS_FILE)
+            stats = docs.read(STATS_FILE)
             if stats is not None:  # nothing to build: keep the record of the build that made the cache
                 if refreshed:
-                    self._docs.write(LEDGER_FILE, ledger.to_json())
+                    docs.write(LEDGER_FILE, ledger.to_json())
                 logger.info("%s: finished already, nothing to build", self.location)
                 return {**stats, ALREADY_BUILT: True}
         removed = remove_interrupted_writes(self.location)
@@ -104,9 +129,8 @@ class CacheBuilder:
         if self.options.tokenizer_backend != REFERENCE:
             preload_fast(self.spec.tokenizer_json)  # while the arrays are opened and the first chunks read
         try:
-            commits = CacheCommits(self.location, ledger, self.spec, self.options.compression, self.options.commit_interval_s,
-                                   self._lock)
-            self._docs.write(LEDGER_FILE, ledger.to_json())
+            commits = CacheCommits(self.location, ledger, self.spec, self.options.compression, self.options.commit_interval_s, lock)
+            docs.write(LEDGER_FILE, ledger.to_json())
         except ValueError as e:  # tensorstore's storage errors
             raise unwritable(self.location, e) from None
         if ledger.rows < commits.published:
@@ -115,27 +139,11 @@ class CacheBuilder:
                 "it was written by two builders at once (before tokenmix locked builds) or edited by hand. Delete it and rebuild."
             )
         commits.publish()
-        resumed_rows = ledger.rows
-        backend = None
         if not ledger.finished:
             logger.info("%s: building from %d shards", self.location, len(self.shards))
             clear_staging(self.location)  # what tasks of an earlier, killed run left: never part of the cache
-            choosing = ChoosingBackend(self.location, self.shards, ledger, self.spec, self.options.tokenizer_backend)
-            if self.progress is not None:
-                self.progress.start(self._remaining_bytes(ledger))
-            try:
-                self._run(ShardAppender(self.shards, self.options, commits, self._sources, self.progress), choosing)
-            finally:
-                if self.progress is not None:
-                    self.progress.close()
-            backend = choosing.result()
-            ledger.finished = True
-            commits.commit()
-        stats = compute_stats(ledger, commits.array, time.monotonic() - started, resumed_rows)
-        if backend is not None:
-            stats["build"]["tokenizer_backend"] = {"name": backend.name, "reason": backend.reason}
-        self._docs.write(STATS_FILE, stats)
-        return stats
+        appender = ShardAppender(self.shards, self.options, commits, self._sources, self.progress)
+        return OpenBuild(self, lock, docs, appender, started)
 
     def _run(self, appender: ShardAppender, backend: ChoosingBackend) -> None:
         """Run the build on the executor given, or on one opened for this build."""
@@ -144,15 +152,16 @@ class CacheBuilder:
             if isinstance(executor, TaskExecutor):
                 build_on_cluster(executor, appender, backend)
             else:
-                build_on_pool(executor, appender, backend)
+                build_on_pool(executor, [PoolBuild(appender, backend)])
 
-    def _remaining_bytes(self, ledger: CacheLedger) -> int | None:
+    def remaining_bytes(self, ledger: CacheLedger) -> int | None:
+        """Input bytes of the shards left to read (None when a shard cannot tell its size)."""
         sizes = [shard.size_bytes() for shard, p in zip(self.shards, ledger.shards) if not p.finished]
         return None if any(size is None for size in sizes) else sum(sizes)  # type: ignore[misc]
 
-    def _open_ledger(self) -> CacheLedger:
+    def _open_ledger(self, docs: JsonDocuments) -> CacheLedger:
         names = [s.name for s in self.shards]
-        existing = self._docs.read(LEDGER_FILE)
+        existing = docs.read(LEDGER_FILE)
         if existing is None:
             return CacheLedger(identity=self.identity, shards=[ShardProgress(n) for n in names], info=self.info, runs=[])
         ledger = CacheLedger.from_json(existing)
@@ -171,3 +180,64 @@ class CacheBuilder:
             logger.info("%s: resuming at row %d (%d of %d shards finished)", self.location, ledger.rows,
                         sum(s.finished for s in ledger.shards), len(ledger.shards))
         return ledger
+
+
+class OpenBuild:
+    """One cache being built: its build lock held, its ledger and arrays open, taking encoded chunks through its
+    ``appender`` until ``finish`` marks it finished and writes its statistics; ``close`` gives the lock back."""
+
+    def __init__(self, builder: CacheBuilder, lock: BuildLock, docs: JsonDocuments, appender: ShardAppender, started: float):
+        self.builder = builder
+        self.appender = appender
+        self.backend: ChoosingBackend | None = None
+        self._lock: BuildLock | None = lock
+        self._docs = docs
+        self._started = started
+        self._resumed_rows = appender.ledger.rows
+
+    @property
+    def needs_building(self) -> bool:
+        """Whether shards are left to build (else the ledger says finished and only the statistics are missing)."""
+        return not self.appender.ledger.finished
+
+    def choose_backend(self, choices: BackendChoices) -> ChoosingBackend:
+        """The tokenizer backend of this build, from ``choices``: chosen on this cache's sample if it is the first of its
+        encoder spec to ask (a run asks in config order, so which cache is sampled does not depend on timing)."""
+        b = self.builder
+        self.backend = choices.choose(b.location, b.shards, self.appender.ledger, b.spec, b.options.tokenizer_backend)
+        return self.backend
+
+    def start_progress(self) -> None:
+        """Start the cache's progress bar (if it has one) over the input bytes left to read."""
+        if self.builder.progress is not None:
+            self.builder.progress.start(self.builder.remaining_bytes(self.appender.ledger))
+
+    def close_progress(self) -> None:
+        """Close the cache's progress bar (if it has one)."""
+        if self.builder.progress is not None:
+            self.builder.progress.close()
+
+    def finish(self) -> dict[str, Any]:
+        """Once every chunk was appended: mark the cache finished, commit, write and return its statistics, and give
+        the lock back."""
+        try:
+            ledger, commits = self.appender.ledger, self.appender.commits
+            choice = None
+            if self.needs_building:
+                assert self.backend is not None, f"{self.builder.location}: finished without a tokenizer backend"
+                choice = self.backend.result()
+                ledger.finished = True
+                commits.commit()
+            stats = compute_stats(ledger, commits.array, time.monotonic() - self._started, self._resumed_rows)
+            if choice is not None:
+                stats["build"]["tokenizer_backend"] = {"name": choice.name, "reason": choice.reason}
+            self._docs.write(STATS_FILE, stats)
+            return stats
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Give the build lock back (once); what was committed stays, and a later build resumes from it."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()

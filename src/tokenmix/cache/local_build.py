@@ -1,17 +1,21 @@
-"""A build on this machine: the driver reads the shards in listed order and cuts them into chunks, the encoding pool
-encodes them in parallel, and the driver takes them back in submission order and appends them.
+"""Builds on this machine: the driver reads the shards of each cache in turn, in listed order, and cuts them into
+chunks; the encoding pool encodes them in parallel; the driver takes them back in submission order and appends each to
+its cache.
 
-At most ``2 x workers + 2`` chunks are in flight, which bounds memory. Reading needs no tokenizer, so the first chunks
-are read while the tokenizer backend is still being chosen.
+One stream of chunks serves every cache of a run, so the pool stays busy across the caches' boundaries: the chunks of
+the next caches are read and encoded while the last chunks of one are appended, and a cache whose last chunk was
+appended is handed to ``PoolBuild.end`` (its final commit and statistics run beside the stream). At most
+``2 x workers + 2`` chunks (and caches' ends) are in flight, which bounds memory. Reading needs no tokenizer, so the first chunks are read
+while the tokenizer backend is still being chosen.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 
 from tokenmix.cache.appending import ShardAppender, ShardEnd
 from tokenmix.cache.backend_choice import ChoosingBackend
@@ -20,43 +24,82 @@ from tokenmix.formats.encoder import EncodedChunk
 from tokenmix.sources.shards import RawChunk, ShardReadError
 
 
-def build_on_pool(pool: EncoderPool, appender: ShardAppender, backend: ChoosingBackend) -> None:
-    """Encode every unfinished shard on ``pool`` and append it, committing as the build goes and at the end."""
+@dataclass
+class PoolBuild:
+    """One cache's part of a run on the pool: where its chunks go, how they are encoded, and what is called when its
+    first chunk is about to be read (``begin``) and once its last one was appended (``end``)."""
+
+    appender: ShardAppender
+    backend: ChoosingBackend
+    begin: Callable[[], None] | None = None
+    end: Callable[[], None] | None = None
+
+
+@dataclass
+class _CacheEnd:
+    """Marks the end of a cache's chunks in the stream."""
+
+    build: PoolBuild
+
+
+def build_on_pool(pool: EncoderPool, builds: Iterable[PoolBuild]) -> None:
+    """Encode every unfinished shard of each build on ``pool`` and append it, committing as each build goes.
+
+    ``builds`` is taken lazily, one build at a time, as the stream reaches it. A build's final commit is its ``end``'s."""
     try:
-        _run(pool, appender, backend)
+        _run(pool, builds)
     except BrokenProcessPool as e:
         raise RuntimeError(
             "a tokenizing worker process died (out of memory, killed, or it could not start: a script that builds "
             "caches must guard its top level with `if __name__ == '__main__':`, or set build.num_workers: 0); "
-            f"the {appender.ledger.rows} committed rows are kept and a re-run resumes"
+            "the committed rows are kept and a re-run resumes"
         ) from e
 
 
-def _run(pool: EncoderPool, appender: ShardAppender, backend: ChoosingBackend) -> None:
+def _run(pool: EncoderPool, builds: Iterable[PoolBuild]) -> None:
     max_in_flight = 2 * max(pool.num_workers, 1) + 2
-    in_flight: deque[tuple[int, Future[EncodedChunk] | ShardEnd]] = deque()
+    in_flight: deque[tuple[PoolBuild, int, Future[EncodedChunk] | ShardEnd | _CacheEnd]] = deque()
+    chunks = 0
+    """Chunks and cache ends in flight (not shard ends: a cache's shards are bounded by its own list)."""
 
     def drain(until: int) -> None:
-        while in_flight and (len(in_flight) > until or isinstance(in_flight[0][1], ShardEnd) or in_flight[0][1].done()):
-            index, pending = in_flight.popleft()
+        nonlocal chunks
+        while in_flight and (chunks > until or not isinstance(in_flight[0][2], Future) or in_flight[0][2].done()):
+            build, index, pending = in_flight.popleft()
+            if isinstance(pending, _CacheEnd):
+                chunks -= 1
+                if build.end is not None:
+                    build.end()
+                continue
             if isinstance(pending, ShardEnd):
-                appender.shard_end(pending)
+                build.appender.shard_end(pending)
             else:
-                appender.chunk(index, pending.result())
-            appender.commits.maybe_commit()
+                chunks -= 1
+                build.appender.chunk(index, pending.result())
+            build.appender.commits.maybe_commit()
 
-    events = _read(appender)
-    read_ahead = []
-    for event in events:  # reading needs no tokenizer: read while the backend is being chosen
-        read_ahead.append(event)
-        if backend.done() or len(read_ahead) >= max_in_flight:
-            break
-    spec = backend.encoder_spec()
-    for index, event in itertools.chain(read_ahead, events):
-        in_flight.append((index, pool.submit(spec, event) if isinstance(event, RawChunk) else event))
+    for build in builds:
+        if build.begin is not None:
+            build.begin()
+        events = _read(build.appender)
+        read_ahead = []
+        for event in events:  # reading needs no tokenizer: read while the backend is being chosen
+            read_ahead.append(event)
+            if build.backend.done() or len(read_ahead) >= max_in_flight:
+                break
+        spec = build.backend.encoder_spec()
+        for events_so_far in (read_ahead, events):
+            for index, event in events_so_far:
+                if isinstance(event, RawChunk):
+                    in_flight.append((build, index, pool.submit(spec, event)))
+                    chunks += 1
+                else:
+                    in_flight.append((build, index, event))
+                drain(max_in_flight)
+        in_flight.append((build, -1, _CacheEnd(build)))
+        chunks += 1
         drain(max_in_flight)
     drain(0)
-    appender.commits.commit()
 
 
 def _read(appender: ShardAppender) -> Iterator[tuple[int, RawChunk | ShardEnd]]:

@@ -78,21 +78,22 @@ def build_caches(config: DataConfigBase, sources: list[str] | None = None, progr
 
     A cache that was finished already is left as it is: its statistics are those of the build that made it, marked
     ``already_built: True``."""
-    from tokenmix.cache.builder import CacheBuilder  # here: reading a config and opening its caches need no builder
+    from tokenmix.cache.build_run import build_all  # here: reading a config and opening its caches need no builder
+    from tokenmix.cache.builder import CacheBuilder
     from tokenmix.cache.encoding import open_build_executor
     from tokenmix.cache.progress import TqdmProgress
 
-    results = {}
     with open_build_executor(config.build) as executor:
+        builders, keys = [], []
         for target in cache_targets(config, sources):
             if _built_by_levanter(target.location):
                 logger.info("%s/%s: %s holds a cache Levanter built; it is read as it is", target.source, target.split, target.location)
                 continue
             bar = TqdmProgress(f"{target.source}/{target.split}") if progress else None
             info = {"tokenizer": config.tokenizer, "source": target.source, "split": target.split}
-            builder = CacheBuilder(target.location, target.shards, target.spec, target.identity, config.build, bar, info, executor)
-            results[(target.source, target.split)] = builder.build()
-    return results
+            builders.append(CacheBuilder(target.location, target.shards, target.spec, target.identity, config.build, bar, info, executor))
+            keys.append((target.source, target.split))
+        return dict(zip(keys, build_all(builders, executor)))
 
 
 def _built_by_levanter(location: str) -> bool:

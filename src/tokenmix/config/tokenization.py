@@ -10,11 +10,12 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tokenmix.formats.backends import load_reference
 from tokenmix.formats.base import LmDatasetFormatBase
 from tokenmix.formats.encoder import PRETOKENIZED_KEY, EncoderSpec, format_context, token_dtype
 from tokenmix.formats.passthrough import PASSTHROUGH, passthrough_tokenizer_file
-from tokenmix.formats.tokenizer import TokenizerIdentity, describe_tokenizer, load_tokenizer
-from tokenmix.formats.tokenizer_identity import remember, tokenizer_identity
+from tokenmix.formats.tokenizer import TokenizerIdentity
+from tokenmix.formats.tokenizer_identity import tokenizer_identity, tokenizer_info
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +44,12 @@ class TokenizationConfig:
     """Levanter's field: the chat template of every chat source whose format gives none (else the tokenizer's)."""
 
     def encoder_spec(self, fmt: LmDatasetFormatBase, where: str) -> tuple[EncoderSpec, dict[str, Any]]:
-        """The encoder for a format, and the identity a cache made with it records (loads the tokenizer)."""
+        """The encoder for a format, and the identity a cache made with it records (loads the tokenizer, unless its files
+        were described before on this machine: ``tokenizer_identity.py``)."""
         fmt = self.source_format(fmt)
         name = self.tokenizer_name(where)
-        info = describe_tokenizer(name)
-        bos_id, eos_id = self._special_ids(remember(name, info), fmt, where)
+        info = tokenizer_info(name)
+        bos_id, eos_id = self._special_ids(info.identity(), fmt, where)
         spec = EncoderSpec(
             tokenizer_json=info.backend_json,
             format=fmt,
@@ -59,7 +61,8 @@ class TokenizationConfig:
             chat_template=info.chat_template,
         )
         try:
-            fmt.bind(format_context(spec, load_tokenizer(info.name_or_path).backend_tokenizer.token_to_id))
+            # the backend loads only for a format that asks for an id (FIM): a build's backend check loads it in a thread
+            fmt.bind(format_context(spec, lambda token: load_reference(info.backend_json).token_to_id(token)))
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         return spec, self._identity(info.fingerprint, info.vocab_size, fmt, bos_id, eos_id)

@@ -7,16 +7,23 @@ local tokenizer directory (or single ``tokenizer.json`` file) is remembered in a
 tokenizer files and of the ``tokenizers``/``transformers`` installations that described it; an open whose key matches reads that file instead.
 Changing any tokenizer file, or upgrading either library, changes the key. Hub ids are described in full each time
 (their files live in the hub cache under names this module does not resolve).
+
+A build needs the whole description (``tokenizer_info``): also the backend's serialization, which the encoders load,
+its named special tokens and chat template. Those are remembered too, the serialization (megabytes) in a file of its
+own beside the identity's, so that an open still reads only the small one; a build of a tokenizer described before
+imports no ``transformers`` either (about 1 s of a build's start-up, more than the shared corpus takes to encode).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import logging
 import os
 import re
+import threading
 from dataclasses import asdict
 from importlib.util import find_spec
 from pathlib import Path
@@ -26,7 +33,7 @@ from tokenmix.formats.tokenizer import TokenizerIdentity, TokenizerInfo, describ
 
 logger = logging.getLogger(__name__)
 
-_FORMAT = 1
+_FORMAT = 2
 """Version of the remembered description's layout; part of the key."""
 _TOKENIZER_FILES = re.compile(
     r"(tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab.*|merges\.txt|.*\.model|.*\.tiktoken|chat_template.*|config\.json)"
@@ -45,13 +52,27 @@ def tokenizer_identity(name_or_path: str) -> TokenizerIdentity:
     return remember(name_or_path, describe_tokenizer(name_or_path))
 
 
+def tokenizer_info(name_or_path: str) -> TokenizerInfo:
+    """The whole description of a tokenizer (what a build needs): remembered, when its files were described before on
+    this machine, else described (loading it) and remembered."""
+    key = _files_key(name_or_path)
+    known = _recalled_infos.get((key, name_or_path)) if key is not None else None
+    if key is not None and known is None:
+        known = _recall_info(key, name_or_path)
+    if known is None:
+        known = describe_tokenizer(name_or_path)
+        remember(name_or_path, known)
+    if key is not None:
+        _recalled_infos[(key, name_or_path)] = known
+    return known
+
+
 def remember(name_or_path: str, info: TokenizerInfo) -> TokenizerIdentity:
-    """Keep a fresh description of a local tokenizer directory for later opens; returns its identity."""
-    identity = info.identity()
+    """Keep a fresh description of a local tokenizer directory for later opens and builds; returns its identity."""
     key = _files_key(name_or_path)
     if key is not None:
-        _store(key, identity)
-    return identity
+        _store(key, info)
+    return info.identity()
 
 
 def descriptions_dir() -> Path:
@@ -103,23 +124,48 @@ def _installed(package: str) -> str:
     return f"{spec.origin}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
+_recalled_infos: dict[tuple[str, str], TokenizerInfo] = {}
+"""Whole descriptions this process read or made, by files key and name: a build of a thousand sources asks for each."""
+_IDENTITY_FIELDS = [f.name for f in dataclasses.fields(TokenizerIdentity)]
+
+
 def _recall(key: str) -> TokenizerIdentity | None:
     try:
-        return TokenizerIdentity(**json.loads((descriptions_dir() / f"{key}.json").read_text()))
+        known = json.loads((descriptions_dir() / f"{key}.json").read_text())
+        return TokenizerIdentity(**{name: known[name] for name in _IDENTITY_FIELDS})
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, TypeError) as e:  # unreadable or from another layout: describe again
+    except (OSError, ValueError, TypeError, KeyError) as e:  # unreadable or from another layout: describe again
         logger.debug("ignoring the remembered tokenizer description %s: %s", key, e)
         return None
 
 
-def _store(key: str, identity: TokenizerIdentity) -> None:
-    target = descriptions_dir() / f"{key}.json"
-    scratch = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+def _recall_info(key: str, name_or_path: str) -> TokenizerInfo | None:
+    try:
+        known = json.loads((descriptions_dir() / f"{key}.json").read_text())
+        backend_json = (descriptions_dir() / f"{key}.backend").read_text(encoding="utf-8")
+        return TokenizerInfo(**{name: known[name] for name in _IDENTITY_FIELDS}, name_or_path=name_or_path, backend_json=backend_json,
+                             special_tokens=tuple((k, v) for k, v in known["special_tokens"]), chat_template=known["chat_template"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError) as e:  # unreadable or from another layout: describe again
+        logger.debug("ignoring the remembered tokenizer description %s: %s", key, e)
+        return None
+
+
+def _store(key: str, info: TokenizerInfo) -> None:
+    """The serialization first, then the small file an open reads: a description whose small file exists is whole."""
+    described = {**asdict(info.identity()), "special_tokens": info.special_tokens, "chat_template": info.chat_template}
+    _replace(descriptions_dir() / f"{key}.backend", info.backend_json.encode("utf-8"))
+    _replace(descriptions_dir() / f"{key}.json", json.dumps(described, sort_keys=True).encode("utf-8"))
+
+
+def _replace(target: Path, data: bytes) -> None:
+    scratch = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with create_new(str(scratch), "scratch file of a tokenizer description") as f:
-            f.write(json.dumps(asdict(identity), sort_keys=True).encode("utf-8"))
+            f.write(data)
         os.replace(scratch, target)
     except OSError as e:  # a read-only home: every open describes the tokenizer, as before
         logger.debug("could not remember the tokenizer description in %s: %s", target.parent, e)

@@ -1,0 +1,150 @@
+"""Building many sources in one run (issue 39): caches opened ahead and finished behind one stream of chunks, with
+bounded threads, files and locks, the same bytes as builds of one cache at a time, and resumable after a kill."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+from helpers import TOKENIZER, cache_bytes, start_builders, write_jsonl
+
+from tokenmix import BuildOptions, LMDatasetSourceConfig, LMMixtureDatasetConfig, build_caches
+from tokenmix.cache.appending import BadInputError
+from tokenmix.cache.build_run import OPEN_AHEAD
+from tokenmix.cache.lock import LOCK_FILE, build_lock
+
+DOCS_PER_SOURCE = 3
+
+
+def _sources(tmp_path: Path, demo_docs: dict[str, list[dict[str, Any]]], count: int) -> dict[str, str]:
+    """``count`` tiny sources cut from the demo corpus, one shard each (every fifth compressed: held to its end)."""
+    docs = [d for source in sorted(demo_docs) for d in demo_docs[source]]
+    directory = tmp_path / "inputs"
+    directory.mkdir(exist_ok=True)
+    out = {}
+    for i in range(count):
+        suffix = ".jsonl.zst" if i % 5 == 4 else ".jsonl"
+        records = [docs[(i * DOCS_PER_SOURCE + j) % len(docs)] for j in range(DOCS_PER_SOURCE)]
+        out[f"s{i:03d}"] = write_jsonl(directory / f"s{i:03d}{suffix}", records)
+    return out
+
+
+def _config(sources: dict[str, str], cache_dir: Path, **build: Any) -> LMMixtureDatasetConfig:
+    return LMMixtureDatasetConfig(tokenizer=TOKENIZER, cache_dir=str(cache_dir),
+                                  configs={name: LMDatasetSourceConfig(train_urls=[url]) for name, url in sources.items()},
+                                  build=BuildOptions(**build))
+
+
+class _Peaks:
+    """Samples this process's threads and open files, and the build locks held under a cache directory, while a build runs."""
+
+    def __init__(self, cache_dir: Path):
+        self.cache_dir = cache_dir
+        self.threads = self.files = self.locks = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> _Peaks:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            self.threads = max(self.threads, me.num_threads() - 1)  # not the sampler itself
+            self.files = max(self.files, me.num_fds())
+            self.locks = max(self.locks, len(list(self.cache_dir.glob(f"*/train/{LOCK_FILE}"))))
+            time.sleep(0.002)
+
+
+def test_two_hundred_sources_build_concurrently_with_bounded_threads_files_and_locks_into_the_bytes_of_one_at_a_time(
+        tmp_path, demo_docs, caplog):
+    sources = _sources(tmp_path, demo_docs, 200)
+    few = dict(list(sources.items())[:OPEN_AHEAD + 20])  # enough to open as many caches at once as the run ever does
+    with _Peaks(tmp_path / "few") as few_peaks:
+        build_caches(_config(few, tmp_path / "few"), progress=False)
+    caplog.set_level(logging.INFO, logger="tokenmix.cache.backend_choice")
+    with _Peaks(tmp_path / "many") as peaks:
+        results = build_caches(_config(sources, tmp_path / "many"), progress=False)
+    assert len(results) == 200 and all(r["documents"] == DOCS_PER_SOURCE for r in results.values())
+    # the caches' fixed costs overlap: several held at once, never more than the run opens ahead
+    assert 2 <= peaks.locks <= OPEN_AHEAD + 1, peaks.locks
+    # threads and open files do not grow with the number of sources (slack: tensorstore's and the sampler's own)
+    assert peaks.threads <= few_peaks.threads + 4, (peaks.threads, few_peaks.threads)
+    assert peaks.files <= few_peaks.files + 8, (peaks.files, few_peaks.files)
+    # one backend check for the run's one encoder spec, not one per cache
+    assert len([r for r in caplog.records if "encoding with" in r.getMessage()]) == 1
+    for name in list(sources)[::10]:
+        alone = tmp_path / "alone" / name
+        build_caches(_config({name: sources[name]}, alone), progress=False)
+        assert cache_bytes(str(tmp_path / "many" / name)) == cache_bytes(str(alone / name)), name
+
+
+def test_a_many_source_build_killed_with_caches_open_ahead_resumes_to_the_bytes_of_an_uninterrupted_build(tmp_path, demo_docs):
+    sources = _sources(tmp_path, demo_docs, 60)
+    build_caches(_config(sources, tmp_path / "reference"), progress=False)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "killed"),
+                                    "configs": {name: {"train_urls": [url]} for name, url in sources.items()},
+                                    "build": {"commit_interval_s": 0}}))
+    # the build stops at the cache held here: those before it finish, the next ones are opened and wait
+    blocker = build_lock(str(tmp_path / "killed" / "s030" / "train"))
+    blocker.acquire()
+    builder = start_builders([path], None)[0]
+    try:
+        ledgers = _poll_until_open_ahead(tmp_path / "killed", builder)
+    finally:
+        builder.kill()  # SIGKILL; the fastokens backend encodes in the builder's own threads, so it has no workers
+        builder.wait()
+        blocker.release()
+    assert ledgers["finished"] >= 1 and ledgers["unfinished"] >= 2, ledgers
+    build_caches(_config(sources, tmp_path / "killed"), progress=False)
+    for name in sources:
+        assert cache_bytes(str(tmp_path / "killed" / name)) == cache_bytes(str(tmp_path / "reference" / name)), name
+
+
+def _poll_until_open_ahead(cache_dir: Path, builder: Any, timeout: float = 60.0) -> dict[str, int]:
+    """Wait until some caches are finished and several past the held one are open at once (their ledgers written,
+    unfinished); returns those counts."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = {"finished": 0, "unfinished": 0}
+        for ledger in cache_dir.glob("*/train/ledger.json"):
+            try:
+                counts["finished" if json.loads(ledger.read_text())["finished"] else "unfinished"] += 1
+            except (OSError, ValueError):  # replaced while read
+                pass
+        if counts["finished"] >= 1 and counts["unfinished"] >= 2:
+            return counts
+        assert builder.poll() is None, builder.stdout.read()
+        if time.monotonic() > deadline:
+            return counts
+        time.sleep(0.01)
+
+
+def test_a_bad_record_stops_a_many_source_run_giving_back_every_lock_and_a_rerun_resumes_each_cache(tmp_path, demo_docs):
+    sources = _sources(tmp_path, demo_docs, 60)
+    bad = Path(sources["s020"])
+    bad.write_bytes(bad.read_bytes() + b"{not json\n")
+    with pytest.raises(BadInputError, match="s020.jsonl.*malformed_json"):
+        build_caches(_config(sources, tmp_path / "cache"), progress=False)
+    assert not list((tmp_path / "cache").glob(f"*/train/{LOCK_FILE}"))  # every cache opened ahead gave its lock back
+    ledgers = {p.parent.parent.name: json.loads(p.read_text()) for p in (tmp_path / "cache").glob("*/train/ledger.json")}
+    assert all(ledgers[f"s{i:03d}"]["finished"] for i in range(20))
+    ahead = [name for name, ledger in ledgers.items() if name > "s020"]
+    assert ahead and all(not ledgers[name]["finished"] and ledgers[name]["rows"] == 0 for name in ahead), sorted(ledgers)
+    build_caches(_config(sources, tmp_path / "cache", on_error="skip"), progress=False)
+    build_caches(_config(sources, tmp_path / "reference", on_error="skip"), progress=False)
+    for name in sources:
+        assert cache_bytes(str(tmp_path / "cache" / name)) == cache_bytes(str(tmp_path / "reference" / name)), name
