@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import heapq
 import math
 import pickle
 import re
 import time
+import tracemalloc
 from fractions import Fraction
 
 import numpy as np
@@ -260,9 +262,10 @@ def mixture(sizes, weights, **kw):
 def test_a_weight_that_is_not_a_finite_number_at_least_0_is_refused_naming_source_stage_and_value(weight):
     with pytest.raises(ValueError, match=re.escape(f"train_weights: source 'b' has weight {weight!r}; give it a finite number >= 0")):
         mixture({"a": 10, "b": 10}, {"a": 1.0, "b": weight})
-    staged = [(0, {"a": 1.0, "b": 1.0}), (64, {"a": 1.0, "b": weight})]
+    staged = mixture({"a": 10, "b": 10}, [(0, {"a": 1.0, "b": 1.0}), (64, {"a": 1.0, "b": weight})], block_size=16)
+    staged.get_batch(np.arange(64))  # a later stage is checked when a read first reaches it
     with pytest.raises(ValueError, match=re.escape(f"train_weights (the stage from index 64): source 'b' has weight {weight!r}")):
-        mixture({"a": 10, "b": 10}, staged)
+        staged.get_batch(np.arange(60, 68))
     with pytest.raises(ValueError, match="mixture weights must be finite numbers >= 0"):
         BlockAllocator([1.0, weight], 16)
 
@@ -538,3 +541,78 @@ def test_a_source_first_weighted_by_an_appended_stage_starts_at_its_first_draw()
     assert not np.any(ids[:16] == b) and draws[ids == b].tolist() == list(range(8))
     batch = mix.get_batch(np.arange(16, 32))
     assert len(set(batch.tokens[batch.source_ids == b, 0].tolist())) == 8  # its first epoch: no example twice
+
+
+def long_log(stages: int, seed: int, names: str = "abcd") -> tuple[list[tuple[int, dict[str, float]]], int]:
+    """``stages`` stages of weights from {0, 1e-3, 0.1, 0.25, 0.5, 1}, each 1 to 59 indices long (most stages start
+    inside a block of the one before), and the last stage's start."""
+    rng = np.random.default_rng(seed)
+    log, start = [], 0
+    for _ in range(stages):
+        weights = {n: float(rng.choice([0.0, 1e-3, 0.1, 0.25, 0.5, 1.0])) for n in names}
+        if sum(weights.values()) == 0:
+            weights[names[0]] = 1.0
+        log.append((start, weights))
+        start += int(rng.integers(1, 60))
+    return log, start
+
+
+def test_a_long_log_read_in_any_order_gives_the_layout_of_every_stage_built_at_once():
+    """300 stages, more than a mixture keeps built: reads that start far into the log, in a scrambled order, give
+    the draws the mixture gave when it built every stage and its base counts at construction (the digests are that
+    code's, commit 0cdd5e1)."""
+    log, last = long_log(300, 38)
+    sizes = {"a": 37, "b": 5, "c": 200, "d": 1000}
+    end = last + 100
+    chunks = np.array_split(np.arange(end), 97)
+    scrambled = mixture(sizes, log, block_size=16, seed=7)
+    ids, draws = np.empty(end, np.int64), np.empty(end, np.int64)
+    for k in [96, *np.random.default_rng(1).permutation(96).tolist()]:
+        ids[chunks[k]], draws[chunks[k]] = scrambled.locate(chunks[k])
+    assert hashlib.sha256(ids.tobytes() + draws.tobytes()).hexdigest() == "fc18d1fa3ccba61f61dd5ed6e74b50a6123d3b5fafe222e6d9608e31ff905706"
+    batch = mixture(sizes, log, block_size=16, seed=7).get_batch(np.arange(end))
+    assert hashlib.sha256(batch.tokens.tobytes() + batch.source_ids.tobytes()).hexdigest() == (
+        "ca4b6a2d05abd9c00047d305684a3acc5ef264a8569c04113b412c7dc6ee2ac6")
+
+
+@settings(SETTINGS, max_examples=20)
+@given(stages=st.integers(60, 200), log_seed=st.integers(0, 10**6), block=st.sampled_from([4, 16, 50]), seed=st.integers(0, 100),
+       order_seed=st.integers(0, 10**6))
+def test_reads_of_a_long_log_in_any_order_draw_every_sources_examples_in_order_once(stages, log_seed, block, seed, order_seed):
+    log, last = long_log(stages, log_seed, "abc")
+    sizes = {"a": 37, "b": 5, "c": 200}
+    end = last + block
+    in_order = mixture(sizes, log, block_size=block, seed=seed)
+    ids, draws = in_order.locate(np.arange(end))
+    for sid, name in enumerate(in_order.names):
+        got = draws[ids == sid]
+        assert np.array_equal(got, np.arange(len(got))), name
+    assert in_order.consumed(end) == {name: int(np.sum(ids == sid)) for sid, name in enumerate(in_order.names)}
+    scrambled = mixture(sizes, log, block_size=block, seed=seed)
+    chunks = np.array_split(np.arange(end), 40)
+    for k in np.random.default_rng(order_seed).permutation(len(chunks)).tolist():
+        got_ids, got_draws = scrambled.locate(chunks[k])
+        assert np.array_equal(got_ids, ids[chunks[k]]) and np.array_equal(got_draws, draws[chunks[k]])
+
+
+def test_a_mixture_built_from_a_long_log_over_many_sources_costs_little_until_read():
+    """1,000 stages over 1,000 sources: construction keeps the log as given, and a stage is built only when read (the
+    mixture that built every stage at construction traced 141 MiB here)."""
+    names = [f"s{i:04d}" for i in range(1000)]
+    sources = {n: RangeDataset(10**6) for n in names}
+    rng = np.random.default_rng(0)
+    distinct = [{n: int(u) / 10_000 for n, u in zip(names, rng.integers(1, 20, len(names)))} for _ in range(3)]
+    log = [(i * 2048, distinct[i % 3]) for i in range(1000)]
+    tracemalloc.start()
+    try:
+        mix = MixtureDataset(sources, log)
+        built, _ = tracemalloc.get_traced_memory()
+        mix.append_stage(1000 * 2048, distinct[0])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20, f"{peak / 2**20:.1f} MiB traced"
+    assert built < 2 * 2**20, f"{built / 2**20:.1f} MiB held"
+    ids, draws = mix.locate(np.arange(2048))
+    assert sorted(mix.names[i] for i in ids) == sorted(n for n, k in mix.consumed(2048).items() for _ in range(k))
+    assert np.array_equal(np.sort(draws[ids == ids[0]]), np.arange(np.sum(ids == ids[0])))
