@@ -63,11 +63,11 @@ def stats_cost(config, step_s: float) -> tuple[float, float]:
 
     from tokenmix.config.adaptive import AdaptiveMixing
     from tokenmix.loader.batch_schedule import BatchSchedule
+    from tokenmix.mixing.source_stats import SourceStats
+    from tokenmix.mixing.weight_updaters import OdmUpdater
     from tokenmix.train.model import per_source
     from tokenmix.train.online_mixing import OnlineMixing
-    from tokenmix.train.source_stats import SourceStats
     from tokenmix.train.weight_log import config_log, write_log
-    from tokenmix.train.weight_updaters import OdmUpdater
 
     batch = config.trainer.train_batch_size
     rows, counts = jnp.ones(batch), jnp.full(batch, float(config.trainer.seq_len))
