@@ -10,6 +10,7 @@ import pickle
 import re
 import time
 import tracemalloc
+from decimal import Decimal
 from fractions import Fraction
 
 import numpy as np
@@ -21,7 +22,7 @@ from tokenmix import Dataset, MixtureDataset, TokenBatch
 from tokenmix.datasets import FeistelPermutation, Pending, SourceOrder
 from tokenmix.datasets.base import as_indices
 from tokenmix.datasets.block_shuffle import BlockShuffle, block_shuffled
-from tokenmix.datasets.mixture_layout import _STATES_KEPT, BlockAllocator
+from tokenmix.datasets.mixture_layout import _STATES_KEPT, BlockAllocator, exact_ratios
 from tokenmix.datasets.segments import document_segments, window_cuts
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -616,3 +617,41 @@ def test_a_mixture_built_from_a_long_log_over_many_sources_costs_little_until_re
     ids, draws = mix.locate(np.arange(2048))
     assert sorted(mix.names[i] for i in ids) == sorted(n for n, k in mix.consumed(2048).items() for _ in range(k))
     assert np.array_equal(np.sort(draws[ids == ids[0]]), np.arange(np.sum(ids == ids[0])))
+
+
+def decimal_ratios(weights) -> list[Fraction]:
+    """Each weight's share, the weights read as the decimals they print as."""
+    exact = [Fraction(w) if isinstance(w, (int, Fraction)) else Fraction(Decimal(repr(float(w)))) for w in weights]
+    return [w / sum(exact) for w in exact]
+
+
+plain_weight_st = st.one_of(
+    st.builds(lambda u, d: u / 10**d, st.integers(0, 10**7), st.integers(0, 9)),
+    st.floats(0.0, 1e13, allow_nan=False),
+    st.integers(0, 2**45),
+)
+
+
+@SETTINGS
+@given(weights=st.lists(plain_weight_st, min_size=1, max_size=8), block=st.sampled_from([1, 7, 64, 2048]))
+def test_plain_weights_read_in_numpy_are_the_decimals_they_print_as(weights, block):
+    """``exact_ratios`` reads floats and integers up to 2^40 in numpy (``_short_decimals``): the ratios must be those
+    of the decimals Python prints, as the per-weight ``Decimal`` reading gives."""
+    if sum(weights) == 0:
+        weights = [*weights, 1]
+    numerators, total = exact_ratios(weights)
+    assert [Fraction(n, total) for n in numerators] == decimal_ratios(weights)
+    assert BlockAllocator(weights, block).weights == decimal_ratios(weights)
+
+
+@SETTINGS
+@given(weights=st.lists(st.one_of(st.just(1e-3), st.floats(0.0, 1.0), st.integers(0, 5)), min_size=1, max_size=12),
+       block=st.sampled_from([1, 16, 100, 2048]), ks=st.lists(st.integers(0, 10**6), min_size=1, max_size=5))
+def test_large_sources_counted_in_numpy_match_the_counts_in_python_integers(weights, block, ks):
+    if sum(weights) == 0:
+        weights = [*weights, 1]
+    fast = BlockAllocator(weights, block)
+    slow = copy.deepcopy(fast)
+    slow._large_num = None  # the Python-integer path, which rates beyond int64 take
+    for k in ks:
+        assert fast.counts_after(k).tolist() == slow.counts_after(k).tolist()
