@@ -15,14 +15,14 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tokenmix import Dataset, MixtureDataset, TokenBatch
 from tokenmix.datasets import FeistelPermutation, Pending, SourceOrder
 from tokenmix.datasets.base import as_indices
 from tokenmix.datasets.block_shuffle import BlockShuffle, block_shuffled
-from tokenmix.datasets.mixture_layout import _STATES_KEPT, BlockAllocator, exact_ratios
+from tokenmix.datasets.mixture_layout import _STATES_KEPT, NUMPY_FROM, BlockAllocator, _short_decimals, exact_ratios
 from tokenmix.datasets.segments import document_segments, window_cuts
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -633,24 +633,30 @@ plain_weight_st = st.one_of(
 
 
 @SETTINGS
-@given(weights=st.lists(plain_weight_st, min_size=1, max_size=8), block=st.sampled_from([1, 7, 64, 2048]))
-def test_plain_weights_read_in_numpy_are_the_decimals_they_print_as(weights, block):
-    """``exact_ratios`` reads floats and integers up to 2^40 in numpy (``_short_decimals``): the ratios must be those
-    of the decimals Python prints, as the per-weight ``Decimal`` reading gives."""
+@given(weights=st.lists(plain_weight_st, min_size=1, max_size=8), many=st.integers(0, 60), block=st.sampled_from([1, 7, 64, 2048]))
+def test_plain_weights_read_in_numpy_are_the_decimals_they_print_as(weights, many, block):
+    """``exact_ratios`` reads the floats and integers up to 2^40 of a stage of many sources in numpy
+    (``_short_decimals``): the ratios must be those of the decimals Python prints, as the per-weight ``Decimal``
+    reading gives."""
+    weights = (weights * (1 + many // len(weights)))[: max(many, 1)]
     if sum(weights) == 0:
         weights = [*weights, 1]
+    short = _short_decimals(weights)
+    if short is not None:
+        assert [Fraction(n, sum(short)) for n in short] == decimal_ratios(weights)
     numerators, total = exact_ratios(weights)
     assert [Fraction(n, total) for n in numerators] == decimal_ratios(weights)
     assert BlockAllocator(weights, block).weights == decimal_ratios(weights)
 
 
 @SETTINGS
-@given(weights=st.lists(st.one_of(st.just(1e-3), st.floats(0.0, 1.0), st.integers(0, 5)), min_size=1, max_size=12),
-       block=st.sampled_from([1, 16, 100, 2048]), ks=st.lists(st.integers(0, 10**6), min_size=1, max_size=5))
+@given(weights=st.lists(st.one_of(st.just(1e-3), st.integers(0, 10**4).map(lambda u: u / 10**4), st.integers(0, 5)), min_size=NUMPY_FROM,
+                        max_size=80),
+       block=st.sampled_from([100, 2048, 10**4]), ks=st.lists(st.integers(0, 10**6), min_size=1, max_size=5))
 def test_large_sources_counted_in_numpy_match_the_counts_in_python_integers(weights, block, ks):
-    if sum(weights) == 0:
-        weights = [*weights, 1]
+    weights = [*weights, 1]
     fast = BlockAllocator(weights, block)
+    assume(fast._large_num is not None)  # at least NUMPY_FROM sources of one example a block or more
     slow = copy.deepcopy(fast)
     slow._large_num = None  # the Python-integer path, which rates beyond int64 take
     for k in ks:

@@ -32,7 +32,7 @@ import numpy as np
 
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
 from tokenmix.datasets.epochs import UNBOUNDED, EpochedDataset
-from tokenmix.datasets.mixture_layout import BlockAllocator, is_weight
+from tokenmix.datasets.mixture_layout import NUMPY_FROM, BlockAllocator, is_weight
 from tokenmix.datasets.order import Shuffle
 from tokenmix.datasets.permutation import FeistelPermutation, derive_key
 
@@ -106,7 +106,7 @@ def check_stage(stage: Mapping[str, float], names: Sequence[str], where: str, kn
     """Refuse a stage's weights that name an unknown source, are not finite numbers >= 0, or are all 0; ``where`` names
     the stage in the message."""
     known = known if known is not None else set(names)
-    if stage.keys() <= known and _plainly_valid(list(stage.values())):
+    if len(stage) >= NUMPY_FROM and stage.keys() <= known and _plainly_valid(list(stage.values())):
         return
     unknown = sorted(set(stage) - known)
     if unknown:
@@ -120,7 +120,7 @@ def check_stage(stage: Mapping[str, float], names: Sequence[str], where: str, kn
 
 def _plainly_valid(values: list) -> bool:
     """Whether ``values`` are plain numbers (Python's or numpy's floats and integers), finite, >= 0, not all 0: the
-    usual stage, checked in numpy; anything else goes through ``is_weight`` one value at a time."""
+    usual stage of many sources, checked in numpy; anything else goes through ``is_weight`` one value at a time."""
     array = np.asarray(values)
     return array.dtype.kind in "fiu" and bool(np.all(np.isfinite(array)) and np.all(array >= 0) and np.any(array > 0))
 

@@ -54,6 +54,9 @@ import numpy as np
 _CHECKPOINT_EVERY = 4096
 _STATES_KEPT = 256
 _SHORT_DECIMAL_MAX = 2**40
+NUMPY_FROM = 32
+"""Sources from which a stage's weights are read and its large sources counted in numpy: below, Python's numbers
+cost less than numpy's per-call overhead."""
 
 
 def is_weight(value: object) -> bool:
@@ -70,7 +73,7 @@ def exact_ratios(weights: Sequence[float | int | Fraction]) -> tuple[list[int], 
     nearest binary fraction): that is the number the user wrote, and decimal weights give the layout a short
     period (see ``BlockAllocator.period``).
     """
-    numerators = _short_decimals(weights)
+    numerators = _short_decimals(weights) if len(weights) >= NUMPY_FROM else None
     if numerators is None:
         if not all(is_weight(w) for w in weights):
             raise ValueError(f"mixture weights must be finite numbers >= 0, got {list(weights)}")
@@ -121,10 +124,10 @@ class BlockAllocator:
         self._large = [i for i, p in enumerate(self._num) if p >= self._den]
         self._tiny = [i for i, p in enumerate(self._num) if 0 < p < self._den]
         self._tiny_num = sum(self._num[i] for i in self._tiny)
-        fits = self._den < 2**62 and all(self._num[i] < 2**62 for i in self._large)
+        fits = len(self._large) >= NUMPY_FROM and self._den < 2**62 and all(self._num[i] < 2**62 for i in self._large)
         self._large_num = np.array([self._num[i] for i in self._large], np.int64) if fits else None
-        """The large sources' rates as int64 (None where they do not fit): their counts in numpy while ``k`` times
-        the largest stays below 2^62."""
+        """The large sources' rates as int64 (None when few, or where they do not fit): their counts in numpy while
+        ``k`` times the largest stays below 2^62."""
         self._large_num_max = max((self._num[i] for i in self._large), default=0)
         self.period = self._den // math.gcd(self._den, *self._num)
         """Blocks after which every target is a whole number: the layout repeats with this period."""
