@@ -22,7 +22,7 @@ from tokenmix import Dataset, MixtureDataset, TokenBatch
 from tokenmix.datasets import FeistelPermutation, Pending, SourceOrder
 from tokenmix.datasets.base import as_indices
 from tokenmix.datasets.block_shuffle import BlockShuffle, block_shuffled
-from tokenmix.datasets.mixture_layout import _STATES_KEPT, NUMPY_FROM, BlockAllocator, _short_decimals, exact_ratios
+from tokenmix.datasets.mixture_layout import _STATES_KEPT, NUMPY_FROM, BlockAllocator, exact_ratios, short_decimals, whole_block_counts
 from tokenmix.datasets.segments import document_segments, window_cuts
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -576,6 +576,35 @@ def test_a_long_log_read_in_any_order_gives_the_layout_of_every_stage_built_at_o
         "ca4b6a2d05abd9c00047d305684a3acc5ef264a8569c04113b412c7dc6ee2ac6")
 
 
+def test_a_long_log_of_whole_blocks_counted_in_closed_form_gives_the_layout_of_every_stage_built_at_once():
+    """300 stages of whole blocks over 3 sources that each get an example a block or more (an online run's log): their
+    base counts come from ``whole_block_counts``, all at once; the digest is the eager code's (commit 0cdd5e1)."""
+    rng = np.random.default_rng(39)
+    log, start = [], 0
+    for _ in range(300):
+        log.append((start, {n: int(rng.integers(1, 10**4)) / 10**4 for n in "abc"}))
+        start += 16 * int(rng.integers(1, 5))
+    mix = mixture({"a": 37, "b": 5, "c": 200}, log, block_size=16, seed=7)
+    ids, draws = mix.locate(np.arange(start + 100))
+    assert hashlib.sha256(ids.astype(np.int64).tobytes() + draws.tobytes()).hexdigest() == (
+        "e49387003963c0f0f456f0d457a0e08a0d850d29068fcff97c6c18a98b492781")
+
+
+@SETTINGS
+@given(rows=st.lists(st.lists(st.integers(0, 10**4), min_size=1, max_size=6), min_size=1, max_size=8),
+       block=st.sampled_from([1, 16, 2048]), data=st.data())
+def test_whole_block_counts_are_the_allocators_counts_and_hold_wherever_no_source_is_tiny(rows, block, data):
+    width = max(len(r) for r in rows)
+    units = np.array([[*r, *[0] * (width - len(r))] for r in rows])
+    units[units.sum(axis=1) == 0, 0] = 1
+    blocks = np.array(data.draw(st.lists(st.integers(0, 10**6), min_size=len(units), max_size=len(units))))
+    counts, ok = whole_block_counts(units, blocks, block)
+    for row, k, got, holds in zip(units.tolist(), blocks.tolist(), counts.tolist(), ok.tolist()):
+        assert holds == all(u == 0 or block * u >= sum(row) for u in row)
+        if holds:
+            assert got == BlockAllocator([u / 10**4 for u in row], block).counts_after(k).tolist()
+
+
 @settings(SETTINGS, max_examples=20)
 @given(stages=st.integers(60, 200), log_seed=st.integers(0, 10**6), block=st.sampled_from([4, 16, 50]), seed=st.integers(0, 100),
        order_seed=st.integers(0, 10**6))
@@ -636,12 +665,12 @@ plain_weight_st = st.one_of(
 @given(weights=st.lists(plain_weight_st, min_size=1, max_size=8), many=st.integers(0, 60), block=st.sampled_from([1, 7, 64, 2048]))
 def test_plain_weights_read_in_numpy_are_the_decimals_they_print_as(weights, many, block):
     """``exact_ratios`` reads the floats and integers up to 2^40 of a stage of many sources in numpy
-    (``_short_decimals``): the ratios must be those of the decimals Python prints, as the per-weight ``Decimal``
+    (``short_decimals``): the ratios must be those of the decimals Python prints, as the per-weight ``Decimal``
     reading gives."""
     weights = (weights * (1 + many // len(weights)))[: max(many, 1)]
     if sum(weights) == 0:
         weights = [*weights, 1]
-    short = _short_decimals(weights)
+    short = short_decimals(weights)
     if short is not None:
         assert [Fraction(n, sum(short)) for n in short] == decimal_ratios(weights)
     numerators, total = exact_ratios(weights)

@@ -32,7 +32,7 @@ import numpy as np
 
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
 from tokenmix.datasets.epochs import UNBOUNDED, EpochedDataset
-from tokenmix.datasets.mixture_layout import NUMPY_FROM, BlockAllocator, is_weight
+from tokenmix.datasets.mixture_layout import NUMPY_FROM, BlockAllocator, is_weight, short_decimals, whole_block_counts
 from tokenmix.datasets.order import Shuffle
 from tokenmix.datasets.permutation import FeistelPermutation, derive_key
 
@@ -281,15 +281,38 @@ class MixtureDataset(Dataset):
             if base is None:
                 base = self._recent_bases[known]
                 self._recent_bases.move_to_end(known)
-            for s in range(known, stage):
-                base = base + self._drawn_in(s, self._stage_starts[s + 1] - self._stage_starts[s])
-                if (s + 1) % _BASE_EVERY == 0:
-                    self._bases[s + 1] = base
+            first = known
+            while first < stage:  # up to each multiple of _BASE_EVERY, whose base counts are kept
+                last = min(stage, (first // _BASE_EVERY + 1) * _BASE_EVERY)
+                base = base + self._spans(first, last).sum(axis=0)
+                if last % _BASE_EVERY == 0:
+                    self._bases[last] = base
+                first = last
             if stage not in self._bases:
                 self._recent_bases[stage] = base
                 if len(self._recent_bases) > _STAGES_KEPT:
                     self._recent_bases.popitem(last=False)
             return base
+
+    def _spans(self, first: int, last: int) -> np.ndarray:
+        """What each stage from ``first`` to ``last`` (not included) draws over its whole span, a row a stage: in closed
+        form, all at once, for stages of whole blocks whose weighted sources all get an example a block or more, and
+        through the stage's allocator for the others."""
+        starts = self._starts()[first : last + 1]
+        lengths = np.diff(starts)
+        blocks, rest = np.divmod(lengths, self.block_size)
+        rows = [self.stages[s][1] for s in range(first, last)]
+        for s, weights in enumerate(rows, first):
+            check_stage(weights, self.names, stage_name(int(starts[s - first]), self._staged or s > 0))
+            self._ready_sources(weights)
+        units = short_decimals([w.get(n, 0.0) for w in rows for n in self._canon])
+        if units is None:
+            out, ok = np.zeros((len(rows), len(self._canon)), np.int64), np.zeros(len(rows), bool)
+        else:
+            out, ok = whole_block_counts(np.reshape(units, (len(rows), len(self._canon))), blocks, self.block_size)
+        for r in np.flatnonzero(~ok | (rest > 0)).tolist():
+            out[r] = self._drawn_in(first + r, int(lengths[r]))
+        return out
 
     @lru_cache(maxsize=256)  # noqa: B019 - the cache lives as long as the dataset, which is intended
     def _block(self, stage: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

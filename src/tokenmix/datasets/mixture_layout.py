@@ -73,7 +73,7 @@ def exact_ratios(weights: Sequence[float | int | Fraction]) -> tuple[list[int], 
     nearest binary fraction): that is the number the user wrote, and decimal weights give the layout a short
     period (see ``BlockAllocator.period``).
     """
-    numerators = _short_decimals(weights) if len(weights) >= NUMPY_FROM else None
+    numerators = short_decimals(weights) if len(weights) >= NUMPY_FROM else None
     if numerators is None:
         if not all(is_weight(w) for w in weights):
             raise ValueError(f"mixture weights must be finite numbers >= 0, got {list(weights)}")
@@ -87,7 +87,7 @@ def exact_ratios(weights: Sequence[float | int | Fraction]) -> tuple[list[int], 
     return numerators, total
 
 
-def _short_decimals(weights: Sequence[float | int | Fraction]) -> list[int] | None:
+def short_decimals(weights: Sequence[float | int | Fraction]) -> list[int] | None:
     """The weights times the least power of ten up to 10^9 that makes every one a whole number, when there is one and
     the weights are plain numbers (what an online algorithm sets: multiples of 1e-4); else None.
 
@@ -275,6 +275,28 @@ class BlockAllocator:
             return -(-slot // self.block_size)
         # floor(k*rate + 1/2) >= slot  <=>  k >= (2*slot - 1) / (2*rate)
         return max(0, -((-(2 * slot - 1) * self._den) // (2 * self._tiny_num)))
+
+
+def whole_block_counts(units: np.ndarray, blocks: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``BlockAllocator.counts_after`` of many stages at once, where it has a closed form: per row (a stage's weights as
+    whole numbers ``units``, one column a source), each source's examples in the row's first ``blocks`` blocks, and
+    whether the row's counts hold. They hold where every weighted source gets at least one example a block (no tiny
+    source, so no earliest-deadline walk: floors, then one more for the largest remainders, ties by position) and the
+    targets fit int64; other rows are left to their allocators."""
+    units = np.asarray(units, np.int64)
+    blocks = np.asarray(blocks, np.int64)
+    total = units.sum(axis=1)
+    largest = units.max(axis=1, initial=0).astype(np.float64)
+    ok = (largest * block_size < 2**61) & (blocks.astype(np.float64) * block_size * largest < 2**61) & (total > 0)
+    ok &= np.all((units == 0) | (block_size * units >= total[:, None]), axis=1)
+    units, blocks, total = np.where(ok[:, None], units, 0), np.where(ok, blocks, 0), np.where(ok, total, 1)
+    floors, rems = np.divmod(blocks[:, None] * block_size * units, total[:, None])
+    extra = blocks * block_size - floors.sum(axis=1)
+    positions = np.broadcast_to(np.arange(units.shape[1]), units.shape)
+    order = np.lexsort((positions, -rems), axis=-1)
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, positions, axis=1)
+    return floors + (rank < extra[:, None]), ok
 
 
 def allocator_for(weights: Mapping[str, float], names: Sequence[str], block_size: int) -> BlockAllocator:
