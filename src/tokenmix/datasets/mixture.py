@@ -158,7 +158,8 @@ class MixtureDataset(Dataset):
         are the ones given, not copies: change none while the mixture is in use."""
         self._staged = not isinstance(weights, Mapping)
         self._canon = sorted(self.names)
-        self._ids = np.array([self.names.index(n) for n in self._canon], np.int32)
+        position = {name: i for i, name in enumerate(self.names)}
+        self._ids = np.array([position[n] for n in self._canon], np.int32)
         self._stage_starts = [start for start, _ in self.stages]
         self._start_buffer = np.array(self._stage_starts, np.int64)
         """The starts as an array, with room to grow: its first ``len(_stage_starts)`` entries are the log's."""
@@ -168,9 +169,12 @@ class MixtureDataset(Dataset):
         """Each source's draws before a stage: every ``_BASE_EVERY``-th stage's once found, and the recent ones."""
         self._recent_bases: OrderedDict[int, np.ndarray] = OrderedDict()
         self._warned: set[int] = set()
+        self._weighted: set[int] = set()
+        """The sources (canonical numbers) some stage used so far weighs."""
         self._sources: dict[int, EpochedDataset] = {}
+        """Their epoch-shuffled views, made when first drawn from."""
         self._scanned = 0
-        """Stages whose weighted sources ``_sources`` holds for certain (those before are all scanned)."""
+        """Stages whose weighted sources ``_weighted`` holds for certain (those before are all scanned)."""
         self._length: tuple[int, int] | None = None
         """The length under a stop strategy, and how many stages it was found with."""
         self._allocator(0)  # a mixture of one stage is checked whole at once
@@ -254,11 +258,16 @@ class MixtureDataset(Dataset):
             return alloc
 
     def _ready_sources(self, weights: Weights) -> None:
-        if len(self._sources) == len(self._canon):
-            return
-        for c, name in enumerate(self._canon):
-            if weights.get(name, 0.0) > 0 and c not in self._sources:
-                self._sources[c] = EpochedDataset(self._datasets[name], derive_key(self.seed, "source", name), self._shuffle)
+        if len(self._weighted) < len(self._canon):
+            self._weighted.update(c for c, name in enumerate(self._canon) if weights.get(name, 0.0) > 0)
+
+    def _source(self, c: int) -> EpochedDataset:
+        """The epoch-shuffled view of source ``c`` (canonical number), keyed by the seed and its name."""
+        source = self._sources.get(c)
+        if source is None:
+            name = self._canon[c]
+            source = self._sources.setdefault(c, EpochedDataset(self._datasets[name], derive_key(self.seed, "source", name), self._shuffle))
+        return source
 
     def _all_sources(self) -> dict[int, EpochedDataset]:
         """Every source some stage weighs (each stage's weights checked)."""
@@ -268,7 +277,7 @@ class MixtureDataset(Dataset):
                 check_stage(weights, self.names, stage_name(start, self._staged or stage > 0))
                 self._ready_sources(weights)
                 self._scanned = stage + 1
-            return self._sources
+            return {c: self._source(c) for c in sorted(self._weighted)}
 
     def _base(self, stage: int) -> np.ndarray:
         """Each source's draws before ``stage`` starts: the nearest stage at or before it whose base counts are known,
@@ -343,9 +352,9 @@ class MixtureDataset(Dataset):
     def source(self, name: str) -> EpochedDataset:
         """The epoch-shuffled view a source is drawn through (only sources with a positive weight)."""
         c = self._canon.index(name)
-        if c not in self._sources and c not in self._all_sources():
+        if c not in self._weighted and c not in self._all_sources():
             raise KeyError(f"source {name!r} has weight 0 in every stage and is never drawn")
-        return self._sources[c]
+        return self._source(c)
 
     def consumed(self, num_examples: int) -> dict[str, int]:
         """How many examples of each source the first ``num_examples`` indices draw."""
@@ -401,14 +410,14 @@ class MixtureDataset(Dataset):
         examples = np.empty(self.block_size, np.int64)
         for c in np.unique(source).tolist():
             members = source == c
-            examples[members] = self._sources[c].examples(draws[members])
+            examples[members] = self._source(c).examples(draws[members])
         return source, examples
 
     def _examples(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For each index: the canonical source number, and the example index within that source."""
         canon = np.empty(len(idx), np.int64)
         examples = np.empty(len(idx), np.int64)
-        if all(src.has_final_order() for src in self._sources.values()):
+        if all(self._source(c).has_final_order() for c in tuple(self._weighted)):
             for s, b, members, pos in self._by_block(idx):
                 source, block_examples = self._block_examples(s, b)
                 canon[members] = source[pos]
@@ -417,7 +426,7 @@ class MixtureDataset(Dataset):
         canon, draws = self._locate(idx)
         for c in np.unique(canon).tolist():
             members = canon == c
-            examples[members] = self._sources[c].examples(draws[members])
+            examples[members] = self._source(c).examples(draws[members])
         return canon, examples
 
     def is_finite(self) -> bool:
@@ -481,7 +490,7 @@ class MixtureDataset(Dataset):
         for c, (begin, end) in enumerate(zip([0, *ends[:-1]], ends)):
             if end > begin:
                 rows = by_source[begin:end]
-                finishers.append(self._sources[c].base.read_into(examples[rows], out, rows))
+                finishers.append(self._source(c).base.read_into(examples[rows], out, rows))
 
         def assemble() -> TokenBatch:
             for finish in finishers:
@@ -497,7 +506,7 @@ class MixtureDataset(Dataset):
         out = np.zeros(len(draws), np.int64)
         for c in np.unique(canon).tolist():
             members = canon == c
-            out[members] = self._sources[c].epoch_of(draws[members])
+            out[members] = self._source(c).epoch_of(draws[members])
         return out
 
     def usage(self, num_examples: int) -> dict[str, SourceUsage]:
@@ -506,10 +515,10 @@ class MixtureDataset(Dataset):
         out = {}
         for c, name in enumerate(self._canon):
             drawn = int(counts[c])
-            if c not in self._sources:
+            if c not in self._weighted:
                 out[name] = SourceUsage(0, 0, 0, 0.0)
                 continue
-            ds = self._sources[c]
+            ds = self._source(c)
             n = ds.length("usage needs the source's length")
             out[name] = SourceUsage(drawn, drawn * ds.tokens_per_example, drawn // n, drawn / n)
         return {name: out[name] for name in self.names}
