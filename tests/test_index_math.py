@@ -690,3 +690,15 @@ def test_large_sources_counted_in_numpy_match_the_counts_in_python_integers(weig
     slow._large_num = None  # the Python-integer path, which rates beyond int64 take
     for k in ks:
         assert fast.counts_after(k).tolist() == slow.counts_after(k).tolist()
+
+
+def test_a_stage_keeps_the_weights_it_was_first_read_with_when_the_callers_dict_changes_later():
+    """The log holds the caller's mappings until a stage is used, then its own copy: a stage's allocator rebuilt after
+    more stages than the mixture keeps were read draws by the same weights."""
+    log = [(16 * i, {"a": 1.0, "b": float(i % 3)}) for i in range(150)]
+    mix = mixture({"a": 37, "b": 5}, log, block_size=16)
+    first = mix.locate(np.arange(16))
+    log[0][1]["b"] = 5.0
+    mix.locate(np.arange(16, 16 * 150))  # every other stage: the first one's allocator is dropped
+    assert all(np.array_equal(a, b) for a, b in zip(mix.locate(np.arange(16)), first))
+    assert mix.stages[0][1] == {"a": 1.0, "b": 0.0}

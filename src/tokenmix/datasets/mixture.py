@@ -154,8 +154,8 @@ class MixtureDataset(Dataset):
         self._datasets = dict(datasets)
         self._shuffle = shuffle
         self.stages: list[tuple[int, Weights]] = schedule_stages(weights)
-        """The weight log: ``(start_index, weights)`` stages, the first at 0; ``append_stage`` adds to it. The mappings
-        are the ones given, not copies: change none while the mixture is in use."""
+        """The weight log: ``(start_index, weights)`` stages, the first at 0; ``append_stage`` adds to it. A stage holds
+        the mapping given until a read first reaches it, then its own copy (a long log costs no copy until read)."""
         self._staged = not isinstance(weights, Mapping)
         self._canon = sorted(self.names)
         position = {name: i for i, name in enumerate(self.names)}
@@ -169,6 +169,10 @@ class MixtureDataset(Dataset):
         """Each source's draws before a stage: every ``_BASE_EVERY``-th stage's once found, and the recent ones."""
         self._recent_bases: OrderedDict[int, np.ndarray] = OrderedDict()
         self._warned: set[int] = set()
+        self._checked: set[int] = set()
+        """The stages whose weights are checked (``_weights``)."""
+        self._copied: set[int] = set()
+        """The stages a read has reached, whose weights the log holds as its own copy."""
         self._weighted: set[int] = set()
         """The sources (canonical numbers) some stage used so far weighs."""
         self._sources: dict[int, EpochedDataset] = {}
@@ -237,8 +241,7 @@ class MixtureDataset(Dataset):
             if alloc is not None:
                 self._allocators.move_to_end(stage)
                 return alloc
-            start, weights = self.stages[stage]
-            check_stage(weights, self.names, stage_name(start, self._staged or stage > 0))
+            start, weights = self.stages[stage][0], self._weights(stage)
             alloc = BlockAllocator([weights.get(n, 0.0) for n in self._canon], self.block_size)
             if alloc.worst_walk > _SLOW_WALK_STEPS and stage not in self._warned:
                 self._warned.add(stage)
@@ -251,15 +254,21 @@ class MixtureDataset(Dataset):
                     start, name, _short(weights[name]), _short(alloc.memory), self.block_size,
                     Fraction(alloc.worst_walk, alloc.memory),
                 )
-            self._ready_sources(weights)
             self._allocators[stage] = alloc
             if len(self._allocators) > _STAGES_KEPT:
                 self._allocators.popitem(last=False)
             return alloc
 
-    def _ready_sources(self, weights: Weights) -> None:
-        if len(self._weighted) < len(self._canon):
-            self._weighted.update(c for c, name in enumerate(self._canon) if weights.get(name, 0.0) > 0)
+    def _weights(self, stage: int) -> Weights:
+        """The weights of ``stage``, checked and their sources noted as weighted when the stage is first used."""
+        with self._lock:
+            start, weights = self.stages[stage]
+            if stage not in self._checked:
+                check_stage(weights, self.names, stage_name(start, self._staged or stage > 0))
+                if len(self._weighted) < len(self._canon):
+                    self._weighted.update(c for c, name in enumerate(self._canon) if weights.get(name, 0.0) > 0)
+                self._checked.add(stage)
+            return weights
 
     def _source(self, c: int) -> EpochedDataset:
         """The epoch-shuffled view of source ``c`` (canonical number), keyed by the seed and its name."""
@@ -273,9 +282,7 @@ class MixtureDataset(Dataset):
         """Every source some stage weighs (each stage's weights checked)."""
         with self._lock:
             for stage in range(self._scanned, len(self._stage_starts)):
-                start, weights = self.stages[stage]
-                check_stage(weights, self.names, stage_name(start, self._staged or stage > 0))
-                self._ready_sources(weights)
+                self._weights(stage)
                 self._scanned = stage + 1
             return {c: self._source(c) for c in sorted(self._weighted)}
 
@@ -310,10 +317,7 @@ class MixtureDataset(Dataset):
         starts = self._starts()[first : last + 1]
         lengths = np.diff(starts)
         blocks, rest = np.divmod(lengths, self.block_size)
-        rows = [self.stages[s][1] for s in range(first, last)]
-        for s, weights in enumerate(rows, first):
-            check_stage(weights, self.names, stage_name(int(starts[s - first]), self._staged or s > 0))
-            self._ready_sources(weights)
+        rows = [self._weights(s) for s in range(first, last)]
         units = short_decimals([w.get(n, 0.0) for w in rows for n in self._canon])
         if units is None:
             out, ok = np.zeros((len(rows), len(self._canon)), np.int64), np.zeros(len(rows), bool)
@@ -330,6 +334,10 @@ class MixtureDataset(Dataset):
         The block's positions are dealt to sources in a seeded order; ranks follow position order, so a
         source's draws rise with the index.
         """
+        if stage not in self._copied:  # what an evicted stage is rebuilt from, whatever the caller's dict becomes
+            with self._lock:
+                self.stages[stage] = (self.stages[stage][0], dict(self._weights(stage)))
+                self._copied.add(stage)
         alloc = self._allocator(stage)
         before = alloc.counts_after(block)
         cum = np.cumsum(alloc.counts_after(block + 1) - before)
