@@ -24,7 +24,7 @@ from helpers import REPO
 
 SRC = REPO / "src"
 RANK = {"_lazy": 0, "_waiting": 0, "_safe_files": 0, "_parent_death": 0, "_child_fd": 0, "_file_digest": 0, "_commands": 0,
-        "execution": 1, "sources": 2, "formats": 3, "cache": 4, "datasets": 5, "loader": 6, "config": 7, "curate": 8, "export": 8,
+        "execution": 1, "sources": 2, "formats": 3, "cache": 4, "datasets": 5, "loader": 6, "config": 7, "curate": 8, "export": 8, "mixing": 8,
         "": 9, "train": 10, "cli": 11}
 """Stage of each top-level name under tokenmix ("" is the package itself, its public face)."""
 

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import heapq
 import math
 import pickle
 import re
 import time
+import tracemalloc
+from decimal import Decimal
 from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tokenmix import Dataset, MixtureDataset, TokenBatch
 from tokenmix.datasets import FeistelPermutation, Pending, SourceOrder
 from tokenmix.datasets.base import as_indices
 from tokenmix.datasets.block_shuffle import BlockShuffle, block_shuffled
-from tokenmix.datasets.mixture_layout import _STATES_KEPT, BlockAllocator
+from tokenmix.datasets.mixture_layout import _STATES_KEPT, NUMPY_FROM, BlockAllocator, exact_ratios, short_decimals, whole_block_counts
 from tokenmix.datasets.segments import document_segments, window_cuts
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -260,9 +263,10 @@ def mixture(sizes, weights, **kw):
 def test_a_weight_that_is_not_a_finite_number_at_least_0_is_refused_naming_source_stage_and_value(weight):
     with pytest.raises(ValueError, match=re.escape(f"train_weights: source 'b' has weight {weight!r}; give it a finite number >= 0")):
         mixture({"a": 10, "b": 10}, {"a": 1.0, "b": weight})
-    staged = [(0, {"a": 1.0, "b": 1.0}), (64, {"a": 1.0, "b": weight})]
+    staged = mixture({"a": 10, "b": 10}, [(0, {"a": 1.0, "b": 1.0}), (64, {"a": 1.0, "b": weight})], block_size=16)
+    staged.get_batch(np.arange(64))  # a later stage is checked when a read first reaches it
     with pytest.raises(ValueError, match=re.escape(f"train_weights (the stage from index 64): source 'b' has weight {weight!r}")):
-        mixture({"a": 10, "b": 10}, staged)
+        staged.get_batch(np.arange(60, 68))
     with pytest.raises(ValueError, match="mixture weights must be finite numbers >= 0"):
         BlockAllocator([1.0, weight], 16)
 
@@ -538,3 +542,163 @@ def test_a_source_first_weighted_by_an_appended_stage_starts_at_its_first_draw()
     assert not np.any(ids[:16] == b) and draws[ids == b].tolist() == list(range(8))
     batch = mix.get_batch(np.arange(16, 32))
     assert len(set(batch.tokens[batch.source_ids == b, 0].tolist())) == 8  # its first epoch: no example twice
+
+
+def long_log(stages: int, seed: int, names: str = "abcd") -> tuple[list[tuple[int, dict[str, float]]], int]:
+    """``stages`` stages of weights from {0, 1e-3, 0.1, 0.25, 0.5, 1}, each 1 to 59 indices long (most stages start
+    inside a block of the one before), and the last stage's start."""
+    rng = np.random.default_rng(seed)
+    log, start = [], 0
+    for _ in range(stages):
+        weights = {n: float(rng.choice([0.0, 1e-3, 0.1, 0.25, 0.5, 1.0])) for n in names}
+        if sum(weights.values()) == 0:
+            weights[names[0]] = 1.0
+        log.append((start, weights))
+        start += int(rng.integers(1, 60))
+    return log, start
+
+
+def test_a_long_log_read_in_any_order_gives_the_layout_of_every_stage_built_at_once():
+    """300 stages, more than a mixture keeps built: reads that start far into the log, in a scrambled order, give
+    the draws the mixture gave when it built every stage and its base counts at construction (the digests are that
+    code's, commit 0cdd5e1)."""
+    log, last = long_log(300, 38)
+    sizes = {"a": 37, "b": 5, "c": 200, "d": 1000}
+    end = last + 100
+    chunks = np.array_split(np.arange(end), 97)
+    scrambled = mixture(sizes, log, block_size=16, seed=7)
+    ids, draws = np.empty(end, np.int64), np.empty(end, np.int64)
+    for k in [96, *np.random.default_rng(1).permutation(96).tolist()]:
+        ids[chunks[k]], draws[chunks[k]] = scrambled.locate(chunks[k])
+    assert hashlib.sha256(ids.tobytes() + draws.tobytes()).hexdigest() == "fc18d1fa3ccba61f61dd5ed6e74b50a6123d3b5fafe222e6d9608e31ff905706"
+    batch = mixture(sizes, log, block_size=16, seed=7).get_batch(np.arange(end))
+    assert hashlib.sha256(batch.tokens.tobytes() + batch.source_ids.tobytes()).hexdigest() == (
+        "ca4b6a2d05abd9c00047d305684a3acc5ef264a8569c04113b412c7dc6ee2ac6")
+
+
+def test_a_long_log_of_whole_blocks_counted_in_closed_form_gives_the_layout_of_every_stage_built_at_once():
+    """300 stages of whole blocks over 3 sources that each get an example a block or more (an online run's log): their
+    base counts come from ``whole_block_counts``, all at once; the digest is the eager code's (commit 0cdd5e1)."""
+    rng = np.random.default_rng(39)
+    log, start = [], 0
+    for _ in range(300):
+        log.append((start, {n: int(rng.integers(1, 10**4)) / 10**4 for n in "abc"}))
+        start += 16 * int(rng.integers(1, 5))
+    mix = mixture({"a": 37, "b": 5, "c": 200}, log, block_size=16, seed=7)
+    ids, draws = mix.locate(np.arange(start + 100))
+    assert hashlib.sha256(ids.astype(np.int64).tobytes() + draws.tobytes()).hexdigest() == (
+        "e49387003963c0f0f456f0d457a0e08a0d850d29068fcff97c6c18a98b492781")
+
+
+@SETTINGS
+@given(rows=st.lists(st.lists(st.integers(0, 10**4), min_size=1, max_size=6), min_size=1, max_size=8),
+       block=st.sampled_from([1, 16, 2048]), data=st.data())
+def test_whole_block_counts_are_the_allocators_counts_and_hold_wherever_no_source_is_tiny(rows, block, data):
+    width = max(len(r) for r in rows)
+    units = np.array([[*r, *[0] * (width - len(r))] for r in rows])
+    units[units.sum(axis=1) == 0, 0] = 1
+    blocks = np.array(data.draw(st.lists(st.integers(0, 10**6), min_size=len(units), max_size=len(units))))
+    counts, ok = whole_block_counts(units, blocks, block)
+    for row, k, got, holds in zip(units.tolist(), blocks.tolist(), counts.tolist(), ok.tolist()):
+        assert holds == all(u == 0 or block * u >= sum(row) for u in row)
+        if holds:
+            assert got == BlockAllocator([u / 10**4 for u in row], block).counts_after(k).tolist()
+
+
+@settings(SETTINGS, max_examples=20)
+@given(stages=st.integers(60, 200), log_seed=st.integers(0, 10**6), block=st.sampled_from([4, 16, 50]), seed=st.integers(0, 100),
+       order_seed=st.integers(0, 10**6))
+def test_reads_of_a_long_log_in_any_order_draw_every_sources_examples_in_order_once(stages, log_seed, block, seed, order_seed):
+    log, last = long_log(stages, log_seed, "abc")
+    sizes = {"a": 37, "b": 5, "c": 200}
+    end = last + block
+    in_order = mixture(sizes, log, block_size=block, seed=seed)
+    ids, draws = in_order.locate(np.arange(end))
+    for sid, name in enumerate(in_order.names):
+        got = draws[ids == sid]
+        assert np.array_equal(got, np.arange(len(got))), name
+    assert in_order.consumed(end) == {name: int(np.sum(ids == sid)) for sid, name in enumerate(in_order.names)}
+    scrambled = mixture(sizes, log, block_size=block, seed=seed)
+    chunks = np.array_split(np.arange(end), 40)
+    for k in np.random.default_rng(order_seed).permutation(len(chunks)).tolist():
+        got_ids, got_draws = scrambled.locate(chunks[k])
+        assert np.array_equal(got_ids, ids[chunks[k]]) and np.array_equal(got_draws, draws[chunks[k]])
+
+
+def test_a_mixture_built_from_a_long_log_over_many_sources_costs_little_until_read():
+    """1,000 stages over 1,000 sources: construction keeps the log as given, and a stage is built only when read (the
+    mixture that built every stage at construction traced 141 MiB here)."""
+    names = [f"s{i:04d}" for i in range(1000)]
+    sources = {n: RangeDataset(10**6) for n in names}
+    rng = np.random.default_rng(0)
+    distinct = [{n: int(u) / 10_000 for n, u in zip(names, rng.integers(1, 20, len(names)))} for _ in range(3)]
+    log = [(i * 2048, distinct[i % 3]) for i in range(1000)]
+    tracemalloc.start()
+    try:
+        mix = MixtureDataset(sources, log)
+        built, _ = tracemalloc.get_traced_memory()
+        mix.append_stage(1000 * 2048, distinct[0])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20, f"{peak / 2**20:.1f} MiB traced"
+    assert built < 2 * 2**20, f"{built / 2**20:.1f} MiB held"
+    ids, draws = mix.locate(np.arange(2048))
+    assert sorted(mix.names[i] for i in ids) == sorted(n for n, k in mix.consumed(2048).items() for _ in range(k))
+    assert np.array_equal(np.sort(draws[ids == ids[0]]), np.arange(np.sum(ids == ids[0])))
+
+
+def decimal_ratios(weights) -> list[Fraction]:
+    """Each weight's share, the weights read as the decimals they print as."""
+    exact = [Fraction(w) if isinstance(w, (int, Fraction)) else Fraction(Decimal(repr(float(w)))) for w in weights]
+    return [w / sum(exact) for w in exact]
+
+
+plain_weight_st = st.one_of(
+    st.builds(lambda u, d: u / 10**d, st.integers(0, 10**7), st.integers(0, 9)),
+    st.floats(0.0, 1e13, allow_nan=False),
+    st.integers(0, 2**45),
+)
+
+
+@SETTINGS
+@given(weights=st.lists(plain_weight_st, min_size=1, max_size=8), many=st.integers(0, 60), block=st.sampled_from([1, 7, 64, 2048]))
+def test_plain_weights_read_in_numpy_are_the_decimals_they_print_as(weights, many, block):
+    """``exact_ratios`` reads the floats and integers up to 2^40 of a stage of many sources in numpy
+    (``short_decimals``): the ratios must be those of the decimals Python prints, as the per-weight ``Decimal``
+    reading gives."""
+    weights = (weights * (1 + many // len(weights)))[: max(many, 1)]
+    if sum(weights) == 0:
+        weights = [*weights, 1]
+    short = short_decimals(weights)
+    if short is not None:
+        assert [Fraction(n, sum(short)) for n in short] == decimal_ratios(weights)
+    numerators, total = exact_ratios(weights)
+    assert [Fraction(n, total) for n in numerators] == decimal_ratios(weights)
+    assert BlockAllocator(weights, block).weights == decimal_ratios(weights)
+
+
+@SETTINGS
+@given(weights=st.lists(st.one_of(st.just(1e-3), st.integers(0, 10**4).map(lambda u: u / 10**4), st.integers(0, 5)), min_size=NUMPY_FROM,
+                        max_size=80),
+       block=st.sampled_from([100, 2048, 10**4]), ks=st.lists(st.integers(0, 10**6), min_size=1, max_size=5))
+def test_large_sources_counted_in_numpy_match_the_counts_in_python_integers(weights, block, ks):
+    weights = [*weights, 1]
+    fast = BlockAllocator(weights, block)
+    assume(fast._large_num is not None)  # at least NUMPY_FROM sources of one example a block or more
+    slow = copy.deepcopy(fast)
+    slow._large_num = None  # the Python-integer path, which rates beyond int64 take
+    for k in ks:
+        assert fast.counts_after(k).tolist() == slow.counts_after(k).tolist()
+
+
+def test_a_stage_keeps_the_weights_it_was_first_read_with_when_the_callers_dict_changes_later():
+    """The log holds the caller's mappings until a stage is used, then its own copy: a stage's allocator rebuilt after
+    more stages than the mixture keeps were read draws by the same weights."""
+    log = [(16 * i, {"a": 1.0, "b": float(i % 3)}) for i in range(150)]
+    mix = mixture({"a": 37, "b": 5}, log, block_size=16)
+    first = mix.locate(np.arange(16))
+    log[0][1]["b"] = 5.0
+    mix.locate(np.arange(16, 16 * 150))  # every other stage: the first one's allocator is dropped
+    assert all(np.array_equal(a, b) for a, b in zip(mix.locate(np.arange(16)), first))
+    assert mix.stages[0][1] == {"a": 1.0, "b": 0.0}

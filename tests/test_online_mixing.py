@@ -20,12 +20,12 @@ from helpers import REPO, TOKENIZER, write_jsonl, write_train_config
 from tokenmix.config.adaptive import WEIGHT_QUANTUM, AdaptiveMixing
 from tokenmix.loader.batch_schedule import BatchSchedule
 from tokenmix.loader.loader import DataLoader
+from tokenmix.mixing.source_stats import SourceStats
+from tokenmix.mixing.weight_updaters import DoReMiUpdater, OdmUpdater, floored
 from tokenmix.train.config import load_train_config
 from tokenmix.train.loop import make_mesh, train
 from tokenmix.train.plots import plot_run, read_metrics
-from tokenmix.train.source_stats import SourceStats
 from tokenmix.train.weight_log import WEIGHT_LOG, read_log, stages
-from tokenmix.train.weight_updaters import DoReMiUpdater, OdmUpdater, floored
 
 TRAINER = {"num_train_steps": 12, "train_batch_size": 8, "seq_len": 64, "mesh": {"data": 1, "model": 1}, "learning_rate": 0.01,
            "warmup_steps": 2, "steps_per_eval": 12, "max_eval_batches": 1, "steps_per_checkpoint": 4, "keep_checkpoints": 1}

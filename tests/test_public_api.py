@@ -18,7 +18,7 @@ import tokenmix
 from tokenmix._lazy import declared_exports
 
 PACKAGES = ["tokenmix", "tokenmix.execution", "tokenmix.sources", "tokenmix.formats", "tokenmix.cache", "tokenmix.datasets", "tokenmix.loader",
-            "tokenmix.config", "tokenmix.curate", "tokenmix.export"]
+            "tokenmix.config", "tokenmix.curate", "tokenmix.export", "tokenmix.mixing"]
 HEAVY = ("jax", "transformers", "torch")
 TORCH_ADVICE = "PyTorch was not found"
 README = (REPO / "README.md").read_text()

@@ -52,6 +52,14 @@ Datasets
     MixtureDataset              Examples drawn from named sources in exact proportions, per block of ``block_size``.
     SourceUsage                 What a mixture has drawn from one source up to some index.
 
+Online mixing (weights an algorithm sets during a run; ``MixtureDataset.append_stage`` applies them: ``tokenmix.mixing``)
+    AdaptiveMixing              An online weight algorithm and when its updates apply. ``train_weights`` is the first stage.
+    WeightUpdater               An online weight algorithm over the mixture's sources (``names``, in mixture order).
+    OdmUpdater                  ODM (Albalak, Pan, Raffel, Wang 2023, arXiv:2312.02406): EXP3 over the sources, the training loss as reward.
+    DoReMiUpdater               DoReMi's online form (Xie et al. 2023, arXiv:2305.10429, Algorithm 1): exponentiated gradient on the excess loss.
+    make_updater                The updater ``config.algorithm`` names, over ``names``, starting from the weights in effect ``initial``.
+    SourceStats                 Per source (in mixture order): summed training loss and trained tokens of one step (or of several, added).
+
 Loader (DataLoader, StepBatch, LmBatch and LoaderError import JAX)
     DataLoader                  Global batches of ``dataset`` for each training step, sharded over ``mesh`` by ``axis_mapping``.
     BatchSchedule               Batch sizes by step: stage ``i`` runs from ``stages[i][0]`` (a step) with batch size ``stages[i][1]``.
@@ -111,6 +119,7 @@ if TYPE_CHECKING:
     from tokenmix.cache.scrub import CacheReport
     from tokenmix.cache.store import CacheWriteError
     from tokenmix.cache.token_files_cache import TokenFilesCache
+    from tokenmix.config.adaptive import AdaptiveMixing
     from tokenmix.config.caches import build_caches, open_cache
     from tokenmix.config.loading import ConfigError, load_data_config
     from tokenmix.config.mixture import DataConfig, LMDatasetConfig, LMMixtureDatasetConfig
@@ -141,11 +150,14 @@ if TYPE_CHECKING:
     from tokenmix.loader.batch_schedule import BatchSchedule
     from tokenmix.loader.fingerprint import batch_fingerprint
     from tokenmix.loader.loader import DataLoader, LoaderError
+    from tokenmix.mixing.source_stats import SourceStats
+    from tokenmix.mixing.weight_updaters import DoReMiUpdater, OdmUpdater, WeightUpdater, make_updater
     from tokenmix.sources.shards import ShardReadError
     from tokenmix.sources.token_file_base import TokenFileError
     from tokenmix.sources.urls import NoShardsError
 
 __all__ = [
+    "AdaptiveMixing",
     "BadInputError",
     "BadRecordError",
     "BatchSchedule",
@@ -165,6 +177,7 @@ __all__ = [
     "DataConfig",
     "DataLoader",
     "Dataset",
+    "DoReMiUpdater",
     "DocumentDataset",
     "FimLmDatasetFormat",
     "Hdf5ExportOptions",
@@ -179,6 +192,7 @@ __all__ = [
     "MissingExtraError",
     "MixtureDataset",
     "NoShardsError",
+    "OdmUpdater",
     "PackedDataset",
     "PackingConfig",
     "PrebuiltLmDatasetFormat",
@@ -188,6 +202,7 @@ __all__ = [
     "ShardListMismatchError",
     "ShardReadError",
     "ShardTaskError",
+    "SourceStats",
     "SourceUsage",
     "StepBatch",
     "SupervisedLmDatasetFormat",
@@ -201,11 +216,13 @@ __all__ = [
     "TokenizationConfig",
     "TokenizerLoadError",
     "UnsafeFileError",
+    "WeightUpdater",
     "batch_fingerprint",
     "build_caches",
     "export_cache",
     "load_curation_config",
     "load_data_config",
+    "make_updater",
     "open_cache",
     "run_curation",
     "verify_cache",

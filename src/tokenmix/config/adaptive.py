@@ -1,5 +1,5 @@
 """``adaptive:``, next to ``train_weights``: an online algorithm that changes the mixture's weights during a run from the
-per-source training losses (``train/weight_updaters.py``), appending each update to the run's weight log."""
+per-source training losses (``mixing/weight_updaters.py``), appending each update to the run's weight log."""
 
 from __future__ import annotations
 

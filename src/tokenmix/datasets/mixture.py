@@ -9,12 +9,18 @@ weight log, which ``append_stage`` grows while the mixture is read (an update pl
 past what was read ahead): the mixture is then the one built with the whole log at once. Each source is
 read through its own ``EpochedDataset``, keyed by the seed and the source's name: reordering the
 sources changes nothing and renaming one leaves the others' orders alone.
+
+A log may hold many stages (an online algorithm appends one per update), so a stage costs nothing until it is
+used: its weights are checked and its ``BlockAllocator`` built when a read or a count first reaches it (a bounded
+number kept), and the draws each source has made before it (its base counts) are found by walking forward from
+the nearest stage whose base counts are known (every ``_BASE_EVERY``-th stage's are kept once found).
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -26,13 +32,16 @@ import numpy as np
 
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
 from tokenmix.datasets.epochs import UNBOUNDED, EpochedDataset
-from tokenmix.datasets.mixture_layout import BlockAllocator, is_weight
+from tokenmix.datasets.mixture_layout import NUMPY_FROM, BlockAllocator, is_weight, short_decimals, whole_block_counts
 from tokenmix.datasets.order import Shuffle
 from tokenmix.datasets.permutation import FeistelPermutation, derive_key
 
 logger = logging.getLogger(__name__)
 
 _SLOW_WALK_STEPS = 10**7  # about 13 s of walking at most: worth a warning
+_STAGES_KEPT = 64
+"""Stages whose allocators (and base counts, beyond every ``_BASE_EVERY``-th) a mixture keeps."""
+_BASE_EVERY = 64
 
 
 def _short(number: float | int | Fraction) -> str:
@@ -63,8 +72,17 @@ def normalize_schedule(weights: WeightSchedule, names: Sequence[str], *, unit: s
 
     ``unit`` is what the stage starts count (``index``: examples, or ``step`` in a config), for the messages.
     """
-    staged = not isinstance(weights, Mapping)
-    stages = [(0, dict(weights))] if isinstance(weights, Mapping) else [(int(s), dict(w)) for s, w in weights]
+    stages = schedule_stages(weights, unit)
+    known = set(names)
+    for start, stage in stages:
+        check_stage(stage, names, stage_name(start, not isinstance(weights, Mapping), unit), known)
+    return [(start, dict(stage)) for start, stage in stages]
+
+
+def schedule_stages(weights: WeightSchedule, unit: str = "index") -> list[tuple[int, Weights]]:
+    """A weight schedule's stages, their starts checked (the first at 0, then increasing) but not their weights: the
+    mappings given, not copies, so that a long log costs one list."""
+    stages = [(0, weights)] if isinstance(weights, Mapping) else [(int(s), w) for s, w in weights]
     if not stages:
         raise ValueError("train_weights: at least one stage is needed")
     if stages[0][0] != 0:
@@ -72,16 +90,25 @@ def normalize_schedule(weights: WeightSchedule, names: Sequence[str], *, unit: s
     for (a, _), (b, _) in zip(stages, stages[1:]):
         if b <= a:
             raise ValueError(f"train_weights: stage starts must increase, got {unit} {a} then {b}")
-    known = set(names)
     for start, stage in stages:
-        check_stage(stage, names, f"train_weights (the stage from {unit} {start})" if staged else "train_weights", known)
+        if not isinstance(stage, Mapping):
+            raise ValueError(f"train_weights (the stage from {unit} {start}): give the weights as a mapping of source name to "
+                             f"weight, not {type(stage).__name__}")
     return stages
+
+
+def stage_name(start: int, staged: bool, unit: str = "index") -> str:
+    """How messages name the stage from ``start``: ``train_weights`` alone when it is the only one, given as a dict."""
+    return f"train_weights (the stage from {unit} {start})" if staged else "train_weights"
 
 
 def check_stage(stage: Mapping[str, float], names: Sequence[str], where: str, known: set[str] | None = None) -> None:
     """Refuse a stage's weights that name an unknown source, are not finite numbers >= 0, or are all 0; ``where`` names
     the stage in the message."""
-    unknown = sorted(set(stage) - (known if known is not None else set(names)))
+    known = known if known is not None else set(names)
+    if len(stage) >= NUMPY_FROM and stage.keys() <= known and _plainly_valid(list(stage.values())):
+        return
+    unknown = sorted(set(stage) - known)
     if unknown:
         raise ValueError(f"{where}: unknown source(s) {unknown}; the sources are {sorted(names)}")
     for name, value in stage.items():
@@ -89,6 +116,13 @@ def check_stage(stage: Mapping[str, float], names: Sequence[str], where: str, kn
             raise ValueError(f"{where}: source {name!r} has weight {value!r}; give it a finite number >= 0 (0 leaves it out)")
     if sum(stage.values()) <= 0:
         raise ValueError(f"{where}: at least one weight must be positive")
+
+
+def _plainly_valid(values: list) -> bool:
+    """Whether ``values`` are plain numbers (Python's or numpy's floats and integers), finite, >= 0, not all 0: the
+    usual stage of many sources, checked in numpy; anything else goes through ``is_weight`` one value at a time."""
+    array = np.asarray(values)
+    return array.dtype.kind in "fiu" and bool(np.all(np.isfinite(array)) and np.all(array >= 0) and np.any(array > 0))
 
 
 class MixtureDataset(Dataset):
@@ -119,22 +153,48 @@ class MixtureDataset(Dataset):
         self.stop_strategy = stop_strategy
         self._datasets = dict(datasets)
         self._shuffle = shuffle
-        self.stages: list[tuple[int, dict[str, float]]] = []
-        """The weight log: ``(start_index, weights)`` stages, the first at 0; ``append_stage`` adds to it."""
+        self.stages: list[tuple[int, Weights]] = schedule_stages(weights)
+        """The weight log: ``(start_index, weights)`` stages, the first at 0; ``append_stage`` adds to it. A stage holds
+        the mapping given until a read first reaches it, then its own copy (a long log costs no copy until read)."""
+        self._staged = not isinstance(weights, Mapping)
         self._canon = sorted(self.names)
-        self._ids = np.array([self.names.index(n) for n in self._canon], np.int32)
-        self._starts = np.zeros(0, np.int64)
-        self._stage_starts: list[int] = []
-        self._allocators: list[BlockAllocator] = []
-        self._bases: list[np.ndarray] = []
+        position = {name: i for i, name in enumerate(self.names)}
+        self._ids = np.array([position[n] for n in self._canon], np.int32)
+        self._stage_starts = [start for start, _ in self.stages]
+        self._start_buffer = np.array(self._stage_starts, np.int64)
+        """The starts as an array, with room to grow: its first ``len(_stage_starts)`` entries are the log's."""
+        self._lock = threading.RLock()  # a loader's prefetch thread reads while the trainer appends
+        self._allocators: OrderedDict[int, BlockAllocator] = OrderedDict()
+        self._bases: dict[int, np.ndarray] = {0: np.zeros(len(self._canon), np.int64)}
+        """Each source's draws before a stage: every ``_BASE_EVERY``-th stage's once found, and the recent ones."""
+        self._recent_bases: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._warned: set[int] = set()
+        self._checked: set[int] = set()
+        """The stages whose weights are checked (``_weights``)."""
+        self._copied: set[int] = set()
+        """The stages a read has reached, whose weights the log holds as its own copy."""
+        self._weighted: set[int] = set()
+        """The sources (canonical numbers) some stage used so far weighs."""
         self._sources: dict[int, EpochedDataset] = {}
+        """Their epoch-shuffled views, made when first drawn from."""
+        self._scanned = 0
+        """Stages whose weighted sources ``_weighted`` holds for certain (those before are all scanned)."""
         self._length: tuple[int, int] | None = None
         """The length under a stop strategy, and how many stages it was found with."""
-        for start, stage in normalize_schedule(weights, self.names):
-            self._add_stage(start, stage)
+        self._allocator(0)  # a mixture of one stage is checked whole at once
 
     def __repr__(self) -> str:
         return f"MixtureDataset({self.names}, stop_strategy={self.stop_strategy!r})"
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_lock"]
+        state["_allocators"] = OrderedDict()  # rebuilt where read: a pickle sent to reader processes stays small
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def append_stage(self, start: int, weights: Weights) -> None:
         """Draw by ``weights`` from index ``start`` on: a stage appended to the weight log while the mixture is in use.
@@ -142,16 +202,26 @@ class MixtureDataset(Dataset):
         Every index before ``start`` keeps its example, and each source's draws go on from where the indices before
         ``start`` leave them, so nothing is skipped or repeated: the mixture is the one built with the whole log at once.
         ``start`` must come after the last stage's start; an update decided during a run goes at ``next_boundary`` of an
-        index past what the loader may have read ahead, so that no batch already read changes.
+        index past what the loader may have read ahead, so that no batch already read changes. It costs the check of
+        ``weights``, whatever the length of the log.
         """
         last = self._stage_starts[-1]
         if start <= last:
             raise ValueError(f"train_weights: stage starts must increase, got index {last} then {start}")
-        check_stage(weights, self.names, f"train_weights (the stage from index {start})")
+        check_stage(weights, self.names, stage_name(start, True))
         final = self.final_len()
         if final is not None and start >= final:
             raise ValueError(f"a stage from index {start} would never be read: the mixture ends at index {final} ({self.stop_strategy})")
-        self._add_stage(int(start), dict(weights))
+        with self._lock:
+            n = len(self._stage_starts)
+            if n == len(self._start_buffer):
+                grown = np.empty(2 * n, np.int64)
+                grown[:n] = self._start_buffer
+                self._start_buffer = grown
+            self._start_buffer[n] = start
+            self.stages.append((int(start), dict(weights)))
+            # a reader in another thread finds the new stage only once its start is listed, after all it needs
+            self._stage_starts.append(int(start))
 
     def next_boundary(self, index: int) -> int:
         """The first block boundary of the last stage at or after ``index``, and after that stage's start: where an
@@ -159,28 +229,103 @@ class MixtureDataset(Dataset):
         start = self._stage_starts[-1]
         return start + max(1, -(-(int(index) - start) // self.block_size)) * self.block_size
 
-    def _add_stage(self, start: int, weights: dict[str, float]) -> None:
-        alloc = BlockAllocator([weights.get(n, 0.0) for n in self._canon], self.block_size)
-        if alloc.worst_walk > _SLOW_WALK_STEPS:
-            name = self._canon[alloc.slowest_tiny]
-            logger.warning(
-                "mixture stage from index %d: source %r (weight %s) gets one example every %s blocks of %d, so a read "
-                "of a block far from those read before walks the layout over up to that many blocks, %.3g steps a "
-                "block (a million steps take about a second). Raise that weight or drop the source to make random "
-                "access cheap.",
-                start, name, _short(weights[name]), _short(alloc.memory), self.block_size,
-                Fraction(alloc.worst_walk, alloc.memory),
-            )
-        for c, name in enumerate(self._canon):
-            if weights.get(name, 0.0) > 0 and c not in self._sources:
-                self._sources[c] = EpochedDataset(self._datasets[name], derive_key(self.seed, "source", name), self._shuffle)
-        base = self._consumed_in_stage(len(self.stages) - 1, start - self._stage_starts[-1]) if self.stages else np.zeros(len(self._canon), np.int64)
-        # a reader in another thread finds the new stage only once its start is listed, after all it needs
-        self._bases.append(base)
-        self._allocators.append(alloc)
-        self.stages.append((start, weights))
-        self._starts = np.array([*self._stage_starts, start], np.int64)
-        self._stage_starts = [*self._stage_starts, start]
+    def _starts(self) -> np.ndarray:
+        """The stage starts, as an array."""
+        n = len(self._stage_starts)
+        return self._start_buffer[:n]
+
+    def _allocator(self, stage: int) -> BlockAllocator:
+        """The block counts of ``stage``: its weights are checked, and its sources readied, when it is first used."""
+        with self._lock:
+            alloc = self._allocators.get(stage)
+            if alloc is not None:
+                self._allocators.move_to_end(stage)
+                return alloc
+            start, weights = self.stages[stage][0], self._weights(stage)
+            alloc = BlockAllocator([weights.get(n, 0.0) for n in self._canon], self.block_size)
+            if alloc.worst_walk > _SLOW_WALK_STEPS and stage not in self._warned:
+                self._warned.add(stage)
+                name = self._canon[alloc.slowest_tiny]
+                logger.warning(
+                    "mixture stage from index %d: source %r (weight %s) gets one example every %s blocks of %d, so a read "
+                    "of a block far from those read before walks the layout over up to that many blocks, %.3g steps a "
+                    "block (a million steps take about a second). Raise that weight or drop the source to make random "
+                    "access cheap.",
+                    start, name, _short(weights[name]), _short(alloc.memory), self.block_size,
+                    Fraction(alloc.worst_walk, alloc.memory),
+                )
+            self._allocators[stage] = alloc
+            if len(self._allocators) > _STAGES_KEPT:
+                self._allocators.popitem(last=False)
+            return alloc
+
+    def _weights(self, stage: int) -> Weights:
+        """The weights of ``stage``, checked and their sources noted as weighted when the stage is first used."""
+        with self._lock:
+            start, weights = self.stages[stage]
+            if stage not in self._checked:
+                check_stage(weights, self.names, stage_name(start, self._staged or stage > 0))
+                if len(self._weighted) < len(self._canon):
+                    self._weighted.update(c for c, name in enumerate(self._canon) if weights.get(name, 0.0) > 0)
+                self._checked.add(stage)
+            return weights
+
+    def _source(self, c: int) -> EpochedDataset:
+        """The epoch-shuffled view of source ``c`` (canonical number), keyed by the seed and its name."""
+        source = self._sources.get(c)
+        if source is None:
+            name = self._canon[c]
+            source = self._sources.setdefault(c, EpochedDataset(self._datasets[name], derive_key(self.seed, "source", name), self._shuffle))
+        return source
+
+    def _all_sources(self) -> dict[int, EpochedDataset]:
+        """Every source some stage weighs (each stage's weights checked)."""
+        with self._lock:
+            for stage in range(self._scanned, len(self._stage_starts)):
+                self._weights(stage)
+                self._scanned = stage + 1
+            return {c: self._source(c) for c in sorted(self._weighted)}
+
+    def _base(self, stage: int) -> np.ndarray:
+        """Each source's draws before ``stage`` starts: the nearest stage at or before it whose base counts are known,
+        plus what every stage between draws over its whole span."""
+        with self._lock:
+            known = stage
+            while known not in self._bases and known not in self._recent_bases:
+                known -= 1
+            base = self._bases.get(known)
+            if base is None:
+                base = self._recent_bases[known]
+                self._recent_bases.move_to_end(known)
+            first = known
+            while first < stage:  # up to each multiple of _BASE_EVERY, whose base counts are kept
+                last = min(stage, (first // _BASE_EVERY + 1) * _BASE_EVERY)
+                base = base + self._spans(first, last).sum(axis=0)
+                if last % _BASE_EVERY == 0:
+                    self._bases[last] = base
+                first = last
+            if stage not in self._bases:
+                self._recent_bases[stage] = base
+                if len(self._recent_bases) > _STAGES_KEPT:
+                    self._recent_bases.popitem(last=False)
+            return base
+
+    def _spans(self, first: int, last: int) -> np.ndarray:
+        """What each stage from ``first`` to ``last`` (not included) draws over its whole span, a row a stage: in closed
+        form, all at once, for stages of whole blocks whose weighted sources all get an example a block or more, and
+        through the stage's allocator for the others."""
+        starts = self._starts()[first : last + 1]
+        lengths = np.diff(starts)
+        blocks, rest = np.divmod(lengths, self.block_size)
+        rows = [self._weights(s) for s in range(first, last)]
+        units = short_decimals([w.get(n, 0.0) for w in rows for n in self._canon])
+        if units is None:
+            out, ok = np.zeros((len(rows), len(self._canon)), np.int64), np.zeros(len(rows), bool)
+        else:
+            out, ok = whole_block_counts(np.reshape(units, (len(rows), len(self._canon))), blocks, self.block_size)
+        for r in np.flatnonzero(~ok | (rest > 0)).tolist():
+            out[r] = self._drawn_in(first + r, int(lengths[r]))
+        return out
 
     @lru_cache(maxsize=256)  # noqa: B019 - the cache lives as long as the dataset, which is intended
     def _block(self, stage: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -189,7 +334,11 @@ class MixtureDataset(Dataset):
         The block's positions are dealt to sources in a seeded order; ranks follow position order, so a
         source's draws rise with the index.
         """
-        alloc = self._allocators[stage]
+        if stage not in self._copied:  # what an evicted stage is rebuilt from, whatever the caller's dict becomes
+            with self._lock:
+                self.stages[stage] = (self.stages[stage][0], dict(self._weights(stage)))
+                self._copied.add(stage)
+        alloc = self._allocator(stage)
         before = alloc.counts_after(block)
         cum = np.cumsum(alloc.counts_after(block + 1) - before)
         slots = FeistelPermutation(self.block_size, derive_key(self.seed, "layout", stage, block))(np.arange(self.block_size))
@@ -199,9 +348,10 @@ class MixtureDataset(Dataset):
         rank[by_source] = np.arange(self.block_size) - np.concatenate([[0], cum[:-1]])[source[by_source]]
         return before, source, rank
 
-    def _consumed_in_stage(self, stage: int, local: int) -> np.ndarray:
+    def _drawn_in(self, stage: int, local: int) -> np.ndarray:
+        """Each source's draws in ``stage`` before its ``local``-th index."""
         block, rest = divmod(local, self.block_size)
-        counts = self._bases[stage] + self._allocators[stage].counts_after(block)
+        counts = self._allocator(stage).counts_after(block)
         if rest:
             _, source, _ = self._block(stage, block)
             counts = counts + np.bincount(source[:rest], minlength=len(self._canon))
@@ -210,17 +360,18 @@ class MixtureDataset(Dataset):
     def source(self, name: str) -> EpochedDataset:
         """The epoch-shuffled view a source is drawn through (only sources with a positive weight)."""
         c = self._canon.index(name)
-        if c not in self._sources:
+        if c not in self._weighted and c not in self._all_sources():
             raise KeyError(f"source {name!r} has weight 0 in every stage and is never drawn")
-        return self._sources[c]
+        return self._source(c)
 
     def consumed(self, num_examples: int) -> dict[str, int]:
         """How many examples of each source the first ``num_examples`` indices draw."""
         return dict(zip(self._canon, self._consumed(num_examples).tolist()))
 
     def _consumed(self, n: int) -> np.ndarray:
-        stage = int(np.searchsorted(self._starts, n, side="right")) - 1
-        return self._consumed_in_stage(stage, n - int(self._starts[stage]))
+        starts = self._starts()
+        stage = int(np.searchsorted(starts, n, side="right")) - 1
+        return self._base(stage) + self._drawn_in(stage, n - int(starts[stage]))
 
     def locate(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For each index: the source id, and which draw from that source it is (0-based)."""
@@ -234,20 +385,21 @@ class MixtureDataset(Dataset):
             before, source, rank = self._block(s, b)
             src = source[pos]
             canon[members] = src
-            draws[members] = self._bases[s][src] + before[src] + rank[pos]
+            draws[members] = self._base(s)[src] + before[src] + rank[pos]
         return canon, draws
 
     def _by_block(self, idx: np.ndarray) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
         """The indices grouped by (stage, block): each group's members and positions in the block."""
+        starts = self._starts()
         if len(idx):  # the usual batch lies in one block: one group, found from its ends
             lo, hi = int(idx.min()), int(idx.max())
-            s = bisect.bisect_right(self._stage_starts, lo) - 1
-            b, offset = divmod(lo - self._stage_starts[s], self.block_size)
-            if hi - lo < self.block_size - offset and bisect.bisect_right(self._stage_starts, hi) - 1 == s:
-                yield s, b, np.arange(len(idx)), idx - (self._stage_starts[s] + b * self.block_size)
+            s = int(np.searchsorted(starts, lo, side="right")) - 1
+            b, offset = divmod(lo - int(starts[s]), self.block_size)
+            if hi - lo < self.block_size - offset and (s + 1 == len(starts) or hi < starts[s + 1]):
+                yield s, b, np.arange(len(idx)), idx - (int(starts[s]) + b * self.block_size)
                 return
-        stage = np.searchsorted(self._starts, idx, side="right") - 1
-        block, pos = np.divmod(idx - self._starts[stage], self.block_size)
+        stage = np.searchsorted(starts, idx, side="right") - 1
+        block, pos = np.divmod(idx - starts[stage], self.block_size)
         for s in np.unique(stage).tolist():
             in_stage = stage == s
             for b in np.unique(block[in_stage]).tolist():
@@ -262,18 +414,18 @@ class MixtureDataset(Dataset):
         batches that follow in the same block then cost a lookup.
         """
         before, source, rank = self._block(stage, block)
-        draws = self._bases[stage][source] + before[source] + rank
+        draws = self._base(stage)[source] + before[source] + rank
         examples = np.empty(self.block_size, np.int64)
         for c in np.unique(source).tolist():
             members = source == c
-            examples[members] = self._sources[c].examples(draws[members])
+            examples[members] = self._source(c).examples(draws[members])
         return source, examples
 
     def _examples(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For each index: the canonical source number, and the example index within that source."""
         canon = np.empty(len(idx), np.int64)
         examples = np.empty(len(idx), np.int64)
-        if all(src.has_final_order() for src in self._sources.values()):
+        if all(self._source(c).has_final_order() for c in tuple(self._weighted)):
             for s, b, members, pos in self._by_block(idx):
                 source, block_examples = self._block_examples(s, b)
                 canon[members] = source[pos]
@@ -282,7 +434,7 @@ class MixtureDataset(Dataset):
         canon, draws = self._locate(idx)
         for c in np.unique(canon).tolist():
             members = canon == c
-            examples[members] = self._sources[c].examples(draws[members])
+            examples[members] = self._source(c).examples(draws[members])
         return canon, examples
 
     def is_finite(self) -> bool:
@@ -301,7 +453,7 @@ class MixtureDataset(Dataset):
 
     def _source_lengths(self) -> dict[int, int]:
         why = f"stop_strategy {self.stop_strategy!r} needs every source's length"
-        return {c: ds.length(why) for c, ds in self._sources.items()}
+        return {c: ds.length(why) for c, ds in self._all_sources().items()}
 
     def _stop_length(self) -> int:
         lengths = self._source_lengths()
@@ -311,8 +463,9 @@ class MixtureDataset(Dataset):
             def done(n: int) -> bool:  # some source would need a draw past its end
                 return bool(np.any(self._consumed(n)[cs] > sizes))
         else:
-            last = self.stages[-1][1]
-            at_last = self._bases[-1]
+            stage = len(self._stage_starts) - 1
+            last = self.stages[stage][1]
+            at_last = self._base(stage)
             for c, size in zip(cs, sizes):
                 if last.get(self._canon[c], 0.0) == 0 and at_last[c] < size:
                     raise ValueError(
@@ -323,7 +476,7 @@ class MixtureDataset(Dataset):
             def done(n: int) -> bool:  # every source has been drawn through once
                 return bool(np.all(self._consumed(n)[cs] >= sizes))
 
-        hi = max(1, int(self._starts[-1]) + self.block_size)
+        hi = max(1, int(self._stage_starts[-1]) + self.block_size)
         while not done(hi):
             hi *= 2
         lo = 0  # invariant: not done(lo), done(hi)
@@ -345,7 +498,7 @@ class MixtureDataset(Dataset):
         for c, (begin, end) in enumerate(zip([0, *ends[:-1]], ends)):
             if end > begin:
                 rows = by_source[begin:end]
-                finishers.append(self._sources[c].base.read_into(examples[rows], out, rows))
+                finishers.append(self._source(c).base.read_into(examples[rows], out, rows))
 
         def assemble() -> TokenBatch:
             for finish in finishers:
@@ -361,7 +514,7 @@ class MixtureDataset(Dataset):
         out = np.zeros(len(draws), np.int64)
         for c in np.unique(canon).tolist():
             members = canon == c
-            out[members] = self._sources[c].epoch_of(draws[members])
+            out[members] = self._source(c).epoch_of(draws[members])
         return out
 
     def usage(self, num_examples: int) -> dict[str, SourceUsage]:
@@ -370,10 +523,10 @@ class MixtureDataset(Dataset):
         out = {}
         for c, name in enumerate(self._canon):
             drawn = int(counts[c])
-            if c not in self._sources:
+            if c not in self._weighted:
                 out[name] = SourceUsage(0, 0, 0, 0.0)
                 continue
-            ds = self._sources[c]
+            ds = self._source(c)
             n = ds.length("usage needs the source's length")
             out[name] = SourceUsage(drawn, drawn * ds.tokens_per_example, drawn // n, drawn / n)
         return {name: out[name] for name in self.names}

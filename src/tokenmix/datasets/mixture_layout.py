@@ -53,6 +53,10 @@ import numpy as np
 
 _CHECKPOINT_EVERY = 4096
 _STATES_KEPT = 256
+_SHORT_DECIMAL_MAX = 2**40
+NUMPY_FROM = 32
+"""Sources from which a stage's weights are read and its large sources counted in numpy: below, Python's numbers
+cost less than numpy's per-call overhead."""
 
 
 def is_weight(value: object) -> bool:
@@ -69,16 +73,39 @@ def exact_ratios(weights: Sequence[float | int | Fraction]) -> tuple[list[int], 
     nearest binary fraction): that is the number the user wrote, and decimal weights give the layout a short
     period (see ``BlockAllocator.period``).
     """
-    if not all(is_weight(w) for w in weights):
-        raise ValueError(f"mixture weights must be finite numbers >= 0, got {list(weights)}")
-    ratios = [(w.numerator, w.denominator) if isinstance(w, numbers.Rational) else Decimal(repr(float(w))).as_integer_ratio()
-              for w in weights]
-    common = math.lcm(*(d for _, d in ratios))
-    numerators = [n * (common // d) for n, d in ratios]
+    numerators = short_decimals(weights) if len(weights) >= NUMPY_FROM else None
+    if numerators is None:
+        if not all(is_weight(w) for w in weights):
+            raise ValueError(f"mixture weights must be finite numbers >= 0, got {list(weights)}")
+        ratios = [(w.numerator, w.denominator) if isinstance(w, numbers.Rational) else Decimal(repr(float(w))).as_integer_ratio()
+                  for w in weights]
+        common = math.lcm(*(d for _, d in ratios))
+        numerators = [n * (common // d) for n, d in ratios]
     total = sum(numerators)
     if total <= 0:
         raise ValueError("mixture weights must have a positive sum")
     return numerators, total
+
+
+def short_decimals(weights: Sequence[float | int | Fraction]) -> list[int] | None:
+    """The weights times the least power of ten up to 10^9 that makes every one a whole number, when there is one and
+    the weights are plain numbers (what an online algorithm sets: multiples of 1e-4); else None.
+
+    The same ratios as the shortest decimals: a float ``w`` with ``u / 10^d == w`` exactly (``u`` a whole number up
+    to 2^40) prints as ``u / 10^d``, since a shorter decimal that rounds to ``w`` would lie within ``ulp(w) < 10^-(d+1)``
+    of it, closer than two decimals of at most as many digits can be.
+    """
+    values = np.asarray(weights)
+    if values.dtype.kind not in "fiu" or values.ndim != 1 or not len(values):
+        return None
+    values = values.astype(np.float64)
+    if not (np.all(values >= 0) and np.all(values <= _SHORT_DECIMAL_MAX)):  # False for nan
+        return None
+    for digits in range(10):
+        scaled = np.rint(values * 10.0**digits)
+        if np.all(scaled <= 2**40) and np.array_equal(scaled / 10.0**digits, values):
+            return scaled.astype(np.int64).tolist()
+    return None
 
 
 class BlockAllocator:
@@ -97,6 +124,11 @@ class BlockAllocator:
         self._large = [i for i, p in enumerate(self._num) if p >= self._den]
         self._tiny = [i for i, p in enumerate(self._num) if 0 < p < self._den]
         self._tiny_num = sum(self._num[i] for i in self._tiny)
+        fits = len(self._large) >= NUMPY_FROM and self._den < 2**62 and all(self._num[i] < 2**62 for i in self._large)
+        self._large_num = np.array([self._num[i] for i in self._large], np.int64) if fits else None
+        """The large sources' rates as int64 (None when few, or where they do not fit): their counts in numpy while
+        ``k`` times the largest stays below 2^62."""
+        self._large_num_max = max((self._num[i] for i in self._large), default=0)
         self.period = self._den // math.gcd(self._den, *self._num)
         """Blocks after which every target is a whole number: the layout repeats with this period."""
         self._period_counts = [self.period * p // self._den for p in self._num]
@@ -154,7 +186,13 @@ class BlockAllocator:
         if self._tiny:
             with self._tiny_lock:
                 counts[self._tiny] = self._tiny_counts(k)
-        if self._large:
+        if self._large and self._large_num is not None and k * self._large_num_max < 2**62:
+            targets = k * self._large_num
+            floors, rems = np.divmod(targets, self._den)
+            extra = k * self.block_size - tiny_total - int(floors.sum())
+            floors[np.lexsort((np.arange(len(rems)), -rems))[:extra]] += 1  # largest remainders, ties by position
+            counts[self._large] = floors
+        elif self._large:
             den = self._den
             floors, rems = zip(*(divmod(k * self._num[i], den) for i in self._large))
             floors = list(floors)
@@ -237,6 +275,28 @@ class BlockAllocator:
             return -(-slot // self.block_size)
         # floor(k*rate + 1/2) >= slot  <=>  k >= (2*slot - 1) / (2*rate)
         return max(0, -((-(2 * slot - 1) * self._den) // (2 * self._tiny_num)))
+
+
+def whole_block_counts(units: np.ndarray, blocks: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``BlockAllocator.counts_after`` of many stages at once, where it has a closed form: per row (a stage's weights as
+    whole numbers ``units``, one column a source), each source's examples in the row's first ``blocks`` blocks, and
+    whether the row's counts hold. They hold where every weighted source gets at least one example a block (no tiny
+    source, so no earliest-deadline walk: floors, then one more for the largest remainders, ties by position) and the
+    targets fit int64; other rows are left to their allocators."""
+    units = np.asarray(units, np.int64)
+    blocks = np.asarray(blocks, np.int64)
+    total = units.sum(axis=1)
+    largest = units.max(axis=1, initial=0).astype(np.float64)
+    ok = (largest * block_size < 2**61) & (blocks.astype(np.float64) * block_size * largest < 2**61) & (total > 0)
+    ok &= np.all((units == 0) | (block_size * units >= total[:, None]), axis=1)
+    units, blocks, total = np.where(ok[:, None], units, 0), np.where(ok, blocks, 0), np.where(ok, total, 1)
+    floors, rems = np.divmod(blocks[:, None] * block_size * units, total[:, None])
+    extra = blocks * block_size - floors.sum(axis=1)
+    positions = np.broadcast_to(np.arange(units.shape[1]), units.shape)
+    order = np.lexsort((positions, -rems), axis=-1)
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, positions, axis=1)
+    return floors + (rank < extra[:, None]), ok
 
 
 def allocator_for(weights: Mapping[str, float], names: Sequence[str], block_size: int) -> BlockAllocator:

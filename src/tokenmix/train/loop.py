@@ -33,12 +33,12 @@ from tokenmix.datasets.base import Dataset
 from tokenmix.datasets.mixture import MixtureDataset
 from tokenmix.loader.batch_schedule import BatchSchedule
 from tokenmix.loader.loader import DataLoader
+from tokenmix.mixing.source_stats import SourceStats
 from tokenmix.train.checkpoint import RECORD_FILE, Checkpoint, latest_checkpoint, load_state, save_checkpoint
 from tokenmix.train.config import TrainLmConfig
 from tokenmix.train.data_identity import accept_data_change, caches_identity, changed_fields, data_identity
 from tokenmix.train.model import TinyLM, loss_and_count, per_source, row_losses, shard_params
 from tokenmix.train.online_mixing import OnlineMixing
-from tokenmix.train.source_stats import SourceStats
 from tokenmix.train.weight_log import LoggedStage, as_records, config_log, from_records, reweight_at_resume, stages, write_log
 
 logger = logging.getLogger(__name__)

@@ -22,11 +22,11 @@ from tokenmix.config.adaptive import AdaptiveMixing
 from tokenmix.datasets.mixture import MixtureDataset
 from tokenmix.loader.batch_schedule import BatchSchedule
 from tokenmix.loader.loader import steps_read_ahead
+from tokenmix.mixing.source_stats import SourceStats
+from tokenmix.mixing.weight_updaters import WeightUpdater, make_updater
 from tokenmix.train.checkpoint import Checkpoint
 from tokenmix.train.config import TrainLmConfig
-from tokenmix.train.source_stats import SourceStats
 from tokenmix.train.weight_log import LoggedStage
-from tokenmix.train.weight_updaters import WeightUpdater, make_updater
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from tokenmix.config.adaptive import WEIGHT_QUANTUM, AdaptiveMixing
-from tokenmix.train.source_stats import SourceStats
+from tokenmix.mixing.source_stats import SourceStats
 
 
 def floored(weights: np.ndarray, floor_units: int) -> np.ndarray:
@@ -99,15 +99,14 @@ class OdmUpdater(WeightUpdater):
 
 
 class DoReMiUpdater(WeightUpdater):
-    """DoReMi's online form (Xie et al. 2023, arXiv:2305.10429, Algorithm 1): exponentiated gradient on each source's
-    excess loss over a reference model.
+    """DoReMi's online form (Xie et al. 2023, arXiv:2305.10429, Algorithm 1): exponentiated gradient on the excess loss.
 
-    Per update: ``lambda_i = max(L_i - ref_i, 0)`` (``L_i`` the mean training loss over the window, ``ref_i`` the
-    reference run's last validation loss of the source, from ``reference_metrics``); ``a_i <- a_i exp(eta lambda_i)``
-    normalized (``eta``: ``doremi_step_size``), then ``(1 - c) a + c / K`` (``c``: ``doremi_smoothing``). DoReMi moves
-    weight to sources the model can still learn more of than it has; a source the reference learns no better (noise)
-    has no excess loss and loses weight. ``a`` starts at the weights in effect when the updater starts (the first stage's,
-in a new run)."""
+    A source's excess loss is its training loss over a reference model's. Per update: ``lambda_i = max(L_i - ref_i, 0)``
+    (``L_i`` the mean training loss over the window, ``ref_i`` the reference run's last validation loss of the source,
+    from ``reference_metrics``); ``a_i <- a_i exp(eta lambda_i)`` normalized (``eta``: ``doremi_step_size``), then
+    ``(1 - c) a + c / K`` (``c``: ``doremi_smoothing``). DoReMi moves weight to sources the model can still learn more of
+    than it has; a source the reference learns no better (noise) has no excess loss and loses weight. ``a`` starts at the
+    weights in effect when the updater starts (the first stage's, in a new run)."""
 
     def __init__(self, config: AdaptiveMixing, names: Sequence[str], initial: dict[str, float]):
         super().__init__(config, names)
