@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlparse
 
 import numpy as np
 import tensorstore as ts
@@ -54,6 +55,7 @@ class TokenCache:
         if object_reads not in ("tensorstore", "fsspec"):
             raise ValueError(f"object_reads (TOKENMIX_OBJECT_READS) must be tensorstore or fsspec, got {object_reads!r}")
         self.location = location
+        self._remote = urlparse(location).scheme in ("gs", "s3")
         self._object_reads = object_reads
         self._chunk_cache = chunk_cache
         self._claimed: tuple[int, ...] | None = None
@@ -61,6 +63,9 @@ class TokenCache:
         asked)."""
         self._docs = JsonDocuments(location)
         ledger = self._read_ledger()
+        self._finished_at_open = ledger.finished
+        """Whether the build had finished when the cache was opened: the first ``is_finished`` (a dataset opening over
+        the cache asks at once) takes that answer instead of a request of its own."""
         if expected_identity is not None and is_levanter(ledger.identity):
             check_levanter_identity(ledger.identity, expected_identity, location)
         elif expected_identity is not None:
@@ -140,6 +145,9 @@ class TokenCache:
 
     def is_finished(self) -> bool:
         """Whether the build has finished (all committed; nothing more will be added)."""
+        if self._finished_at_open:
+            self._finished_at_open = False
+            return True
         return self._read_ledger().finished
 
     def wait_for_rows(self, n: int, timeout: float | None = None) -> int:
@@ -168,6 +176,13 @@ class TokenCache:
         self._check_rows(start, stop)
         return self._array.row_bounds(start, stop)
 
+    def committed_row_ends(self, start: int) -> np.ndarray:
+        """Where each committed row from ``start`` on ends: the row count and the ends read once each."""
+        committed = self.num_rows()
+        if not 0 <= start <= committed:
+            raise IndexError(f"{self.location}: row {start} is outside the {committed} committed rows")
+        return self._array.row_ends(start, committed)
+
     def row_ends(self, start: int, stop: int) -> np.ndarray:
         """Where rows ``start`` to ``stop - 1`` end in the token stream (one read)."""
         self._check_rows(start, stop)
@@ -187,7 +202,11 @@ class TokenCache:
         """Whether reads go through the chunk cache: when it can hold this cache's committed tokens beside the caches
         that claimed room in it first, so that repeated reads are memory copies. Otherwise a block read would
         decompress a whole block for each range and be evicted before it is read again, so ranges are read exactly
-        (``read_ranges``)."""
+        (``read_ranges``). A cache on object storage is always read exactly: a block would fetch 2^18 tokens for each
+        example of a cold start, and for each of the few rows a host of many reads; the stored chunks it fetches are
+        kept in a pool bounded in bytes instead (``store.OBJECT_CACHE_BYTES``)."""
+        if self._remote:
+            return False
         asked = (committed_tokens, self._chunk_cache.max_bytes)
         if asked == self._claimed:  # room once given is kept while the cache does not grow (nor the chunk cache shrink)
             return True

@@ -36,9 +36,12 @@ OFFSETS_SHARD, OFFSETS_INNER = 1 << 16, 1 << 10
 
 _CONTEXT = ts.Context()
 """One context for the process, so ``memory://`` caches are shared by every opener in it."""
-_REMOTE_READ_CONTEXT = ts.Context({"cache_pool": {"total_bytes_limit": 64 << 20}})
-"""Where tensorstore reads caches on object storage: its cache pool keeps the shard indexes it has read (and recent
-chunks), so that an exact read costs one request, not two (``docs/benchmarks.md``)."""
+OBJECT_CACHE_BYTES = int(os.environ.get("TOKENMIX_OBJECT_CACHE_BYTES", str(64 << 20)))
+"""What a process keeps of what it fetched from caches on object storage (shard indexes, decoded chunks), in bytes."""
+_REMOTE_READ_CONTEXT = ts.Context({"cache_pool": {"total_bytes_limit": OBJECT_CACHE_BYTES}})
+"""Where tensorstore reads caches on object storage, one context for them all: its cache pool keeps the shard indexes
+it has read, so that an exact read costs one request, not two (``docs/benchmarks.md``), and the chunks read lately, so
+that a repeated read costs none; least recently used dropped past ``OBJECT_CACHE_BYTES``."""
 
 
 class CacheWriteError(OSError):
@@ -82,13 +85,17 @@ def kvstore_spec(location: str) -> dict[str, Any]:
 
 def _s3_options() -> dict[str, Any]:
     """What the environment says about S3, as the AWS tools read it: an S3-compatible endpoint (MinIO, R2, a local
-    server) from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, and keys from ``AWS_ACCESS_KEY_ID`` when it is set."""
+    server) from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, keys from ``AWS_ACCESS_KEY_ID`` when it is set, and
+    the bucket's region from ``AWS_REGION`` or ``AWS_DEFAULT_REGION``."""
     options: dict[str, Any] = {}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         options["endpoint"] = endpoint
     if os.environ.get("AWS_ACCESS_KEY_ID"):
         options["aws_credentials"] = {"type": "environment"}
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:  # else tensorstore asks the bucket for it, a request for every store it opens
+        options["aws_region"] = region
     return options
 
 

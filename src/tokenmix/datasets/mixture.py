@@ -25,6 +25,7 @@ from typing import Literal
 import numpy as np
 
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
+from tokenmix.datasets.deferred import DeferredDataset, open_together
 from tokenmix.datasets.epochs import UNBOUNDED, EpochedDataset
 from tokenmix.datasets.mixture_layout import BlockAllocator, is_weight
 from tokenmix.datasets.order import Shuffle
@@ -128,6 +129,8 @@ class MixtureDataset(Dataset):
         self._allocators: list[BlockAllocator] = []
         self._bases: list[np.ndarray] = []
         self._sources: dict[int, EpochedDataset] = {}
+        self._all_final = False
+        """Whether every source's order was final when last looked at (it stays so until a stage adds a source)."""
         self._length: tuple[int, int] | None = None
         """The length under a stop strategy, and how many stages it was found with."""
         for start, stage in normalize_schedule(weights, self.names):
@@ -174,6 +177,7 @@ class MixtureDataset(Dataset):
         for c, name in enumerate(self._canon):
             if weights.get(name, 0.0) > 0 and c not in self._sources:
                 self._sources[c] = EpochedDataset(self._datasets[name], derive_key(self.seed, "source", name), self._shuffle)
+                self._all_final = False
         base = self._consumed_in_stage(len(self.stages) - 1, start - self._stage_starts[-1]) if self.stages else np.zeros(len(self._canon), np.int64)
         # a reader in another thread finds the new stage only once its start is listed, after all it needs
         self._bases.append(base)
@@ -212,7 +216,21 @@ class MixtureDataset(Dataset):
         c = self._canon.index(name)
         if c not in self._sources:
             raise KeyError(f"source {name!r} has weight 0 in every stage and is never drawn")
+        self._open([c])
         return self._sources[c]
+
+    def opened_sources(self) -> list[str]:
+        """The sources opened so far: a source given as a ``DeferredDataset`` opens when a batch first draws from it."""
+        return [self._canon[c] for c, src in self._sources.items() if not isinstance(src.base, DeferredDataset) or src.base.is_open]
+
+    def _open(self, sources: list[int]) -> None:
+        """Open the sources numbered ``sources`` (canonical) that are not open yet, together, and read each through what
+        it opened to from then on."""
+        drawn = [self._sources[c] for c in sources]
+        open_together(src.base for src in drawn)
+        for src in drawn:
+            if isinstance(src.base, DeferredDataset):
+                src.base = src.base.dataset
 
     def consumed(self, num_examples: int) -> dict[str, int]:
         """How many examples of each source the first ``num_examples`` indices draw."""
@@ -273,14 +291,18 @@ class MixtureDataset(Dataset):
         """For each index: the canonical source number, and the example index within that source."""
         canon = np.empty(len(idx), np.int64)
         examples = np.empty(len(idx), np.int64)
-        if all(src.has_final_order() for src in self._sources.values()):
+        if not self._all_final:
+            self._all_final = all(src.has_final_order() for src in self._sources.values())
+        if self._all_final:
             for s, b, members, pos in self._by_block(idx):
                 source, block_examples = self._block_examples(s, b)
                 canon[members] = source[pos]
                 examples[members] = block_examples[pos]
             return canon, examples
         canon, draws = self._locate(idx)
-        for c in np.unique(canon).tolist():
+        drawn = np.unique(canon).tolist()
+        self._open(drawn)  # only the sources this batch draws from, at once
+        for c in drawn:
             members = canon == c
             examples[members] = self._sources[c].examples(draws[members])
         return canon, examples
@@ -301,6 +323,7 @@ class MixtureDataset(Dataset):
 
     def _source_lengths(self) -> dict[int, int]:
         why = f"stop_strategy {self.stop_strategy!r} needs every source's length"
+        self._open(list(self._sources))
         return {c: ds.length(why) for c, ds in self._sources.items()}
 
     def _stop_length(self) -> int:
