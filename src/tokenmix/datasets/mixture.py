@@ -29,7 +29,7 @@ from tokenmix.datasets.deferred import DeferredDataset, open_together
 from tokenmix.datasets.epochs import UNBOUNDED, EpochedDataset
 from tokenmix.datasets.mixture_layout import BlockAllocator, is_weight
 from tokenmix.datasets.order import Shuffle
-from tokenmix.datasets.permutation import FeistelPermutation, derive_key
+from tokenmix.datasets.permutation import FeistelPermutation, derive_key, permute_many
 
 logger = logging.getLogger(__name__)
 
@@ -282,9 +282,21 @@ class MixtureDataset(Dataset):
         before, source, rank = self._block(stage, block)
         draws = self._bases[stage][source] + before[source] + rank
         examples = np.empty(self.block_size, np.int64)
-        for c in np.unique(source).tolist():
-            members = source == c
-            examples[members] = self._sources[c].examples(draws[members])
+        by_source = np.argsort(source, kind="stable")
+        perms: list[FeistelPermutation] = []
+        which, positions, within = [], [], []
+        for members in np.split(by_source, np.flatnonzero(np.diff(source[by_source])) + 1):
+            src = self._sources[int(source[members[0]])]
+            plan = src.permutation_of(draws[members])
+            if plan is None:
+                examples[members] = src.examples(draws[members])
+            else:  # the full shuffles of all sources below are applied in one pass
+                which.append(np.full(len(members), len(perms)))
+                perms.append(plan[0])
+                positions.append(members)
+                within.append(plan[1])
+        if perms:
+            examples[np.concatenate(positions)] = permute_many(perms, np.concatenate(which), np.concatenate(within))
         return source, examples
 
     def _examples(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
