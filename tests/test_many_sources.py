@@ -25,6 +25,7 @@ from tokenmix.datasets.deferred import OPENING_THREADS
 SOURCES = 24
 SEQ = 256
 LATENCY_S = 0.03
+OPEN_REQUESTS = 5
 HEADER_BYTES = 1024
 """What an HTTP response may add to the stored bytes it carries (status line, headers)."""
 
@@ -62,14 +63,16 @@ def proxy(s3, monkeypatch):
     """The latency proxy in front of the server, and the environment pointing tokenmix at it."""
     proxy = LatencyProxy(s3.port, LATENCY_S)
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
     return proxy
 
 
-def _planned_bytes(local: Path, train: tokenmix.MixtureDataset, indices: np.ndarray) -> tuple[int, int]:
+def _plan(local: Path, train: tokenmix.MixtureDataset, indices: np.ndarray) -> tuple[int, int, int]:
     """What a cold read of ``indices`` may fetch: every object of the sources they draw from but the token data, and of
-    the token data the shard indexes and the stored chunks their examples touch; and the number of those sources."""
+    the token data the shard indexes and the stored chunks their examples touch; the number of those sources, and of
+    those shard indexes and chunks."""
     ids, draws = train.locate(indices)
-    planned = 0
+    planned = pieces = 0
     drawn = np.unique(ids).tolist()
     for s in drawn:
         name = train.names[s]
@@ -80,10 +83,12 @@ def _planned_bytes(local: Path, train: tokenmix.MixtureDataset, indices: np.ndar
         layout = ShardLayout.from_metadata(json.loads((data / "zarr.json").read_text()))
         examples = train.source(name).examples(draws[ids == s])
         chunks = {c for e in examples.tolist() for c in range(e * SEQ // layout.inner, ((e + 1) * SEQ - 1) // layout.inner + 1)}
-        for shard in {c // layout.chunks_per_shard for c in chunks}:
+        shards = {c // layout.chunks_per_shard for c in chunks}
+        pieces += len(shards) + len(chunks)
+        for shard in shards:
             index = np.frombuffer((data / "c" / str(shard)).read_bytes()[: layout.index_bytes - 4], "<u8").reshape(-1, 2)
             planned += layout.index_bytes + sum(int(index[c % layout.chunks_per_shard, 1]) for c in chunks if c // layout.chunks_per_shard == shard)
-    return planned, len(drawn)
+    return planned, len(drawn), pieces
 
 
 def test_a_cold_start_on_s3_opens_no_source_up_front_fetches_what_the_plan_says_and_reads_the_local_batches(caches, proxy):
@@ -94,11 +99,14 @@ def test_a_cold_start_on_s3_opens_no_source_up_front_fetches_what_the_plan_says_
     there = there_config.train_set(SEQ)
     assert proxy.counts() == (requests, fetched), "opening the mixture fetched something: no source is drawn yet"
     first = np.arange(4)
-    planned, drawn = _planned_bytes(local, here, first)
+    planned, drawn, pieces = _plan(local, here, first)
     assert drawn < SOURCES // 2
     batch = there.get_batch(first)
     requests, fetched = proxy.requests - requests, proxy.bytes_returned - fetched
     assert fetched <= planned + HEADER_BYTES * requests, (fetched, planned, requests)
+    # a source opens in OPEN_REQUESTS (its ledger, its two arrays' metadata, the index and chunk of its row count and
+    # ends); its tokens cost a request per shard index and per stored chunk the batch touches
+    assert requests <= OPEN_REQUESTS * drawn + pieces, (requests, drawn, pieces)
     assert np.array_equal(batch.tokens, here.get_batch(first).tokens)
     for step in range(1, 6):
         indices = np.arange(4 * step, 4 * step + 4)

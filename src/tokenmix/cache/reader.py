@@ -66,6 +66,9 @@ class TokenCache:
         self._finished_at_open = ledger.finished
         """Whether the build had finished when the cache was opened: the first ``is_finished`` (a dataset opening over
         the cache asks at once) takes that answer instead of a request of its own."""
+        self._rows_at_open = ledger.rows if ledger.finished else None
+        """The rows of the build finished when the cache was opened: the first ``committed_row_ends`` reads the row
+        count and the ends in one read (checking the count)."""
         if expected_identity is not None and is_levanter(ledger.identity):
             check_levanter_identity(ledger.identity, expected_identity, location)
         elif expected_identity is not None:
@@ -177,7 +180,13 @@ class TokenCache:
         return self._array.row_bounds(start, stop)
 
     def committed_row_ends(self, start: int) -> np.ndarray:
-        """Where each committed row from ``start`` on ends: the row count and the ends read once each."""
+        """Where each committed row from ``start`` on ends: the row count and the ends read once each, or, the first time
+        on a cache finished when opened, in one read."""
+        known, self._rows_at_open = self._rows_at_open, None
+        if known is not None and start <= known:
+            count_and_ends = self._array.read(self._array.offsets, 0, known + 1)
+            if int(count_and_ends[0]) == known:
+                return count_and_ends[start + 1 :]
         committed = self.num_rows()
         if not 0 <= start <= committed:
             raise IndexError(f"{self.location}: row {start} is outside the {committed} committed rows")
