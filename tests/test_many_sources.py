@@ -108,6 +108,9 @@ def test_a_cold_start_on_s3_opens_no_source_up_front_fetches_what_the_plan_says_
     # ends); its tokens cost a request per shard index and per stored chunk the batch touches
     assert requests <= OPEN_REQUESTS * drawn + pieces, (requests, drawn, pieces)
     assert np.array_equal(batch.tokens, here.get_batch(first).tokens)
+    requests = proxy.requests
+    assert np.array_equal(there.get_batch(first).tokens, batch.tokens)
+    assert proxy.requests == requests, "a batch read again is served from the chunks fetched (the caches are finished)"
     for step in range(1, 6):
         indices = np.arange(4 * step, 4 * step + 4)
         want, got = here.get_batch(indices), there.get_batch(indices)

@@ -74,7 +74,12 @@ class TokenCache:
         elif expected_identity is not None:
             ledger.check_identity(expected_identity, location)
         levanter = is_levanter(ledger.identity)  # Levanter's builder leaves out chunks of zeros: those read as zeros
-        self._array = JaggedArray.open(location, TOKENS_ARRAY, ledger.identity["dtype"], strict=not levanter)
+        self._settled_tokens = int(ledger.tokens) if ledger.finished and self._remote else 0
+        """On object storage, the tokens of the build finished when the cache was opened: committed tokens never change,
+        so reads below this serve the chunks the cache pool holds without a request; a read past it (the cache was
+        extended since) first opens the tokens again, asking the store each time."""
+        self._array = JaggedArray.open(location, TOKENS_ARRAY, ledger.identity["dtype"], strict=not levanter,
+                                       settled=self._settled_tokens > 0)
         self.identity = {**ledger.identity, "dtype": self._array.dtype.name}
         self.fingerprint = fingerprint_of(self.identity)
         stored = int(self._array.data.chunk_layout.read_chunk.shape[0])
@@ -199,7 +204,14 @@ class TokenCache:
 
     def read_tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``start`` to ``stop - 1`` of the cache's token stream."""
+        self._unsettle(stop)
         return self._array.read_tokens(start, stop)
+
+    def _unsettle(self, end: int) -> None:
+        """Before a read of tokens up to ``end``: past the settled tokens, reopen the tokens to ask the store each time."""
+        if end > self._settled_tokens > 0:
+            self._settled_tokens = 0
+            self._array.data = JaggedArray.open(self.location, TOKENS_ARRAY, self._array.dtype.name, strict=not is_levanter(self.identity)).data
 
     @property
     def chunk_tokens(self) -> int:
@@ -242,8 +254,9 @@ class TokenCache:
         if self._exact is not None:
             tokens = self._named(lambda: self._exact.read(begin, size, committed_tokens))  # type: ignore[union-attr]
             return lambda: tokens
-        data = self._array.data
         ranges = [(b, b + m) for b, m in zip(begin.tolist(), size.tolist())]
+        self._unsettle(max((e for _, e in ranges), default=0))
+        data = self._array.data
         with ts.Batch() as batch:
             reads = [data[b:e].read(batch=batch) for b, e in ranges]
         return lambda: self._array.awaited(data, ranges, reads)
@@ -270,8 +283,9 @@ class TokenCache:
         if last in wanted:
             wanted[last] = committed_tokens - last * size
         have = self._chunk_cache.get(self.location, wanted)
-        data = self._array.data
         ranges = {c: (c * size, c * size + need) for c, need in wanted.items() if c not in have}
+        self._unsettle(max((e for _, e in ranges.values()), default=0))
+        data = self._array.data
         reads = [data[b:e].read() for b, e in ranges.values()]
 
         def finish() -> dict[int, np.ndarray]:
@@ -297,6 +311,7 @@ class TokenCache:
         offsets = self._array.offsets
         ends = self._array.awaited(offsets, [(r, r + 2) for r in rows], [offsets[r : r + 2].read() for r in rows])
         bounds = [(0 if r == 0 else int(e[0]), int(e[1])) for r, e in zip(rows, ends)]
+        self._unsettle(max(e for _, e in bounds))
         data = self._array.data
         return self._array.awaited(data, bounds, [data[s:e].read() for s, e in bounds])
 

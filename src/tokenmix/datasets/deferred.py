@@ -5,14 +5,14 @@ an object store. A mixture of a thousand sources that opened them all at start-u
 before its first batch, and hold every source's state although a batch draws from a few dozen. A ``DeferredDataset``
 is a source not yet opened: what mixing needs before any read (the example width) is given up front; the first read,
 or a mixture asking for the sources of a batch together (``open_together``), opens it. The sources of a batch open
-concurrently in one process-wide pool of ``OPENING_THREADS`` threads, whatever the number of sources.
+concurrently, ``OPENING_THREADS`` threads at most, whatever the number of sources.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -21,9 +21,6 @@ from tokenmix.datasets.base import Dataset, Pending, TokenBatch
 
 OPENING_THREADS = 16
 """Sources opened at once: enough requests in flight to hide tens of milliseconds each, and a bound on threads."""
-
-_OPENING = ThreadPoolExecutor(max_workers=OPENING_THREADS, thread_name_prefix="tokenmix-open")
-"""Threads start as work arrives, so a process that opens nothing this way starts none."""
 
 
 class DeferredDataset(Dataset):
@@ -76,21 +73,39 @@ class DeferredDataset(Dataset):
     def read_into(self, indices: Sequence[int] | np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
         return self.dataset.read_into(indices, out, rows)
 
-    def __getattr__(self, name: str) -> Any:
-        """What else the source offers (``cache``, ``num_documents``, ...), opening it."""
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
-
 
 def open_together(datasets: Iterable[Dataset]) -> None:
     """Open every ``DeferredDataset`` among ``datasets`` not opened yet, at most ``OPENING_THREADS`` at once; the first
-    error (naming its source) is raised once all have finished."""
-    waiting = [ds for ds in datasets if isinstance(ds, DeferredDataset) and not ds.is_open]
-    if len(waiting) == 1:
-        waiting[0].dataset  # noqa: B018 - opens it
-    elif waiting:
-        openings = [_OPENING.submit(lambda ds=ds: ds.dataset) for ds in waiting]
-        wait(openings)
-        for opening in openings:
-            opening.result()
+    error (naming its source) is raised once all have finished.
+
+    The threads live while they open (daemon threads: a process that exits never waits on one), so a process that has
+    opened its sources holds none."""
+    waiting: queue.SimpleQueue[DeferredDataset] = queue.SimpleQueue()
+    count = 0
+    for ds in datasets:
+        if isinstance(ds, DeferredDataset) and not ds.is_open:
+            waiting.put(ds)
+            count += 1
+    errors: list[BaseException] = []
+
+    def open_waiting() -> None:
+        while True:
+            try:
+                ds = waiting.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                ds.dataset  # noqa: B018 - opens it
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+                errors.append(e)
+
+    if count == 1:
+        open_waiting()
+    threads = [threading.Thread(target=open_waiting, name="tokenmix-open", daemon=True)
+               for _ in range(min(count, OPENING_THREADS) if count > 1 else 0)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
