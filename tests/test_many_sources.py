@@ -136,7 +136,7 @@ print(json.dumps({"threads": len(os.listdir("/proc/self/task")), "before": befor
 @pytest.mark.slow
 def test_threads_and_open_files_of_a_reading_process_do_not_grow_with_its_sources(caches, proxy):
     """A process reads a mixture of 4, then of 24 sources on the bucket until it has opened every one: what it holds
-    beyond the opening pool does not grow with the sources (no thread, pool or file per source)."""
+    does not grow with the sources beyond the threads that open them (no thread, pool or file per source)."""
     local, text, remote = caches
     counts = {}
     for sources in (4, SOURCES):
