@@ -22,16 +22,11 @@ requests per batch. Opening the mixture (ledgers, row ends) is timed apart from 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -39,82 +34,10 @@ import numpy as np
 from tokenmix import DataLoader, build_caches, load_data_config
 from tokenmix.cache import chunk_cache
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from s3_server import LatencyProxy, S3Server  # noqa: E402 - the tests' server and proxy, one copy
+
 BUCKET = "tokenmix-bench"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LatencyProxy:
-    """A TCP proxy on 127.0.0.1 that holds each burst of request bytes for ``latency`` seconds before passing it on,
-    and counts requests and the response bytes it returns."""
-
-    def __init__(self, upstream_port: int, latency: float):
-        self.upstream_port, self.latency = upstream_port, latency
-        self.port = free_port()
-        self.requests = 0
-        self.bytes_returned = 0
-        self._loop = asyncio.new_event_loop()
-        started = threading.Event()
-        threading.Thread(target=self._serve, args=(started,), daemon=True).start()
-        started.wait()
-
-    def _serve(self, started: threading.Event) -> None:
-        asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(asyncio.start_server(self._connection, "127.0.0.1", self.port))
-        started.set()
-        self._loop.run_until_complete(server.serve_forever())
-
-    async def _connection(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-
-        async def requests() -> None:
-            while data := await client_r.read(1 << 16):
-                self.requests += 1
-                await asyncio.sleep(self.latency)
-                up_w.write(data)
-                await up_w.drain()
-            up_w.close()
-
-        async def responses() -> None:
-            while data := await up_r.read(1 << 16):
-                self.bytes_returned += len(data)
-                client_w.write(data)
-                await client_w.drain()
-            client_w.close()
-
-        await asyncio.gather(requests(), responses(), return_exceptions=True)
-
-
-def start_server(kind: str, scratch: str) -> tuple[subprocess.Popen, int, dict[str, str]]:
-    """An S3 server process on 127.0.0.1 with the benchmark's bucket: its process, port and the keys it takes."""
-    port = free_port()
-    log_path = os.path.join(scratch, f"{kind}.log")
-    if kind == "moto":
-        server = shutil.which("moto_server", path=os.path.dirname(sys.executable))
-        if server is None:
-            raise SystemExit("moto_server is not installed: pip install 'tokenmix[dev]'")
-        command, keys = [server, "-H", "127.0.0.1", "-p", str(port)], {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"}
-    else:
-        server = shutil.which("s3rver") or shutil.which("s3rver", path="node_modules/.bin")
-        if server is None:
-            raise SystemExit("s3rver is not installed: npm install s3rver@3 (here, or globally)")
-        os.makedirs(os.path.join(scratch, "s3rver"))
-        command = [server, "-d", os.path.join(scratch, "s3rver"), "-a", "127.0.0.1", "-p", str(port), "--silent"]
-        keys = {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER"}
-    proc = subprocess.Popen(command, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/{BUCKET}", method="PUT"), timeout=2).read()
-            return proc, port, keys
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit(f"the S3 server did not start; see {log_path}") from None
-            time.sleep(0.1)
 
 
 def main() -> None:
@@ -132,7 +55,11 @@ def main() -> None:
     chunk_cache.SHARED.max_bytes = 0
     mesh = jax.make_mesh((1,), ("data",), devices=jax.devices("cpu")[:1])
     with tempfile.TemporaryDirectory(prefix="tokenmix-bench-object-") as scratch:
-        server, server_port, keys = start_server(args.server, scratch)
+        try:
+            server = S3Server(scratch, BUCKET, args.server)
+        except FileNotFoundError as e:
+            raise SystemExit(str(e)) from None
+        server_port, keys = server.port, server.keys
         try:
             local_dir = os.path.join(scratch, "caches")
             local = load_data_config(args.config_path, ["--cache_dir", local_dir, "--build.compression", args.compression])
@@ -168,8 +95,7 @@ def main() -> None:
                 results[label] = (read / elapsed, opened, open_requests, (proxy.bytes_returned - fetched) / read,
                                   (proxy.requests - requests) / args.batches)
         finally:
-            server.terminate()
-            server.wait(timeout=30)
+            server.stop()
     limit = results["local disk"][0]
     print(f"{args.batches} shuffled batches of {batch} x {seq_len} from {args.server}, chunk cache off, compression {args.compression}, "
           f"prefetch {args.prefetch}, read_ahead {args.read_ahead}, {args.latency_ms:g} ms per request:")

@@ -24,6 +24,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 from helpers import DEMO_CORPUS, TOKENIZER, GrowingCache, read_jsonl_zst  # noqa: E402
+from s3_server import BUCKET, S3Server  # noqa: E402
 
 CLUSTER_TESTS = {"test_executors.py", "test_curate.py", "test_readme.py"}
 """Files whose tests start Ray or Dask clusters: under pytest-xdist they run in one worker, one cluster at a time."""
@@ -80,3 +81,23 @@ def growing_cache(tmp_path):
     yield start
     for growing in started:
         growing.finish()
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A fresh S3 server on 127.0.0.1 holding ``s3_server.BUCKET``, and the environment that points tokenmix (and its
+    subprocesses) at it."""
+    try:
+        server = S3Server(str(tmp_path_factory.mktemp("s3")), BUCKET)
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    env = {"AWS_ENDPOINT_URL": server.endpoint, **server.keys}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield server
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    server.stop()

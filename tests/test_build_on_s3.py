@@ -3,60 +3,15 @@ tensorstore's own s3 driver, reached through ``AWS_ENDPOINT_URL`` as any S3-comp
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 
 import numpy as np
 import pytest
 import yaml
 from helpers import TOKENIZER, check_lease_lifecycle, demo_urls, start_builders
+from s3_server import BUCKET
 
 import tokenmix
-
-BUCKET = "tokenmix-test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """A fresh S3 server on 127.0.0.1 with one bucket, and the environment that points tokenmix (and its subprocesses) at it."""
-    server = shutil.which("moto_server", path=os.path.dirname(sys.executable))
-    if server is None:
-        pytest.skip("moto_server is not installed (pip install 'tokenmix[dev]')")
-    port = _free_port()
-    log = open(tmp_path_factory.mktemp("s3") / "moto.log", "w")
-    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{BUCKET}", method="PUT"), timeout=2).read()
-            break
-        except OSError:
-            assert time.monotonic() < deadline and proc.poll() is None, "the S3 server did not start"
-            time.sleep(0.1)
-    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    yield endpoint
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    proc.terminate()
-    proc.wait(timeout=30)
-    log.close()
 
 
 def test_a_lease_on_s3_excludes_others_and_is_taken_over_from_a_stalled_holder(s3, caplog):

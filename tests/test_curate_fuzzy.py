@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import DEMO_CORPUS, read_jsonl_zst
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from helpers import DEMO_CORPUS, read_jsonl_zst
 
 from tokenmix.curate import AddId, CurationConfig, CurationOutput, CurationSource, run_curation
 from tokenmix.curate.components import DocRanges, RangeWriters, find_components, scatter_by_range

@@ -73,6 +73,18 @@ def test_feistel_inverts_and_stays_in_range_up_to_2_to_the_63(n, key, data):
     assert len(set(ys.tolist())) == len(set(xs.tolist()))
 
 
+@SETTINGS
+@given(sizes=st.lists(st.tuples(st.integers(1, 2**63), st.integers(0, 2**64 - 1)), min_size=1, max_size=12), data=st.data())
+def test_many_permutations_applied_in_one_pass_equal_each_applied_alone(sizes, data):
+    """A mixture resolves the full shuffles of all the sources of a block in one pass (``permute_many``)."""
+    from tokenmix.datasets.permutation import permute_many
+
+    perms = [FeistelPermutation(n, key) for n, key in sizes]
+    which = np.array(data.draw(st.lists(st.integers(0, len(perms) - 1), min_size=1, max_size=60)), np.int64)
+    xs = np.array([data.draw(st.integers(0, perms[w].n - 1)) for w in which.tolist()], np.int64)
+    assert permute_many(perms, which, xs).tolist() == [perms[w](x) for w, x in zip(which.tolist(), xs.tolist())]
+
+
 def test_feistel_keys_give_different_orders():
     orders = {tuple(FeistelPermutation(1000, key)(np.arange(1000)).tolist()) for key in range(20)}
     assert len(orders) == 20

@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlparse
 
 import numpy as np
 import tensorstore as ts
@@ -54,6 +55,7 @@ class TokenCache:
         if object_reads not in ("tensorstore", "fsspec"):
             raise ValueError(f"object_reads (TOKENMIX_OBJECT_READS) must be tensorstore or fsspec, got {object_reads!r}")
         self.location = location
+        self._remote = urlparse(location).scheme in ("gs", "s3")
         self._object_reads = object_reads
         self._chunk_cache = chunk_cache
         self._claimed: tuple[int, ...] | None = None
@@ -61,12 +63,23 @@ class TokenCache:
         asked)."""
         self._docs = JsonDocuments(location)
         ledger = self._read_ledger()
+        self._finished_at_open = ledger.finished
+        """Whether the build had finished when the cache was opened: the first ``is_finished`` (a dataset opening over
+        the cache asks at once) takes that answer instead of a request of its own."""
+        self._rows_at_open = ledger.rows if ledger.finished else None
+        """The rows of the build finished when the cache was opened: the first ``committed_row_ends`` reads the row
+        count and the ends in one read (checking the count)."""
         if expected_identity is not None and is_levanter(ledger.identity):
             check_levanter_identity(ledger.identity, expected_identity, location)
         elif expected_identity is not None:
             ledger.check_identity(expected_identity, location)
         levanter = is_levanter(ledger.identity)  # Levanter's builder leaves out chunks of zeros: those read as zeros
-        self._array = JaggedArray.open(location, TOKENS_ARRAY, ledger.identity["dtype"], strict=not levanter)
+        self._settled_tokens = int(ledger.tokens) if ledger.finished and self._remote else 0
+        """On object storage, the tokens of the build finished when the cache was opened: committed tokens never change,
+        so reads below this serve the chunks the cache pool holds without a request; a read past it (the cache was
+        extended since) first opens the tokens again, asking the store each time."""
+        self._array = JaggedArray.open(location, TOKENS_ARRAY, ledger.identity["dtype"], strict=not levanter,
+                                       settled=self._settled_tokens > 0)
         self.identity = {**ledger.identity, "dtype": self._array.dtype.name}
         self.fingerprint = fingerprint_of(self.identity)
         stored = int(self._array.data.chunk_layout.read_chunk.shape[0])
@@ -140,6 +153,9 @@ class TokenCache:
 
     def is_finished(self) -> bool:
         """Whether the build has finished (all committed; nothing more will be added)."""
+        if self._finished_at_open:
+            self._finished_at_open = False
+            return True
         return self._read_ledger().finished
 
     def wait_for_rows(self, n: int, timeout: float | None = None) -> int:
@@ -168,6 +184,19 @@ class TokenCache:
         self._check_rows(start, stop)
         return self._array.row_bounds(start, stop)
 
+    def committed_row_ends(self, start: int) -> np.ndarray:
+        """Where each committed row from ``start`` on ends: the row count and the ends read once each, or, the first time
+        on a cache finished when opened, in one read."""
+        known, self._rows_at_open = self._rows_at_open, None
+        if known is not None and start <= known:
+            count_and_ends = self._array.read(self._array.offsets, 0, known + 1)
+            if int(count_and_ends[0]) == known:
+                return count_and_ends[start + 1 :]
+        committed = self.num_rows()
+        if not 0 <= start <= committed:
+            raise IndexError(f"{self.location}: row {start} is outside the {committed} committed rows")
+        return self._array.row_ends(start, committed)
+
     def row_ends(self, start: int, stop: int) -> np.ndarray:
         """Where rows ``start`` to ``stop - 1`` end in the token stream (one read)."""
         self._check_rows(start, stop)
@@ -175,7 +204,14 @@ class TokenCache:
 
     def read_tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``start`` to ``stop - 1`` of the cache's token stream."""
+        self._unsettle(stop)
         return self._array.read_tokens(start, stop)
+
+    def _unsettle(self, end: int) -> None:
+        """Before a read of tokens up to ``end``: past the settled tokens, reopen the tokens to ask the store each time."""
+        if end > self._settled_tokens > 0:
+            self._settled_tokens = 0
+            self._array.data = JaggedArray.open(self.location, TOKENS_ARRAY, self._array.dtype.name, strict=not is_levanter(self.identity)).data
 
     @property
     def chunk_tokens(self) -> int:
@@ -187,7 +223,11 @@ class TokenCache:
         """Whether reads go through the chunk cache: when it can hold this cache's committed tokens beside the caches
         that claimed room in it first, so that repeated reads are memory copies. Otherwise a block read would
         decompress a whole block for each range and be evicted before it is read again, so ranges are read exactly
-        (``read_ranges``)."""
+        (``read_ranges``). A cache on object storage is always read exactly: a block would fetch 2^18 tokens for each
+        example of a cold start, and for each of the few rows a host of many reads; the stored chunks it fetches are
+        kept in a pool bounded in bytes instead (``store.OBJECT_CACHE_BYTES``)."""
+        if self._remote:
+            return False
         asked = (committed_tokens, self._chunk_cache.max_bytes)
         if asked == self._claimed:  # room once given is kept while the cache does not grow (nor the chunk cache shrink)
             return True
@@ -214,8 +254,9 @@ class TokenCache:
         if self._exact is not None:
             tokens = self._named(lambda: self._exact.read(begin, size, committed_tokens))  # type: ignore[union-attr]
             return lambda: tokens
-        data = self._array.data
         ranges = [(b, b + m) for b, m in zip(begin.tolist(), size.tolist())]
+        self._unsettle(max((e for _, e in ranges), default=0))
+        data = self._array.data
         with ts.Batch() as batch:
             reads = [data[b:e].read(batch=batch) for b, e in ranges]
         return lambda: self._array.awaited(data, ranges, reads)
@@ -242,8 +283,9 @@ class TokenCache:
         if last in wanted:
             wanted[last] = committed_tokens - last * size
         have = self._chunk_cache.get(self.location, wanted)
-        data = self._array.data
         ranges = {c: (c * size, c * size + need) for c, need in wanted.items() if c not in have}
+        self._unsettle(max((e for _, e in ranges.values()), default=0))
+        data = self._array.data
         reads = [data[b:e].read() for b, e in ranges.values()]
 
         def finish() -> dict[int, np.ndarray]:
@@ -269,6 +311,7 @@ class TokenCache:
         offsets = self._array.offsets
         ends = self._array.awaited(offsets, [(r, r + 2) for r in rows], [offsets[r : r + 2].read() for r in rows])
         bounds = [(0 if r == 0 else int(e[0]), int(e[1])) for r, e in zip(rows, ends)]
+        self._unsettle(max(e for _, e in bounds))
         data = self._array.data
         return self._array.awaited(data, bounds, [data[s:e].read() for s, e in bounds])
 

@@ -36,9 +36,12 @@ OFFSETS_SHARD, OFFSETS_INNER = 1 << 16, 1 << 10
 
 _CONTEXT = ts.Context()
 """One context for the process, so ``memory://`` caches are shared by every opener in it."""
-_REMOTE_READ_CONTEXT = ts.Context({"cache_pool": {"total_bytes_limit": 64 << 20}})
-"""Where tensorstore reads caches on object storage: its cache pool keeps the shard indexes it has read (and recent
-chunks), so that an exact read costs one request, not two (``docs/benchmarks.md``)."""
+OBJECT_CACHE_BYTES = int(os.environ.get("TOKENMIX_OBJECT_CACHE_BYTES", str(64 << 20)))
+"""What a process keeps of what it fetched from caches on object storage (shard indexes, decoded chunks), in bytes."""
+_REMOTE_READ_CONTEXT = ts.Context({"cache_pool": {"total_bytes_limit": OBJECT_CACHE_BYTES}})
+"""Where tensorstore reads caches on object storage, one context for them all: its cache pool keeps the shard indexes
+it has read, so that an exact read costs one request, not two (``docs/benchmarks.md``), and the chunks read lately, so
+that a repeated read costs none; least recently used dropped past ``OBJECT_CACHE_BYTES``."""
 
 
 class CacheWriteError(OSError):
@@ -82,13 +85,17 @@ def kvstore_spec(location: str) -> dict[str, Any]:
 
 def _s3_options() -> dict[str, Any]:
     """What the environment says about S3, as the AWS tools read it: an S3-compatible endpoint (MinIO, R2, a local
-    server) from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, and keys from ``AWS_ACCESS_KEY_ID`` when it is set."""
+    server) from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, keys from ``AWS_ACCESS_KEY_ID`` when it is set, and
+    the bucket's region from ``AWS_REGION`` or ``AWS_DEFAULT_REGION``."""
     options: dict[str, Any] = {}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         options["endpoint"] = endpoint
     if os.environ.get("AWS_ACCESS_KEY_ID"):
         options["aws_credentials"] = {"type": "environment"}
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:  # else tensorstore asks the bucket for it, a request for every store it opens
+        options["aws_region"] = region
     return options
 
 
@@ -197,13 +204,16 @@ def _array_spec(location: str, sub: str, dtype: str, shard: int, inner: int, com
 
 
 def _open_array(location: str, sub: str, dtype: str | None, shard: int, inner: int, create: bool,
-                compression: str = "zstd", strict: bool = True) -> ts.TensorStore:
+                compression: str = "zstd", strict: bool = True, settled: bool = False) -> ts.TensorStore:
     """An existing array with the layout it was made with (caches of every tokenmix layout open), or, with ``create``, a
     new one in today's layout, its chunks stored as ``compression`` says (``CHUNK_CODECS``). Opened to write
     (``create``), every chunk is stored; opened to read, a missing chunk is an error unless ``strict`` is off (arrays
-    another program wrote, which may leave out chunks of zeros)."""
+    another program wrote, which may leave out chunks of zeros). ``settled``: read from object storage, the chunks the
+    process's cache pool holds serve again without asking the store (only for values that can no longer change)."""
     remote_read = not create and urlparse(location).scheme in ("gs", "s3")
     options = WRITER_OPTIONS if create else READER_OPTIONS if strict else {}
+    if remote_read and settled:
+        options = {**options, "recheck_cached_data": False}
     try:
         array = ts.open({"driver": "zarr3", "kvstore": _subspec(location, sub), **options},
                         context=_REMOTE_READ_CONTEXT if remote_read else _CONTEXT, open=True).result()
@@ -308,11 +318,13 @@ class JaggedArray:
 
     @classmethod
     def open(cls, location: str, name: str, dtype: str | None, create: bool = False, compression: str = "zstd",
-             strict: bool = True) -> JaggedArray:
+             strict: bool = True, settled: bool = False) -> JaggedArray:
         """Open (or, with ``create``, create if absent) the jagged array ``name`` at ``location``; ``compression`` says
         how new values are stored (``CHUNK_CODECS``; row ends are always zstd). ``dtype`` None opens values of any type
-        (not with ``create``). ``strict`` off reads a missing chunk as zeros (for arrays another program wrote)."""
-        data = _open_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, create, compression, strict)
+        (not with ``create``). ``strict`` off reads a missing chunk as zeros (for arrays another program wrote).
+        ``settled``: the values on object storage are read through the cache pool without asking the store again
+        whether a chunk it holds changed: only for reads of values committed when this was opened (``_open_array``)."""
+        data = _open_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, create, compression, strict, settled)
         return cls(data, _open_array(location, f"{name}/offsets", "int64", OFFSETS_SHARD, OFFSETS_INNER, create, strict=strict),
                    location, name)
 

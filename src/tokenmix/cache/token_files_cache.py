@@ -83,6 +83,9 @@ class TokenFilesCache:
         self._check_rows(start, stop)
         return self._bounds[start : stop + 1].copy()
 
+    def committed_row_ends(self, start: int) -> np.ndarray:
+        return self.row_ends(start, self.num_rows())
+
     def row_ends(self, start: int, stop: int) -> np.ndarray:
         self._check_rows(start, stop)
         return self._bounds[start + 1 : stop + 1].copy()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, fields
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -25,6 +26,7 @@ from tokenmix.config.levanter import CacheOptions, note_cache_options, refuse_re
 from tokenmix.config.sources import LMDatasetSourceConfig
 from tokenmix.datasets.base import Dataset
 from tokenmix.datasets.block_shuffle import BlockShuffle
+from tokenmix.datasets.deferred import DeferredDataset, open_together
 from tokenmix.datasets.ignored_targets import IgnoredTargets
 from tokenmix.datasets.mixture import STOP_STRATEGIES, MixtureDataset, normalize_schedule
 from tokenmix.datasets.nanoset_order import NanosetOrderDataset, NanotronStage
@@ -275,7 +277,7 @@ class LMMixtureDatasetConfig(DataConfigBase):
             if documents is not None:
                 raise ValueError(f"source {name!r}: format ul2r: Levanter's UL2R packs every document of the cache in order; remove "
                                  "it from num_validation_sequences/validation_fraction and give validation_urls instead")
-            return Ul2rDataset(cache, seq_len if self.example_convention == "levanter" else seq_len + 1, source_id,
+            return Ul2rDataset(cache, self._example_width(name, seq_len), source_id,
                                tasks=[DenoisingTask(*task) for task in fmt.task_table()], task_probs=fmt.probabilities(),
                                seed=fmt.rng_seed, sentinel_ids=fmt.sentinel_ids(), pad_id=UL2R_PAD_ID)
         if isinstance(fmt, PreferenceChatLmDatasetFormat):
@@ -285,7 +287,7 @@ class LMMixtureDatasetConfig(DataConfigBase):
             sides = PackedDataset(cache, seq_len, source_id, pad_id=self.pad_id(), max_segments_per_example=1)
             return PreferencePairs(sides, cache)
         packing = self.configs[name].packing_options()
-        width = seq_len if self.example_convention == "levanter" else seq_len + 1
+        width = self._example_width(name, seq_len)
         if packing is None:
             if self.example_convention != "datatrove":
                 return TokenSeqDataset(cache, width, source_id, documents=documents, stride=seq_len)
@@ -298,6 +300,13 @@ class LMMixtureDatasetConfig(DataConfigBase):
             cache, width, source_id, pad_id=self.pad_id(), max_segments_per_example=packing.max_segments_per_example,
             long_documents=packing.long_documents, shuffle=packing.shuffle, key=packing.seed, documents=documents,
         )
+
+    def _example_width(self, name: str, seq_len: int) -> int:
+        """Tokens in each of a source's training examples: ``seq_len``, one more under ``example_convention`` megatron or
+        datatrove (inputs and shifted labels from one read), twice ``seq_len`` for preference pairs (both sides)."""
+        if isinstance(self.configs[name].format, PreferenceChatLmDatasetFormat):
+            return 2 * seq_len
+        return seq_len if self.example_convention == "levanter" else seq_len + 1
 
     def _train_dataset(self, name: str, seq_len: int, source_id: int) -> Dataset:
         if self._split_weights(name) is not None:
@@ -335,7 +344,7 @@ class LMMixtureDatasetConfig(DataConfigBase):
             return self._nanotron_train_set(seq_len, key)
         schedule = self.weight_schedule() if weight_log is None else weight_log
         seed = self._seed(key)
-        datasets = self.train_sources(seq_len, key, weight_log)
+        datasets = self._train_sources(seq_len, seed, self.weight_schedule() + list(weight_log or []), deferred=True)
         weights = [(start, {n: w.get(n, 0.0) for n in datasets}) for start, w in schedule]
         return MixtureDataset(
             datasets,
@@ -364,10 +373,23 @@ class LMMixtureDatasetConfig(DataConfigBase):
         """Per source with a training weight (in ``train_weights`` or in ``weight_log``), its training examples before
         mixing: what ``train_set`` draws from (held-out documents, a ``split``'s other parts and budgets already taken
         away), in config order."""
-        schedule = self.weight_schedule() + list(weight_log or [])
-        seed = self._seed(key)
-        return {n: self._budgeted(n, self._train_dataset(n, seq_len, i), seed) for i, n in enumerate(self.configs)
-                if any(w.get(n, 0) > 0 for _, w in schedule)}
+        return self._train_sources(seq_len, self._seed(key), self.weight_schedule() + list(weight_log or []), deferred=False)
+
+    def _train_sources(self, seq_len: int, seed: int, schedule: list[tuple[int, dict[str, float]]], deferred: bool) -> dict[str, Dataset]:
+        """``train_sources``; ``deferred``: each source is opened when a batch first draws from it (``DeferredDataset``),
+        except those cut to a budget, whose length is needed now (opened together, concurrently)."""
+        sources = {n: DeferredDataset(partial(self._train_source, n, seq_len, i, seed), self._example_width(n, seq_len), n)
+                   for i, n in enumerate(self.configs) if any(w.get(n, 0) > 0 for _, w in schedule)}
+        open_together(ds for n, ds in sources.items() if not deferred or self._has_budget(n))
+        return sources if deferred else {n: ds.dataset for n, ds in sources.items()}
+
+    def _train_source(self, name: str, seq_len: int, source_id: int, seed: int) -> Dataset:
+        """Source ``name``'s training examples, opened."""
+        return self._budgeted(name, self._train_dataset(name, seq_len, source_id), seed)
+
+    def _has_budget(self, name: str) -> bool:
+        """Whether a source's training examples are cut to a budget (``_budgeted``)."""
+        return (self.target_budget is not None and self.experiment_budget is not None) or name in (self.max_train_batches or {})
 
     def _seed(self, key: int | None) -> int:
         """The config's ``seed``, or the last word of a given key (a JAX PRNG key as well as an int)."""
@@ -375,12 +397,12 @@ class LMMixtureDatasetConfig(DataConfigBase):
 
     def _budgeted(self, name: str, dataset: Dataset, seed: int) -> Dataset:
         """A source's training examples cut to its simulated budget or ``max_train_batches`` (a random subset)."""
+        if not self._has_budget(name):
+            return dataset
         if self.target_budget is not None and self.experiment_budget is not None:
             count = int(_length(dataset) * self.experiment_budget / self.target_budget)
-        elif name in (self.max_train_batches or {}):
-            count = self.max_train_batches[name] * self.batch_schedule().batch_size(0)  # type: ignore[index, union-attr]
         else:
-            return dataset
+            count = self.max_train_batches[name] * self.batch_schedule().batch_size(0)  # type: ignore[index, union-attr]
         why = "max_train_batches" if self.target_budget is None else "target_budget and experiment_budget (simulated epoching)"
         if not 0 < count <= _length(dataset):
             raise ValueError(f"{why}: source {name!r} would keep {count} of its {_length(dataset)} training examples; "

@@ -41,10 +41,11 @@ class CacheDocuments:
         if self.finished:
             return
         finished = self.cache.is_finished()
-        rows = self.cache.num_rows()
         known = self.rows
+        ends = self.cache.committed_row_ends(known)
+        rows = known + len(ends)
         if rows > known:
-            bounds = np.concatenate([self.bounds, self.cache.row_ends(known, rows)])
+            bounds = np.concatenate([self.bounds, ends])
             if self.masked:  # spans before bounds: a reader that sees a row sees its spans
                 row, begin, end = self.cache.loss_spans(known, rows)
                 self.span_starts = np.concatenate([self.span_starts, bounds[row] + begin])

@@ -8,6 +8,7 @@ import numpy as np
 
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
 from tokenmix.datasets.order import Shuffle, SourceOrder, check_shuffle, needs_length, resolvable
+from tokenmix.datasets.permutation import FeistelPermutation
 
 UNBOUNDED = 2**62
 """The length reported by datasets that never end."""
@@ -86,6 +87,13 @@ class EpochedDataset(Dataset):
         if final is not None and idx.size and int(idx.max()) >= final:
             raise IndexError(f"{self!r}: draw {int(idx.max())} is beyond its {final} examples")
         return self.order_for(idx)(idx) if idx.size else idx
+
+    def permutation_of(self, draws: np.ndarray) -> tuple[FeistelPermutation, np.ndarray] | None:
+        """``examples(draws)`` as one permutation and its positions, where the final order makes them that
+        (``SourceOrder.permutation``) and no epoch bound applies: for a caller resolving many sources at once."""
+        if self._final_order is None or self.epochs is not None:
+            return None
+        return self._final_order.permutation(draws)
 
     def has_final_order(self) -> bool:
         """Whether draws resolve without waiting or asking the cache (its final order is known)."""

@@ -31,10 +31,11 @@ from typing import Literal
 import numpy as np
 
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
+from tokenmix.datasets.deferred import DeferredDataset, open_together
 from tokenmix.datasets.epochs import UNBOUNDED, EpochedDataset
 from tokenmix.datasets.mixture_layout import NUMPY_FROM, BlockAllocator, is_weight, short_decimals, whole_block_counts
 from tokenmix.datasets.order import Shuffle
-from tokenmix.datasets.permutation import FeistelPermutation, derive_key
+from tokenmix.datasets.permutation import FeistelPermutation, derive_key, permute_many
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +180,8 @@ class MixtureDataset(Dataset):
         """Their epoch-shuffled views, made when first drawn from."""
         self._scanned = 0
         """Stages whose weighted sources ``_weighted`` holds for certain (those before are all scanned)."""
+        self._all_final = False
+        """Whether every source's order was final when last looked at (it stays so until a stage adds a source)."""
         self._length: tuple[int, int] | None = None
         """The length under a stop strategy, and how many stages it was found with."""
         self._allocator(0)  # a mixture of one stage is checked whole at once
@@ -266,7 +269,10 @@ class MixtureDataset(Dataset):
             if stage not in self._checked:
                 check_stage(weights, self.names, stage_name(start, self._staged or stage > 0))
                 if len(self._weighted) < len(self._canon):
-                    self._weighted.update(c for c, name in enumerate(self._canon) if weights.get(name, 0.0) > 0)
+                    added = {c for c, name in enumerate(self._canon) if weights.get(name, 0.0) > 0} - self._weighted
+                    if added:
+                        self._weighted |= added
+                        self._all_final = False
                 self._checked.add(stage)
             return weights
 
@@ -362,7 +368,21 @@ class MixtureDataset(Dataset):
         c = self._canon.index(name)
         if c not in self._weighted and c not in self._all_sources():
             raise KeyError(f"source {name!r} has weight 0 in every stage and is never drawn")
+        self._open([c])
         return self._source(c)
+
+    def opened_sources(self) -> list[str]:
+        """The sources opened so far: a source given as a ``DeferredDataset`` opens when a batch first draws from it."""
+        return [self._canon[c] for c, src in self._sources.items() if not isinstance(src.base, DeferredDataset) or src.base.is_open]
+
+    def _open(self, sources: list[int]) -> None:
+        """Open the sources numbered ``sources`` (canonical) that are not open yet, together, and read each through what
+        it opened to from then on."""
+        drawn = [self._source(c) for c in sources]
+        open_together(src.base for src in drawn)
+        for src in drawn:
+            if isinstance(src.base, DeferredDataset):
+                src.base = src.base.dataset
 
     def consumed(self, num_examples: int) -> dict[str, int]:
         """How many examples of each source the first ``num_examples`` indices draw."""
@@ -416,23 +436,39 @@ class MixtureDataset(Dataset):
         before, source, rank = self._block(stage, block)
         draws = self._base(stage)[source] + before[source] + rank
         examples = np.empty(self.block_size, np.int64)
-        for c in np.unique(source).tolist():
-            members = source == c
-            examples[members] = self._source(c).examples(draws[members])
+        by_source = np.argsort(source, kind="stable")
+        perms: list[FeistelPermutation] = []
+        which, positions, within = [], [], []
+        for members in np.split(by_source, np.flatnonzero(np.diff(source[by_source])) + 1):
+            src = self._source(int(source[members[0]]))
+            plan = src.permutation_of(draws[members])
+            if plan is None:
+                examples[members] = src.examples(draws[members])
+            else:  # the full shuffles of all sources below are applied in one pass
+                which.append(np.full(len(members), len(perms)))
+                perms.append(plan[0])
+                positions.append(members)
+                within.append(plan[1])
+        if perms:
+            examples[np.concatenate(positions)] = permute_many(perms, np.concatenate(which), np.concatenate(within))
         return source, examples
 
     def _examples(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For each index: the canonical source number, and the example index within that source."""
         canon = np.empty(len(idx), np.int64)
         examples = np.empty(len(idx), np.int64)
-        if all(self._source(c).has_final_order() for c in tuple(self._weighted)):
+        if not self._all_final:
+            self._all_final = all(self._source(c).has_final_order() for c in tuple(self._weighted))
+        if self._all_final:
             for s, b, members, pos in self._by_block(idx):
                 source, block_examples = self._block_examples(s, b)
                 canon[members] = source[pos]
                 examples[members] = block_examples[pos]
             return canon, examples
         canon, draws = self._locate(idx)
-        for c in np.unique(canon).tolist():
+        drawn = np.unique(canon).tolist()
+        self._open(drawn)  # only the sources this batch draws from, at once
+        for c in drawn:
             members = canon == c
             examples[members] = self._source(c).examples(draws[members])
         return canon, examples
@@ -453,7 +489,9 @@ class MixtureDataset(Dataset):
 
     def _source_lengths(self) -> dict[int, int]:
         why = f"stop_strategy {self.stop_strategy!r} needs every source's length"
-        return {c: ds.length(why) for c, ds in self._all_sources().items()}
+        sources = self._all_sources()
+        self._open(list(sources))
+        return {c: ds.length(why) for c, ds in sources.items()}
 
     def _stop_length(self) -> int:
         lengths = self._source_lengths()

@@ -74,6 +74,16 @@ class SourceOrder:
             return top
         return -(-top // self.shuffle) * self.shuffle
 
+    def permutation(self, k: np.ndarray) -> tuple[FeistelPermutation, np.ndarray] | None:
+        """Where draws ``k`` are positions of one full permutation (a full shuffle, all in one epoch): that permutation
+        and the positions, for a caller that applies many sources' at once (``permute_many``); else None."""
+        if self.shuffle is not True or self.length is None or not len(k):
+            return None
+        epoch, within = np.divmod(np.asarray(k, np.int64), self.length)
+        if epoch.min() != epoch.max():
+            return None
+        return _permutation(self.length, self.key, int(epoch[0]), 0), within
+
     def __call__(self, k: np.ndarray) -> np.ndarray:
         """The example index of each draw ``k``."""
         k = np.asarray(k, np.int64)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -56,6 +57,8 @@ class FeistelPermutation:
         self._sizes = [(np.uint64(a), np.uint64(b), np.uint64((1 << a) - 1), np.uint64((1 << b) - 1)) for a, b in sizes]
         """Per round: left bits, right bits, left mask, right mask."""
         self._round_keys = [np.uint64(derive_key(key, r)) for r in range(_ROUNDS)]
+        self._table = np.array([[*sizes, k] for sizes, k in zip(self._sizes, self._round_keys)], np.uint64)
+        """Per round: left bits, right bits, left mask, right mask, round key (for ``permute_many``)."""
 
     def _forward_once(self, x: np.ndarray) -> np.ndarray:
         for (left_bits, right_bits, left_mask, right_mask), k in zip(self._sizes, self._round_keys):
@@ -94,3 +97,29 @@ class FeistelPermutation:
     def inverse(self, j):
         """The position that goes to ``j``."""
         return self._apply(j, self._inverse_once)
+
+
+def permute_many(perms: Sequence[FeistelPermutation], which: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``perms[which[i]](x[i])`` for each ``i``: many permutations (each of its own length and key) applied in one
+    vectorized pass, so that resolving a block of a mixture of a thousand sources costs one pass, not one per source."""
+    which = np.asarray(which, np.int64)
+    x = np.asarray(x, np.int64)
+    n = np.array([p.n for p in perms], np.uint64)[which]
+    if x.size and (x.min() < 0 or np.any(x.astype(np.uint64) >= n)):
+        raise IndexError("permute_many: an index is out of range of its permutation")
+    rounds = np.stack([p._table for p in perms])[which] if perms else np.empty((0, _ROUNDS, 5), np.uint64)
+
+    def forward(values: np.ndarray, params: np.ndarray) -> np.ndarray:
+        for r in range(_ROUNDS):
+            left_bits, right_bits, left_mask, right_mask, key = params[:, r].T
+            left, right = values >> right_bits, values & right_mask
+            values = (right << left_bits) | (left ^ (_mix(right ^ key) & left_mask))
+        return values
+
+    with np.errstate(over="ignore"):
+        out = forward(x.astype(np.uint64), rounds)
+        outside = np.flatnonzero(out >= n)
+        while outside.size:  # cycle-walking, each value in its own permutation's domain
+            out[outside] = forward(out[outside], rounds[outside])
+            outside = outside[out[outside] >= n[outside]]
+    return out.astype(np.int64)

@@ -1,0 +1,149 @@
+"""A mixture of many sources read from an object store with a bucket's latency (issue 39): a real S3 server process (the
+``s3`` fixture) behind a proxy on 127.0.0.1 that holds every request 30 ms and counts requests and bytes
+(``s3_server.LatencyProxy``)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import DEMO_CORPUS, REPO, TOKENIZER, read_jsonl_zst, write_jsonl
+from s3_server import BUCKET, LatencyProxy
+
+import tokenmix
+from tokenmix.cache import store
+from tokenmix.cache.shard_reads import ShardLayout
+from tokenmix.datasets.deferred import OPENING_THREADS
+
+SOURCES = 24
+SEQ = 256
+LATENCY_S = 0.03
+OPEN_REQUESTS = 5
+HEADER_BYTES = 1024
+"""What an HTTP response may add to the stored bytes it carries (status line, headers)."""
+
+
+def _config(cache_dir: str, text: Path, sources: int = SOURCES) -> dict:
+    names = [f"s{i:02d}" for i in range(sources)]
+    return {"tokenizer": TOKENIZER, "cache_dir": cache_dir, "shuffle": True,
+            "configs": {n: {"train_urls": [str(text / f"{n}.jsonl")]} for n in names},
+            "train_weights": {n: 1 + i % 7 for i, n in enumerate(names)}}
+
+
+@pytest.fixture(scope="module")
+def caches(s3, tmp_path_factory):
+    """``SOURCES`` small sources (6 demo documents each, stored in chunks of 2^10 tokens), built locally and copied to
+    the bucket; yields the local directory, the text directory and the bucket's cache directory."""
+    root = tmp_path_factory.mktemp("many")
+    (root / "text").mkdir()
+    docs = [r for source in ("webster", "linux_doc") for r in read_jsonl_zst(DEMO_CORPUS / source / "train-00-of-02.jsonl.zst")]
+    for i in range(SOURCES):
+        write_jsonl(root / "text" / f"s{i:02d}.jsonl", [docs[(6 * i + k) % len(docs)] for k in range(6)])
+    local = root / "caches"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store, "DATA_SHARD", 1 << 14)
+        patch.setattr(store, "DATA_INNER", 1 << 10)
+        tokenmix.build_caches(tokenmix.load_data_config(_config(str(local), root / "text")), progress=False)
+    import s3fs
+
+    remote = f"s3://{BUCKET}/many-{time.time_ns()}"
+    s3fs.S3FileSystem(skip_instance_cache=True).put(str(local) + "/", remote.removeprefix("s3://") + "/", recursive=True)
+    return local, root / "text", remote
+
+
+@pytest.fixture
+def proxy(s3, monkeypatch):
+    """The latency proxy in front of the server, and the environment pointing tokenmix at it."""
+    proxy = LatencyProxy(s3.port, LATENCY_S)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    return proxy
+
+
+def _plan(local: Path, train: tokenmix.MixtureDataset, indices: np.ndarray) -> tuple[int, int, int]:
+    """What a cold read of ``indices`` may fetch: every object of the sources they draw from but the token data, and of
+    the token data the shard indexes and the stored chunks their examples touch; the number of those sources, and of
+    those shard indexes and chunks."""
+    ids, draws = train.locate(indices)
+    planned = pieces = 0
+    drawn = np.unique(ids).tolist()
+    for s in drawn:
+        name = train.names[s]
+        where = local / name / "train"
+        data = where / "input_ids" / "data"
+        planned += sum(os.path.getsize(f) for f in glob.glob(str(where / "**"), recursive=True)
+                       if os.path.isfile(f) and not f.startswith(str(data / "c")))
+        layout = ShardLayout.from_metadata(json.loads((data / "zarr.json").read_text()))
+        examples = train.source(name).examples(draws[ids == s])
+        chunks = {c for e in examples.tolist() for c in range(e * SEQ // layout.inner, ((e + 1) * SEQ - 1) // layout.inner + 1)}
+        shards = {c // layout.chunks_per_shard for c in chunks}
+        pieces += len(shards) + len(chunks)
+        for shard in shards:
+            index = np.frombuffer((data / "c" / str(shard)).read_bytes()[: layout.index_bytes - 4], "<u8").reshape(-1, 2)
+            planned += layout.index_bytes + sum(int(index[c % layout.chunks_per_shard, 1]) for c in chunks if c // layout.chunks_per_shard == shard)
+    return planned, len(drawn), pieces
+
+
+def test_a_cold_start_on_s3_opens_no_source_up_front_fetches_what_the_plan_says_and_reads_the_local_batches(caches, proxy):
+    local, text, remote = caches
+    here = tokenmix.load_data_config(_config(str(local), text)).train_set(SEQ)
+    there_config = tokenmix.load_data_config(_config(remote, text))
+    requests, fetched = proxy.counts()
+    there = there_config.train_set(SEQ)
+    assert proxy.counts() == (requests, fetched), "opening the mixture fetched something: no source is drawn yet"
+    first = np.arange(4)
+    planned, drawn, pieces = _plan(local, here, first)
+    assert drawn < SOURCES // 2
+    batch = there.get_batch(first)
+    requests, fetched = proxy.requests - requests, proxy.bytes_returned - fetched
+    assert fetched <= planned + HEADER_BYTES * requests, (fetched, planned, requests)
+    # a source opens in OPEN_REQUESTS (its ledger, its two arrays' metadata, the index and chunk of its row count and
+    # ends); its tokens cost a request per shard index and per stored chunk the batch touches
+    assert requests <= OPEN_REQUESTS * drawn + pieces, (requests, drawn, pieces)
+    assert np.array_equal(batch.tokens, here.get_batch(first).tokens)
+    requests = proxy.requests
+    assert np.array_equal(there.get_batch(first).tokens, batch.tokens)
+    assert proxy.requests == requests, "a batch read again is served from the chunks fetched (the caches are finished)"
+    for step in range(1, 6):
+        indices = np.arange(4 * step, 4 * step + 4)
+        want, got = here.get_batch(indices), there.get_batch(indices)
+        for field in ("tokens", "loss_mask", "segment_ids", "source_ids"):
+            assert np.array_equal(getattr(got, field), getattr(want, field)), (step, field)
+
+
+READER = """
+import json, os, sys
+import numpy as np
+import tokenmix
+config = tokenmix.load_data_config(json.loads(sys.argv[1]))
+train = config.train_set(int(sys.argv[2]))
+before = len(os.listdir("/proc/self/task"))
+step = 0
+while len(train.opened_sources()) < len(train.names):
+    train.get_batch(np.arange(16 * step, 16 * step + 16))
+    step += 1
+print(json.dumps({"threads": len(os.listdir("/proc/self/task")), "before": before, "files": len(os.listdir("/proc/self/fd"))}))
+"""
+
+
+@pytest.mark.slow
+def test_threads_and_open_files_of_a_reading_process_do_not_grow_with_its_sources(caches, proxy):
+    """A process reads a mixture of 4, then of 24 sources on the bucket until it has opened every one: what it holds
+    does not grow with the sources beyond the threads that open them (no thread, pool or file per source)."""
+    local, text, remote = caches
+    counts = {}
+    for sources in (4, SOURCES):
+        run = subprocess.run([sys.executable, "-c", READER, json.dumps(_config(remote, text, sources)), str(SEQ)],
+                             capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ})
+        assert run.returncode == 0, run.stderr
+        counts[sources] = json.loads(run.stdout.strip().splitlines()[-1])
+    few, many = counts[4], counts[SOURCES]
+    assert many["threads"] <= few["threads"] + OPENING_THREADS - 4, counts
+    assert many["files"] <= few["files"] + 2, counts
