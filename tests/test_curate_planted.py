@@ -157,9 +157,10 @@ def test_the_truth_names_every_document_and_holds_every_pair_at_the_threshold(tm
 
 def test_a_line_that_is_no_document_is_refused_by_file_and_line(tmp_path):
     path = tmp_path / "a.jsonl"
-    path.write_text('{"text": "one"}\n{"text": 2}\n')
-    with pytest.raises(ValueError, match=r"a.jsonl, line 2: not a JSON object with a string 'text'"):
-        plant({"a": [str(path)]}, str(tmp_path / "out"), PlantConfig(copies=2))
+    for second in ('{"text": 2}', '{"text": "cut'):
+        path.write_text('{"text": "one"}\n' + second + '\n')
+        with pytest.raises(ValueError, match=r"a.jsonl, line 2: not a JSON object with a string 'text'"):
+            plant({"a": [str(path)]}, str(tmp_path / "out"), PlantConfig(copies=2))
 
 
 def test_bands_must_lie_on_either_side_of_the_threshold():

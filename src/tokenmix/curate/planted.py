@@ -100,8 +100,8 @@ class PlantConfig:
         if not (0.0 <= vl <= vh < self.threshold < dl <= dh <= 1.0):
             raise ValueError(f"the bands must lie on either side of threshold {self.threshold}: variant_band {self.variant_band} below it, "
                              f"duplicate_band {self.duplicate_band} above it, both within [0, 1]")
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.workers < 1 or self.shard_documents < 1:
+            raise ValueError(f"workers and shard_documents must be >= 1, got {self.workers} and {self.shard_documents}")
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,10 @@ def read_originals(sources: dict[str, list[str]], text_field: str = "text") -> l
             with open(path, "rb") as f:
                 raw = zstandard.ZstdDecompressor().stream_reader(f).read() if path.endswith(".zst") else f.read()
             for row, line in enumerate(raw.split(b"\n")[: -1 if raw.endswith(b"\n") else None]):
-                record = orjson.loads(line) if line.strip() else None
+                try:
+                    record = orjson.loads(line) if line.strip() else None
+                except orjson.JSONDecodeError:
+                    record = None
                 if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
                     raise ValueError(f"{path}, line {row + 1}: not a JSON object with a string {text_field!r}; the truth names "
                                      "documents by their line, so every line must be a document: clean the shard or leave it out")
