@@ -105,20 +105,14 @@ def test_an_adaptive_run_killed_mid_way_resumes_to_the_uninterrupted_runs_batche
     assert open(picture, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.slow
-def test_an_adaptive_run_on_2_processes_killed_mid_way_resumes_on_1_to_the_uninterrupted_runs_batches_and_weight_log(tmp_path, caches):
-    """Two processes of 2 CPU devices each train one run on a mesh of 4; process 0, which alone writes the run's files,
-    is SIGKILLed in its save of step 8 and the other is then killed too; the run resumed on one process of 4 devices
-    from the checkpoint of step 4 (its arrays gathered from both processes) ends with the batches and the weight log of
-    a run that trained uninterrupted on one process."""
-    trainer = {**TRAINER, "mesh": {"data": 4, "model": 1}}
-    paths = {run: write_train_config(tmp_path, run, trainer, MODEL, caches, adaptive=ODM, mixture_block_size=16) for run in ("whole", "killed")}
-    train(load_train_config(paths["whole"]))
+def _two_processes_killed(tmp_path: Path, config: str, after_step: int, write: int, phase: str) -> None:
+    """Run ``config`` on 2 processes of 2 CPU devices each until process 0 (which alone writes the run's files) SIGKILLs
+    itself just before its ``write``-th file write after step ``after_step`` is logged; then kill process 1 too."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
     joined = ["--trainer.coordinator_address", f"127.0.0.1:{free_port()}", "--trainer.num_processes", "2", "--trainer.process_id"]
-    kill_at = [("6", "write", "1"), ("6", "write", "0")]  # process 0 dies at its first write after step 6: the save of step 8
-    logs = [tmp_path / f"process-{i}.log" for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, str(WORKER), paths["killed"], *kill_at[i], *joined, str(i)], env=env,
+    kill_at = [(str(after_step), "write", str(write)), (str(after_step), "write", "0")]
+    logs = [tmp_path / f"{phase}-process-{i}.log" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(WORKER), config, *kill_at[i], *joined, str(i)], env=env,
                               stdout=subprocess.DEVNULL, stderr=logs[i].open("w")) for i in range(2)]
     try:
         deadline = time.monotonic() + 300
@@ -130,13 +124,26 @@ def test_an_adaptive_run_on_2_processes_killed_mid_way_resumes_on_1_to_the_unint
             p.wait()
     assert procs[0].returncode == -9, logs[0].read_text()[-4000:]
     assert procs[1].returncode != 0, logs[1].read_text()[-4000:]  # it waited for process 0's checkpoint, never finished
-    assert train(load_train_config(paths["killed"])).first_step == 4
+
+
+@pytest.mark.slow
+def test_an_adaptive_run_on_2_processes_killed_mid_way_resumes_to_the_uninterrupted_runs_batches_and_weight_log(tmp_path, caches):
+    """A run on 2 processes of 2 CPU devices each (a mesh of 4) is SIGKILLed in its save of step 8, resumed on 2
+    processes from step 4 (the checkpoint they wrote, each placing its part of every array) and SIGKILLed in its save of
+    step 12, then resumed on one process of 4 devices from step 8: it ends with the batches and the weight log of a run
+    that trained uninterrupted on one process, and process 0 alone wrote its metrics."""
+    trainer = {**TRAINER, "mesh": {"data": 4, "model": 1}}
+    paths = {run: write_train_config(tmp_path, run, trainer, MODEL, caches, adaptive=ODM, mixture_block_size=16) for run in ("whole", "killed")}
+    train(load_train_config(paths["whole"]))
+    _two_processes_killed(tmp_path, paths["killed"], 6, 1, "first")  # the first write after step 6: the save of step 8
+    _two_processes_killed(tmp_path, paths["killed"], 10, 2, "second")  # after step 11's update is written: the save of step 12
+    assert train(load_train_config(paths["killed"])).first_step == 8
     whole, resumed = (read_metrics(str(tmp_path / run))[0] for run in ("whole", "killed"))
     assert {r["step"]: r["fingerprint"] for r in resumed} == {r["step"]: r["fingerprint"] for r in whole}
     assert (tmp_path / "killed" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()
     assert len(read_log(str(tmp_path / "whole"))) == 5
     lines = [r["step"] for r in map(json.loads, (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
-    assert lines == list(range(8)) + list(range(4, 12))  # one process logged the killed run's steps 0 to 7, once each
+    assert lines == list(range(8)) + list(range(4, 12)) + list(range(8, 12))  # each step once per run that trained it
 
 
 def _planted_config(tmp_path: Path, run: str, adaptive: dict | None) -> str:
