@@ -14,7 +14,6 @@ import multiprocessing
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -29,7 +28,7 @@ import loader_worker
 import numpy as np
 import pytest
 import yaml
-from helpers import SEQ_LEN, CountingDataset, FailingDataset, SlowDataset, Wrapped, demo_urls, mixture_yaml
+from helpers import SEQ_LEN, CountingDataset, FailingDataset, SlowDataset, Wrapped, demo_urls, free_port, mixture_yaml
 from jax.sharding import NamedSharding, PartitionSpec
 
 from tokenmix import (
@@ -714,12 +713,6 @@ def test_batches_that_do_not_fit_the_mesh_are_refused_naming_step_size_and_axes(
         DataLoader(odd, 16, jax.make_mesh((8,), ("data",)), {"position": "data"})
     with pytest.raises(ValueError, match="prefetch must be an int >= 0"):
         DataLoader(train, 16, mesh, {"batch": "data"}, prefetch=-1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(300)

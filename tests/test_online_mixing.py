@@ -1,21 +1,24 @@
 """Online mixing (issue 38): ODM and DoReMi change the weights during a run, each update appended to the weight log at a
-deterministic boundary; a run SIGKILLed mid-way resumes to the uninterrupted run's batches and log, bit for bit; on a
+deterministic boundary; a run SIGKILLed mid-way resumes to the uninterrupted run's batches and log, bit for bit (also a
+run of 2 processes resumed on 1); on a
 planted case (one source of noise, one learnable) DoReMi moves weight away from the noise and ODM towards it, as their
 papers predict, and no weight goes below its floor."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import string
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from helpers import REPO, TOKENIZER, write_jsonl, write_train_config
+from helpers import REPO, TOKENIZER, free_port, write_jsonl, write_train_config
 
 from tokenmix.config.adaptive import WEIGHT_QUANTUM, AdaptiveMixing
 from tokenmix.loader.batch_schedule import BatchSchedule
@@ -100,6 +103,47 @@ def test_an_adaptive_run_killed_mid_way_resumes_to_the_uninterrupted_runs_batche
     assert log[-1].weights != log[1].weights  # the weights moved
     picture = plot_run(load_train_config(paths["whole"]))  # metrics.jsonl's weight lines are not evaluations
     assert open(picture, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def _two_processes_killed(tmp_path: Path, config: str, after_step: int, write: int, phase: str) -> None:
+    """Run ``config`` on 2 processes of 2 CPU devices each until process 0 (which alone writes the run's files) SIGKILLs
+    itself just before its ``write``-th file write after step ``after_step`` is logged; then kill process 1 too."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    joined = ["--trainer.coordinator_address", f"127.0.0.1:{free_port()}", "--trainer.num_processes", "2", "--trainer.process_id"]
+    kill_at = [(str(after_step), "write", str(write)), (str(after_step), "write", "0")]
+    logs = [tmp_path / f"{phase}-process-{i}.log" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(WORKER), config, *kill_at[i], *joined, str(i)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=logs[i].open("w")) for i in range(2)]
+    try:
+        deadline = time.monotonic() + 300
+        while procs[0].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[0].returncode == -9, logs[0].read_text()[-4000:]
+    assert procs[1].returncode != 0, logs[1].read_text()[-4000:]  # it waited for process 0's checkpoint, never finished
+
+
+@pytest.mark.slow
+def test_an_adaptive_run_on_2_processes_killed_mid_way_resumes_to_the_uninterrupted_runs_batches_and_weight_log(tmp_path, caches):
+    """A run on 2 processes of 2 CPU devices each (a mesh of 4) is SIGKILLed in its save of step 8, resumed on 2
+    processes from step 4 (the checkpoint they wrote, each placing its part of every array) and SIGKILLed in its save of
+    step 12, then resumed on one process of 4 devices from step 8: it ends with the batches and the weight log of a run
+    that trained uninterrupted on one process, and process 0 alone wrote its metrics."""
+    trainer = {**TRAINER, "mesh": {"data": 4, "model": 1}}
+    paths = {run: write_train_config(tmp_path, run, trainer, MODEL, caches, adaptive=ODM, mixture_block_size=16) for run in ("whole", "killed")}
+    train(load_train_config(paths["whole"]))
+    _two_processes_killed(tmp_path, paths["killed"], 6, 1, "first")  # the first write after step 6: the save of step 8
+    _two_processes_killed(tmp_path, paths["killed"], 10, 2, "second")  # after step 11's update is written: the save of step 12
+    assert train(load_train_config(paths["killed"])).first_step == 8
+    whole, resumed = (read_metrics(str(tmp_path / run))[0] for run in ("whole", "killed"))
+    assert {r["step"]: r["fingerprint"] for r in resumed} == {r["step"]: r["fingerprint"] for r in whole}
+    assert (tmp_path / "killed" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()
+    assert len(read_log(str(tmp_path / "whole"))) == 5
+    lines = [r["step"] for r in map(json.loads, (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+    assert lines == list(range(8)) + list(range(4, 12)) + list(range(8, 12))  # each step once per run that trained it
 
 
 def _planted_config(tmp_path: Path, run: str, adaptive: dict | None) -> str:

@@ -25,6 +25,7 @@ from tokenmix.train.config import TrainerConfig, TrainLmConfig, load_train_confi
 from tokenmix.train.loop import evaluate, make_mesh, train
 from tokenmix.train.model import ModelConfig, TinyLM, loss_and_count, per_source, row_losses, shard_params
 from tokenmix.train.plots import plot_run, read_metrics, run_figure, scheduled_weights
+from tokenmix.train.processes import check_processes
 
 TINY = {"hidden_dim": 64, "num_layers": 1, "num_heads": 2, "max_position": 256}
 
@@ -187,6 +188,12 @@ def test_trainer_fields_are_checked_naming_the_field(tmp_path):
         TrainerConfig(mesh={"data": 1, "tensor": 2})
     with pytest.raises(ValueError, match=r"trainer.loader_read_timeout_s must be a number of seconds > 0, got 0"):
         TrainerConfig(loader_read_timeout_s=0)
+    with pytest.raises(ValueError, match=r"trainer.process_id must be 0 to trainer.num_processes - 1 .* got process_id 2 of 2"):
+        TrainerConfig(coordinator_address="127.0.0.1:12355", num_processes=2, process_id=2)
+    with pytest.raises(ValueError, match="trainer.num_processes 2 needs trainer.coordinator_address"):
+        TrainerConfig(num_processes=2)
+    with pytest.raises(ValueError, match=r"trainer.num_processes is 2, but JAX runs 1 process\(es\): start each process through"):
+        check_processes(TrainerConfig(coordinator_address="127.0.0.1:12355", num_processes=2, process_id=1))
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"data": {}, "trainer": {"num_train_step": 3}}))
     with pytest.raises(ValueError, match="num_train_step -> num_train_steps"):

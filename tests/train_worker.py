@@ -1,11 +1,13 @@
 """One training process for tests/test_train_checkpoints.py, killed at a chosen point of a checkpoint's save:
 
-    python tests/train_worker.py CONFIG_PATH AFTER_STEP KIND N
+    python tests/train_worker.py CONFIG_PATH AFTER_STEP KIND N [--trainer.field VALUE ...]
 
 trains the run CONFIG_PATH describes and, once step AFTER_STEP's line is in the run's metrics.jsonl, SIGKILLs itself
 just before its N-th change to the run directory of kind KIND, as a machine failing at that instant would: ``write``
 counts the files it opens for writing, ``any`` counts those and every rename, removal, directory made or tree removed.
-The changes are seen through Python's audit hooks, so the code under test is run as it is. Exits 0 if it finishes first.
+The changes are seen through Python's audit hooks, so the code under test is run as it is. Exits 0 if it finishes first;
+N 0 never kills (a process of a run of several that writes nothing: tests/test_online_mixing.py). The overrides after
+N (e.g. ``--trainer.process_id 1``) make it one of the processes of such a run, joined as the launch joins them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from tokenmix.train.config import load_train_config
 from tokenmix.train.loop import METRICS, train
+from tokenmix.train.processes import join_processes
 
 CHANGES = {"open", "os.rename", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree"}
 WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -61,6 +64,7 @@ def kill_before(run_dir: str, after_step: int, kind: str, n: int) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    config = load_train_config(sys.argv[1])
+    config = load_train_config(sys.argv[1], sys.argv[5:])
+    join_processes(config.trainer)
     kill_before(os.path.abspath(config.trainer.checkpoint_dir), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
     train(config)

@@ -8,6 +8,10 @@ under another step's number. Older ones are removed the same way round (renamed 
 newest ``keep``. A run resumes from the newest checkpoint in place; what a kill left half-written or half-deleted is
 removed then. One that is in place but does not load (its files changed afterwards) is refused by name, never
 skipped for an older one silently: the error names the older checkpoint to resume from once it is moved aside.
+
+A run of several processes gathers every array (``process_allgather``) and process 0 alone writes the checkpoint, the
+others waiting until it is in place; the file holds whole arrays, so any number of processes and devices resumes it
+(each process reads it, and places its own part of every array).
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 
 from tokenmix._file_digest import file_digest
+from tokenmix.train.processes import global_value, is_writer, wait_for_all
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +60,20 @@ class Checkpoint:
 
 def save_checkpoint(run_dir: str, step: int, state: Any, record: dict[str, Any], keep: int) -> str:
     """Write ``state`` (a pytree of arrays) and ``record`` (JSON) as the checkpoint of ``step``, atomically, then remove
-    all but the newest ``keep`` checkpoints; returns the checkpoint's directory."""
+    all but the newest ``keep`` checkpoints; returns the checkpoint's directory. Every process of the run calls it (its
+    arrays are gathered from all of them); process 0 writes, and each returns once the checkpoint is in place."""
     root = os.path.join(run_dir, CHECKPOINTS)
+    final = os.path.join(root, f"step-{step}")
+    whole = jax.tree_util.tree_map(lambda a: global_value(a) if isinstance(a, jax.Array) and not a.is_fully_addressable else a, state)
+    if is_writer():
+        _write(root, final, step, whole, record, keep)
+    wait_for_all(f"checkpoint step-{step} in place")
+    return final
+
+
+def _write(root: str, final: str, step: int, state: Any, record: dict[str, Any], keep: int) -> None:
+    """Write the checkpoint of ``step`` under ``.step-<N>.partial``, rename it to ``final``, remove the oldest beyond
+    ``keep``."""
     os.makedirs(root, exist_ok=True)
     partial = os.path.join(root, f".step-{step}.partial")
     os.mkdir(partial)
@@ -70,20 +88,19 @@ def save_checkpoint(run_dir: str, step: int, state: Any, record: dict[str, Any],
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(partial)
-    final = os.path.join(root, f"step-{step}")
     os.rename(partial, final)
     _fsync_dir(root)
     for old in sorted(_steps(root), reverse=True)[keep:]:
         aside = os.path.join(root, f".step-{old}.deleting")
         os.rename(os.path.join(root, f"step-{old}"), aside)
         shutil.rmtree(aside)
-    return final
 
 
 def latest_checkpoint(run_dir: str) -> Checkpoint | None:
     """The newest checkpoint in place in ``run_dir`` (None without one), its state file checked against its record.
-    Removes what an interrupted save or removal left behind. Raises ``CheckpointError`` for a checkpoint in the old
-    layout, and for a newest checkpoint that does not load (naming the one before it)."""
+    Removes what an interrupted save or removal left behind (process 0 does; the others pass it by). Raises
+    ``CheckpointError`` for a checkpoint in the old layout, and for a newest checkpoint that does not load (naming the one
+    before it)."""
     legacy = [name for name in LEGACY_FILES if os.path.lexists(os.path.join(run_dir, name))]
     if legacy:
         raise CheckpointError(
@@ -93,7 +110,7 @@ def latest_checkpoint(run_dir: str) -> Checkpoint | None:
     root = os.path.join(run_dir, CHECKPOINTS)
     if not os.path.isdir(root):
         return None
-    for name in sorted(os.listdir(root)):
+    for name in sorted(os.listdir(root)) if is_writer() else ():
         if _LEFT_BY_A_KILL.fullmatch(name):
             logger.warning("removing %s: a checkpoint save or removal was interrupted there", os.path.join(root, name))
             shutil.rmtree(os.path.join(root, name))
@@ -122,7 +139,13 @@ def load_state(checkpoint: Checkpoint, like: Any) -> Any:
                               "was the model or trainer config changed? Restore it, or use another trainer.checkpoint_dir") from None
 
     def place(new: Any, old: Any) -> Any:  # parameters go back to their mesh; the optimizer's scalars stay uncommitted
-        return jax.device_put(new, old.sharding) if isinstance(getattr(old, "sharding", None), NamedSharding) else jnp.asarray(new)
+        sharding = getattr(old, "sharding", None)
+        if not isinstance(sharding, NamedSharding):
+            return jnp.asarray(new)
+        if sharding.is_fully_addressable:
+            return jax.device_put(new, sharding)
+        host = np.asarray(new)  # each process places its own devices' parts
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
     return jax.tree_util.tree_map(place, state, like)
 

@@ -53,6 +53,13 @@ class TrainerConfig:
     """How long a reader process may not run at all (stopped, frozen) before its step fails (``DataLoader(read_timeout_s=...)``)."""
     fingerprint: bool = True
     """Log each batch's fingerprint (what a resumed run must reproduce)."""
+    coordinator_address: str | None = None
+    """``host:port`` of the coordinator of a run of several processes (``jax.distributed.initialize``'s argument; the
+    host of process 0). None: the run is one process."""
+    num_processes: int = 1
+    """How many processes train the run (each on its own devices), joined through ``coordinator_address``."""
+    process_id: int = 0
+    """This process's number, 0 to ``num_processes - 1`` (a different one for each, e.g. ``--trainer.process_id 1``)."""
 
     def __post_init__(self) -> None:
         for name in ("num_train_steps", "seq_len", "steps_per_eval", "steps_per_checkpoint", "max_eval_batches",
@@ -62,6 +69,12 @@ class TrainerConfig:
         unknown = set(self.mesh) - {"data", "model"}
         if unknown:
             raise ValueError(f"trainer.mesh: axes {sorted(unknown)} are not used; name `data` and `model`")
+        if self.num_processes < 1 or not 0 <= self.process_id < self.num_processes:
+            raise ValueError(f"trainer.process_id must be 0 to trainer.num_processes - 1 (num_processes >= 1), got process_id "
+                             f"{self.process_id} of {self.num_processes}")
+        if self.num_processes > 1 and self.coordinator_address is None:
+            raise ValueError(f"trainer.num_processes {self.num_processes} needs trainer.coordinator_address (host:port of "
+                             "process 0's coordinator, e.g. 127.0.0.1:12355 on one machine)")
         if not self.loader_read_timeout_s > 0:
             raise ValueError(f"trainer.loader_read_timeout_s must be a number of seconds > 0, got {self.loader_read_timeout_s}")
 

@@ -7,7 +7,9 @@ stopped at step k and resumed sees the very batches an uninterrupted run sees (t
 it, and the resume checks that step k - 1's batch is still the one the checkpoint recorded). The mixture draws by the
 run's weight log (``weight_log.py``), which checkpoints and ``weights.jsonl`` hold, and which new ``train_weights`` at a
 resume extend from the resume step. ``metrics.jsonl`` in the
-run directory gets one line per step and per evaluation; ``train.png`` draws them (``plots.py``).
+run directory gets one line per step and per evaluation; ``train.png`` draws them (``plots.py``). A run of several
+processes (``processes.py``) trains the same global arrays in each, decides the same updates from the same reduced
+statistics, and writes its files from process 0 alone.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from tokenmix.train.config import TrainLmConfig
 from tokenmix.train.data_identity import accept_data_change, caches_identity, changed_fields, data_identity
 from tokenmix.train.model import TinyLM, loss_and_count, per_source, row_losses, shard_params
 from tokenmix.train.online_mixing import OnlineMixing
+from tokenmix.train.processes import check_processes, global_value, is_writer, wait_for_all
 from tokenmix.train.weight_log import LoggedStage, as_records, config_log, from_records, reweight_at_resume, stages, write_log
 
 logger = logging.getLogger(__name__)
@@ -85,6 +88,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     """Run (or resume) the training launch ``config`` describes; ``stop_after`` stops once this run has trained that
     many steps (a job given a time slice), checkpointing there, so that a later run resumes from it."""
     trainer, data = config.trainer, config.data
+    check_processes(trainer)
     run_dir = trainer.checkpoint_dir
     os.makedirs(run_dir, exist_ok=True)
     checkpoint = latest_checkpoint(run_dir)
@@ -93,14 +97,18 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     if checkpoint is not None:  # before the caches are built: a config listing other shards must not extend them
         changes = changed_fields(checkpoint.record["data"], identity)
         accept_data_change(changes, checkpoint.step, checkpoint.path, trainer.allow_data_change)
-    build_caches(data, progress=False)
+    if is_writer():  # one builder at a time; the others then find the caches built (or build their own on local disks)
+        build_caches(data, progress=False)
+    wait_for_all("caches built")
+    if not is_writer():
+        build_caches(data, progress=False)
     mesh = make_mesh(config)
     schedule = BatchSchedule.of(trainer.train_batch_size)
     weight_log = _resumed_weight_log(config, checkpoint, changes, schedule)
     train_set = data.train_set(trainer.seq_len, weight_log=None if weight_log is None else stages(weight_log))
     if weight_log is None and isinstance(train_set, MixtureDataset):
         weight_log = config_log(train_set, schedule)
-    if weight_log is not None:
+    if weight_log is not None and is_writer():
         write_log(run_dir, weight_log)
     vocab = int(open_cache(data, train_set.names[0]).identity["vocab_size"])
     model = shard_params(TinyLM.init(config.model, vocab, jax.random.PRNGKey(trainer.seed)), mesh)
@@ -151,7 +159,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     last_eval: dict[str, float] = {}
     with DataLoader(train_set, trainer.train_batch_size, mesh, mapping, prefetch=trainer.prefetch, fingerprint=trainer.fingerprint,
                     positions=True, workers=trainer.loader_workers, read_timeout_s=trainer.loader_read_timeout_s) as loader, \
-            open(os.path.join(run_dir, METRICS), "a") as log:
+            open(os.path.join(run_dir, METRICS) if is_writer() else os.devnull, "a") as log:
         if checkpoint is not None and not changes and trainer.fingerprint:  # changed fields change the batches too
             changes = _last_batch_change(loader, checkpoint)
             accept_data_change(changes, start, checkpoint.path, trainer.allow_data_change, cause=BATCH_CHANGED)
@@ -165,18 +173,19 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
             fetched = time.perf_counter()
             model, opt_state, loss, by_source = step_fn(model, opt_state, step_batch.batch.arrays())
             loss = float(loss)  # waits for the step: what the step cost, apart from waiting for data
-            stats = SourceStats.of(train_set.names, np.asarray(by_source))
+            stats = SourceStats.of(train_set.names, global_value(by_source))
             if mixing is not None and (stage := mixing.observe(step, stats)) is not None:
                 loader.append_stage(stage.start, stage.weights)
                 weight_log.append(stage)  # type: ignore[union-attr]
-                write_log(run_dir, weight_log)  # type: ignore[arg-type]
+                if is_writer():
+                    write_log(run_dir, weight_log)  # type: ignore[arg-type]
                 _write(log, {"kind": "weights", **as_records([stage])[0]})
             done = time.perf_counter()
             if step > start:  # the first step compiles
                 wait += fetched - began
                 busy += done - began
             fingerprints[step] = step_batch.fingerprint
-            counts = np.bincount(np.asarray(step_batch.batch.source_ids.array), minlength=len(train_set.names))
+            counts = np.bincount(global_value(step_batch.batch.source_ids.array), minlength=len(train_set.names))
             _write(log, {"kind": "train", "step": step, "loss": loss, "examples": step_batch.size, "seconds": done - began,
                          "data_wait_s": fetched - began, "fingerprint": step_batch.fingerprint,
                          "sources": {n: int(c) for n, c in zip(train_set.names, counts)}, **stats.as_record()})
