@@ -717,3 +717,64 @@ def test_a_symlink_where_a_temporary_file_goes_is_refused_by_name_and_its_target
     link.write_bytes(b"left by a killed run")
     assert run_curation(config)["output"]["records"] == 1
     assert _read(out / "s" / "s.jsonl") == [{"text": "one two three"}] and not link.exists()
+
+
+def _filter_run_corpus(directory: Path) -> list[dict]:
+    """400 documents of about 1 KB; of each 20, one too short, one of over-long words, one of repeated lines."""
+    records = []
+    for i in range(400):
+        words = [f"word{i}x{j}" for j in range(120)]
+        if i % 20 == 3:
+            words = words[:10]
+        elif i % 20 == 7:
+            words = [w * 3 for w in words]
+        text = " ".join(words) if i % 20 != 11 else "\n".join(["the same line again"] * 60)
+        records.append({"text": text, "n": i})
+    directory.mkdir()
+    (directory / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
+_FILTER_RUN = [
+    ScoreFilter(_word_filter(50), score_field="words"),
+    ScoreFilter(DocumentFilter.get_choice_class("mean_word_length")(min_mean_word_length=3, max_mean_word_length=10)),
+    ScoreFilter(DocumentFilter.get_choice_class("repeated_lines")(max_repeated_line_fraction=0.7)),
+]
+
+
+def test_a_run_of_filters_copies_the_batch_once_and_counts_each_filter_in_order(tmp_path):
+    """Consecutive score_filter stages mark what they keep and the batch is cut once at the end of the run, not once
+    per filter that removes records; the records, the scores written and what each filter removed (in order, a record
+    counted by the first filter that removes it) are those of applying the filters one by one."""
+    records = _filter_run_corpus(tmp_path / "in")
+    dataset = DocumentDataset.read_json(str(tmp_path / "in"))
+    pool = pa.default_memory_pool()
+    before = pool.total_bytes_allocated()
+    bare = list(dataset.iter_batches())
+    read_bytes = pool.total_bytes_allocated() - before
+    filtered = dataset
+    for stage in _FILTER_RUN:
+        filtered = stage(filtered)
+    before = pool.total_bytes_allocated()
+    kept = list(filtered.iter_batches())
+    filtering_bytes = pool.total_bytes_allocated() - before - read_bytes
+    assert len(bare) == len(kept) == 1
+    text_bytes = sum(len(r["text"].encode()) for r in records)
+    assert filtering_bytes < 1.5 * text_bytes, (filtering_bytes, text_bytes)
+
+    def kept_by(i: int, record: dict) -> bool:
+        words = record["text"].split()
+        lines = record["text"].split("\n")
+        return [len(words) >= 50, 3 <= sum(map(len, words)) / len(words) <= 10, len(set(lines)) / len(lines) >= 0.7][i]
+
+    expected = [r for r in records if all(kept_by(i, r) for i in range(3))]
+    assert [r["n"] for r in kept[0].to_pylist()] == [r["n"] for r in expected]
+    assert kept[0].column("words").to_pylist() == [len(r["text"].split()) for r in expected]
+    stats = filtered.to_json(str(tmp_path / "out"))
+    removed = [s["removed"] for s in stats["stages"]]
+    left = records
+    for i, stage in enumerate(_FILTER_RUN):
+        gone = [r for r in left if not kept_by(i, r)]
+        assert removed[i] == ({stage.filter.reason: len(gone)} if gone else {})
+        left = [r for r in left if kept_by(i, r)]
+    assert _read(tmp_path / "out" / "part-00000.jsonl") == [{**r, "words": len(r["text"].split())} for r in expected]

@@ -26,7 +26,7 @@ from tokenmix.curate.pipeline import run_curation
 from tokenmix.curate.pipeline_config import BlendConfig, CurationConfig, CurationOutput, CurationSource, ShuffleConfig
 from tokenmix.curate.records import user_table
 from tokenmix.curate.shard_io import ShardBatches, read_batches
-from tokenmix.curate.stages import ExactDedup, ShardContext, Stage
+from tokenmix.curate.stages import ExactDedup, ShardContext, Stage, apply_stages
 from tokenmix.execution.configs import ExecutorConfig, LocalExecutorConfig
 from tokenmix.sources.urls import expand_urls
 
@@ -85,9 +85,7 @@ class DocumentDataset:
             for index, url in enumerate(expand_urls(source.paths)):
                 context = ShardContext(source.name, rank, index, source.text_field)
                 for table in read_batches(url, source.text_field, self.filename_field, self.on_error, ShardBatches()):
-                    for stage in self.stages:
-                        if table.num_rows:
-                            table, _ = stage.apply(table, context)
+                    table, _ = apply_stages(list(self.stages), table, context)
                     if table.num_rows:
                         yield user_table(table)
 

@@ -25,7 +25,7 @@ from tokenmix.curate.shard_io import (
     row_groups,
     write_json,
 )
-from tokenmix.curate.stages import ExactDedup, ShardContext, Stage, text_hashes
+from tokenmix.curate.stages import ExactDedup, ShardContext, Stage, apply_stages, text_hashes
 
 INDEX = "__index"
 """A record copy's place in the (blended) output sequence, carried from scatter to gather."""
@@ -121,13 +121,11 @@ def run_map_task(task: MapTask) -> dict[str, Any]:
                 table = table.filter(pa.array(keep))
                 stage_stats[0]["out"] += table.num_rows
                 offset = 1
-            for i, stage in enumerate(task.stages):
-                stats = stage_stats[i + offset]
-                stats["in"] += table.num_rows
-                if table.num_rows:
-                    table, dropped = stage.apply(table, context)
-                    stats["removed"].update(dropped)
-                stats["out"] += table.num_rows
+            table, counts = apply_stages(task.stages, table, context)
+            for stats, count in zip(stage_stats[offset:], counts):
+                stats["in"] += count.records_in
+                stats["removed"].update(count.removed)
+                stats["out"] += count.records_out
             if task.barrier is not None and table.num_rows:
                 artifacts.append(_artifact(task.barrier, as_array(field_column(table, task.barrier.text_field or shard.text_field))))
             writer.write(table)

@@ -90,17 +90,16 @@ class ScoreFilter(Stage):
     """Keep what the rule would remove instead."""
 
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
-        texts = as_array(field_column(table, self.text_field or context.text_field))
-        scores = self.filter.score(texts)
+        table, keep = self.mark(table, context)
+        return _keep_texts(table, keep, self.filter.reason, self.text_field or context.text_field)
+
+    def mark(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, np.ndarray]:
+        """``table`` with the scores written where asked, and which of its records the rule keeps, none removed."""
+        scores = self.filter.score(as_array(field_column(table, self.text_field or context.text_field)))
         if self.score_field is not None:
             table = set_field(table, self.score_field, scores)
-        keep = self.filter.keep(scores)
-        if self.invert:
-            keep = ~keep
-        kept, removed = _keep(table, keep, self.filter.reason)
-        if removed:
-            carry_analyses(texts, keep, as_array(field_column(kept, self.text_field or context.text_field)))
-        return kept, removed
+        keep = np.asarray(self.filter.keep(scores), dtype=bool)
+        return table, ~keep if self.invert else keep
 
     @property
     def label(self) -> str:
@@ -263,6 +262,92 @@ def _keep(table: pa.Table, keep: np.ndarray, reason: str) -> tuple[pa.Table, Cou
     if not removed:
         return table, Counter()
     return table.filter(pa.array(keep)), Counter({reason: removed})
+
+
+def _keep_texts(table: pa.Table, keep: np.ndarray, reason: str, text_field: str) -> tuple[pa.Table, Counter[str]]:
+    """``_keep``, and what the heuristic filters derived from the texts cut down to the kept ones (``carry_analyses``)."""
+    kept, removed = _keep(table, keep, reason)
+    if removed:
+        carry_analyses(as_array(field_column(table, text_field)), keep, as_array(field_column(kept, text_field)))
+    return kept, removed
+
+
+@dataclass
+class StageCount:
+    """What one stage saw of a batch: records in, records out, and those removed by reason."""
+
+    records_in: int
+    records_out: int
+    removed: Counter[str]
+
+
+UNTAKEN_SHARE = 0.25
+"""The share of a batch that a run of ``score_filter`` stages may have removed before it takes the kept records: the
+filters after score the records already removed until then (at most this share more scoring), instead of each
+removing filter copying the batch."""
+
+
+def apply_stages(stages: list[Stage], table: pa.Table, context: ShardContext) -> tuple[pa.Table, list[StageCount]]:
+    """The records of ``table`` that ``stages`` keep, run in order, and what each stage saw (a stage after all records
+    are gone sees none and is not called). Consecutive ``score_filter`` stages mark the records they keep and the
+    batch is cut once at the end of their run (or once ``UNTAKEN_SHARE`` of it is removed), not once per filter that
+    removes some: the same records, fields and counts as applying each stage in turn."""
+    counts: list[StageCount] = []
+    i = 0
+    while i < len(stages):
+        run = _filter_run(stages, i, context)
+        if len(run) > 1:
+            table = _apply_filter_run(run, table, context, counts)
+            i += len(run)
+            continue
+        records_in = table.num_rows
+        removed: Counter[str] = Counter()
+        if records_in:
+            table, removed = stages[i].apply(table, context)
+        counts.append(StageCount(records_in, table.num_rows, removed))
+        i += 1
+    return table, counts
+
+
+def _filter_run(stages: list[Stage], start: int, context: ShardContext) -> list[ScoreFilter]:
+    """The ``score_filter`` stages from ``start`` on that can mark one batch together: none reads a field that one
+    before it in the run writes, nor writes a field that one in the run reads."""
+    run: list[ScoreFilter] = []
+    reads: set[str] = set()
+    writes: set[str] = set()
+    for stage in stages[start:]:
+        if not isinstance(stage, ScoreFilter):
+            break
+        text = stage.text_field or context.text_field
+        if text in writes or stage.score_field in reads | {text}:
+            break
+        run.append(stage)
+        reads.add(text)
+        if stage.score_field is not None:
+            writes.add(stage.score_field)
+    return run
+
+
+def _apply_filter_run(run: list[ScoreFilter], table: pa.Table, context: ShardContext, counts: list[StageCount]) -> pa.Table:
+    alive = np.ones(table.num_rows, dtype=bool)
+    untaken = 0
+    for stage in run:
+        records_in = int(np.count_nonzero(alive))
+        removed: Counter[str] = Counter()
+        if records_in:
+            table, keep = stage.mark(table, context)
+            dropped = alive & ~keep
+            if dropped.any():
+                removed[stage.filter.reason] = int(np.count_nonzero(dropped))
+                alive &= keep
+                untaken += removed[stage.filter.reason]
+        counts.append(StageCount(records_in, records_in - sum(removed.values()), removed))
+        if untaken > UNTAKEN_SHARE * len(alive):
+            table, _ = _keep_texts(table, alive, "", stage.text_field or context.text_field)
+            alive = np.ones(table.num_rows, dtype=bool)
+            untaken = 0
+    table, _ = _keep_texts(table, alive, "", run[-1].text_field or context.text_field)
+    return table
 
 
 def text_hashes(texts: pa.Array, normalize: bool) -> np.ndarray:
