@@ -573,7 +573,7 @@ def test_analyses_carried_past_removals_equal_analysing_again(rows):
     kept_again = kept.filter(pa.array(second))
     analyses.carry_analyses(kept, second, kept_again)
     carried = analyses._LAST_BATCH.batch
-    assert carried.derived.keys() >= {"profile", ("pieces", 1, True), ("pieces", 2, False)}
+    assert carried.derived.keys() >= {"profile", "lines", "paragraphs"}
     got = [f.score(kept_again).to_pylist() for f in filters]
     assert analyses._LAST_BATCH.batch is carried
     analyses._LAST_BATCH.batch = None
@@ -587,22 +587,38 @@ def test_a_filter_stage_that_removes_texts_carries_the_counts_to_the_next():
     table, removed = ScoreFilter(WordCountFilter(min_words=2)).apply(table, context)
     assert removed == {"word_count": 1}
     carried = analyses._LAST_BATCH.batch
-    assert carried.derived[("pieces", 1, True)].counts.tolist() == [[3, 2, 3, 2], [4, 3, 10, 9]]
+    assert carried.derived["lines"].counts.tolist() == [[3, 2, 3, 2], [4, 3, 10, 9]]
     table, _ = ScoreFilter(RepeatedLinesByCharFilter(max_repeated_lines_char_ratio=0), score_field="chars").apply(table, context)
     assert analyses._LAST_BATCH.batch is carried
     assert table.column("chars").to_pylist() == pytest.approx([2 / 3, 0.9])
 
 
+def test_lines_and_paragraphs_from_one_pass_are_those_str_split_cuts():
+    """Paragraphs are cut where ``str.split("\\n\\n")`` cuts (left to right, not overlapping) though the one pass
+    finds them from its lines: runs of newlines of every length, at either end, blank and repeated paragraphs."""
+    texts = ["", "\n", "\n\n", "a\n\n", "a\n\n\n", "a\n\n\nb", "\n\n\n\n", "\n\n\n\n\nx", "x\n\ny\n\nx", "a\nb\n\na\nb\n",
+             " \n\t\n\n \u00e9\n\n \u00e9", "a\n \n\nb\n\n\n\n\nc\n", "p\nq\n\np\nq\n\n\np\nq", "p\nq\n\npq"]
+    data, bounds = analyses.bytes_of(pa.array(texts, pa.large_string()))
+    lines, paragraphs = scan.line_and_paragraph_counts(data, bounds)
+
+    def counts(pieces: list[str]) -> list[int]:
+        return [len(pieces), len(set(pieces)), sum(map(len, pieces)), sum(map(len, set(pieces)))]
+
+    assert lines.tolist() == [counts([p for p in t.split("\n") if p.strip()]) for t in texts]
+    assert paragraphs.tolist() == [counts(t.split("\n\n")) for t in texts]
+
+
 def _scans_agree(texts: pa.Array) -> None:
-    """The plain-Python scan's counts equal the compiled scan's, for the profile, for lines and paragraphs (blank
-    ones left out or not), for word n-grams, alone and in one pass with the profile, and for the words boilerplate looks
+    """The plain-Python scan's counts equal the compiled scan's, for the profile, for lines and paragraphs (one pass
+    of the compiled scan against two of the plain one), for word n-grams, alone and in one pass with the profile, and for the words boilerplate looks
     for."""
     compiled = pytest.importorskip("tokenmix.curate.heuristics._text_scan")
     assert plain_scan.PROFILE_FIELDS == compiled.PROFILE_FIELDS
     data, bounds = analyses.bytes_of(texts)
     assert plain_scan.profile(data, bounds).tolist() == scan.profile_counts(data, bounds).tolist()
-    for newlines, skip_blank in ((1, True), (2, False), (1, False), (2, True)):
-        assert plain_scan.pieces(data, bounds, newlines, skip_blank).tolist() == scan.piece_counts(data, bounds, newlines, skip_blank).tolist()
+    lines, paragraphs = scan.line_and_paragraph_counts(data, bounds)
+    assert lines.tolist() == plain_scan.pieces(data, bounds, 1, True).tolist()
+    assert paragraphs.tolist() == plain_scan.pieces(data, bounds, 2, False).tolist()
     sizes = (TOP_SIZES, DUPLICATE_SIZES)
     assert plain_scan.ngrams(data, bounds, *sizes).tolist() == scan.ngram_counts(data, bounds, *sizes).tolist()
     words = ("cookie", "privacy", "terms of use", "lorem ipsum", "in")

@@ -2,8 +2,8 @@
 
    profile() counts, per text, everything the word, character and line heuristics divide: words, characters of
    each class, the longest word, words that are symbols, stop words or hold a letter, non-blank lines that start with
-   a bullet or end without an end mark or with an ellipsis, and characters inside URLs. pieces() counts each text's
-   lines or paragraphs and how many of them are distinct. What a character is (whitespace, a letter, a bracket...)
+   a bullet or end without an end mark or with an ellipsis, and characters inside URLs. lines_and_paragraphs() counts
+   each text's lines and paragraphs and how many of them are distinct. What a character is (whitespace, a letter, a bracket...)
    comes from a table of classes per code point that scan.py fills from character_classes.py; letters outside ASCII
    are asked of Python once per code point and remembered in that table. plain_scan.py makes the same counts in plain
    Python, for an install where this module was not built. */
@@ -810,44 +810,95 @@ fail:
     return NULL;
 }
 
-/* Counts each text's pieces between separators ("\n" or "\n\n", left to right, not overlapping, as str.split): all of
-   them, the distinct ones, and the characters in each; with skip_blank, pieces of only whitespace are left out. */
-static PyObject *pieces(PyObject *self, PyObject *args) {
+/* Into c: the count pieces of one text, the distinct ones (an open-addressing set of indices into found, at least
+   twice as large as count, grown in *table as needed), the characters in all of them and in the distinct ones. */
+static int count_distinct(const Piece *found, Py_ssize_t count, const uint8_t *data, Py_ssize_t **table,
+                          Py_ssize_t *table_size, int64_t *c) {
+    Py_ssize_t slots = 16;
+    while (slots < 2 * count) slots *= 2;
+    if (slots > *table_size) {
+        Py_ssize_t *grown = realloc(*table, (size_t)slots * sizeof(Py_ssize_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        *table = grown;
+        *table_size = slots;
+    }
+    Py_ssize_t *set = *table;
+    memset(set, 0xFF, (size_t)slots * sizeof(Py_ssize_t));
+    int64_t total_chars = 0, distinct = 0, distinct_chars = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const Piece *piece = &found[i];
+        total_chars += piece->chars;
+        Py_ssize_t slot = (Py_ssize_t)(piece->hash & (uint64_t)(slots - 1));
+        for (;; slot = (slot + 1) & (slots - 1)) {
+            Py_ssize_t other = set[slot];
+            if (other < 0) {
+                set[slot] = i;
+                distinct++;
+                distinct_chars += piece->chars;
+                break;
+            }
+            if (found[other].hash == piece->hash && found[other].length == piece->length &&
+                memcmp(data + found[other].start, data + piece->start, (size_t)piece->length) == 0)
+                break;
+        }
+    }
+    c[0] = count, c[1] = distinct, c[2] = total_chars, c[3] = distinct_chars;
+    return 0;
+}
+
+/* Appends a piece to *found (of *capacity), grown as needed. */
+static int add_piece(Piece **found, Py_ssize_t *count, Py_ssize_t *capacity, Piece piece) {
+    if (*count == *capacity) {
+        *capacity = *capacity ? 2 * *capacity : 256;
+        Piece *grown = realloc(*found, (size_t)*capacity * sizeof(Piece));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        *found = grown;
+    }
+    (*found)[(*count)++] = piece;
+    return 0;
+}
+
+/* Counts each text's non-blank lines and its paragraphs (blank ones too; "\n\n"-separated, left to right, not
+   overlapping, as str.split), the distinct ones of each and the characters in them, from one pass: a paragraph is a
+   run of lines, cut
+   where str.split("\n\n") cuts, at an empty line that neither starts the paragraph nor ends the text; its hash is made
+   from its lines' (equal paragraphs have equal lines, and equal hashes are compared byte for byte). */
+static PyObject *lines_and_paragraphs(PyObject *self, PyObject *args) {
     Buffers b = {0};
-    Py_ssize_t separator;
-    int skip_blank;
-    if (!PyArg_ParseTuple(args, "y*y*y*npw*", &b.data, &b.bounds, &b.classes, &separator, &skip_blank, &b.out)) return NULL;
+    Py_buffer paragraph_out = {0};
+    if (!PyArg_ParseTuple(args, "y*y*y*w*w*", &b.data, &b.bounds, &b.classes, &b.out, &paragraph_out)) return NULL;
+    Py_ssize_t capacity = 0, paragraph_capacity = 0, table_size = 0;
+    Piece *found = NULL, *paragraphs = NULL;
+    Py_ssize_t *table = NULL;
     Py_ssize_t n = texts_in(&b, 4);
-    if (n < 0) {
-        release(&b);
-        return NULL;
-    }
-    if (separator != 1 && separator != 2) {
-        release(&b);
-        PyErr_SetString(PyExc_ValueError, "separator: 1 (lines) or 2 (paragraphs) newlines");
-        return NULL;
-    }
+    if (n < 0 || check(&paragraph_out, 8, n * 4, "paragraph_out")) goto fail;
     const uint8_t *data = b.data.buf;
     const int64_t *bounds = b.bounds.buf;
     const uint16_t *classes = b.classes.buf;
-    int64_t *out = b.out.buf;
-    Py_ssize_t capacity = 0, table_size = 0;
-    Piece *found = NULL;
-    Py_ssize_t *table = NULL;
     for (Py_ssize_t t = 0; t < n; t++) {
         const Py_ssize_t start = bounds[t], end = bounds[t + 1];
         if (!inside(&b, t, start, end)) goto fail;
-        Py_ssize_t count = 0;
+        Py_ssize_t count = 0, paragraph_count = 0, paragraph_lines = 0;
+        Piece paragraph = {0, start, 0, 0};
         for (Py_ssize_t from = start;;) {
-            Py_ssize_t to = from;
-            for (;;) {
-                const uint8_t *newline = memchr(data + to, '\n', (size_t)(end - to));
-                to = newline ? newline - data : end;
-                if (to == end || separator == 1 || (to + 1 < end && data[to + 1] == '\n')) break;
-                to++;
+            const uint8_t *newline = memchr(data + from, '\n', (size_t)(end - from));
+            const Py_ssize_t to = newline ? newline - data : end;
+            if (to == from && paragraph_lines > 0 && to < end) {
+                paragraph.length = from - 1 - paragraph.start;
+                if (add_piece(&paragraphs, &paragraph_count, &paragraph_capacity, paragraph) < 0) goto fail;
+                paragraph = (Piece){0, to + 1, 0, 0};
+                paragraph_lines = 0;
+                from = to + 1;
+                continue;
             }
             Py_ssize_t chars = to - from, i = from;
-            uint64_t wide = 0; /* the high bits of the piece's bytes: whether one is outside ASCII */
+            uint64_t wide = 0; /* the high bits of the line's bytes: whether one is outside ASCII */
             for (; i + 8 <= to; i += 8) {
                 uint64_t x;
                 memcpy(&x, data + i, 8);
@@ -862,62 +913,32 @@ static PyObject *pieces(PyObject *self, PyObject *args) {
                 chars -= width - 1;
                 i += width;
             }
-            if (!(skip_blank && blank)) {
-                if (count == capacity) {
-                    capacity = capacity ? 2 * capacity : 256;
-                    Piece *grown = realloc(found, (size_t)capacity * sizeof(Piece));
-                    if (grown == NULL) {
-                        PyErr_NoMemory();
-                        goto fail;
-                    }
-                    found = grown;
-                }
-                found[count++] = (Piece){hash_bytes(data + from, to - from, data + b.data.len), from, to - from, chars};
-            }
+            const uint64_t hash = hash_bytes(data + from, to - from, data + b.data.len);
+            if (!blank && add_piece(&found, &count, &capacity, (Piece){hash, from, to - from, chars}) < 0) goto fail;
+            paragraph.hash = (paragraph.hash ^ hash) * 0xBF58476D1CE4E5B9ULL;
+            paragraph.hash ^= paragraph.hash >> 31;
+            paragraph.chars += chars + (paragraph_lines > 0);
+            paragraph_lines++;
             if (to >= end) break;
-            from = to + separator;
+            from = to + 1;
         }
-        /* the distinct pieces: an open-addressing set of indices into found, at least twice as large as count */
-        Py_ssize_t slots = 16;
-        while (slots < 2 * count) slots *= 2;
-        if (slots > table_size) {
-            Py_ssize_t *grown = realloc(table, (size_t)slots * sizeof(Py_ssize_t));
-            if (grown == NULL) {
-                PyErr_NoMemory();
-                goto fail;
-            }
-            table = grown;
-            table_size = slots;
-        }
-        memset(table, 0xFF, (size_t)slots * sizeof(Py_ssize_t));
-        int64_t total_chars = 0, distinct = 0, distinct_chars = 0;
-        for (Py_ssize_t i = 0; i < count; i++) {
-            const Piece *piece = &found[i];
-            total_chars += piece->chars;
-            Py_ssize_t slot = (Py_ssize_t)(piece->hash & (uint64_t)(slots - 1));
-            for (;; slot = (slot + 1) & (slots - 1)) {
-                Py_ssize_t other = table[slot];
-                if (other < 0) {
-                    table[slot] = i;
-                    distinct++;
-                    distinct_chars += piece->chars;
-                    break;
-                }
-                if (found[other].hash == piece->hash && found[other].length == piece->length &&
-                    memcmp(data + found[other].start, data + piece->start, (size_t)piece->length) == 0)
-                    break;
-            }
-        }
-        int64_t *c = out + t * 4;
-        c[0] = count, c[1] = distinct, c[2] = total_chars, c[3] = distinct_chars;
+        paragraph.length = end - paragraph.start;
+        if (add_piece(&paragraphs, &paragraph_count, &paragraph_capacity, paragraph) < 0 ||
+            count_distinct(found, count, data, &table, &table_size, (int64_t *)b.out.buf + t * 4) < 0 ||
+            count_distinct(paragraphs, paragraph_count, data, &table, &table_size, (int64_t *)paragraph_out.buf + t * 4) < 0)
+            goto fail;
     }
     free(found);
+    free(paragraphs);
     free(table);
+    PyBuffer_Release(&paragraph_out);
     release(&b);
     Py_RETURN_NONE;
 fail:
     free(found);
+    free(paragraphs);
     free(table);
+    if (paragraph_out.obj) PyBuffer_Release(&paragraph_out);
     release(&b);
     return NULL;
 }
@@ -1046,9 +1067,10 @@ static PyMethodDef methods[] = {
      "profile(data, bounds, classes, is_letter, symbol_words, common_words, ellipsis_marks, out[, top_sizes, "
      "duplicate_sizes, ngram_out]): per-text counts, PROFILE_FIELDS of them, into out (int64, texts x fields); with "
      "ngram_out, the counts of ngrams() too, from the same words."},
-    {"pieces", pieces, METH_VARARGS,
-     "pieces(data, bounds, classes, separator_newlines, skip_blank, out): per text, pieces, distinct pieces, their "
-     "characters and the distinct ones' characters into out (int64, texts x 4)."},
+    {"lines_and_paragraphs", lines_and_paragraphs, METH_VARARGS,
+     "lines_and_paragraphs(data, bounds, classes, line_out, paragraph_out): per text, its non-blank lines, the "
+     "distinct ones, their characters and the distinct ones' characters into line_out (int64, texts x 4); the same of "
+     "its paragraphs, blank ones too, into paragraph_out."},
     {"mentions", mentions, METH_VARARGS,
      "mentions(data, bounds, patterns, anchors, raw_patterns, out): per text, whether it holds one of the patterns "
      "(lowercase ASCII bytes, matched in either case, each found from its two bytes at its anchor index) or one of "

@@ -148,18 +148,22 @@ def profile(texts: pa.Array) -> Profile:
     return _derived(texts, "profile", lambda t: Profile(scan.profile_counts(*bytes_of(t))))
 
 
-def _pieces(texts: pa.Array, newlines: int, skip_blank: bool) -> Pieces:
-    return _derived(texts, ("pieces", newlines, skip_blank), lambda t: Pieces(scan.piece_counts(*bytes_of(t), newlines, skip_blank)))
+def _lines_and_paragraphs(texts: pa.Array) -> Pieces:
+    """The batch's lines; and its paragraphs from the same pass, kept for the filters that ask next."""
+    line_counts, paragraph_counts = scan.line_and_paragraph_counts(*bytes_of(texts))
+    _LAST_BATCH.batch.derived["paragraphs"] = Pieces(paragraph_counts)
+    return Pieces(line_counts)
 
 
 def lines(texts: pa.Array) -> Pieces:
-    """The batch's non-blank ``\\n``-separated lines."""
-    return _pieces(texts, 1, skip_blank=True)
+    """The batch's non-blank ``\\n``-separated lines (the first of lines and paragraphs asked counts both in one pass)."""
+    return _derived(texts, "lines", _lines_and_paragraphs)
 
 
 def paragraphs(texts: pa.Array) -> Pieces:
-    """The batch's ``\\n\\n``-separated paragraphs, blank ones too."""
-    return _pieces(texts, 2, skip_blank=False)
+    """The batch's ``\\n\\n``-separated paragraphs, blank ones too (counted with the lines)."""
+    lines(texts)
+    return _LAST_BATCH.batch.derived["paragraphs"]
 
 
 def _ngrams(texts: pa.Array, top_sizes: tuple[int, ...], duplicate_sizes: tuple[int, ...]) -> NGrams:

@@ -55,15 +55,16 @@ def profile_counts(data: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     return counts
 
 
-def piece_counts(data: np.ndarray, bounds: np.ndarray, newlines: int, skip_blank: bool) -> np.ndarray:
-    """Per text, its pieces between ``newlines`` newlines, the distinct ones, the characters in all of them and in the
-    distinct ones; with ``skip_blank``, pieces of only whitespace are left out."""
+def line_and_paragraph_counts(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per text, its non-blank ``\\n``-separated lines, the distinct ones, the characters in all of them and in the
+    distinct ones; and the same of its ``\\n\\n``-separated paragraphs, blank ones too: from one pass over the texts."""
     scan = compiled()
     if scan is None:
-        return plain_scan.pieces(data, bounds, newlines, skip_blank)
-    counts = np.empty((len(bounds) - 1, 4), dtype=np.int64)
-    scan.pieces(data, bounds, _classes(), newlines, skip_blank, counts)
-    return counts
+        return plain_scan.pieces(data, bounds, 1, True), plain_scan.pieces(data, bounds, 2, False)
+    lines = np.empty((len(bounds) - 1, 4), dtype=np.int64)
+    paragraphs = np.empty((len(bounds) - 1, 4), dtype=np.int64)
+    scan.lines_and_paragraphs(data, bounds, _classes(), lines, paragraphs)
+    return lines, paragraphs
 
 
 def ngram_counts(data: np.ndarray, bounds: np.ndarray, top_sizes: tuple[int, ...], duplicate_sizes: tuple[int, ...]) -> np.ndarray:
