@@ -1,13 +1,13 @@
 """What the heuristic filters derive from a batch of texts before scoring it, made once per batch and shared: the
-per-text counts of one scan (``profile``), of each text's lines and paragraphs (``lines``, ``paragraphs``), and of its
+per-text counts of one scan (``profile``), of each text's lines and paragraphs (``lines``, ``paragraphs``: one pass), and of its
 repeated word n-grams (``ngram_shares``: Gopher's sizes all in one pass, which makes the profile too where none was
 made yet).
 
 The counts are kept for every filter that asks while the batch is the same (the same buffers, offset and length: a
 stage that removes nothing passes its table on unchanged, and stages take a column's single chunk as it is,
 ``records.as_array``), and cut down to the kept texts when a filter stage removes some (``carry_analyses``), so a
-pipeline of these filters reads each batch's text about three times (the scan, with the n-grams where a filter asks
-for them, lines, paragraphs).
+pipeline of these filters reads each batch's text about twice (the scan, with the n-grams where a filter asks for
+them; lines and paragraphs in one pass).
 """
 
 from __future__ import annotations

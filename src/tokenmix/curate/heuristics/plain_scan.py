@@ -1,5 +1,5 @@
 """The heuristic filters' per-text counts in plain Python, for an install where the compiled scan (``_text_scan.c``)
-was not built: the same counts as its ``profile`` and ``pieces``, from the same definitions (``character_classes``),
+was not built: the same counts as its ``profile`` and ``lines_and_paragraphs``, from the same definitions (``character_classes``),
 through Python's string methods, text by text: 12 times the compiled scan's time for the profile, 4-5 times for
 lines and paragraphs (docs/benchmarks.md); and the word n-gram counts of the repetition filters (``ngrams``), as NeMo
 defines them.
