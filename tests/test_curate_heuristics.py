@@ -676,3 +676,26 @@ def test_without_the_compiled_scan_the_filters_count_in_python_and_say_so_once()
     assert orjson.loads(done.stdout) == expected
     assert done.stderr.count("compiled text scan was not built") == 1, done.stderr
     assert "C compiler" in done.stderr
+
+
+def test_a_compiled_scan_built_from_an_older_source_is_set_aside_for_plain_python_with_a_warning(monkeypatch, caplog):
+    """A checkout updated without reinstalling keeps the extension its last install built: where that lacks a function
+    this version calls, the filters count in plain Python and say how to rebuild, instead of failing mid-pipeline."""
+    import sys
+    import types
+
+    from tokenmix.curate import heuristics
+    from tokenmix.curate.heuristics import scan
+
+    stale = types.ModuleType("tokenmix.curate.heuristics._text_scan")
+    stale.profile = stale.ngrams = stale.mentions = lambda *args: None
+    stale.__file__ = "/old/_text_scan.so"
+    monkeypatch.setitem(sys.modules, "tokenmix.curate.heuristics._text_scan", stale)
+    monkeypatch.setattr(heuristics, "_text_scan", stale, raising=False)
+    scan.compiled.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger=scan.__name__):
+            assert scan.compiled() is None
+        assert "lacks lines_and_paragraphs" in caplog.text and "pip install -e ." in caplog.text
+    finally:
+        scan.compiled.cache_clear()

@@ -26,6 +26,10 @@ _COMMON_BYTES = tuple(sorted(word.encode() for word in chars.COMMON_ENGLISH_WORD
 _ELLIPSIS_BYTES = tuple(mark.encode() for mark in chars.ELLIPSIS_MARKS)
 
 
+_COMPILED_NAMES = ("profile", "ngrams", "lines_and_paragraphs", "mentions")
+"""What this version of the package calls in the compiled scan: a module built from an older source lacks some."""
+
+
 @functools.cache
 def compiled() -> ModuleType | None:
     """The compiled scan, or None (said once) where it was not built."""
@@ -35,6 +39,12 @@ def compiled() -> ModuleType | None:
         logger.warning("the heuristic filters' compiled text scan was not built when tokenmix was installed (%s): they count in "
                        "plain Python instead, and a pipeline of them takes two to three times as long. To build it, install "
                        "tokenmix again where a C compiler and the Python headers are found (gcc and python3-dev)", e)
+        return None
+    missing = [name for name in _COMPILED_NAMES if not hasattr(_text_scan, name)]
+    if missing:
+        logger.warning("the heuristic filters' compiled text scan at %s was built from an older _text_scan.c (it lacks %s): they "
+                       "count in plain Python instead. To rebuild it, install tokenmix again (pip install -e . in a checkout)",
+                       _text_scan.__file__, ", ".join(missing))
         return None
     return _text_scan
 
