@@ -3,6 +3,7 @@ with planted near-duplicates whose clusters are known, against datatrove's MinHa
 
     python scripts/bench_dedup_scale.py [--corpus ../shared/corpus] [--scales 1,10,100] [--workers 2]
                                         [--datatrove_python /path/to/venv/bin/python] [--datatrove_scales 1,10]
+                                        [--memory_bytes BYTES]
                                         [--scratch DIR]
 
 For each scale N, ``tokenmix.curate.planted`` makes the corpus: the train shards of every source, and N - 1 edited
@@ -111,26 +112,26 @@ class _DiskPeak:
         self.peak = max(self.peak, _disk(self.path))
 
 
-def _pipeline(planted: Path, out: Path, workers: int):
+def _pipeline(planted: Path, out: Path, workers: int, memory_bytes: int = 0):
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_curate import GOPHER
 
     from tokenmix.curate import AddId, CurationConfig, CurationOutput, CurationSource, DocumentFilter, FuzzyDedup, ScoreFilter
 
-    stages = [AddId(), FuzzyDedup()]
+    stages = [AddId(), FuzzyDedup(memory_bytes=memory_bytes) if memory_bytes else FuzzyDedup()]
     stages += [ScoreFilter(DocumentFilter.get_choice_class(name)(**kwargs)) for name, kwargs in GOPHER]
     return CurationConfig(sources=[CurationSource(s, [str(planted / s / "*.jsonl.zst")]) for s in SOURCES], stages=stages,
                           output=CurationOutput(str(out), "jsonl.zst", write_to_filename=True), num_workers=workers)
 
 
-def _run_tokenmix(planted: str, out: str, workers: int) -> None:
+def _run_tokenmix(planted: str, out: str, workers: int, memory_bytes: int) -> None:
     """One tokenmix run, in this fresh interpreter (``tokenmix-run``): prints its measures."""
     import logging
 
     from tokenmix.curate import run_curation
 
     logging.basicConfig(level=logging.WARNING)
-    config = _pipeline(Path(planted), Path(out), workers)
+    config = _pipeline(Path(planted), Path(out), workers, memory_bytes)
     with _DiskPeak(Path(out)) as disk:
         started = time.perf_counter()
         stats = run_curation(config)
@@ -211,14 +212,14 @@ def _scores(truth, labels_of: dict[tuple[str, str], object]) -> tuple[float, flo
     return precision, recall, clusters
 
 
-def _tokenmix_clusters(planted: Path, out: Path, workers: int) -> dict[tuple[str, str], object]:
+def _tokenmix_clusters(planted: Path, out: Path, workers: int, memory_bytes: int) -> dict[tuple[str, str], object]:
     import numpy as np
     import pyarrow.parquet as pq
 
     from tokenmix.curate.dedup_policy import unpack
     from tokenmix.curate.pipeline_plan import list_shards
 
-    shards = list_shards(_pipeline(planted, out, workers))
+    shards = list_shards(_pipeline(planted, out, workers, memory_bytes))
     files = sorted((out / ".curate").rglob("clusters*.parquet"))
     if not files:
         raise RuntimeError(f"no clusters*.parquet under {out / '.curate'}: where does fuzzy_dedup keep its clusters now?")
@@ -284,6 +285,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--datatrove_python", default=None)
     parser.add_argument("--datatrove_scales", default="1,10")
+    parser.add_argument("--memory_bytes", type=int, default=0, help="fuzzy_dedup's memory_bytes (0: the stage's default, 1 GiB)")
     parser.add_argument("--scratch", default=None, help="where planted corpora are made and kept (default: a temporary directory)")
     args = parser.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -302,8 +304,8 @@ def main() -> None:
         out = scratch / f"tokenmix-{scale}x"
         shutil.rmtree(out, ignore_errors=True)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-        measured = _child([sys.executable, __file__, "tokenmix-run", str(planted), str(out), str(args.workers)], env)
-        precision, recall, clusters = _scores(truth, _tokenmix_clusters(planted, out, args.workers))
+        measured = _child([sys.executable, __file__, "tokenmix-run", str(planted), str(out), str(args.workers), str(args.memory_bytes)], env)
+        precision, recall, clusters = _scores(truth, _tokenmix_clusters(planted, out, args.workers, args.memory_bytes))
         rows.append(("tokenmix", scale, docs, measured, _disk(out), precision, recall, clusters))
         _print_row(rows[-1], args.workers)
         shutil.rmtree(out, ignore_errors=True)
@@ -360,6 +362,6 @@ def _summary(rows: list[tuple], workers: int) -> None:
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO / "src"))
     if len(sys.argv) > 1 and sys.argv[1] == "tokenmix-run":
-        _run_tokenmix(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        _run_tokenmix(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     else:
         main()
