@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenmix.curate import AddId, CurationConfig, CurationOutput, CurationSource, run_curation
-from tokenmix.curate.components import DocRanges, RangeWriters, find_components, scatter_by_range
+from tokenmix.curate.components import Components, DocRanges, RangeWriters, find_components, scatter_by_range
 from tokenmix.curate.dedup_policy import pack, removals, unpack
 from tokenmix.curate.fuzzy_dedup import FuzzyDedup, band_hashes, bucket_edges
 from tokenmix.curate.minhash import MinHashConfig, candidate_probability, jaccard, signatures
@@ -32,19 +32,26 @@ def test_bucket_members_join_their_first_only_and_a_pair_in_two_bands_counts_onc
     assert len(big) == 9_999 and (big[:, 0] == 0).all()
 
 
-def test_components_found_range_by_range_join_chains_across_ranges_and_number_clusters_by_their_first_document(tmp_path):
-    edges = np.array([[7, 9], [1, 3], [3, 5], [9, 11], [2, 11]], dtype=np.int64)
-    ranges = DocRanges((0, 4, 8))
-    writers = RangeWriters(str(tmp_path / "adjacency"), 0)
+def _components_of(edges: np.ndarray, ranges: DocRanges, out) -> tuple[Components, dict[int, int]]:
+    """``find_components`` over ``edges`` written as adjacency files by range, its tasks run in this process: what it
+    found, and each node's label."""
+    writers = RangeWriters(str(out / "adjacency"), 0)
     both = np.concatenate([edges, edges[:, ::-1]])
     scatter_by_range({"node": both[:, 0], "neighbor": both[:, 1]}, both[:, 0], ranges, writers)
     written = writers.close()
-    adjacency = [[str(tmp_path / "adjacency" / f"00000-{q:05d}.parquet")] if str(q) in written else [] for q in range(len(ranges))]
-    found = find_components(ranges, adjacency, str(tmp_path / "components"), lambda fn, tasks, stats, label: [fn(t) for t in tasks])
+    adjacency = [[str(out / "adjacency" / f"00000-{q:05d}.parquet")] if str(q) in written else [] for q in range(len(ranges))]
+    found = find_components(ranges, adjacency, str(out / "components"), lambda fn, tasks, stats, label: [fn(t) for t in tasks])
     labels = {}
     for url in found.labels_urls:
         table = pq.read_table(url)
         labels.update(zip(table.column("node").to_pylist(), table.column("label").to_pylist(), strict=True))
+    return found, labels
+
+
+def test_components_found_range_by_range_join_chains_across_ranges_and_number_clusters_by_their_first_document(tmp_path):
+    edges = np.array([[7, 9], [1, 3], [3, 5], [9, 11], [2, 11]], dtype=np.int64)
+    ranges = DocRanges((0, 4, 8))
+    found, labels = _components_of(edges, ranges, tmp_path)
     assert labels == {1: 1, 3: 1, 5: 1, 2: 2, 7: 2, 9: 2, 11: 2}
     assert found.rounds >= 2, "the label of 2 reaches 7 only through 11 and 9, in ranges of their own"
     assert found.first_cluster == [0, 2, 2]
@@ -65,16 +72,7 @@ def test_components_range_by_range_equal_scipy_connected_components(tmp_path_fac
     out = tmp_path_factory.mktemp("components")
     edges = np.array([p for p in pairs if p[0] != p[1]], dtype=np.int64).reshape(-1, 2)
     ranges = DocRanges((0, *sorted(cuts)))
-    writers = RangeWriters(str(out / "adjacency"), 0)
-    both = np.concatenate([edges, edges[:, ::-1]])
-    scatter_by_range({"node": both[:, 0], "neighbor": both[:, 1]}, both[:, 0], ranges, writers)
-    written = writers.close()
-    adjacency = [[str(out / "adjacency" / f"00000-{q:05d}.parquet")] if str(q) in written else [] for q in range(len(ranges))]
-    found = find_components(ranges, adjacency, str(out / "components"), lambda fn, tasks, stats, label: [fn(t) for t in tasks])
-    labels = {}
-    for url in found.labels_urls:
-        table = pq.read_table(url)
-        labels.update(zip(table.column("node").to_pylist(), table.column("label").to_pylist(), strict=True))
+    found, labels = _components_of(edges, ranges, out)
     nodes = np.unique(edges)
     assert sorted(labels) == nodes.tolist()
     graph = coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(60, 60))
