@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from helpers import DEMO_CORPUS, REPO, read_jsonl_zst
+from helpers import DEMO_CORPUS, REPO, curate_until, read_jsonl_zst
 
 from tokenmix.curate import (
     AddId,
@@ -455,28 +455,9 @@ def _work_done(out) -> int:
 
 
 def _run_until(config_path, out, target: int) -> bool:
-    """Run the curation until its work directory holds ``target`` records of finished work (polled), then SIGKILL it
-    (driver and workers); returns whether it finished first. The kill point is a point of its progress, whatever the
-    machine's speed."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    proc = subprocess.Popen([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(config_path), "--output.path", str(out)],
-                            cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300  # a hung run, not a slow one: generous and fixed
-    while proc.poll() is None and _work_done(out) < target:
-        assert time.monotonic() < deadline, f"the run reached {_work_done(out)} of {target} records of work in 300 s"
-        time.sleep(0.005)
-    finished = proc.poll() is not None
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    stderr = proc.communicate()[1].decode()
-    assert not finished or proc.returncode == 0, stderr[-3000:]
-    return finished
+    """Run the curation until its work directory holds ``target`` records of finished work, then SIGKILL it (driver
+    and workers); whether it finished first."""
+    return curate_until(config_path, out, lambda: _work_done(out) >= target, f"{target} records of work")
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import DEMO_CORPUS, read_jsonl_zst
+from helpers import DEMO_CORPUS, curate_until, read_jsonl_zst
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -312,29 +312,8 @@ def _finished_tasks(out, stage: str) -> int:
 
 
 def _curate_until(config_path, out, stage: str) -> bool:
-    """Run the curation in a process of its own until ``stage`` has finished a task (polled), then SIGKILL it and its
-    workers; returns whether the run ended first."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from helpers import REPO
-
-    proc = subprocess.Popen([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(config_path), "--output.path", str(out)],
-                            cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300  # a hung run, not a slow one: generous and fixed
-    while proc.poll() is None and _finished_tasks(out, stage) < 1:
-        assert time.monotonic() < deadline, f"no task of {stage} finished in 300 s"
-        time.sleep(0.002)
-    finished = proc.poll() is not None
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    stderr = proc.communicate()[1].decode()
-    assert not finished or proc.returncode == 0, stderr[-3000:]
-    return finished
+    """Run the curation until ``stage`` has finished a task, then SIGKILL it and its workers; whether it ended first."""
+    return curate_until(config_path, out, lambda: _finished_tasks(out, stage) >= 1, f"a finished task of {stage}")
 
 
 @pytest.mark.slow
