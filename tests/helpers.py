@@ -11,7 +11,6 @@ import gzip
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -226,13 +225,6 @@ build: {{num_workers: 0}}
 def mixture_yaml(cache_dir: str | Path) -> str:
     """The test mixture (three real sources of the bundled corpus slice) with its caches under ``cache_dir``."""
     return MIXTURE_YAML.replace("CACHE", str(cache_dir))
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for a coordinator the test's processes join)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_train_config(directory: Path, run: str, trainer: dict[str, Any], model: dict[str, Any], caches: Path | None = None,

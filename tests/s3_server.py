@@ -25,6 +25,7 @@ BUCKET = "tokenmix-test"
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server, or a coordinator the test's processes join)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -28,8 +28,9 @@ import loader_worker
 import numpy as np
 import pytest
 import yaml
-from helpers import SEQ_LEN, CountingDataset, FailingDataset, SlowDataset, Wrapped, demo_urls, free_port, mixture_yaml
+from helpers import SEQ_LEN, CountingDataset, FailingDataset, SlowDataset, Wrapped, demo_urls, mixture_yaml
 from jax.sharding import NamedSharding, PartitionSpec
+from s3_server import free_port
 
 from tokenmix import (
     BatchSchedule,

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import REPO, TOKENIZER, free_port, write_jsonl, write_train_config
+from helpers import REPO, TOKENIZER, write_jsonl, write_train_config
+from s3_server import free_port
 
 from tokenmix.config.adaptive import WEIGHT_QUANTUM, AdaptiveMixing
 from tokenmix.loader.batch_schedule import BatchSchedule
