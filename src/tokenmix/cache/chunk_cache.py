@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_BYTES = int(os.environ.get("TOKENMIX_CHUNK_CACHE_BYTES", str(1 << 30)))
+DEFAULT_BYTES = int(os.environ.get("TOKENMIX_CHUNK_CACHE_BYTES", str(64 << 20)))
 
 
 class ChunkCache:

@@ -82,28 +82,74 @@ class ShardLayout:
 
 
 OPEN_SHARDS = 4096
-"""Shards kept mapped (or, on object storage, their indexes kept) per array: a bound on mappings, not on reads."""
+"""Shards whose index (and, on object storage, a partial shard's bytes) is kept per array: a bound on entries, not on
+reads. The mappings of local shards are kept by ``MAPPED``, bounded in files and bytes for the whole process."""
+MAPPED_BYTES = int(os.environ.get("TOKENMIX_MAPPED_BYTES", str(256 << 20)))
+"""Bytes of shard files a process keeps memory-mapped, every cache together (``TOKENMIX_MAPPED_BYTES``): the pages of a
+mapping that reads touched count in the process's resident memory."""
+MAPPED_FILES = int(os.environ.get("TOKENMIX_MAPPED_FILES", "256"))
+"""Shard files a process keeps mapped, every cache together (``TOKENMIX_MAPPED_FILES``): each mapping holds a file
+descriptor of its own, so without this bound a reader of a thousand sources would hold a thousand descriptors (and past
+the usual limit of 1,024, fail to open more)."""
 
 
-class LocalShards:
-    """Shard files under a directory, each memory-mapped while in use; ``get`` maps a shard again when its file was
-    replaced (a partial shard the build rewrote)."""
+class MappedShards:
+    """The process's memory-mapped shard files, ``path -> (inode, bytes)``, least recently used first: at most
+    ``max_files`` of them, their sizes summing to at most ``max_bytes`` (a file larger than that is mapped for its read
+    and not kept). A reader of few shards keeps them all mapped; one of more maps a shard again when it comes back to it
+    (about 20 us, page cache warm)."""
 
-    def __init__(self, root: str):
-        self.root = root
+    def __init__(self, max_bytes: int, max_files: int):
+        self.max_bytes = max_bytes
+        self.max_files = max_files
+        self._maps: OrderedDict[str, tuple[int, np.ndarray]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
 
-    def get(self, key: str, held: tuple[int, np.ndarray] | None) -> tuple[int, np.ndarray]:
-        """``(inode, bytes)`` of the file now; ``held`` (what an earlier call gave) when it is still that file."""
-        path = os.path.join(self.root, key)
+    def get(self, path: str, check: bool) -> tuple[int, np.ndarray]:
+        """``(inode, bytes)`` of the file at ``path``: the mapping held, unless there is none or ``check`` finds its file
+        replaced since (then mapped again)."""
+        with self._lock:
+            held = self._maps.get(path)
+            if held is not None:
+                self._maps.move_to_end(path)
+        if held is not None and not check:
+            return held
         try:
             inode = os.stat(path).st_ino
             if held is not None and held[0] == inode:
                 return held
             with open(path, "rb") as f:
                 stat = os.fstat(f.fileno())
-                if not stat.st_size:  # cut to nothing: nothing to map, and its index is reported missing
-                    return stat.st_ino, np.empty(0, np.uint8)
-                return stat.st_ino, np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+                mapped = (stat.st_ino, np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8) if stat.st_size
+                          else np.empty(0, np.uint8))  # cut to nothing: nothing to map, and its index is reported missing
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path) from None
+        with self._lock:
+            old = self._maps.pop(path, None)
+            self._bytes -= 0 if old is None else old[1].nbytes
+            if mapped[1].nbytes <= self.max_bytes:
+                self._maps[path] = mapped
+                self._bytes += mapped[1].nbytes
+            while self._bytes > self.max_bytes or len(self._maps) > self.max_files:
+                self._bytes -= self._maps.popitem(last=False)[1][1].nbytes
+        return mapped
+
+
+MAPPED = MappedShards(MAPPED_BYTES, MAPPED_FILES)
+
+
+class LocalShards:
+    """Shard files under a directory, mapped through ``MAPPED``; ``get`` maps a shard again when its file was replaced
+    (a partial shard the build rewrote)."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def get(self, key: str, check: bool) -> tuple[int, np.ndarray]:
+        """``(inode, bytes)`` of shard ``key``; ``check``: make sure it is the file there now (a shard still written)."""
+        try:
+            return MAPPED.get(os.path.join(self.root, key), check)
         except FileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, "no such file", key) from None
 
@@ -229,10 +275,9 @@ class ShardedReads:
         if isinstance(self.source, LocalShards):
             for s in shards:
                 entry = have[s]
-                if entry is None or entry[0] is not None:  # unknown, or partial when last seen
-                    inode, data = self.source.get(f"c/{s}", None if entry is None else (entry[0], entry[2]))  # type: ignore[arg-type]
-                    index = entry[1] if entry is not None and data is entry[2] else self._index(data, s)
-                    have[s] = (None if complete[s] else inode, index, data)
+                inode, data = self.source.get(f"c/{s}", check=entry is None or entry[0] is not None)  # unknown, or partial when last seen
+                index = entry[1] if entry is not None and entry[0] in (None, inode) else self._index(data, s)
+                have[s] = (None if complete[s] else inode, index, data)
         else:
             # a partial shard is read whole and kept while the committed tokens stay the same: any version of it
             # stored since holds those tokens, so what was read keeps serving them
@@ -242,9 +287,10 @@ class ShardedReads:
             for s, data in zip(indexes + whole, raw):
                 index = self._index(data, s)
                 have[s] = (None, index, None) if complete[s] else (("committed", committed), index, np.frombuffer(data, np.uint8))
+        local = isinstance(self.source, LocalShards)
         with self._lock:
             for s in shards:
-                self._shards[s] = have[s]
+                self._shards[s] = (*have[s][:2], None) if local else have[s]  # a mapping is held by ``MAPPED`` alone
                 self._shards.move_to_end(s)
             while len(self._shards) > OPEN_SHARDS:
                 self._shards.popitem(last=False)
