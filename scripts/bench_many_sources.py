@@ -11,7 +11,8 @@ whole) and read with 64 x 2048-token shuffled batches:
 - from a real S3 server process on 127.0.0.1 (moto's, from the dev install) holding a copy of the caches, through a
   proxy that holds each request 0 ms, then ``--latency_ms`` (``tests/s3_server.py``), and counts requests and bytes.
 
-Each read runs in a fresh process (``--reader_src`` chooses the tokenmix it imports, to time another checkout): the time
+Each read runs in a fresh process (``--reader_src`` chooses the tokenmix it imports, to time another checkout; its
+bytecode compiled once before, as an installed package's is, whatever ``PYTHONDONTWRITEBYTECODE`` says): the time
 from launching it to its first batch, then ``--steps`` steps in all (the first batch included), the requests and bytes
 it fetched (first batch, all steps), its threads and open files then, and ``--warm`` steps more (the read rate once
 the sources are open) and its peak RSS (``VmHWM``: ``ru_maxrss`` would carry this script's own over the exec). Then the read amplification
@@ -97,14 +98,23 @@ def write_sources(docs: list[str], n: int, root: Path, cache_dir: str, tokenizer
             "train_weights": {name: 1 + i % 7 for i, name in enumerate(configs)}}
 
 
-def read_in_process(config_path: Path, steps: int, warm: int, reader_src: str, env: dict[str, str], proxy: LatencyProxy | None) -> dict:
+def reader_env(reader_src: str, pycache: str) -> dict[str, str]:
+    """The readers' environment: ``reader_src``'s tokenmix, its bytecode kept under ``pycache`` (as an installed package
+    has it: a process that compiled every module from source, as ``PYTHONDONTWRITEBYTECODE`` makes it, would pay about
+    0.1 s more at start-up than any real reader), compiled by one import before the timed processes."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONPATH=reader_src, PYTHONPYCACHEPREFIX=pycache)
+    subprocess.run([sys.executable, "-c", "import tokenmix.config.loading, tokenmix.config.mixture"], env=env, check=True)
+    return env
+
+
+def read_in_process(config_path: Path, steps: int, warm: int, base_env: dict[str, str], env: dict[str, str], proxy: LatencyProxy | None) -> dict:
     """Run the reader in a fresh process: its figures, and the requests and bytes the proxy saw (first batch, the first
     ``steps`` steps)."""
     before = proxy.counts() if proxy else (0, 0)
     started = time.time()
     child = subprocess.Popen([sys.executable, "-c", READER, str(config_path), str(steps), repr(started), str(BATCH), str(SEQ), str(warm)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, **env, "PYTHONPATH": reader_src})
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**base_env, **env})
     out = json.loads(child.stdout.readline())
     first = proxy.counts() if proxy else (0, 0)
     child.stdin.write("go\n")
@@ -191,6 +201,7 @@ def main() -> None:
             store = s3fs.S3FileSystem(skip_instance_cache=True)
             proxies = {0.0: LatencyProxy(server.port, 0.0), args.latency_ms: LatencyProxy(server.port, args.latency_ms / 1000)}
             rows = []
+            readers = reader_env(args.reader_src, str(Path(scratch) / "pycache"))
             for n in args.sources:
                 root = work / f"n{n}"
                 config = write_sources(docs, n, root, str(root / "caches"), args.tokenizer)
@@ -203,9 +214,9 @@ def main() -> None:
                 (root / "s3.json").write_text(json.dumps({**config, "cache_dir": f"s3://{BUCKET}/n{n}"}))
                 print(f"N={n}: built {tokens / 1e6:.1f} M tokens ({tokens / n / 1e3:.0f} k a source) in {build_s:.1f} s, "
                       f"{tokens / build_s / 1e6:.2f} M tokens/s", flush=True)
-                results = {"local": read_in_process(root / "local.json", args.steps, args.warm, args.reader_src, {}, None)}
+                results = {"local": read_in_process(root / "local.json", args.steps, args.warm, readers, {}, None)}
                 for latency, proxy in proxies.items():
-                    results[f"s3 {latency:g} ms"] = read_in_process(root / "s3.json", args.steps, args.warm, args.reader_src,
+                    results[f"s3 {latency:g} ms"] = read_in_process(root / "s3.json", args.steps, args.warm, readers,
                                                                    {"AWS_ENDPOINT_URL": proxy.endpoint, "AWS_REGION": "us-east-1"}, proxy)
                 plans = host_plans(config, args.steps, args.hosts)
                 measured = results["s3 0 ms"]["bytes"]
