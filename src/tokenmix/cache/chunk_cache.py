@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_BYTES = int(os.environ.get("TOKENMIX_CHUNK_CACHE_BYTES", str(64 << 20)))
+DEFAULT_BYTES = int(os.environ.get("TOKENMIX_CHUNK_CACHE_BYTES", str(32 << 20)))
 
 
 class ChunkCache:

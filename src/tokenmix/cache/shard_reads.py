@@ -1,16 +1,19 @@
 """Exact reads of a sharded token array straight from its bytes: the chunks a batch touches are sliced from memory-mapped
-shard files (or fetched by byte range in one concurrent call), and decompressed in one call.
+shard files (uncompressed) or read by byte range (compressed; on object storage in one concurrent call), and decompressed
+in one call.
 
 A cache's tokens are a zarr3 array of shards (``store.DATA_SHARD`` tokens per object), each holding small chunks
 (``store.DATA_INNER``) compressed apart, with the shard's index of chunk byte ranges at its start. Tensorstore reads
 such an array exactly, but at a fixed cost per read that caps a batch of 64 shuffled 2048-token examples near a tenth
-of a memory-mapped gather. Here a local shard is a memory map: reading an uncompressed chunk is a slice, as in a raw
-memmap gather, and a compressed one a slice handed to zstd or LZ4 (in blosc's container).
+of a memory-mapped gather. Here an uncompressed local shard is a memory map: reading a chunk is a slice, as in a raw
+memmap gather. Compressed chunks are read by range and handed to zstd or LZ4 (in blosc's container): they are copied
+when decompressed anyway, so a map would only hold a file descriptor and resident pages per shard read.
 
 Tensorstore replaces an object as a whole (a file is renamed over), so a mapped or fetched shard is one version of it.
-Complete shards are never written again; the last, partly filled one is mapped again when its file was replaced, and
-on object storage (where versions cannot be told apart cheaply) read whole, index and chunks in one request, and kept
-until more tokens are committed: every version stored after a commit holds the tokens committed then.
+Complete shards are never written again; the last, partly filled one is mapped again when its file was replaced, read
+whole each time when compressed, and on object storage (where versions cannot be told apart cheaply) read whole, index
+and chunks in one request, and kept until more tokens are committed: every version stored after a commit holds the
+tokens committed then.
 """
 
 from __future__ import annotations
@@ -154,6 +157,34 @@ class LocalShards:
             raise FileNotFoundError(errno.ENOENT, "no such file", key) from None
 
 
+class LocalRanges:
+    """Shard files under a directory read by byte range (``os.pread``), nothing held between reads: how compressed
+    chunks are read, which are decompressed into memory of their own anyway, so that a map would save no copy while
+    holding a descriptor and the pages it touched. A batch's ranges of one file are read through one descriptor."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def read_ranges(self, requests: Sequence[tuple[str, int, int | None]]) -> list[bytes]:
+        """The bytes ``[start, stop)`` of each ``(key, start, stop)``; ``stop`` None reads to the file's end."""
+        out = []
+        files: dict[str, int] = {}
+        try:
+            for key, start, stop in requests:
+                fd = files.get(key)
+                if fd is None:
+                    try:
+                        fd = files[key] = os.open(os.path.join(self.root, key), os.O_RDONLY)
+                    except FileNotFoundError:
+                        raise FileNotFoundError(errno.ENOENT, "no such file", key) from None
+                end = os.fstat(fd).st_size if stop is None else stop
+                out.append(os.pread(fd, max(end - start, 0), start))
+        finally:
+            for fd in files.values():
+                os.close(fd)
+        return out
+
+
 class RemoteShards:
     """Objects read through an fsspec filesystem (s3fs, gcsfs, ...): the ranges of a batch in one concurrent
     ``cat_ranges`` call."""
@@ -179,7 +210,7 @@ class ShardedReads:
     """Exact token reads of one sharded array, safe to share between threads. Every chunk read is checked (its crc32c,
     and that its bytes are all there); damaged storage raises ``CacheDamagedError`` naming the chunks."""
 
-    def __init__(self, layout: ShardLayout, source: LocalShards | RemoteShards, location: str, array: str):
+    def __init__(self, layout: ShardLayout, source: LocalShards | LocalRanges | RemoteShards, location: str, array: str):
         """``location``: the cache; ``array``: the array under it (``input_ids/data``), for messages."""
         self.layout = layout
         self.source = source
@@ -201,7 +232,7 @@ class ShardedReads:
         below ``committed``. Pieces of an uncompressed local cache are views of its memory maps."""
         try:
             return self._read(begin, size, committed)
-        except FileNotFoundError as e:  # a stored object gone (``LocalShards``, ``RemoteShards`` name it by its key)
+        except FileNotFoundError as e:  # a stored object gone (``LocalShards``, ``LocalRanges``, ``RemoteShards`` name it by its key)
             if not str(e.filename).startswith("c/"):
                 raise
             raise self._damaged_object(int(str(e.filename).removeprefix("c/")), "missing") from None
@@ -279,18 +310,24 @@ class ShardedReads:
                 index = entry[1] if entry is not None and entry[0] in (None, inode) else self._index(data, s)
                 have[s] = (None if complete[s] else inode, index, data)
         else:
-            # a partial shard is read whole and kept while the committed tokens stay the same: any version of it
-            # stored since holds those tokens, so what was read keeps serving them
+            # a partial shard is read whole (its index and chunks one version of it) and, from object storage, kept while
+            # the committed tokens stay the same: any version of it stored since holds those tokens, so what was read
+            # keeps serving them. A local one is read again each time (a copy from the page cache), so that memory does
+            # not hold the last shard of every source read
             indexes = [s for s in shards if complete[s] and (have[s] is None or have[s][0] is not None)]
             whole = [s for s in shards if not complete[s] and (have[s] is None or have[s][0] != ("committed", committed))]
             raw = self.source.read_ranges([(f"c/{s}", 0, self.layout.index_bytes) for s in indexes] + [(f"c/{s}", 0, None) for s in whole])
             for s, data in zip(indexes + whole, raw):
                 index = self._index(data, s)
                 have[s] = (None, index, None) if complete[s] else (("committed", committed), index, np.frombuffer(data, np.uint8))
-        local = isinstance(self.source, LocalShards)
         with self._lock:
             for s in shards:
-                self._shards[s] = (*have[s][:2], None) if local else have[s]  # a mapping is held by ``MAPPED`` alone
+                if isinstance(self.source, LocalShards):
+                    self._shards[s] = (*have[s][:2], None)  # a mapping is held by ``MAPPED`` alone
+                elif complete[s] or isinstance(self.source, RemoteShards):
+                    self._shards[s] = have[s]
+                else:
+                    continue
                 self._shards.move_to_end(s)
             while len(self._shards) > OPEN_SHARDS:
                 self._shards.popitem(last=False)
@@ -323,11 +360,12 @@ class ShardedReads:
         return np.frombuffer(head[:-4], "<u8").reshape(-1, 2)
 
 
-def make_source(url: str, via: str) -> LocalShards | RemoteShards | None:
-    """Where an array at ``url`` is read from: its files for a path or ``file://``, fsspec for a remote URL when ``via``
-    is ``fsspec``; None where tensorstore should read (its own gs:// and s3:// drivers, ``memory://``)."""
+def make_source(url: str, via: str, layout: ShardLayout) -> LocalShards | LocalRanges | RemoteShards | None:
+    """Where an array at ``url`` is read from: its files for a path or ``file://`` (mapped when its chunks are raw values,
+    read by range when they are compressed), fsspec for a remote URL when ``via`` is ``fsspec``; None where tensorstore
+    should read (its own gs:// and s3:// drivers, ``memory://``)."""
     if "://" not in url or url.startswith("file://"):
-        return LocalShards(url.removeprefix("file://"))
+        return (LocalShards if layout.codec is None else LocalRanges)(url.removeprefix("file://"))
     if via == "fsspec" and not url.startswith("memory://"):
         return RemoteShards(url)
     return None
@@ -336,7 +374,7 @@ def reads_for(metadata: dict[str, Any], location: str, array: str, via: str) -> 
     """The exact reader of ``array`` (e.g. ``input_ids/data``) of the cache at ``location``, or None when tensorstore
     reads it (another layout, or a store read through tensorstore)."""
     layout = ShardLayout.from_metadata(metadata)
-    source = make_source(f"{location.rstrip('/')}/{array}", via) if layout is not None else None
+    source = make_source(f"{location.rstrip('/')}/{array}", via, layout) if layout is not None else None
     if layout is None or source is None:
         return None
     return ShardedReads(layout, source, location, array)
