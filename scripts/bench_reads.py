@@ -14,7 +14,7 @@ layout first; the builder writes into the arrays it finds). For each, reads shuf
 ``MixtureDataset.get_batch``:
 
 - chunk cache off (``max_bytes = 0``): every read decompresses what it touches, as with a corpus far larger than the
-  cache (the 1 GiB default holds this corpus, a real one it does not);
+  cache (the default, 32 MiB, holds this corpus, a real one it does not);
 - chunk cache on (the default): the corpus fits, repeated reads are memory copies.
 
 In the same run, the very same windows are gathered from raw numpy memmaps of the same tokens (page cache warm):

@@ -25,11 +25,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import fsspec
 import ijson
 import orjson
 import xxhash
-from fsspec.implementations.local import LocalFileSystem
 
 from tokenmix.sources.compression import (
     CorruptInputError,
@@ -177,6 +175,9 @@ class FileShard:
         return self.compression is not None or self.kind == "tar"
 
     def size_bytes(self) -> int | None:
+        import fsspec  # here, not at the top: its import scans every installed package's entry points, which a process
+        # that only reads caches (and imports this module through the formats) never needs
+
         try:
             fs, path = fsspec.core.url_to_fs(self.name)
             return int(fs.size(path))
@@ -186,6 +187,9 @@ class FileShard:
     def identity(self) -> dict[str, Any] | None:
         """Size and ``mtime_ns`` of a local file; size and the first of ETag, generation, content hashes or modification
         time that an object store reports. ``FileNotFoundError`` when the input is missing."""
+        import fsspec
+        from fsspec.implementations.local import LocalFileSystem
+
         fs, path = fsspec.core.url_to_fs(self.name)
         if isinstance(fs, LocalFileSystem):
             stat = os.stat(path)
@@ -215,6 +219,8 @@ class FileShard:
     def _tar_member_at(self, position: int, scan: bool) -> tuple[int, str, str] | None:
         """The tar member holding a record position, as ``_members`` lists it (read up to it first when ``scan``)."""
         if scan and not self._members_complete and (not self._members or self._members[len(self._members) - 1][0] <= position):
+            import fsspec
+
             try:
                 with fsspec.open(self.name, "rb") as raw:
                     for _ in self._tar_records(self._stream(raw)):
@@ -228,6 +234,8 @@ class FileShard:
 
     def _json_is_array(self) -> bool:
         if self._is_array is None:
+            import fsspec
+
             try:
                 with fsspec.open(self.name, "rb") as raw:
                     self._is_array = _starts_with_bracket(self._stream(raw))
@@ -239,6 +247,8 @@ class FileShard:
         reader = {"jsonl": self._read_lines, "json": self._read_json, "parquet": self._read_parquet, "txt": self._read_txt,
                   "tar": self._read_tar}
         position = start
+        import fsspec
+
         try:
             with fsspec.open(self.name, "rb") as raw:
                 stream = self._stream(raw)

@@ -20,7 +20,6 @@ import posixpath
 from collections.abc import Iterable
 
 import braceexpand
-import fsspec
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +60,8 @@ def _expand_glob(url: str) -> list[str]:
     path_part = url.split("://", 1)[-1]
     if not any(c in path_part for c in _GLOB_CHARS):
         return [url]
+    import fsspec  # here: its import scans every installed package's entry points, which a reading process never needs
+
     fs, path = fsspec.core.url_to_fs(url)
     paths = fs.glob(path)
     if not paths:
@@ -80,6 +81,8 @@ def urls_from_metadata_files(paths: list[str]) -> list[str]:
     Every entry is checked to exist (one ``exists`` call each, so a missing input is named with its listing file and
     line before any building starts); a missing or empty listing file, or a missing entry, raises ``NoShardsError``.
     """
+    import fsspec
+
     out: list[str] = []
     seen: set[str] = set()
     for listing in paths:
