@@ -29,6 +29,9 @@ class ChunkCache:
         self._bytes = 0
         self._claims: dict[str, tuple[int, set[int]]] = {}
         """location -> (bytes it claimed, the readers holding the claim)"""
+        self._claimed = 0
+        """The bytes of every claim: a cache refused room asks again at each read, hundreds of times a batch for a
+        mixture of many sources, so this is kept rather than summed per claim."""
         self._lock = threading.Lock()
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -42,9 +45,10 @@ class ChunkCache:
         ``holder`` names the reader asking; the room is given back when every holder of it has ``release``d it."""
         with self._lock:
             size, holders = self._claims.pop(location, (0, set()))
-            others = sum(n for n, _ in self._claims.values())
-            if 0 < nbytes <= self.max_bytes - others:
+            self._claimed -= size
+            if 0 < nbytes <= self.max_bytes - self._claimed:
                 self._claims[location] = (max(size, nbytes), holders | {holder})
+                self._claimed += max(size, nbytes)
                 return True
             return False
 
@@ -53,8 +57,8 @@ class ChunkCache:
         with self._lock:
             size, holders = self._claims.get(location, (0, set()))
             holders.discard(holder)
-            if not holders:
-                self._claims.pop(location, None)
+            if not holders and self._claims.pop(location, None) is not None:
+                self._claimed -= size
 
     def get(self, location: str, wanted: dict[int, int]) -> dict[int, np.ndarray]:
         """The cached chunks of ``location`` among ``wanted`` (chunk -> tokens it must hold), in one lookup."""
