@@ -215,3 +215,38 @@ def test_a_packing_plan_grown_after_it_was_read_keeps_its_chunks_of_zeros(tmp_pa
     assert plan.write(1, 3, zeros, np.array([len(zeros)]), {"examples": 2, "pieces": 3 + len(zeros)})
     bounds, rows = PlanStore(str(tmp_path / "plan"), {"seq_len": 8}).read_arrays(2, 3 + len(zeros))
     assert bounds.tolist() == [0, 3, 3 + len(zeros)] and rows.tolist() == [1, 2, 3, *zeros.tolist()]
+
+
+def test_a_commit_writes_the_values_of_a_partial_object_once(tmp_path):
+    """A commit flushes the values held back for partial objects, then publishes: the publication writes none of them
+    again (it rewrote and recompressed both partial objects, a cache's whole data for a small source); values appended
+    since are written by the next flush."""
+    array = store.JaggedArray.open(str(tmp_path / "c"), "input_ids", "uint16", create=True)
+    rows = [np.arange(1, 1000, dtype=np.uint16), np.arange(5, 300, dtype=np.uint16)]
+    writes = array.write_rows(0, 0, rows[0], np.array([len(rows[0])])) + array.flush()
+    assert len(writes) == 2  # the tokens and the row ends, each a partial object
+    for write in writes:
+        write.result()
+    assert array.flush() == []
+    array.publish(1)
+    writes = array.write_rows(1, len(rows[0]), rows[1], np.array([len(rows[1])])) + array.flush()
+    assert len(writes) == 2
+    for write in writes:
+        write.result()
+    array.publish(2)
+    reopened = store.JaggedArray.open(str(tmp_path / "c"), "input_ids", "uint16")
+    assert reopened.committed_rows() == 2 and np.array_equal(reopened.read_tokens(0, 1294), np.concatenate(rows))
+
+
+def test_arrays_opened_as_fresh_are_created_once_and_an_existing_one_is_opened_as_it_is(tmp_path):
+    """A cache without a ledger creates its arrays without trying to open them first; arrays a killed build created
+    before its ledger are opened with what they hold."""
+    location = str(tmp_path / "c")
+    created = store.JaggedArray.open(location, "input_ids", "uint16", create=True, fresh=True)
+    assert created.created
+    for write in created.write_rows(0, 0, np.arange(1, 10, dtype=np.uint16), np.array([9])) + created.flush():
+        write.result()
+    created.publish(1)
+    again = store.JaggedArray.open(location, "input_ids", "uint16", create=True, fresh=True)
+    assert not again.created and again.committed_rows() == 1
+    assert np.array_equal(again.read_tokens(0, 9), np.arange(1, 10))

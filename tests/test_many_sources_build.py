@@ -149,3 +149,34 @@ def test_a_bad_record_stops_a_many_source_run_giving_back_every_lock_and_a_rerun
     build_caches(_config(sources, tmp_path / "reference", on_error="skip"), progress=False)
     for name in sources:
         assert cache_bytes(str(tmp_path / "cache" / name)) == cache_bytes(str(tmp_path / "reference" / name)), name
+
+
+def test_the_fast_tokenizer_loads_while_the_first_cache_waits_for_its_lock(tmp_path, demo_docs):
+    """``build_caches`` starts loading ``fastokens`` (the longest step before the first chunk is encoded) as soon as it
+    knows the caches' tokenizers, not once a cache is opened: a build waiting for its only cache's lock is loading it."""
+    from tokenmix.formats import backends
+
+    sources = _sources(tmp_path, demo_docs, 1)
+    backends.forget_loaded()
+    blocker = build_lock(str(tmp_path / "cache" / "s000" / "train"))
+    blocker.acquire()
+    errors: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            build_caches(_config(sources, tmp_path / "cache"), progress=False)
+        except BaseException as e:  # handed to the test
+            errors.append(e)
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not backends._loaded and time.monotonic() < deadline:
+            time.sleep(0.01)
+        loading = bool(backends._loaded)
+    finally:
+        blocker.release()
+        thread.join(120)
+    assert not thread.is_alive() and not errors, errors
+    assert loading, "nothing was loading while the cache's lock was held"

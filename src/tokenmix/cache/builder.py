@@ -114,7 +114,7 @@ class CacheBuilder:
 
     def _open(self, lock: BuildLock, started: float) -> OpenBuild | dict[str, Any]:
         docs = JsonDocuments(self.location)
-        ledger = self._open_ledger(docs)
+        ledger, fresh = self._open_ledger(docs)
         refreshed = self._sources.check_begun(ledger)
         if ledger.finished:
             stats = docs.read(STATS_FILE)
@@ -129,16 +129,17 @@ class CacheBuilder:
         if self.options.tokenizer_backend != REFERENCE:
             preload_fast(self.spec.tokenizer_json)  # while the arrays are opened and the first chunks read
         try:
-            commits = CacheCommits(self.location, ledger, self.spec, self.options.compression, self.options.commit_interval_s, lock)
+            commits = CacheCommits(self.location, ledger, self.spec, self.options.compression, self.options.commit_interval_s, lock,
+                                   fresh)
+            if ledger.rows < commits.published:
+                raise CacheWriteError(
+                    f"cache at {self.location} publishes {commits.published:,} rows but its ledger accounts for {ledger.rows:,}: "
+                    "it was written by two builders at once (before tokenmix locked builds) or edited by hand. Delete it and rebuild."
+                )
+            commits.publish()  # before the ledger (whose rows are stored already): whoever finds a ledger finds the row count
             docs.write(LEDGER_FILE, ledger.to_json())
         except ValueError as e:  # tensorstore's storage errors
             raise unwritable(self.location, e) from None
-        if ledger.rows < commits.published:
-            raise CacheWriteError(
-                f"cache at {self.location} publishes {commits.published:,} rows but its ledger accounts for {ledger.rows:,}: "
-                "it was written by two builders at once (before tokenmix locked builds) or edited by hand. Delete it and rebuild."
-            )
-        commits.publish()
         if not ledger.finished:
             logger.info("%s: building from %d shards", self.location, len(self.shards))
             clear_staging(self.location)  # what tasks of an earlier, killed run left: never part of the cache
@@ -159,11 +160,12 @@ class CacheBuilder:
         sizes = [shard.size_bytes() for shard, p in zip(self.shards, ledger.shards) if not p.finished]
         return None if any(size is None for size in sizes) else sum(sizes)  # type: ignore[misc]
 
-    def _open_ledger(self, docs: JsonDocuments) -> CacheLedger:
+    def _open_ledger(self, docs: JsonDocuments) -> tuple[CacheLedger, bool]:
+        """The cache's ledger, and whether it is new (the cache has none yet)."""
         names = [s.name for s in self.shards]
         existing = docs.read(LEDGER_FILE)
         if existing is None:
-            return CacheLedger(identity=self.identity, shards=[ShardProgress(n) for n in names], info=self.info, runs=[])
+            return CacheLedger(identity=self.identity, shards=[ShardProgress(n) for n in names], info=self.info, runs=[]), True
         ledger = CacheLedger.from_json(existing)
         if ledger.runs is None and ledger.rows == 0:
             ledger.runs = []
@@ -179,7 +181,7 @@ class CacheBuilder:
         if ledger.rows and not ledger.finished:
             logger.info("%s: resuming at row %d (%d of %d shards finished)", self.location, ledger.rows,
                         sum(s.finished for s in ledger.shards), len(ledger.shards))
-        return ledger
+        return ledger, False
 
 
 class OpenBuild:

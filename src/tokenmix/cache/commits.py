@@ -37,18 +37,19 @@ class CacheCommits:
     """The arrays and ledger of one build, what of them is committed and published, and the held shard if any."""
 
     def __init__(self, location: str, ledger: CacheLedger, spec: EncoderSpec, compression: str, commit_interval_s: float,
-                 lock: BuildLock | None):
-        """Open (or create) the cache's arrays for ``ledger``; raises tensorstore's ``ValueError`` when storage refuses."""
+                 lock: BuildLock | None, fresh: bool = False):
+        """Open (or create) the cache's arrays for ``ledger``; ``fresh``: the cache had no ledger, so its arrays are most
+        likely absent (``JaggedArray.open``). Raises tensorstore's ``ValueError`` when storage refuses."""
         self.location = location
         self.ledger = ledger
-        self.array = JaggedArray.open(location, TOKENS_ARRAY, spec.dtype, create=True, compression=compression)
+        self.array = JaggedArray.open(location, TOKENS_ARRAY, spec.dtype, create=True, compression=compression, fresh=fresh)
         self.spans: JaggedArray | None = None
         self.span_values = 0
         """Where the next document's loss spans go in the spans array."""
         if spec.format.masks_loss:
-            self.spans = JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64", create=True)
+            self.spans = JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64", create=True, fresh=fresh)
             self.span_values = int(self.spans.row_ends(ledger.rows - 1, ledger.rows)[0]) if ledger.rows else 0
-        self.published = self.array.committed_rows(unwritten_is_empty=ledger.rows == 0)
+        self.published = 0 if self.array.created else self.array.committed_rows(unwritten_is_empty=ledger.rows == 0)
         """Rows readers see (``offsets[0]``): never lowered."""
         self._docs = JsonDocuments(location)
         self._interval_s = commit_interval_s

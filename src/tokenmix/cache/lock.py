@@ -183,8 +183,7 @@ class FlockBuildLock(BuildLock):
             logger.warning("%s: the build lock of %s was left behind (that builder was killed); taking it over",
                            self.location, previous.describe())
         os.ftruncate(fd, 0)
-        os.pwrite(fd, self.me.encode(), 0)
-        os.fsync(fd)
+        os.pwrite(fd, self.me.encode(), 0)  # not fsynced: it only names the holder in messages; the flock is the lock
         self._fd, self._dir_fd = fd, dir_fd
         return True
 

@@ -226,6 +226,17 @@ def _open_array(location: str, sub: str, dtype: str | None, shard: int, inner: i
     return array
 
 
+def _new_array(location: str, sub: str, dtype: str, shard: int, inner: int, compression: str) -> ts.TensorStore | None:
+    """A new array in today's layout (``_open_array``), or None where one exists already: one storage round for a new
+    cache's array, where opening it first would fail before creating it."""
+    try:
+        return ts.open(_array_spec(location, sub, dtype, shard, inner, compression), context=_CONTEXT, create=True).result()
+    except ValueError as e:
+        if "ALREADY_EXISTS" not in str(e):
+            raise
+        return None
+
+
 class _ChunkAligned:
     """Appends to a 1-d zarr array in whole stored objects (shards): values wait in memory until their object is full,
     so each is compressed and written once instead of once per append (a partial object is read back, merged and
@@ -260,7 +271,7 @@ class _ChunkAligned:
         return [write]
 
     def flush(self) -> list[ts.Future]:
-        if not self.count:
+        if not self.count or self.written >= self.end:  # nothing waiting, or all of it written by the last flush
             return []
         self.waiting = [np.concatenate(self.waiting)] if len(self.waiting) > 1 else self.waiting
         self.written = max(self.written, self.end)
@@ -308,22 +319,32 @@ class JaggedArray:
     check and the rows they hold; a storage error that is not about the bytes (an unreachable store) is raised as it is.
     """
 
-    def __init__(self, data: ts.TensorStore, offsets: ts.TensorStore, location: str = "", name: str = TOKENS_ARRAY):
+    def __init__(self, data: ts.TensorStore, offsets: ts.TensorStore, location: str = "", name: str = TOKENS_ARRAY,
+                 created: bool = False):
         self.data = data
         self.offsets = offsets
         self.location = location
         self.name = name
+        self.created = created
+        """Whether opening it created both arrays: nothing of them is stored yet, ``offsets[0]`` included."""
         self._tokens: _ChunkAligned | None = None
         self._ends: _ChunkAligned | None = None
 
     @classmethod
     def open(cls, location: str, name: str, dtype: str | None, create: bool = False, compression: str = "zstd",
-             strict: bool = True, settled: bool = False) -> JaggedArray:
+             strict: bool = True, settled: bool = False, fresh: bool = False) -> JaggedArray:
         """Open (or, with ``create``, create if absent) the jagged array ``name`` at ``location``; ``compression`` says
         how new values are stored (``CHUNK_CODECS``; row ends are always zstd). ``dtype`` None opens values of any type
         (not with ``create``). ``strict`` off reads a missing chunk as zeros (for arrays another program wrote).
         ``settled``: the values on object storage are read through the cache pool without asking the store again
-        whether a chunk it holds changed: only for reads of values committed when this was opened (``_open_array``)."""
+        whether a chunk it holds changed: only for reads of values committed when this was opened (``_open_array``).
+        ``fresh`` (with ``create``): most likely absent (a cache without a ledger yet), so created without trying to open
+        it first; ``created`` says whether it was."""
+        if create and fresh and dtype is not None:
+            data = _new_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, compression)
+            offsets = _new_array(location, f"{name}/offsets", "int64", OFFSETS_SHARD, OFFSETS_INNER, "zstd")
+            if data is not None and offsets is not None:
+                return cls(data, offsets, location, name, created=True)
         data = _open_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, create, compression, strict, settled)
         return cls(data, _open_array(location, f"{name}/offsets", "int64", OFFSETS_SHARD, OFFSETS_INNER, create, strict=strict),
                    location, name)

@@ -78,6 +78,12 @@ def build_caches(config: DataConfigBase, sources: list[str] | None = None, progr
 
     A cache that was finished already is left as it is: its statistics are those of the build that made it, marked
     ``already_built: True``."""
+    from tokenmix.formats.backends import REFERENCE, preload_fast
+
+    targets = cache_targets(config, sources)
+    if config.build.tokenizer_backend != REFERENCE:  # the longest step before the first chunk is encoded: begun first
+        for tokenizer_json in {target.spec.tokenizer_json for target in targets}:
+            preload_fast(tokenizer_json)
     from tokenmix.cache.build_run import build_all  # here: reading a config and opening its caches need no builder
     from tokenmix.cache.builder import CacheBuilder
     from tokenmix.cache.encoding import open_build_executor
@@ -85,7 +91,7 @@ def build_caches(config: DataConfigBase, sources: list[str] | None = None, progr
 
     with open_build_executor(config.build) as executor:
         builders, keys = [], []
-        for target in cache_targets(config, sources):
+        for target in targets:
             if _built_by_levanter(target.location):
                 logger.info("%s/%s: %s holds a cache Levanter built; it is read as it is", target.source, target.split, target.location)
                 continue
