@@ -19,7 +19,7 @@ from s3_server import BUCKET, LatencyProxy
 
 import tokenmix
 from tokenmix.cache import store
-from tokenmix.cache.open_object import OPEN_FILE, OpenObjectDamagedError
+from tokenmix.cache.open_object import OPEN_FILE, OpenObjectDamagedError, read_open_object
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.shard_reads import ShardLayout
 from tokenmix.datasets.deferred import OPENING_THREADS
@@ -74,8 +74,8 @@ def proxy(s3, monkeypatch):
 
 def _plan(local: Path, train: tokenmix.MixtureDataset, indices: np.ndarray) -> tuple[int, int, int]:
     """What a cold read of ``indices`` may fetch: the open object of each source they draw from, and of its token data
-    the shard indexes and the stored chunks their examples touch; the number of those sources, and of those shard
-    indexes and chunks."""
+    the shard indexes the open object does not hold and the stored chunks their examples touch; the number of those
+    sources, and of the requests for their tokens (an index each, a range for each run of consecutive chunks)."""
     ids, draws = train.locate(indices)
     planned = pieces = 0
     drawn = np.unique(ids).tolist()
@@ -84,14 +84,17 @@ def _plan(local: Path, train: tokenmix.MixtureDataset, indices: np.ndarray) -> t
         where = local / name / "train"
         data = where / "input_ids" / "data"
         planned += os.path.getsize(where / OPEN_FILE)
+        held = len(read_open_object(store.open_kvstore(str(where)), str(where)).shard_indexes)
         layout = ShardLayout.from_metadata(json.loads((data / "zarr.json").read_text()))
         examples = train.source(name).examples(draws[ids == s])
         chunks = {c for e in examples.tolist() for c in range(e * SEQ // layout.inner, ((e + 1) * SEQ - 1) // layout.inner + 1)}
-        shards = {c // layout.chunks_per_shard for c in chunks}
-        pieces += len(shards) + len(chunks)
-        for shard in shards:
+        pieces += sum(c - 1 not in chunks or c % layout.chunks_per_shard == 0 for c in chunks)
+        for shard in {c // layout.chunks_per_shard for c in chunks}:
             index = np.frombuffer((data / "c" / str(shard)).read_bytes()[: layout.index_bytes - 4], "<u8").reshape(-1, 2)
-            planned += layout.index_bytes + sum(int(index[c % layout.chunks_per_shard, 1]) for c in chunks if c // layout.chunks_per_shard == shard)
+            planned += sum(int(index[c % layout.chunks_per_shard, 1]) for c in chunks if c // layout.chunks_per_shard == shard)
+            if shard >= held:
+                planned += layout.index_bytes
+                pieces += 1
     return planned, len(drawn), pieces
 
 
@@ -108,7 +111,8 @@ def test_a_cold_start_on_s3_opens_no_source_up_front_fetches_what_the_plan_says_
     batch = there.get_batch(first)
     requests, fetched = proxy.requests - requests, proxy.bytes_returned - fetched
     assert fetched <= planned + HEADER_BYTES * requests, (fetched, planned, requests)
-    # a source opens in OPEN_REQUESTS; its tokens cost a request per shard index and per stored chunk the batch touches
+    # a source opens in OPEN_REQUESTS; its tokens cost a request per shard index its open object does not hold and per
+    # run of consecutive stored chunks the batch touches
     assert requests <= OPEN_REQUESTS * drawn + pieces, (requests, drawn, pieces)
     assert np.array_equal(batch.tokens, here.get_batch(first).tokens)
     requests = proxy.requests

@@ -91,7 +91,11 @@ class TokenCache:
         stored = int(self._array.data.chunk_layout.read_chunk.shape[0])
         self._chunk = stored * max(1, BLOCK_TOKENS // stored)
         self._itemsize = self._array.dtype.itemsize
-        self._exact = reads_for(self._array.data.spec().to_json()["metadata"], location, f"{TOKENS_ARRAY}/data", object_reads)
+        indexes = opened.shard_indexes if opened is not None else []
+        self._exact = reads_for(self._array.data.spec().to_json()["metadata"], location, f"{TOKENS_ARRAY}/data", object_reads,
+                                by_range=bool(indexes))
+        if self._exact is not None and self._exact.remote and indexes:
+            self._exact.know_indexes(indexes, ledger.tokens)
         self._read_unit = stored if self._exact is not None else int(self._array.data.chunk_layout.write_chunk.shape[0])
         self._spans = (JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64", strict=not levanter, metadata=_parts(metadata, LOSS_SPANS_ARRAY))
                        if self.has_loss_spans else None)

@@ -129,6 +129,97 @@ class RemoteShards:
         return results
 
 
+class FetchedRanges:
+    """Byte ranges fetched from object storage, kept up to ``max_bytes`` in all, least recently used dropped first: a
+    range read again (a later epoch, a batch read twice) costs no request. Only ranges of objects never written again
+    are kept (``StoreShards``)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._held: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int, int]) -> bytes | None:
+        with self._lock:
+            value = self._held.get(key)
+            if value is not None:
+                self._held.move_to_end(key)
+            return value
+
+    def put(self, key: tuple[str, int, int], value: bytes) -> None:
+        if len(value) > self.max_bytes:
+            return
+        with self._lock:
+            if key in self._held:
+                return
+            self._held[key] = value
+            self._bytes += len(value)
+            while self._bytes > self.max_bytes:
+                self._bytes -= len(self._held.popitem(last=False)[1])
+
+
+FETCHED = FetchedRanges(int(os.environ.get("TOKENMIX_OBJECT_CACHE_BYTES", str(64 << 20))))
+"""The ranges of caches on object storage this process keeps (``$TOKENMIX_OBJECT_CACHE_BYTES``, as ``store.py``'s
+tensorstore cache pool)."""
+
+
+class StoreShards:
+    """Objects read through tensorstore's own drivers (gs://, s3://) by byte range: the ranges of a batch issued at once,
+    those of one object that touch or overlap fetched as one range (the consecutive chunks an example spans), and the
+    ranges fetched kept in ``FETCHED``. ``ShardedReads`` asks it only for ranges of objects no build writes again (whole
+    shards, and the last one of a finished cache while its committed tokens stay those it was finished with)."""
+
+    def __init__(self, url: str):
+        from tokenmix.cache.store import open_kvstore
+
+        self.url = url
+        self.kv = open_kvstore(url)
+
+    def read_ranges(self, requests: Sequence[tuple[str, int, int | None]]) -> list[bytes]:
+        """The bytes ``[start, stop)`` of each ``(key, start, stop)``; ``stop`` None reads to the object's end. A range
+        past the object's end reads as the bytes there are (none), so the chunk's check reports it cut short."""
+        out: list[bytes] = [b""] * len(requests)
+        missing = []
+        for i, (key, start, stop) in enumerate(requests):
+            held = FETCHED.get((f"{self.url}/{key}", start, stop)) if stop is not None else None
+            if held is None:
+                missing.append(i)
+            else:
+                out[i] = held
+        merged: list[tuple[str, int, int | None]] = []
+        where: list[tuple[int, int]] = []
+        for i in sorted(missing, key=lambda i: (requests[i][0], requests[i][1])):
+            key, start, stop = requests[i]
+            last = merged[-1] if merged else None
+            if last is not None and last[0] == key and last[2] is not None and start <= last[2]:
+                merged[-1] = (key, last[1], None if stop is None else max(stop, last[2]))
+            else:
+                merged.append((key, start, stop))
+            where.append((i, len(merged) - 1))
+        fetches = [self.kv.read(key, byte_range=slice(start, stop)) for key, start, stop in merged]
+        got = [self._bytes(key, fetch) for (key, _, _), fetch in zip(merged, fetches)]
+        for i, m in where:
+            key, start, stop = requests[i]
+            at = start - merged[m][1]
+            out[i] = got[m][at : None if stop is None else at + stop - start]
+            if stop is not None and len(out[i]) == stop - start:
+                FETCHED.put((f"{self.url}/{key}", start, stop), out[i])
+        return out
+
+    @staticmethod
+    def _bytes(key: str, fetch: Any) -> bytes:
+        try:
+            result = fetch.result()
+        except ValueError as e:
+            if "OUT_OF_RANGE" in str(e) or "not valid for value of size" in str(e):
+                return b""
+            raise
+        if result.state != "value":
+            raise FileNotFoundError(errno.ENOENT, "no such object", key)
+        return bytes(result.value)
+
+
 class ShardedReads:
     """Exact token reads of one sharded array, safe to share between threads. Every chunk read is checked (its crc32c,
     and that its bytes are all there); damaged storage raises ``CacheDamagedError`` naming the chunks."""
@@ -148,7 +239,14 @@ class ShardedReads:
     @property
     def remote(self) -> bool:
         """Whether reads wait on a network (worth running beside other work) rather than on memory."""
-        return isinstance(self.source, RemoteShards)
+        return isinstance(self.source, (RemoteShards, StoreShards))
+
+    def know_indexes(self, indexes: Sequence[bytes], committed: int) -> None:
+        """Take the stored indexes of the first shards (each checked, as if read), valid while ``committed`` tokens are:
+        a finished cache's open object holds them, so that its first reads fetch only chunks."""
+        for s, raw in enumerate(indexes):
+            complete = (s + 1) * self.layout.shard <= committed
+            self._shards[s] = (None if complete else ("committed", committed), self._index(raw, s), None)
 
     def read(self, begin: np.ndarray, size: np.ndarray, committed: int) -> list[np.ndarray]:
         """Tokens ``[begin[p], begin[p] + size[p])`` for each piece ``p``, each inside one chunk (``layout.inner``) and
@@ -277,20 +375,26 @@ class ShardedReads:
         return np.frombuffer(head[:-4], "<u8").reshape(-1, 2)
 
 
-def make_source(url: str, via: str) -> LocalShards | RemoteShards | None:
+def make_source(url: str, via: str, by_range: bool = False) -> LocalShards | RemoteShards | StoreShards | None:
     """Where an array at ``url`` is read from: its files for a path or ``file://``, fsspec for a remote URL when ``via``
-    is ``fsspec``; None where tensorstore should read (its own gs:// and s3:// drivers, ``memory://``)."""
+    is ``fsspec``; else, for gs:// and s3://, tensorstore's drivers by byte range where ``by_range`` (the shard indexes
+    are known, so a read costs only its chunks), or None where tensorstore should read the array itself (``memory://``
+    too)."""
     if "://" not in url or url.startswith("file://"):
         return LocalShards(url.removeprefix("file://"))
-    if via == "fsspec" and not url.startswith("memory://"):
+    if url.startswith("memory://"):
+        return None
+    if via == "fsspec":
         return RemoteShards(url)
-    return None
+    return StoreShards(url) if by_range else None
 
-def reads_for(metadata: dict[str, Any], location: str, array: str, via: str) -> ShardedReads | None:
+
+def reads_for(metadata: dict[str, Any], location: str, array: str, via: str, by_range: bool = False) -> ShardedReads | None:
     """The exact reader of ``array`` (e.g. ``input_ids/data``) of the cache at ``location``, or None when tensorstore
-    reads it (another layout, or a store read through tensorstore)."""
+    reads it (another layout, or a store read through tensorstore); ``by_range``: read gs:// and s3:// by byte range
+    through tensorstore's drivers (``make_source``)."""
     layout = ShardLayout.from_metadata(metadata)
-    source = make_source(f"{location.rstrip('/')}/{array}", via) if layout is not None else None
+    source = make_source(f"{location.rstrip('/')}/{array}", via, by_range) if layout is not None else None
     if layout is None or source is None:
         return None
     return ShardedReads(layout, source, location, array)
