@@ -19,7 +19,8 @@ from s3_server import BUCKET, LatencyProxy
 
 import tokenmix
 from tokenmix.cache import store
-from tokenmix.cache.open_object import OPEN_FILE, OpenObjectDamagedError, read_open_object
+from tokenmix.cache.chunk_cache import ChunkCache
+from tokenmix.cache.open_object import OPEN_FILE, SHARD_INDEXES_HELD, OpenObjectDamagedError, read_open_object
 from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.shard_reads import ShardLayout
 from tokenmix.datasets.deferred import OPENING_THREADS
@@ -144,6 +145,21 @@ def test_a_finished_source_on_s3_opens_in_one_request_of_its_open_object_and_rea
     (from_parts / OPEN_FILE).unlink()
     assert np.array_equal(ends, TokenCache(str(from_parts)).committed_row_ends(0))
     assert cache.num_rows() == len(ends) and cache.num_tokens() == int(ends[-1])
+
+
+def test_every_window_of_a_source_on_s3_costs_its_open_object_and_one_ranged_request_a_shard(caches, proxy):
+    """The chunks a batch reads from one shard are consecutive here (every window of the source): one ranged request."""
+    local, _, remote = caches
+    requests = proxy.requests
+    there = tokenmix.TokenSeqDataset(TokenCache(_remote_cache(remote, "s07"), chunk_cache=ChunkCache(0)), SEQ)
+    got = there.get_batch(np.arange(len(there))).tokens
+    requests = proxy.requests - requests
+    layout = ShardLayout.from_metadata(json.loads((local / "s07" / "train" / "input_ids" / "data" / "zarr.json").read_text()))
+    shards = -(-there.cache.num_tokens() // layout.shard)
+    assert 0 < shards <= SHARD_INDEXES_HELD and there.cache.num_tokens() > 4 * layout.inner
+    assert requests == OPEN_REQUESTS + shards, (requests, shards)
+    here = tokenmix.TokenSeqDataset(TokenCache(str(local / "s07" / "train")), SEQ)
+    assert np.array_equal(got, here.get_batch(np.arange(len(here))).tokens)
 
 
 def test_a_cache_without_its_open_object_opens_from_its_parts_and_a_damaged_one_is_refused_naming_it(caches, tmp_path):

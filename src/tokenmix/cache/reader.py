@@ -41,8 +41,9 @@ OBJECT_READS_ENV = "TOKENMIX_OBJECT_READS"
 
 
 _REMOTE_READS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="tokenmix-object-reads")
-"""Exact reads of caches on object storage wait on the network, so each runs in a thread: the sources of a batch, and
-the batches a loader reads ahead, fetch at once."""
+"""Exact reads of caches on object storage through fsspec wait on the network, so each runs in a thread: the sources of
+a batch, and the batches a loader reads ahead, fetch at once (reads through tensorstore's drivers issue their requests
+and return, ``ShardedReads.start``, and need none)."""
 
 
 class TokenCache:
@@ -261,7 +262,11 @@ class TokenCache:
         ``committed_tokens``; returns a function that waits and gives each range's tokens.
 
         The stored bytes are read directly where this layout and store allow (``shard_reads.py``: a chunk that several
-        ranges touch is read and decompressed once), else through tensorstore in one storage batch."""
+        ranges touch is read and decompressed once; by byte range through tensorstore's drivers, its requests issued
+        before this returns), else through tensorstore in one storage batch."""
+        if self._exact is not None and self._exact.issues_ahead:
+            waiting = self._named(lambda: self._exact.start(begin, size, committed_tokens))  # type: ignore[union-attr]
+            return lambda: self._named(waiting)
         if self._exact is not None and self._exact.remote:
             fetching = _REMOTE_READS.submit(self._exact.read, begin, size, committed_tokens)
             return lambda: self._named(fetching.result)

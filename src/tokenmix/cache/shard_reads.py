@@ -16,11 +16,12 @@ until more tokens are committed: every version stored after a commit holds the t
 from __future__ import annotations
 
 import errno
+import functools
 import mmap
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,9 @@ import numpy as np
 import zstandard
 
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk
+
+Fetch = list[tuple[str, int, "int | None"]]
+"""Byte ranges of stored objects to fetch: ``(key, start, stop)``, ``stop`` None to the object's end."""
 
 MISSING = np.uint64(2**64 - 1)
 """A shard index entry for a chunk that was never written."""
@@ -179,6 +183,10 @@ class StoreShards:
     def read_ranges(self, requests: Sequence[tuple[str, int, int | None]]) -> list[bytes]:
         """The bytes ``[start, stop)`` of each ``(key, start, stop)``; ``stop`` None reads to the object's end. A range
         past the object's end reads as the bytes there are (none), so the chunk's check reports it cut short."""
+        return self.start_ranges(requests)()
+
+    def start_ranges(self, requests: Sequence[tuple[str, int, int | None]]) -> Callable[[], list[bytes]]:
+        """Issue ``read_ranges(requests)`` now; returns a function that waits for the bytes (no thread waits meanwhile)."""
         out: list[bytes] = [b""] * len(requests)
         missing = []
         for i, (key, start, stop) in enumerate(requests):
@@ -198,14 +206,18 @@ class StoreShards:
                 merged.append((key, start, stop))
             where.append((i, len(merged) - 1))
         fetches = [self.kv.read(key, byte_range=slice(start, stop)) for key, start, stop in merged]
-        got = [self._bytes(key, fetch) for (key, _, _), fetch in zip(merged, fetches)]
-        for i, m in where:
-            key, start, stop = requests[i]
-            at = start - merged[m][1]
-            out[i] = got[m][at : None if stop is None else at + stop - start]
-            if stop is not None and len(out[i]) == stop - start:
-                FETCHED.put((f"{self.url}/{key}", start, stop), out[i])
-        return out
+
+        def wait() -> list[bytes]:
+            got = [self._bytes(key, fetch) for (key, _, _), fetch in zip(merged, fetches)]
+            for i, m in where:
+                key, start, stop = requests[i]
+                at = start - merged[m][1]
+                out[i] = got[m][at : None if stop is None else at + stop - start]
+                if stop is not None and len(out[i]) == stop - start:
+                    FETCHED.put((f"{self.url}/{key}", start, stop), out[i])
+            return out
+
+        return wait
 
     @staticmethod
     def _bytes(key: str, fetch: Any) -> bytes:
@@ -248,21 +260,61 @@ class ShardedReads:
             complete = (s + 1) * self.layout.shard <= committed
             self._shards[s] = (None if complete else ("committed", committed), self._index(raw, s), None)
 
+    @property
+    def issues_ahead(self) -> bool:
+        """Whether ``start`` issues a read's requests at once and waits only when asked (no thread waits meanwhile)."""
+        return isinstance(self.source, StoreShards)
+
     def read(self, begin: np.ndarray, size: np.ndarray, committed: int) -> list[np.ndarray]:
         """Tokens ``[begin[p], begin[p] + size[p])`` for each piece ``p``, each inside one chunk (``layout.inner``) and
         below ``committed``. Pieces of an uncompressed local cache are views of its memory maps."""
+        return self.start(begin, size, committed)()
+
+    def start(self, begin: np.ndarray, size: np.ndarray, committed: int) -> Callable[[], list[np.ndarray]]:
+        """``read``, its first requests issued now where the source can (``issues_ahead``); returns a function that
+        waits for them and gives the pieces."""
+        steps = self._read(begin, size, committed)
+        done, value = self._advance(next, steps)
+        if done:
+            return lambda: value
+        if self.issues_ahead:
+            pending = self._step(functools.partial(self.source.start_ranges, value))  # type: ignore[union-attr]
+        else:
+            pending = functools.partial(self.source.read_ranges, value)  # type: ignore[union-attr]
+
+        def finish() -> list[np.ndarray]:
+            fetch = pending
+            while True:
+                done, value = self._advance(steps.send, self._step(fetch))
+                if done:
+                    return value
+                fetch = functools.partial(self.source.read_ranges, value)  # type: ignore[union-attr]
+
+        return finish
+
+    def _advance(self, step: Callable[..., Any], arg: Any) -> tuple[bool, Any]:
+        """One step of a read: ``(False, the byte ranges it needs next)``, or ``(True, its pieces)`` once it has ended."""
         try:
-            return self._read(begin, size, committed)
-        except FileNotFoundError as e:  # a stored object gone (``LocalShards``, ``RemoteShards`` name it by its key)
+            return False, self._step(functools.partial(step, arg))
+        except StopIteration as ended:
+            return True, ended.value
+
+    def _step(self, step: Callable[[], Any]) -> Any:
+        """``step()``, a stored object found missing raised as damage naming it."""
+        try:
+            return step()
+        except FileNotFoundError as e:  # a stored object gone (the sources name it by its key)
             if not str(e.filename).startswith("c/"):
                 raise
             raise self._damaged_object(int(str(e.filename).removeprefix("c/")), "missing") from None
 
-    def _read(self, begin: np.ndarray, size: np.ndarray, committed: int) -> list[np.ndarray]:
+    def _read(self, begin: np.ndarray, size: np.ndarray, committed: int) -> Generator[Fetch, list[bytes], list[np.ndarray]]:
+        """The pieces ``read`` gives, as steps: each yields the byte ranges it needs fetched (``(key, start, stop)``) and
+        takes their bytes; local shards need none."""
         layout = self.layout
         chunk = begin // layout.inner
         shard = chunk // layout.chunks_per_shard
-        shards = self._get(np.unique(shard).tolist(), committed)
+        shards = yield from self._get(np.unique(shard).tolist(), committed)
         within = (chunk % layout.chunks_per_shard).tolist()
         shard_ids = shard.tolist()
         entries = np.array([shards[s][1][w] for s, w in zip(shard_ids, within)], np.uint64).reshape(-1, 2)
@@ -272,14 +324,14 @@ class ShardedReads:
         item = layout.dtype.itemsize
         first = (begin - chunk * layout.inner) * item
         if layout.codec is None and not layout.checksummed:
-            pieces = self._bytes(shard_ids, shards, (offset + first).tolist(), (offset + first + size * item).tolist())
+            pieces = yield from self._bytes(shard_ids, shards, (offset + first).tolist(), (offset + first + size * item).tolist())
             return [p.view(layout.dtype) for p in pieces]
         if layout.codec is None:  # each piece's chunk checked (a chunk two pieces share, twice), the piece a view of it
-            frames = self._bytes(shard_ids, shards, offset.tolist(), (offset + nbytes).tolist())
+            frames = yield from self._bytes(shard_ids, shards, offset.tolist(), (offset + nbytes).tolist())
             self._check(frames, nbytes, chunk)
             return [f[a:b].view(layout.dtype) for f, a, b in zip(frames, first.tolist(), (first + size * item).tolist())]
         _, at, piece_chunk = np.unique(chunk, return_index=True, return_inverse=True)
-        frames = self._bytes(shard[at].tolist(), shards, offset[at].tolist(), (offset[at] + nbytes[at]).tolist())
+        frames = yield from self._bytes(shard[at].tolist(), shards, offset[at].tolist(), (offset[at] + nbytes[at]).tolist())
         if layout.checksummed:
             self._check(frames, nbytes[at], chunk[at])
             frames = [frame[:-4] for frame in frames]
@@ -319,7 +371,7 @@ class ShardedReads:
         size = self.layout.shard
         return CacheDamagedError(self.location, [DamagedChunk(self.array, shard * size, (shard + 1) * size, problem, f"c/{shard}")])
 
-    def _get(self, shards: list[int], committed: int) -> dict[int, tuple[Any, np.ndarray, np.ndarray | None]]:
+    def _get(self, shards: list[int], committed: int) -> Generator[Fetch, list[bytes], dict[int, tuple[Any, np.ndarray, np.ndarray | None]]]:
         """Each shard's entry, mapping or fetching what is missing or stale."""
         with self._lock:
             have = {s: self._shards.get(s) for s in shards}
@@ -336,7 +388,8 @@ class ShardedReads:
             # stored since holds those tokens, so what was read keeps serving them
             indexes = [s for s in shards if complete[s] and (have[s] is None or have[s][0] is not None)]
             whole = [s for s in shards if not complete[s] and (have[s] is None or have[s][0] != ("committed", committed))]
-            raw = self.source.read_ranges([(f"c/{s}", 0, self.layout.index_bytes) for s in indexes] + [(f"c/{s}", 0, None) for s in whole])
+            needed: Fetch = [(f"c/{s}", 0, self.layout.index_bytes) for s in indexes] + [(f"c/{s}", 0, None) for s in whole]
+            raw = (yield needed) if needed else []
             for s, data in zip(indexes + whole, raw):
                 index = self._index(data, s)
                 have[s] = (None, index, None) if complete[s] else (("committed", committed), index, np.frombuffer(data, np.uint8))
@@ -349,7 +402,7 @@ class ShardedReads:
         return have  # type: ignore[return-value]
 
     def _bytes(self, shard: list[int], shards: dict[int, tuple[Any, np.ndarray, np.ndarray | None]], start: list[int],
-               stop: list[int]) -> list[np.ndarray]:
+               stop: list[int]) -> Generator[Fetch, list[bytes], list[np.ndarray]]:
         """Byte ranges of shards: slices of those held in memory, the rest fetched in one batch."""
         out: list[np.ndarray] = []
         requests, slots = [], []
@@ -361,7 +414,7 @@ class ShardedReads:
                 requests.append((f"c/{s}", a, b))
                 slots.append(len(out))
                 out.append(data)
-        for i, raw in zip(slots, self.source.read_ranges(requests) if requests else []):
+        for i, raw in zip(slots, (yield requests) if requests else []):
             out[i] = np.frombuffer(raw, np.uint8)
         return out
 
