@@ -18,7 +18,7 @@ from helpers import DEMO_CORPUS, REPO, TOKENIZER, read_jsonl_zst, write_jsonl
 from s3_server import BUCKET, LatencyProxy
 
 import tokenmix
-from tokenmix.cache import store
+from tokenmix.cache import shard_reads, store
 from tokenmix.cache.chunk_cache import ChunkCache
 from tokenmix.cache.open_object import OPEN_FILE, SHARD_INDEXES_HELD, OpenObjectDamagedError, read_open_object
 from tokenmix.cache.reader import TokenCache
@@ -147,9 +147,10 @@ def test_a_finished_source_on_s3_opens_in_one_request_of_its_open_object_and_rea
     assert cache.num_rows() == len(ends) and cache.num_tokens() == int(ends[-1])
 
 
-def test_every_window_of_a_source_on_s3_costs_its_open_object_and_one_ranged_request_a_shard(caches, proxy):
+def test_every_window_of_a_source_on_s3_costs_its_open_object_and_one_ranged_request_a_shard(caches, proxy, monkeypatch):
     """The chunks a batch reads from one shard are consecutive here (every window of the source): one ranged request."""
     local, _, remote = caches
+    monkeypatch.setattr(shard_reads, "FETCHED", shard_reads.FetchedRanges(64 << 20))  # none kept from other tests' reads
     requests = proxy.requests
     there = tokenmix.TokenSeqDataset(TokenCache(_remote_cache(remote, "s07"), chunk_cache=ChunkCache(0)), SEQ)
     got = there.get_batch(np.arange(len(there))).tokens

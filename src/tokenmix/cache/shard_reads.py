@@ -135,49 +135,46 @@ class RemoteShards:
 
 class FetchedRanges:
     """Byte ranges fetched from object storage, kept up to ``max_bytes`` in all, least recently used dropped first: a
-    range read again (a later epoch, a batch read twice) costs no request. Only ranges of objects never written again
-    are kept (``StoreShards``)."""
+    range read again (a later epoch, a batch read twice) costs no request. Keyed by the version of the object they were
+    read from (``ShardedReads``), so that a range of an object written again since is never served."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self._held: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._held: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, int, int]) -> bytes | None:
+    def get(self, key: tuple[Any, ...]) -> np.ndarray | None:
         with self._lock:
             value = self._held.get(key)
             if value is not None:
                 self._held.move_to_end(key)
             return value
 
-    def put(self, key: tuple[str, int, int], value: bytes) -> None:
-        if len(value) > self.max_bytes:
+    def put(self, key: tuple[Any, ...], value: np.ndarray) -> None:
+        if value.nbytes > self.max_bytes:
             return
         with self._lock:
             if key in self._held:
                 return
             self._held[key] = value
-            self._bytes += len(value)
+            self._bytes += value.nbytes
             while self._bytes > self.max_bytes:
-                self._bytes -= len(self._held.popitem(last=False)[1])
+                self._bytes -= self._held.popitem(last=False)[1].nbytes
 
 
 FETCHED = FetchedRanges(int(os.environ.get("TOKENMIX_OBJECT_CACHE_BYTES", str(64 << 20))))
-"""The ranges of caches on object storage this process keeps (``$TOKENMIX_OBJECT_CACHE_BYTES``, as ``store.py``'s
+"""The chunks of caches on object storage this process keeps (``$TOKENMIX_OBJECT_CACHE_BYTES``, as ``store.py``'s
 tensorstore cache pool)."""
 
 
 class StoreShards:
     """Objects read through tensorstore's own drivers (gs://, s3://) by byte range: the ranges of a batch issued at once,
-    those of one object that touch or overlap fetched as one range (the consecutive chunks an example spans), and the
-    ranges fetched kept in ``FETCHED``. ``ShardedReads`` asks it only for ranges of objects no build writes again (whole
-    shards, and the last one of a finished cache while its committed tokens stay those it was finished with)."""
+    those of one object that touch or overlap fetched as one range (the consecutive chunks an example spans)."""
 
     def __init__(self, url: str):
         from tokenmix.cache.store import open_kvstore
 
-        self.url = url
         self.kv = open_kvstore(url)
 
     def read_ranges(self, requests: Sequence[tuple[str, int, int | None]]) -> list[bytes]:
@@ -187,17 +184,9 @@ class StoreShards:
 
     def start_ranges(self, requests: Sequence[tuple[str, int, int | None]]) -> Callable[[], list[bytes]]:
         """Issue ``read_ranges(requests)`` now; returns a function that waits for the bytes (no thread waits meanwhile)."""
-        out: list[bytes] = [b""] * len(requests)
-        missing = []
-        for i, (key, start, stop) in enumerate(requests):
-            held = FETCHED.get((f"{self.url}/{key}", start, stop)) if stop is not None else None
-            if held is None:
-                missing.append(i)
-            else:
-                out[i] = held
         merged: list[tuple[str, int, int | None]] = []
         where: list[tuple[int, int]] = []
-        for i in sorted(missing, key=lambda i: (requests[i][0], requests[i][1])):
+        for i in sorted(range(len(requests)), key=lambda i: (requests[i][0], requests[i][1])):
             key, start, stop = requests[i]
             last = merged[-1] if merged else None
             if last is not None and last[0] == key and last[2] is not None and start <= last[2]:
@@ -209,12 +198,11 @@ class StoreShards:
 
         def wait() -> list[bytes]:
             got = [self._bytes(key, fetch) for (key, _, _), fetch in zip(merged, fetches)]
+            out: list[bytes] = [b""] * len(requests)
             for i, m in where:
-                key, start, stop = requests[i]
+                _, start, stop = requests[i]
                 at = start - merged[m][1]
                 out[i] = got[m][at : None if stop is None else at + stop - start]
-                if stop is not None and len(out[i]) == stop - start:
-                    FETCHED.put((f"{self.url}/{key}", start, stop), out[i])
             return out
 
         return wait
@@ -403,19 +391,27 @@ class ShardedReads:
 
     def _bytes(self, shard: list[int], shards: dict[int, tuple[Any, np.ndarray, np.ndarray | None]], start: list[int],
                stop: list[int]) -> Generator[Fetch, list[bytes], list[np.ndarray]]:
-        """Byte ranges of shards: slices of those held in memory, the rest fetched in one batch."""
+        """Byte ranges of shards: slices of those held in memory, or kept from an earlier fetch (``FETCHED``, by the
+        shard's version), the rest fetched in one batch."""
         out: list[np.ndarray] = []
-        requests, slots = [], []
+        requests, slots, keys = [], [], []
         for s, a, b in zip(shard, start, stop):
             data = shards[s][2]
             if data is not None:
                 out.append(data[a:b])
-            else:
-                requests.append((f"c/{s}", a, b))
-                slots.append(len(out))
-                out.append(data)
-        for i, raw in zip(slots, (yield requests) if requests else []):
+                continue
+            key = (self.location, self.array, s, shards[s][0], a, b)
+            held = FETCHED.get(key)
+            if held is not None:
+                out.append(held)
+                continue
+            requests.append((f"c/{s}", a, b))
+            slots.append(len(out))
+            keys.append(key)
+            out.append(data)
+        for i, key, raw in zip(slots, keys, (yield requests) if requests else []):
             out[i] = np.frombuffer(raw, np.uint8)
+            FETCHED.put(key, out[i])
         return out
 
     def _index(self, raw: bytes | np.ndarray, shard: int) -> np.ndarray:
