@@ -144,7 +144,7 @@ def host_plans(config: dict, steps: int, hosts: list[int]) -> dict[int, tuple[fl
         layout = ShardLayout.from_metadata(json.loads((data / "zarr.json").read_text()))
         assert layout is not None and len(os.listdir(data / "c")) == 1, "one shard per source, as these sources are"
         index = np.frombuffer((data / "c" / "0").read_bytes()[: layout.index_bytes - 4], "<u8").reshape(-1, 2)
-        if not read_open_object(open_kvstore(str(where)), str(where)).shard_indexes:
+        if 0 not in read_open_object(open_kvstore(str(where)), str(where)).shard_indexes:
             meta[s] += layout.index_bytes  # fetched once by each host that opens the source
         chunk_bytes[s] = (layout, index[:, 1].astype(np.int64))
     itemsize = next(iter(chunk_bytes.values()))[0].dtype.itemsize

@@ -85,7 +85,7 @@ def _plan(local: Path, train: tokenmix.MixtureDataset, indices: np.ndarray) -> t
         where = local / name / "train"
         data = where / "input_ids" / "data"
         planned += os.path.getsize(where / OPEN_FILE)
-        held = len(read_open_object(store.open_kvstore(str(where)), str(where)).shard_indexes)
+        held = read_open_object(store.open_kvstore(str(where)), str(where)).shard_indexes
         layout = ShardLayout.from_metadata(json.loads((data / "zarr.json").read_text()))
         examples = train.source(name).examples(draws[ids == s])
         chunks = {c for e in examples.tolist() for c in range(e * SEQ // layout.inner, ((e + 1) * SEQ - 1) // layout.inner + 1)}
@@ -93,7 +93,7 @@ def _plan(local: Path, train: tokenmix.MixtureDataset, indices: np.ndarray) -> t
         for shard in {c // layout.chunks_per_shard for c in chunks}:
             index = np.frombuffer((data / "c" / str(shard)).read_bytes()[: layout.index_bytes - 4], "<u8").reshape(-1, 2)
             planned += sum(int(index[c % layout.chunks_per_shard, 1]) for c in chunks if c // layout.chunks_per_shard == shard)
-            if shard >= held:
+            if shard not in held:
                 planned += layout.index_bytes
                 pieces += 1
     return planned, len(drawn), pieces

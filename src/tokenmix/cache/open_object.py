@@ -30,8 +30,9 @@ ROW_ENDS_HELD = 1 << 16
 """Row ends the object holds at most (512 KiB before compression): past that a reader reads them from the offsets
 array, as a cache without the object does, so that the object stays small."""
 SHARD_INDEXES_HELD = 4
-"""Token shards whose indexes the object holds, at most (4 KiB each, mostly empty in a small cache's one shard): a
-small source's first read then fetches only its chunks; a larger one reads each index once, as without the object."""
+"""Token shards whose indexes the object holds: every one of a cache of at most this many (4 KiB each, mostly empty in
+a small cache's one shard), so that a small source's first read fetches only its chunks; of a larger cache the last,
+partial one only (a reader would otherwise fetch that shard whole), the others read once each when first touched."""
 _ARRAYS = tuple(f"{name}/{part}" for name in (TOKENS_ARRAY, LOSS_SPANS_ARRAY) for part in ("data", "offsets"))
 
 
@@ -55,9 +56,9 @@ class OpenRecord:
     """Each stored array (``input_ids/data``, ...) by name: its zarr metadata as stored."""
     row_ends: np.ndarray | None
     """``offsets[1 : rows + 1]`` of the tokens, or None past ``ROW_ENDS_HELD`` rows."""
-    shard_indexes: list[bytes]
-    """The stored index of each shard of the tokens (``shard_reads.ShardLayout``), or none past ``SHARD_INDEXES_HELD``
-    shards (or in a layout ``shard_reads.py`` does not read)."""
+    shard_indexes: dict[int, bytes]
+    """Stored indexes of shards of the tokens by shard (``SHARD_INDEXES_HELD``; none in a layout ``shard_reads.py`` does
+    not read)."""
 
 
 def write_open_object(location: str, ledger: CacheLedger, tokens: JaggedArray) -> None:
@@ -72,15 +73,14 @@ def write_open_object(location: str, ledger: CacheLedger, tokens: JaggedArray) -
     ends = tokens.row_ends(0, ledger.rows) if ledger.rows <= ROW_ENDS_HELD else None
     layout = ShardLayout.from_metadata(metadata.get(f"{TOKENS_ARRAY}/data", {}))
     shards = -(-ledger.tokens // layout.shard) if layout is not None else 0
-    indexes = []
-    if 0 < shards <= SHARD_INDEXES_HELD:
-        reads = [kv.read(f"{TOKENS_ARRAY}/data/c/{s}", byte_range=slice(0, layout.index_bytes)) for s in range(shards)]  # type: ignore[union-attr]
-        indexes = [bytes(read.result().value) for read in reads]
+    held = list(range(shards)) if shards <= SHARD_INDEXES_HELD else [shards - 1]
+    reads = [kv.read(f"{TOKENS_ARRAY}/data/c/{s}", byte_range=slice(0, layout.index_bytes)) for s in held]  # type: ignore[union-attr]
+    indexes = {s: bytes(read.result().value) for s, read in zip(held, reads)}
     head = json.dumps({"format": FORMAT, "identity": ledger.identity, "rows": ledger.rows, "tokens": ledger.tokens,
                        "metadata": metadata, "row_ends": None if ends is None else len(ends),
-                       "shard_indexes": [len(index) for index in indexes]}, sort_keys=True).encode("utf-8")
+                       "shard_indexes": [[s, len(index)] for s, index in indexes.items()]}, sort_keys=True).encode("utf-8")
     body = (len(head).to_bytes(4, "little") + head + (b"" if ends is None else ends.astype("<i8").tobytes())
-            + b"".join(indexes))
+            + b"".join(indexes.values()))
     packed = zstandard.ZstdCompressor(level=3).compress(body)
     kv.write(OPEN_FILE, packed + google_crc32c.value(packed).to_bytes(4, "little")).result()
 
@@ -111,9 +111,9 @@ def read_open_object(kv: ts.KvStore, location: str) -> OpenRecord | None:
     count = head["row_ends"]
     ends = None if count is None else np.frombuffer(body[at : at + 8 * count], "<i8")
     at += 0 if count is None else 8 * count
-    indexes = []
-    for length in head["shard_indexes"]:
-        indexes.append(body[at : at + length])
+    indexes = {}
+    for shard, length in head["shard_indexes"]:
+        indexes[shard] = body[at : at + length]
         at += length
     if (ends is not None and len(ends) != count) or at != len(body):
         raise OpenObjectDamagedError(location, f"{len(body)} bytes where its header says {at}")

@@ -92,7 +92,7 @@ class TokenCache:
         stored = int(self._array.data.chunk_layout.read_chunk.shape[0])
         self._chunk = stored * max(1, BLOCK_TOKENS // stored)
         self._itemsize = self._array.dtype.itemsize
-        indexes = opened.shard_indexes if opened is not None else []
+        indexes = opened.shard_indexes if opened is not None else {}
         self._exact = reads_for(self._array.data.spec().to_json()["metadata"], location, f"{TOKENS_ARRAY}/data", object_reads,
                                 by_range=bool(indexes))
         if self._exact is not None and self._exact.remote and indexes:

@@ -241,10 +241,10 @@ class ShardedReads:
         """Whether reads wait on a network (worth running beside other work) rather than on memory."""
         return isinstance(self.source, (RemoteShards, StoreShards))
 
-    def know_indexes(self, indexes: Sequence[bytes], committed: int) -> None:
-        """Take the stored indexes of the first shards (each checked, as if read), valid while ``committed`` tokens are:
-        a finished cache's open object holds them, so that its first reads fetch only chunks."""
-        for s, raw in enumerate(indexes):
+    def know_indexes(self, indexes: dict[int, bytes], committed: int) -> None:
+        """Take stored indexes of shards (by shard; each checked, as if read), valid while ``committed`` tokens are: a
+        finished cache's open object holds them, so that its first reads fetch only chunks."""
+        for s, raw in indexes.items():
             complete = (s + 1) * self.layout.shard <= committed
             self._shards[s] = (None if complete else ("committed", committed), self._index(raw, s), None)
 
