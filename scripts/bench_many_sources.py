@@ -17,9 +17,9 @@ from launching it to its first batch, then ``--steps`` steps in all (the first b
 it fetched (first batch, all steps), its threads and open files then, and ``--warm`` steps more (the read rate once
 the sources are open) and its peak RSS (``VmHWM``: ``ru_maxrss`` would carry this script's own over the exec). Then the read amplification
 of ``--hosts`` simulated hosts: each host's rows of each step (a contiguous share of the batch, as the loader cuts it),
-and from the caches' own shard indexes the bytes a host fetches for them (every object of each source it opens but the
-token data, the shard indexes and the stored chunks its rows touch, each once), over the bytes of tokens it is
-delivered. The one-host plan is checked against the bytes the S3 reader fetched (0 ms), HTTP headers aside.
+and from the caches' own shard indexes the bytes a host fetches for them (the open object of each source it opens, the
+shard indexes that object does not hold, and the stored chunks its rows touch, each once), over the bytes of tokens it
+is delivered. The one-host plan is checked against the bytes the S3 reader fetched (0 ms), HTTP headers aside.
 """
 
 from __future__ import annotations
@@ -135,7 +135,9 @@ def host_plans(config: dict, steps: int, hosts: list[int]) -> dict[int, tuple[fl
     same without the sources' metadata (the steady state, once every host has opened its sources); and the one-host
     total of bytes fetched (for the check against a measured read)."""
     import tokenmix
+    from tokenmix.cache.open_object import OPEN_FILE, read_open_object
     from tokenmix.cache.shard_reads import ShardLayout
+    from tokenmix.cache.store import open_kvstore
 
     train = tokenmix.load_data_config(config).train_set(SEQ)
     indices = np.arange(steps * BATCH)
@@ -148,11 +150,12 @@ def host_plans(config: dict, steps: int, hosts: list[int]) -> dict[int, tuple[fl
         examples[ids == s] = train.source(name).examples(draws[ids == s])
         where = Path(config["cache_dir"]) / name / "train"
         data = where / "input_ids" / "data"
-        meta[s] = sum(os.path.getsize(f) for f in glob.glob(str(where / "**"), recursive=True)
-                      if os.path.isfile(f) and not f.startswith(str(data / "c")))
+        meta[s] = os.path.getsize(where / OPEN_FILE)
         layout = ShardLayout.from_metadata(json.loads((data / "zarr.json").read_text()))
         assert layout is not None and len(os.listdir(data / "c")) == 1, "one shard per source, as these sources are"
         index = np.frombuffer((data / "c" / "0").read_bytes()[: layout.index_bytes - 4], "<u8").reshape(-1, 2)
+        if 0 not in read_open_object(open_kvstore(str(where)), str(where)).shard_indexes:
+            meta[s] += layout.index_bytes  # fetched once by each host that opens the source
         chunk_bytes[s] = (layout, index[:, 1].astype(np.int64))
     itemsize = next(iter(chunk_bytes.values()))[0].dtype.itemsize
     out = {}
@@ -165,8 +168,7 @@ def host_plans(config: dict, steps: int, hosts: list[int]) -> dict[int, tuple[fl
                 layout, sizes = chunk_bytes[s]
                 starts = examples[mine & (ids == s)] * SEQ
                 chunks = np.unique(np.concatenate([np.arange(a // layout.inner, (a + SEQ - 1) // layout.inner + 1) for a in starts.tolist()]))
-                data = layout.index_bytes + int(sizes[chunks].sum())
-                fetched += meta[s] + data
+                fetched += meta[s] + int(sizes[chunks].sum())
                 steady += int(sizes[chunks].sum())
         delivered = len(indices) * SEQ * itemsize
         out[h] = (fetched / delivered, steady / delivered, fetched if h == 1 else 0)

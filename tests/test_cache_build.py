@@ -7,6 +7,9 @@ import pytest
 from helpers import TOKENIZER, build, cache_bytes, demo_urls, encoder_for, write_jsonl
 
 from tokenmix import CacheMismatchError, ShardListMismatchError, TextLmDatasetFormat, TokenCache
+from tokenmix.cache.builder import CacheBuilder
+from tokenmix.cache.open_object import OPEN_FILE
+from tokenmix.cache.options import BuildOptions
 from tokenmix.sources import FileShard
 
 
@@ -94,6 +97,28 @@ def test_appending_shards_extends_without_redoing(tmp_path):
     assert stats["build"]["resumed_at_row"] == first["documents"]
     assert stats["build"]["tokens_this_run"] == stats["tokens"] - first["tokens"]
     assert cache_bytes(grown) == cache_bytes(once)
+
+
+def test_a_cache_being_extended_has_no_open_object_so_readers_see_its_ledger(tmp_path):
+    """A finished cache opens from its open object; a build that extends it removes that object before anything else,
+    so a reader opening it meanwhile is not told it is finished with its old rows, and the finished build writes it
+    again for all the rows."""
+    urls = demo_urls("webster") + demo_urls("python_doc")
+    location = str(tmp_path / "c")
+    first = build(location, urls[:2])
+    assert (tmp_path / "c" / OPEN_FILE).exists()
+    spec, identity = encoder_for()
+    builder = CacheBuilder(location, [FileShard(u) for u in urls], spec, identity, BuildOptions(num_workers=0), info={})
+    extending = builder.open()
+    try:
+        assert not (tmp_path / "c" / OPEN_FILE).exists()
+        reader = TokenCache(location)
+        assert not reader.is_finished() and reader.num_rows() == first["documents"]
+    finally:
+        extending.close()
+    grown = build(location, urls)
+    reader = TokenCache(location)
+    assert reader.is_finished() and len(reader.committed_row_ends(0)) == grown["documents"] > first["documents"]
 
 
 def test_changing_or_reordering_listed_shards_is_refused(tmp_path):

@@ -4,9 +4,9 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -18,14 +18,20 @@ from helpers import DEMO_CORPUS, REPO, TOKENIZER, read_jsonl_zst, write_jsonl
 from s3_server import BUCKET, LatencyProxy
 
 import tokenmix
-from tokenmix.cache import store
+from tokenmix.cache import shard_reads, store
+from tokenmix.cache.chunk_cache import ChunkCache
+from tokenmix.cache.open_object import OPEN_FILE, SHARD_INDEXES_HELD, OpenObjectDamagedError, read_open_object
+from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.shard_reads import ShardLayout
 from tokenmix.datasets.deferred import OPENING_THREADS
 
 SOURCES = 24
 SEQ = 256
 LATENCY_S = 0.03
-OPEN_REQUESTS = 5
+OPEN_REQUESTS = 1
+"""A finished cache opens from its open object alone (``open_object.py``)."""
+OPEN_FROM_PARTS = 5
+"""A cache without one opens from its ledger, its two arrays' metadata, and the index and chunk of its row ends."""
 HEADER_BYTES = 1024
 """What an HTTP response may add to the stored bytes it carries (status line, headers)."""
 
@@ -68,9 +74,9 @@ def proxy(s3, monkeypatch):
 
 
 def _plan(local: Path, train: tokenmix.MixtureDataset, indices: np.ndarray) -> tuple[int, int, int]:
-    """What a cold read of ``indices`` may fetch: every object of the sources they draw from but the token data, and of
-    the token data the shard indexes and the stored chunks their examples touch; the number of those sources, and of
-    those shard indexes and chunks."""
+    """What a cold read of ``indices`` may fetch: the open object of each source they draw from, and of its token data
+    the shard indexes the open object does not hold and the stored chunks their examples touch; the number of those
+    sources, and of the requests for their tokens (an index each, a range for each run of consecutive chunks)."""
     ids, draws = train.locate(indices)
     planned = pieces = 0
     drawn = np.unique(ids).tolist()
@@ -78,16 +84,18 @@ def _plan(local: Path, train: tokenmix.MixtureDataset, indices: np.ndarray) -> t
         name = train.names[s]
         where = local / name / "train"
         data = where / "input_ids" / "data"
-        planned += sum(os.path.getsize(f) for f in glob.glob(str(where / "**"), recursive=True)
-                       if os.path.isfile(f) and not f.startswith(str(data / "c")))
+        planned += os.path.getsize(where / OPEN_FILE)
+        held = read_open_object(store.open_kvstore(str(where)), str(where)).shard_indexes
         layout = ShardLayout.from_metadata(json.loads((data / "zarr.json").read_text()))
         examples = train.source(name).examples(draws[ids == s])
         chunks = {c for e in examples.tolist() for c in range(e * SEQ // layout.inner, ((e + 1) * SEQ - 1) // layout.inner + 1)}
-        shards = {c // layout.chunks_per_shard for c in chunks}
-        pieces += len(shards) + len(chunks)
-        for shard in shards:
+        pieces += sum(c - 1 not in chunks or c % layout.chunks_per_shard == 0 for c in chunks)
+        for shard in {c // layout.chunks_per_shard for c in chunks}:
             index = np.frombuffer((data / "c" / str(shard)).read_bytes()[: layout.index_bytes - 4], "<u8").reshape(-1, 2)
-            planned += layout.index_bytes + sum(int(index[c % layout.chunks_per_shard, 1]) for c in chunks if c // layout.chunks_per_shard == shard)
+            planned += sum(int(index[c % layout.chunks_per_shard, 1]) for c in chunks if c // layout.chunks_per_shard == shard)
+            if shard not in held:
+                planned += layout.index_bytes
+                pieces += 1
     return planned, len(drawn), pieces
 
 
@@ -104,8 +112,8 @@ def test_a_cold_start_on_s3_opens_no_source_up_front_fetches_what_the_plan_says_
     batch = there.get_batch(first)
     requests, fetched = proxy.requests - requests, proxy.bytes_returned - fetched
     assert fetched <= planned + HEADER_BYTES * requests, (fetched, planned, requests)
-    # a source opens in OPEN_REQUESTS (its ledger, its two arrays' metadata, the index and chunk of its row count and
-    # ends); its tokens cost a request per shard index and per stored chunk the batch touches
+    # a source opens in OPEN_REQUESTS; its tokens cost a request per shard index its open object does not hold and per
+    # run of consecutive stored chunks the batch touches
     assert requests <= OPEN_REQUESTS * drawn + pieces, (requests, drawn, pieces)
     assert np.array_equal(batch.tokens, here.get_batch(first).tokens)
     requests = proxy.requests
@@ -116,6 +124,59 @@ def test_a_cold_start_on_s3_opens_no_source_up_front_fetches_what_the_plan_says_
         want, got = here.get_batch(indices), there.get_batch(indices)
         for field in ("tokens", "loss_mask", "segment_ids", "source_ids"):
             assert np.array_equal(getattr(got, field), getattr(want, field)), (step, field)
+
+
+def _remote_cache(remote: str, name: str) -> str:
+    return f"{remote}/{name}/train"
+
+
+def test_a_finished_source_on_s3_opens_in_one_request_of_its_open_object_and_reads_its_row_ends_from_it(caches, proxy):
+    local, _, remote = caches
+    where = local / "s03" / "train"
+    requests, fetched = proxy.counts()
+    cache = TokenCache(_remote_cache(remote, "s03"))
+    assert cache.is_finished()
+    ends = cache.committed_row_ends(0)
+    requests, fetched = proxy.requests - requests, proxy.bytes_returned - fetched
+    assert requests == OPEN_REQUESTS, requests
+    assert fetched <= (where / OPEN_FILE).stat().st_size + HEADER_BYTES, fetched
+    from_parts = where.parent / "from-parts"
+    shutil.copytree(where, from_parts)
+    (from_parts / OPEN_FILE).unlink()
+    assert np.array_equal(ends, TokenCache(str(from_parts)).committed_row_ends(0))
+    assert cache.num_rows() == len(ends) and cache.num_tokens() == int(ends[-1])
+
+
+def test_every_window_of_a_source_on_s3_costs_its_open_object_and_one_ranged_request_a_shard(caches, proxy, monkeypatch):
+    """The chunks a batch reads from one shard are consecutive here (every window of the source): one ranged request."""
+    local, _, remote = caches
+    monkeypatch.setattr(shard_reads, "FETCHED", shard_reads.FetchedRanges(64 << 20))  # none kept from other tests' reads
+    requests = proxy.requests
+    there = tokenmix.TokenSeqDataset(TokenCache(_remote_cache(remote, "s07"), chunk_cache=ChunkCache(0)), SEQ)
+    got = there.get_batch(np.arange(len(there))).tokens
+    requests = proxy.requests - requests
+    layout = ShardLayout.from_metadata(json.loads((local / "s07" / "train" / "input_ids" / "data" / "zarr.json").read_text()))
+    shards = -(-there.cache.num_tokens() // layout.shard)
+    assert 0 < shards <= SHARD_INDEXES_HELD and there.cache.num_tokens() > 4 * layout.inner
+    assert requests == OPEN_REQUESTS + shards, (requests, shards)
+    here = tokenmix.TokenSeqDataset(TokenCache(str(local / "s07" / "train")), SEQ)
+    assert np.array_equal(got, here.get_batch(np.arange(len(here))).tokens)
+
+
+def test_a_cache_without_its_open_object_opens_from_its_parts_and_a_damaged_one_is_refused_naming_it(caches, tmp_path):
+    local, _, _ = caches
+    shutil.copytree(local / "s05" / "train", tmp_path / "missing")
+    (tmp_path / "missing" / OPEN_FILE).unlink()
+    want, got = TokenCache(str(local / "s05" / "train")), TokenCache(str(tmp_path / "missing"))
+    rows = list(range(want.num_rows()))
+    assert got.is_finished() and np.array_equal(got.committed_row_ends(0), want.committed_row_ends(0))
+    assert all(np.array_equal(a, b) for a, b in zip(got.get_rows(rows), want.get_rows(rows)))
+    for name, damage in (("flipped", lambda b: b[:9] + bytes([b[9] ^ 4]) + b[10:]), ("cut", lambda b: b[: len(b) // 2])):
+        shutil.copytree(local / "s05" / "train", tmp_path / name)
+        stored = tmp_path / name / OPEN_FILE
+        stored.write_bytes(damage(stored.read_bytes()))
+        with pytest.raises(OpenObjectDamagedError, match=f"{name}: its open.bin .* is damaged: checksum mismatch. Delete open.bin"):
+            TokenCache(str(tmp_path / name))
 
 
 READER = """

@@ -37,6 +37,7 @@ from tokenmix.cache.encoding import EncoderPool, open_build_executor
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, ShardProgress
 from tokenmix.cache.local_build import PoolBuild, build_on_pool
 from tokenmix.cache.lock import BuildLock, build_lock
+from tokenmix.cache.open_object import forget_open_object, write_open_object
 from tokenmix.cache.options import BuildOptions
 from tokenmix.cache.progress import BuildProgress
 from tokenmix.cache.shard_task import clear_staging, portable_location
@@ -128,6 +129,8 @@ class CacheBuilder:
             logger.info("%s: removed %d partial objects that writes of a killed build left", self.location, removed)
         if self.options.tokenizer_backend != REFERENCE:
             preload_fast(self.spec.tokenizer_json)  # while the arrays are opened and the first chunks read
+        if not ledger.finished:  # being extended, or resumed: readers open it from its parts until it finishes again
+            forget_open_object(self.location)
         try:
             commits = CacheCommits(self.location, ledger, self.spec, self.options.compression, self.options.commit_interval_s, lock,
                                    fresh)
@@ -230,6 +233,7 @@ class OpenBuild:
                 choice = self.backend.result()
                 ledger.finished = True
                 commits.commit()
+            write_open_object(self.builder.location, ledger, commits.array)
             stats = compute_stats(ledger, commits.array, time.monotonic() - self._started, self._resumed_rows)
             if choice is not None:
                 stats["build"]["tokenizer_backend"] = {"name": choice.name, "reason": choice.reason}

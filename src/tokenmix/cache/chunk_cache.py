@@ -32,7 +32,9 @@ class ChunkCache:
         self._claimed = 0
         """The bytes of every claim: a cache refused room asks again at each read, hundreds of times a batch for a
         mixture of many sources, so this is kept rather than summed per claim."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        """Re-entrant: a reader's finalizer ``release``s its claims, and the garbage collector may run it inside ``claim``
+        or ``put`` on the thread that holds the lock."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled (to a reader process), the process-wide cache stands for that process's own, another for an empty one

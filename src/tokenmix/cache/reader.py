@@ -21,6 +21,7 @@ from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.damage import CacheDamagedError
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, CacheMismatchError, fingerprint_of
 from tokenmix.cache.levanter import LEVANTER_LEDGER, check_levanter_identity, is_levanter, ledger_from_levanter
+from tokenmix.cache.open_object import read_open_object
 from tokenmix.cache.shard_reads import reads_for
 from tokenmix.cache.stats import STATS_FILE
 from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments
@@ -40,8 +41,9 @@ OBJECT_READS_ENV = "TOKENMIX_OBJECT_READS"
 
 
 _REMOTE_READS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="tokenmix-object-reads")
-"""Exact reads of caches on object storage wait on the network, so each runs in a thread: the sources of a batch, and
-the batches a loader reads ahead, fetch at once."""
+"""Exact reads of caches on object storage through fsspec wait on the network, so each runs in a thread: the sources of
+a batch, and the batches a loader reads ahead, fetch at once (reads through tensorstore's drivers issue their requests
+and return, ``ShardedReads.start``, and need none)."""
 
 
 class TokenCache:
@@ -62,7 +64,11 @@ class TokenCache:
         """The committed tokens the chunk cache last gave room for, and its size then (empty: refused; None: never
         asked)."""
         self._docs = JsonDocuments(location)
-        ledger = self._read_ledger()
+        opened = read_open_object(self._docs.kv, location)
+        ledger = opened.ledger if opened is not None else self._read_ledger()
+        self._ends_at_open = opened.row_ends if opened is not None else None
+        """The row ends of the build finished when the cache was opened, where its open object held them: the first
+        ``committed_row_ends`` takes them instead of a read."""
         self._finished_at_open = ledger.finished
         """Whether the build had finished when the cache was opened: the first ``is_finished`` (a dataset opening over
         the cache asks at once) takes that answer instead of a request of its own."""
@@ -78,16 +84,22 @@ class TokenCache:
         """On object storage, the tokens of the build finished when the cache was opened: committed tokens never change,
         so reads below this serve the chunks the cache pool holds without a request; a read past it (the cache was
         extended since) first opens the tokens again, asking the store each time."""
+        metadata = opened.metadata if opened is not None else {}
         self._array = JaggedArray.open(location, TOKENS_ARRAY, ledger.identity["dtype"], strict=not levanter,
-                                       settled=self._settled_tokens > 0)
+                                       settled=self._settled_tokens > 0, metadata=_parts(metadata, TOKENS_ARRAY))
         self.identity = {**ledger.identity, "dtype": self._array.dtype.name}
         self.fingerprint = fingerprint_of(self.identity)
         stored = int(self._array.data.chunk_layout.read_chunk.shape[0])
         self._chunk = stored * max(1, BLOCK_TOKENS // stored)
         self._itemsize = self._array.dtype.itemsize
-        self._exact = reads_for(self._array.data.spec().to_json()["metadata"], location, f"{TOKENS_ARRAY}/data", object_reads)
+        indexes = opened.shard_indexes if opened is not None else {}
+        self._exact = reads_for(self._array.data.spec().to_json()["metadata"], location, f"{TOKENS_ARRAY}/data", object_reads,
+                                by_range=bool(indexes))
+        if self._exact is not None and self._exact.remote and indexes:
+            self._exact.know_indexes(indexes, ledger.tokens)
         self._read_unit = stored if self._exact is not None else int(self._array.data.chunk_layout.write_chunk.shape[0])
-        self._spans = JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64", strict=not levanter) if self.has_loss_spans else None
+        self._spans = (JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64", strict=not levanter, metadata=_parts(metadata, LOSS_SPANS_ARRAY))
+                       if self.has_loss_spans else None)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled (to a loader's reader process), a cache is its location: it opens again there, and must still be the
@@ -186,8 +198,11 @@ class TokenCache:
 
     def committed_row_ends(self, start: int) -> np.ndarray:
         """Where each committed row from ``start`` on ends: the row count and the ends read once each, or, the first time
-        on a cache finished when opened, in one read."""
+        on a cache finished when opened, in one read, or none where its open object held them."""
         known, self._rows_at_open = self._rows_at_open, None
+        held, self._ends_at_open = self._ends_at_open, None
+        if held is not None and known is not None and start <= known:
+            return held[start:]
         if known is not None and start <= known:
             count_and_ends = self._array.read(self._array.offsets, 0, known + 1)
             if int(count_and_ends[0]) == known:
@@ -247,7 +262,11 @@ class TokenCache:
         ``committed_tokens``; returns a function that waits and gives each range's tokens.
 
         The stored bytes are read directly where this layout and store allow (``shard_reads.py``: a chunk that several
-        ranges touch is read and decompressed once), else through tensorstore in one storage batch."""
+        ranges touch is read and decompressed once; by byte range through tensorstore's drivers, its requests issued
+        before this returns), else through tensorstore in one storage batch."""
+        if self._exact is not None and self._exact.issues_ahead:
+            waiting = self._named(lambda: self._exact.start(begin, size, committed_tokens))  # type: ignore[union-attr]
+            return lambda: self._named(waiting)
         if self._exact is not None and self._exact.remote:
             fetching = _REMOTE_READS.submit(self._exact.read, begin, size, committed_tokens)
             return lambda: self._named(fetching.result)
@@ -319,6 +338,11 @@ class TokenCache:
         committed = self.num_rows()
         if not 0 <= start <= stop <= committed:
             raise IndexError(f"{self.location}: rows [{start}, {stop}) are outside the {committed} committed rows")
+
+
+def _parts(metadata: dict[str, dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:
+    """The stored metadata of jagged array ``name``'s ``data`` and ``offsets``, of those an open object holds."""
+    return {part: metadata[f"{name}/{part}"] for part in ("data", "offsets") if f"{name}/{part}" in metadata}
 
 
 def _reopen(location: str, chunk_cache: ChunkCache, object_reads: str, fingerprint: str, rows: int, tokens: int) -> TokenCache:

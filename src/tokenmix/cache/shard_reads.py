@@ -19,11 +19,12 @@ tokens committed then.
 from __future__ import annotations
 
 import errno
+import functools
 import mmap
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,9 @@ import numpy as np
 import zstandard
 
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk
+
+Fetch = list[tuple[str, int, "int | None"]]
+"""Byte ranges of stored objects to fetch: ``(key, start, stop)``, ``stop`` None to the object's end."""
 
 MISSING = np.uint64(2**64 - 1)
 """A shard index entry for a chunk that was never written."""
@@ -206,6 +210,93 @@ class RemoteShards:
         return results
 
 
+class FetchedRanges:
+    """Byte ranges fetched from object storage, kept up to ``max_bytes`` in all, least recently used dropped first: a
+    range read again (a later epoch, a batch read twice) costs no request. Keyed by the version of the object they were
+    read from (``ShardedReads``), so that a range of an object written again since is never served."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._held: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...]) -> np.ndarray | None:
+        with self._lock:
+            value = self._held.get(key)
+            if value is not None:
+                self._held.move_to_end(key)
+            return value
+
+    def put(self, key: tuple[Any, ...], value: np.ndarray) -> None:
+        if value.nbytes > self.max_bytes:
+            return
+        with self._lock:
+            if key in self._held:
+                return
+            self._held[key] = value
+            self._bytes += value.nbytes
+            while self._bytes > self.max_bytes:
+                self._bytes -= self._held.popitem(last=False)[1].nbytes
+
+
+FETCHED = FetchedRanges(int(os.environ.get("TOKENMIX_OBJECT_CACHE_BYTES", str(64 << 20))))
+"""The chunks of caches on object storage this process keeps (``$TOKENMIX_OBJECT_CACHE_BYTES``, as ``store.py``'s
+tensorstore cache pool)."""
+
+
+class StoreShards:
+    """Objects read through tensorstore's own drivers (gs://, s3://) by byte range: the ranges of a batch issued at once,
+    those of one object that touch or overlap fetched as one range (the consecutive chunks an example spans)."""
+
+    def __init__(self, url: str):
+        from tokenmix.cache.store import open_kvstore
+
+        self.kv = open_kvstore(url)
+
+    def read_ranges(self, requests: Sequence[tuple[str, int, int | None]]) -> list[bytes]:
+        """The bytes ``[start, stop)`` of each ``(key, start, stop)``; ``stop`` None reads to the object's end. A range
+        past the object's end reads as the bytes there are (none), so the chunk's check reports it cut short."""
+        return self.start_ranges(requests)()
+
+    def start_ranges(self, requests: Sequence[tuple[str, int, int | None]]) -> Callable[[], list[bytes]]:
+        """Issue ``read_ranges(requests)`` now; returns a function that waits for the bytes (no thread waits meanwhile)."""
+        merged: list[tuple[str, int, int | None]] = []
+        where: list[tuple[int, int]] = []
+        for i in sorted(range(len(requests)), key=lambda i: (requests[i][0], requests[i][1])):
+            key, start, stop = requests[i]
+            last = merged[-1] if merged else None
+            if last is not None and last[0] == key and last[2] is not None and start <= last[2]:
+                merged[-1] = (key, last[1], None if stop is None else max(stop, last[2]))
+            else:
+                merged.append((key, start, stop))
+            where.append((i, len(merged) - 1))
+        fetches = [self.kv.read(key, byte_range=slice(start, stop)) for key, start, stop in merged]
+
+        def wait() -> list[bytes]:
+            got = [self._bytes(key, fetch) for (key, _, _), fetch in zip(merged, fetches)]
+            out: list[bytes] = [b""] * len(requests)
+            for i, m in where:
+                _, start, stop = requests[i]
+                at = start - merged[m][1]
+                out[i] = got[m][at : None if stop is None else at + stop - start]
+            return out
+
+        return wait
+
+    @staticmethod
+    def _bytes(key: str, fetch: Any) -> bytes:
+        try:
+            result = fetch.result()
+        except ValueError as e:
+            if "OUT_OF_RANGE" in str(e) or "not valid for value of size" in str(e):
+                return b""
+            raise
+        if result.state != "value":
+            raise FileNotFoundError(errno.ENOENT, "no such object", key)
+        return bytes(result.value)
+
+
 class ShardedReads:
     """Exact token reads of one sharded array, safe to share between threads. Every chunk read is checked (its crc32c,
     and that its bytes are all there); damaged storage raises ``CacheDamagedError`` naming the chunks."""
@@ -225,23 +316,70 @@ class ShardedReads:
     @property
     def remote(self) -> bool:
         """Whether reads wait on a network (worth running beside other work) rather than on memory."""
-        return isinstance(self.source, RemoteShards)
+        return isinstance(self.source, (RemoteShards, StoreShards))
+
+    def know_indexes(self, indexes: dict[int, bytes], committed: int) -> None:
+        """Take stored indexes of shards (by shard; each checked, as if read), valid while ``committed`` tokens are: a
+        finished cache's open object holds them, so that its first reads fetch only chunks."""
+        for s, raw in indexes.items():
+            complete = (s + 1) * self.layout.shard <= committed
+            self._shards[s] = (None if complete else ("committed", committed), self._index(raw, s), None)
+
+    @property
+    def issues_ahead(self) -> bool:
+        """Whether ``start`` issues a read's requests at once and waits only when asked (no thread waits meanwhile)."""
+        return isinstance(self.source, StoreShards)
 
     def read(self, begin: np.ndarray, size: np.ndarray, committed: int) -> list[np.ndarray]:
         """Tokens ``[begin[p], begin[p] + size[p])`` for each piece ``p``, each inside one chunk (``layout.inner``) and
         below ``committed``. Pieces of an uncompressed local cache are views of its memory maps."""
+        return self.start(begin, size, committed)()
+
+    def start(self, begin: np.ndarray, size: np.ndarray, committed: int) -> Callable[[], list[np.ndarray]]:
+        """``read``, its first requests issued now where the source can (``issues_ahead``); returns a function that
+        waits for them and gives the pieces."""
+        steps = self._read(begin, size, committed)
+        done, value = self._advance(next, steps)
+        if done:
+            return lambda: value
+        if self.issues_ahead:
+            pending = self._step(functools.partial(self.source.start_ranges, value))  # type: ignore[union-attr]
+        else:
+            pending = functools.partial(self.source.read_ranges, value)  # type: ignore[union-attr]
+
+        def finish() -> list[np.ndarray]:
+            fetch = pending
+            while True:
+                done, value = self._advance(steps.send, self._step(fetch))
+                if done:
+                    return value
+                fetch = functools.partial(self.source.read_ranges, value)  # type: ignore[union-attr]
+
+        return finish
+
+    def _advance(self, step: Callable[..., Any], arg: Any) -> tuple[bool, Any]:
+        """One step of a read: ``(False, the byte ranges it needs next)``, or ``(True, its pieces)`` once it has ended."""
         try:
-            return self._read(begin, size, committed)
-        except FileNotFoundError as e:  # a stored object gone (``LocalShards``, ``LocalRanges``, ``RemoteShards`` name it by its key)
+            return False, self._step(functools.partial(step, arg))
+        except StopIteration as ended:
+            return True, ended.value
+
+    def _step(self, step: Callable[[], Any]) -> Any:
+        """``step()``, a stored object found missing raised as damage naming it."""
+        try:
+            return step()
+        except FileNotFoundError as e:  # a stored object gone (every source names it by its key)
             if not str(e.filename).startswith("c/"):
                 raise
             raise self._damaged_object(int(str(e.filename).removeprefix("c/")), "missing") from None
 
-    def _read(self, begin: np.ndarray, size: np.ndarray, committed: int) -> list[np.ndarray]:
+    def _read(self, begin: np.ndarray, size: np.ndarray, committed: int) -> Generator[Fetch, list[bytes], list[np.ndarray]]:
+        """The pieces ``read`` gives, as steps: each yields the byte ranges it needs fetched (``(key, start, stop)``) and
+        takes their bytes; local shards need none."""
         layout = self.layout
         chunk = begin // layout.inner
         shard = chunk // layout.chunks_per_shard
-        shards = self._get(np.unique(shard).tolist(), committed)
+        shards = yield from self._get(np.unique(shard).tolist(), committed)
         within = (chunk % layout.chunks_per_shard).tolist()
         shard_ids = shard.tolist()
         entries = np.array([shards[s][1][w] for s, w in zip(shard_ids, within)], np.uint64).reshape(-1, 2)
@@ -251,14 +389,14 @@ class ShardedReads:
         item = layout.dtype.itemsize
         first = (begin - chunk * layout.inner) * item
         if layout.codec is None and not layout.checksummed:
-            pieces = self._bytes(shard_ids, shards, (offset + first).tolist(), (offset + first + size * item).tolist())
+            pieces = yield from self._bytes(shard_ids, shards, (offset + first).tolist(), (offset + first + size * item).tolist())
             return [p.view(layout.dtype) for p in pieces]
         if layout.codec is None:  # each piece's chunk checked (a chunk two pieces share, twice), the piece a view of it
-            frames = self._bytes(shard_ids, shards, offset.tolist(), (offset + nbytes).tolist())
+            frames = yield from self._bytes(shard_ids, shards, offset.tolist(), (offset + nbytes).tolist())
             self._check(frames, nbytes, chunk)
             return [f[a:b].view(layout.dtype) for f, a, b in zip(frames, first.tolist(), (first + size * item).tolist())]
         _, at, piece_chunk = np.unique(chunk, return_index=True, return_inverse=True)
-        frames = self._bytes(shard[at].tolist(), shards, offset[at].tolist(), (offset[at] + nbytes[at]).tolist())
+        frames = yield from self._bytes(shard[at].tolist(), shards, offset[at].tolist(), (offset[at] + nbytes[at]).tolist())
         if layout.checksummed:
             self._check(frames, nbytes[at], chunk[at])
             frames = [frame[:-4] for frame in frames]
@@ -298,7 +436,7 @@ class ShardedReads:
         size = self.layout.shard
         return CacheDamagedError(self.location, [DamagedChunk(self.array, shard * size, (shard + 1) * size, problem, f"c/{shard}")])
 
-    def _get(self, shards: list[int], committed: int) -> dict[int, tuple[Any, np.ndarray, np.ndarray | None]]:
+    def _get(self, shards: list[int], committed: int) -> Generator[Fetch, list[bytes], dict[int, tuple[Any, np.ndarray, np.ndarray | None]]]:
         """Each shard's entry, mapping or fetching what is missing or stale."""
         with self._lock:
             have = {s: self._shards.get(s) for s in shards}
@@ -316,7 +454,8 @@ class ShardedReads:
             # not hold the last shard of every source read
             indexes = [s for s in shards if complete[s] and (have[s] is None or have[s][0] is not None)]
             whole = [s for s in shards if not complete[s] and (have[s] is None or have[s][0] != ("committed", committed))]
-            raw = self.source.read_ranges([(f"c/{s}", 0, self.layout.index_bytes) for s in indexes] + [(f"c/{s}", 0, None) for s in whole])
+            needed: Fetch = [(f"c/{s}", 0, self.layout.index_bytes) for s in indexes] + [(f"c/{s}", 0, None) for s in whole]
+            raw = (yield needed) if needed else []
             for s, data in zip(indexes + whole, raw):
                 index = self._index(data, s)
                 have[s] = (None, index, None) if complete[s] else (("committed", committed), index, np.frombuffer(data, np.uint8))
@@ -324,7 +463,7 @@ class ShardedReads:
             for s in shards:
                 if isinstance(self.source, LocalShards):
                     self._shards[s] = (*have[s][:2], None)  # a mapping is held by ``MAPPED`` alone
-                elif complete[s] or isinstance(self.source, RemoteShards):
+                elif complete[s] or not isinstance(self.source, LocalRanges):
                     self._shards[s] = have[s]
                 else:
                     continue
@@ -334,20 +473,28 @@ class ShardedReads:
         return have  # type: ignore[return-value]
 
     def _bytes(self, shard: list[int], shards: dict[int, tuple[Any, np.ndarray, np.ndarray | None]], start: list[int],
-               stop: list[int]) -> list[np.ndarray]:
-        """Byte ranges of shards: slices of those held in memory, the rest fetched in one batch."""
+               stop: list[int]) -> Generator[Fetch, list[bytes], list[np.ndarray]]:
+        """Byte ranges of shards: slices of those held in memory, or kept from an earlier fetch (``FETCHED``, by the
+        shard's version), the rest fetched in one batch."""
         out: list[np.ndarray] = []
-        requests, slots = [], []
+        requests, slots, keys = [], [], []
         for s, a, b in zip(shard, start, stop):
             data = shards[s][2]
             if data is not None:
                 out.append(data[a:b])
-            else:
-                requests.append((f"c/{s}", a, b))
-                slots.append(len(out))
-                out.append(data)
-        for i, raw in zip(slots, self.source.read_ranges(requests) if requests else []):
+                continue
+            key = (self.location, self.array, s, shards[s][0], a, b)
+            held = FETCHED.get(key)
+            if held is not None:
+                out.append(held)
+                continue
+            requests.append((f"c/{s}", a, b))
+            slots.append(len(out))
+            keys.append(key)
+            out.append(data)
+        for i, key, raw in zip(slots, keys, (yield requests) if requests else []):
             out[i] = np.frombuffer(raw, np.uint8)
+            FETCHED.put(key, out[i])
         return out
 
     def _index(self, raw: bytes | np.ndarray, shard: int) -> np.ndarray:
@@ -360,21 +507,26 @@ class ShardedReads:
         return np.frombuffer(head[:-4], "<u8").reshape(-1, 2)
 
 
-def make_source(url: str, via: str, layout: ShardLayout) -> LocalShards | LocalRanges | RemoteShards | None:
+def make_source(url: str, via: str, layout: ShardLayout, by_range: bool = False) -> LocalShards | LocalRanges | RemoteShards | StoreShards | None:
     """Where an array at ``url`` is read from: its files for a path or ``file://`` (mapped when its chunks are raw values,
-    read by range when they are compressed), fsspec for a remote URL when ``via`` is ``fsspec``; None where tensorstore
-    should read (its own gs:// and s3:// drivers, ``memory://``)."""
+    read by range when they are compressed), fsspec for a remote URL when ``via`` is ``fsspec``; else, for gs:// and
+    s3://, tensorstore's drivers by byte range where ``by_range`` (the shard indexes are known, so a read costs only its
+    chunks), or None where tensorstore should read the array itself (``memory://`` too)."""
     if "://" not in url or url.startswith("file://"):
         return (LocalShards if layout.codec is None else LocalRanges)(url.removeprefix("file://"))
-    if via == "fsspec" and not url.startswith("memory://"):
+    if url.startswith("memory://"):
+        return None
+    if via == "fsspec":
         return RemoteShards(url)
-    return None
+    return StoreShards(url) if by_range else None
 
-def reads_for(metadata: dict[str, Any], location: str, array: str, via: str) -> ShardedReads | None:
+
+def reads_for(metadata: dict[str, Any], location: str, array: str, via: str, by_range: bool = False) -> ShardedReads | None:
     """The exact reader of ``array`` (e.g. ``input_ids/data``) of the cache at ``location``, or None when tensorstore
-    reads it (another layout, or a store read through tensorstore)."""
+    reads it (another layout, or a store read through tensorstore); ``by_range``: read gs:// and s3:// by byte range
+    through tensorstore's drivers (``make_source``)."""
     layout = ShardLayout.from_metadata(metadata)
-    source = make_source(f"{location.rstrip('/')}/{array}", via, layout) if layout is not None else None
+    source = make_source(f"{location.rstrip('/')}/{array}", via, layout, by_range) if layout is not None else None
     if layout is None or source is None:
         return None
     return ShardedReads(layout, source, location, array)

@@ -140,20 +140,21 @@ class JsonDocuments:
 
     def __init__(self, location: str):
         self.location = location
-        self._kv = open_kvstore(location)
+        self.kv = open_kvstore(location)
+        """The location's store (keys relative to it)."""
 
     def read(self, key: str) -> dict[str, Any] | None:
-        result = self._kv.read(key).result()
+        result = self.kv.read(key).result()
         if result.state != "value":
             return None
         return json.loads(bytes(result.value))
 
     def write(self, key: str, doc: dict[str, Any]) -> None:
-        self._kv.write(key, json.dumps(doc, indent=1, sort_keys=True).encode("utf-8") + b"\n").result()
+        self.kv.write(key, json.dumps(doc, indent=1, sort_keys=True).encode("utf-8") + b"\n").result()
 
     def keys(self) -> list[str]:
         """Every key stored under this location, sorted (files in subdirectories too, as ``dir/name``)."""
-        return sorted(k.decode("utf-8") for k in self._kv.list().result())
+        return sorted(k.decode("utf-8") for k in self.kv.list().result())
 
 
 CHUNK_CODECS: dict[str, list[dict[str, Any]]] = {
@@ -204,19 +205,26 @@ def _array_spec(location: str, sub: str, dtype: str, shard: int, inner: int, com
 
 
 def _open_array(location: str, sub: str, dtype: str | None, shard: int, inner: int, create: bool,
-                compression: str = "zstd", strict: bool = True, settled: bool = False) -> ts.TensorStore:
+                compression: str = "zstd", strict: bool = True, settled: bool = False,
+                metadata: dict[str, Any] | None = None) -> ts.TensorStore:
     """An existing array with the layout it was made with (caches of every tokenmix layout open), or, with ``create``, a
     new one in today's layout, its chunks stored as ``compression`` says (``CHUNK_CODECS``). Opened to write
     (``create``), every chunk is stored; opened to read, a missing chunk is an error unless ``strict`` is off (arrays
     another program wrote, which may leave out chunks of zeros). ``settled``: read from object storage, the chunks the
-    process's cache pool holds serve again without asking the store (only for values that can no longer change)."""
+    process's cache pool holds serve again without asking the store (only for values that can no longer change).
+    ``metadata``: the array's stored zarr metadata, known already (a cache's open object): opened to read without
+    reading it again."""
     remote_read = not create and urlparse(location).scheme in ("gs", "s3")
     options = WRITER_OPTIONS if create else READER_OPTIONS if strict else {}
     if remote_read and settled:
         options = {**options, "recheck_cached_data": False}
+    context = _REMOTE_READ_CONTEXT if remote_read else _CONTEXT
     try:
-        array = ts.open({"driver": "zarr3", "kvstore": _subspec(location, sub), **options},
-                        context=_REMOTE_READ_CONTEXT if remote_read else _CONTEXT, open=True).result()
+        if metadata is not None and not create:
+            array = ts.open({"driver": "zarr3", "kvstore": _subspec(location, sub), "metadata": metadata, **options},
+                            context=context, open=True, assume_metadata=True).result()
+        else:
+            array = ts.open({"driver": "zarr3", "kvstore": _subspec(location, sub), **options}, context=context, open=True).result()
     except ValueError as e:
         if not create or "NOT_FOUND" not in str(e):
             raise
@@ -332,22 +340,27 @@ class JaggedArray:
 
     @classmethod
     def open(cls, location: str, name: str, dtype: str | None, create: bool = False, compression: str = "zstd",
-             strict: bool = True, settled: bool = False, fresh: bool = False) -> JaggedArray:
+             strict: bool = True, settled: bool = False, fresh: bool = False,
+             metadata: dict[str, dict[str, Any]] | None = None) -> JaggedArray:
         """Open (or, with ``create``, create if absent) the jagged array ``name`` at ``location``; ``compression`` says
         how new values are stored (``CHUNK_CODECS``; row ends are always zstd). ``dtype`` None opens values of any type
         (not with ``create``). ``strict`` off reads a missing chunk as zeros (for arrays another program wrote).
         ``settled``: the values on object storage are read through the cache pool without asking the store again
         whether a chunk it holds changed: only for reads of values committed when this was opened (``_open_array``).
         ``fresh`` (with ``create``): most likely absent (a cache without a ledger yet), so created without trying to open
-        it first; ``created`` says whether it was."""
+        it first; ``created`` says whether it was. ``metadata``: the stored zarr metadata of ``data`` and ``offsets`` by
+        those names, known already (not read again)."""
         if create and fresh and dtype is not None:
             data = _new_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, compression)
             offsets = _new_array(location, f"{name}/offsets", "int64", OFFSETS_SHARD, OFFSETS_INNER, "zstd")
             if data is not None and offsets is not None:
                 return cls(data, offsets, location, name, created=True)
-        data = _open_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, create, compression, strict, settled)
-        return cls(data, _open_array(location, f"{name}/offsets", "int64", OFFSETS_SHARD, OFFSETS_INNER, create, strict=strict),
-                   location, name)
+        metadata = metadata or {}
+        data = _open_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, create, compression, strict, settled,
+                           metadata.get("data"))
+        offsets = _open_array(location, f"{name}/offsets", "int64", OFFSETS_SHARD, OFFSETS_INNER, create, strict=strict,
+                              metadata=metadata.get("offsets"))
+        return cls(data, offsets, location, name)
 
     @property
     def dtype(self) -> np.dtype:

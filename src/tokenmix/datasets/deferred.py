@@ -1,8 +1,9 @@
 """A source of a mixture opened when a batch first draws from it, and the bounded pool that opens many at once.
 
-Opening a source reads its cache's ledger, array metadata and row ends: a few requests, tens of milliseconds each on
-an object store. A mixture of a thousand sources that opened them all at start-up would pay that a thousand times
-before its first batch, and hold every source's state although a batch draws from a few dozen. A ``DeferredDataset``
+Opening a source reads its cache's open object (``cache/open_object.py``; a cache without one: its ledger, array
+metadata and row ends, five requests): tens of milliseconds a request on an object store. A mixture of a thousand
+sources that opened them all at start-up would pay that a thousand times before its first batch, and hold every
+source's state although a batch draws from a few dozen. A ``DeferredDataset``
 is a source not yet opened: what mixing needs before any read (the example width) is given up front; the first read,
 or a mixture asking for the sources of a batch together (``open_together``), opens it. The sources of a batch open
 concurrently, ``OPENING_THREADS`` threads at most, whatever the number of sources.
