@@ -75,10 +75,11 @@ class FuzzyDedup(Stage):
     jaccard_threshold: float = 0.8
     text_field: str | None = None
     """Unset: the source's ``text_field``."""
-    memory_bytes: int = 1 << 30
+    memory_bytes: int = 256 << 20
     """The peak memory of one task of the corpus-wide steps: an edges task's bucket entries (128 bytes per document and
     band), a components, clusters or removal task's range of documents (256 bytes each, and 48 per source). Less
-    means more partitions and ranges, never more memory; a bucket too large for it is refused, naming this field."""
+    means more partitions and ranges, never more memory; a bucket too large for it (at 256 MiB, about 1 M documents
+    sharing one band: one text copied that often, which exact dedup removes first) is refused, naming this field."""
     backend: Literal["numba", "jax"] = "numba"
     """What computes signatures: ``numba`` (compiled loops, the fastest on CPUs) or ``jax`` (for an accelerator; about
     1.3 s to start in each worker process); both give the same bits."""
