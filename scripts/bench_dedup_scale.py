@@ -3,7 +3,7 @@ with planted near-duplicates whose clusters are known, against datatrove's MinHa
 
     python scripts/bench_dedup_scale.py [--corpus ../shared/corpus] [--scales 1,10,100] [--workers 2]
                                         [--datatrove_python /path/to/venv/bin/python] [--datatrove_scales 1,10]
-                                        [--memory_bytes BYTES]
+                                        [--memory_bytes BYTES] [--jaccard_threshold 0.85] [--kill_check SCALE]
                                         [--scratch DIR]
 
 For each scale N, ``tokenmix.curate.planted`` makes the corpus: the train shards of every source, and N - 1 edited
@@ -18,12 +18,22 @@ included, found by an exact all-pairs check). A corpus already under --scratch i
   and the final disk use of the output directory (shards and work directory; the final one is what stays: the
   output, the dedup's artifacts and statistics), and the clusters found (``clusters*.parquet`` in the work
   directory: document, cluster) against the truth: pairwise precision and recall (``planted.pair_scores``).
+  At the datatrove scales a second row runs the same with fuzzy dedup's ``jaccard_check`` at --jaccard_threshold
+  (the truth's, 0.85, by default): each candidate pair kept only if its texts' exact shingle Jaccard reaches it, as
+  the truth is made (Zyda-2 does not check), so that its precision and recall compare like for like.
 - datatrove (--datatrove_python: a venv with ``datatrove[processing]`` and ``spacy``, never a tokenmix dependency),
   at --datatrove_scales: its four MinHash stages, each a ``LocalPipelineExecutor`` with --workers processes:
   signatures (one task per shard), buckets (one task per bucket), clusters (one task, ``save_cluster_id``), filter
   (one task per shard, then its ``GopherRepetitionFilter`` and ``GopherQualityFilter``, then ``JsonlWriter``), with
   ``MinhashConfig(num_buckets=8, hashes_per_bucket=16)`` (Zyda-2's banding; its shingles are its own word 5-grams):
   the same measures, its clusters read from its ``.clusters`` files (task = shard in sorted order, document = row).
+
+--kill_check N: at scale N, after the rows, the pipeline with a cross-source ``exact_dedup`` before the fuzzy dedup
+(the dedup bound set so that every step has several tasks) is run uninterrupted, then again to another output,
+SIGKILLed (its process group) after the first finished task of each step in turn (text hashes, exact dedup,
+signatures, lsh buckets, edges, components, clusters, removal, Gopher filters and output), each run resuming the
+last: a line per kill (where it landed, whether the run after it kept every task finished before it), and a verdict:
+the output, every dedup decision and every intermediate file byte-identical to the uninterrupted run's.
 
 The goals (issue 40): peak memory within 1.5x from the smallest scale to the largest, time within 1.2x of linear
 (seconds per document), and >= 10x datatrove's end-to-end throughput at equal or better precision and recall.
@@ -112,26 +122,32 @@ class _DiskPeak:
         self.peak = max(self.peak, _disk(self.path))
 
 
-def _pipeline(planted: Path, out: Path, workers: int, memory_bytes: int = 0):
+def _pipeline(planted: Path, out: Path, workers: int, options: dict):
+    """The benchmark's pipeline. ``options``: ``memory_bytes`` (the dedup stages' bound, 0 for their default),
+    ``jaccard_threshold`` (0: no candidate check, as Zyda-2; else fuzzy dedup's ``jaccard_check`` at it), ``exact``
+    (an ``exact_dedup``, cross-source, before the fuzzy dedup) and ``keep_intermediate``."""
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_curate import GOPHER
 
-    from tokenmix.curate import AddId, CurationConfig, CurationOutput, CurationSource, DocumentFilter, FuzzyDedup, ScoreFilter
+    from tokenmix.curate import AddId, CurationConfig, CurationOutput, CurationSource, DocumentFilter, ExactDedup, FuzzyDedup, ScoreFilter
 
-    stages = [AddId(), FuzzyDedup(memory_bytes=memory_bytes) if memory_bytes else FuzzyDedup()]
+    bound = {"memory_bytes": options["memory_bytes"]} if options.get("memory_bytes") else {}
+    check = {"jaccard_check": True, "jaccard_threshold": options["jaccard_threshold"]} if options.get("jaccard_threshold") else {}
+    stages = [AddId(), *([ExactDedup(policy="cross_source", **bound)] if options.get("exact") else []), FuzzyDedup(**bound, **check)]
     stages += [ScoreFilter(DocumentFilter.get_choice_class(name)(**kwargs)) for name, kwargs in GOPHER]
     return CurationConfig(sources=[CurationSource(s, [str(planted / s / "*.jsonl.zst")]) for s in SOURCES], stages=stages,
-                          output=CurationOutput(str(out), "jsonl.zst", write_to_filename=True), num_workers=workers)
+                          output=CurationOutput(str(out), "jsonl.zst", write_to_filename=True), num_workers=workers,
+                          keep_intermediate=bool(options.get("keep_intermediate")))
 
 
-def _run_tokenmix(planted: str, out: str, workers: int, memory_bytes: int) -> None:
+def _run_tokenmix(planted: str, out: str, workers: int, options: dict) -> None:
     """One tokenmix run, in this fresh interpreter (``tokenmix-run``): prints its measures."""
     import logging
 
     from tokenmix.curate import run_curation
 
     logging.basicConfig(level=logging.WARNING)
-    config = _pipeline(Path(planted), Path(out), workers, memory_bytes)
+    config = _pipeline(Path(planted), Path(out), workers, options)
     with _DiskPeak(Path(out)) as disk:
         started = time.perf_counter()
         stats = run_curation(config)
@@ -212,14 +228,14 @@ def _scores(truth, labels_of: dict[tuple[str, str], object]) -> tuple[float, flo
     return precision, recall, clusters
 
 
-def _tokenmix_clusters(planted: Path, out: Path, workers: int, memory_bytes: int) -> dict[tuple[str, str], object]:
+def _tokenmix_clusters(planted: Path, out: Path, workers: int, options: dict) -> dict[tuple[str, str], object]:
     import numpy as np
     import pyarrow.parquet as pq
 
     from tokenmix.curate.dedup_policy import unpack
     from tokenmix.curate.pipeline_plan import list_shards
 
-    shards = list_shards(_pipeline(planted, out, workers, memory_bytes))
+    shards = list_shards(_pipeline(planted, out, workers, options))
     files = sorted((out / ".curate").rglob("clusters*.parquet"))
     if not files:
         raise RuntimeError(f"no clusters*.parquet under {out / '.curate'}: where does fuzzy_dedup keep its clusters now?")
@@ -278,14 +294,112 @@ def _plant(corpus: str, scale: int, scratch: Path, workers: int) -> tuple[Path, 
     return planted, time.perf_counter() - started
 
 
+KILL_STEPS = (("add_id and text hashes", "pass-0/stats"), ("exact dedup", "pass-0/dedup/stats"), ("signatures", "pass-1/stats"),
+              ("lsh buckets", "pass-1/fuzzy/lsh/stats"), ("edges", "pass-1/fuzzy/edges/stats"), ("components", "pass-1/fuzzy/components"),
+              ("clusters", "pass-1/fuzzy/clusters/stats"), ("removal", "pass-1/fuzzy/removed/stats"),
+              ("Gopher filters and output", "pass-2/stats"))
+"""The kill check's steps, in the order they run, and where each records its finished tasks in the run's work
+directory (the pipeline with an ``exact_dedup`` before the fuzzy dedup: pass 0 hashes, pass 1 signs, pass 2 filters)."""
+KILL_RANGES = 8
+"""The kill check's dedup bound is set so that a range of document ids holds 1/8 of the corpus: every step then has
+several tasks (8 ranges, about 40 bucket partitions, about 7 exact-dedup passes), so a kill after a step's first
+finished task lands inside it."""
+
+
+def _kill_check(planted: Path, work: Path, workers: int, docs: int, env: dict[str, str]) -> str:
+    """The pipeline with an exact dedup added, run once uninterrupted, then again to another output, SIGKILLed (driver
+    and workers) after the first finished task of each step in turn, each run resuming the last: prints a line per
+    kill (where it landed, whether the run after it kept every task finished before it); returns the verdict (the
+    output and every dedup decision and intermediate file byte-identical to the uninterrupted run's)."""
+    import yaml
+
+    from tokenmix.curate.components import BYTES_PER_NODE
+    from tokenmix.curate.fuzzy_dedup import BYTES_PER_PAIR
+    from tokenmix.curate.pipeline import describe
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from curate_kill import curate_until, finished_tasks, run_files
+
+    memory = -(-docs // KILL_RANGES) * (BYTES_PER_NODE + BYTES_PER_PAIR * len(SOURCES))
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    config_path = work / "pipeline.yaml"
+    options = {"memory_bytes": memory, "exact": True, "keep_intermediate": True}
+    config_path.write_text(yaml.safe_dump(describe(_pipeline(planted, work / "unused", workers, options))))
+    started = time.perf_counter()
+    reference, out = work / "reference", work / "killed"
+    done = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(config_path), "--output.path",
+                           str(reference)], cwd=REPO, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the kill check's uninterrupted run failed: {done.stderr[-3000:]}")
+    print(f"kill check: exact_dedup + fuzzy_dedup at memory_bytes {memory:,}, uninterrupted in {time.perf_counter() - started:.1f} s", flush=True)
+    totals = {step: len(finished_tasks(reference, [d])) for step, d in KILL_STEPS}
+    os.environ.update(env)  # the killed runs (curate_until) start from this process's environment
+
+    def records() -> dict[Path, tuple[int, int]]:
+        """Each finished task's record, with its inode and time: a task run again writes a new one."""
+        found = {}
+        for path in finished_tasks(out, [d for _, d in KILL_STEPS]):
+            st = os.stat(path)
+            found[path] = (st.st_ino, st.st_mtime_ns)
+        return found
+
+    inside, kept_all, pending = True, True, None
+    for step, d in KILL_STEPS:
+        before = len(finished_tasks(out, [d]))
+        run_started = time.perf_counter()
+        ended = curate_until(config_path, out, lambda d=d, before=before: len(finished_tasks(out, [d])) > before, f"a finished task of {step}",
+                             limit_s=3600)
+        after = records()
+        if pending is not None:
+            kept_all &= _report_kill(*pending, after)
+        landed = len(finished_tasks(out, [d]))
+        inside &= not ended and landed < totals[step]
+        pending = (step, landed, totals[step], time.perf_counter() - run_started, ended, after)
+    done = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(config_path), "--output.path", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the kill check's last resume failed: {done.stderr[-3000:]}")
+    if pending is not None:
+        kept_all &= _report_kill(*pending, records())
+    suffixes = (".jsonl.zst", ".parquet")
+    mine, theirs = run_files(out, suffixes), run_files(reference, suffixes)
+    differ = sorted(p for p in mine.keys() | theirs.keys() if mine.get(p) != theirs.get(p))
+    partial = [f for _, _, files in os.walk(out) for f in files if f.endswith(".partial")]
+    ok = inside and kept_all and not differ and not partial
+    verdict = (f"kill check at {docs:,} documents: {'PASS' if ok else 'FAIL'}: {len(KILL_STEPS)} kills, "
+               f"{'each inside its step' if inside else 'NOT every one inside its step'}; "
+               f"{'every resume kept the tasks finished before its kill' if kept_all else 'a resume ran finished tasks again'}; "
+               f"{len(theirs)} output and decision files {'byte-identical' if not differ else f'differ: {differ[:5]}'} to the "
+               f"uninterrupted run's{f'; left {len(partial)} .partial files' if partial else ''} "
+               f"({time.perf_counter() - started:.0f} s in all)")
+    shutil.rmtree(work, ignore_errors=True)
+    return verdict
+
+
+def _report_kill(step: str, landed: int, total: int, seconds: float, ended: bool, at_kill: dict, later: dict) -> bool:
+    """Print one kill's line, now that the run after it has run: whether that run kept every task finished before it."""
+    redone = [p for p, stamp in at_kill.items() if later.get(p) != stamp]
+    when = "the run ended before the kill" if ended else f"after {landed} of {total} tasks of the step, {seconds:.1f} s into its run"
+    print(f"kill in {step}: {when}; resumed {'ok' if not redone else 'NOT ok'}: "
+          f"{len(at_kill) - len(redone)} of {len(at_kill)} finished tasks kept{f', {len(redone)} run again' if redone else ''}", flush=True)
+    return not redone
+
+
 def main() -> None:
+    from tokenmix.curate.planted import PlantConfig
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", default=str(REPO.parent / "shared" / "corpus"))
     parser.add_argument("--scales", default="1,10,100")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--datatrove_python", default=None)
     parser.add_argument("--datatrove_scales", default="1,10")
-    parser.add_argument("--memory_bytes", type=int, default=0, help="fuzzy_dedup's memory_bytes (0: the stage's default, 1 GiB)")
+    parser.add_argument("--memory_bytes", type=int, default=0, help="fuzzy_dedup's memory_bytes (0: the stage's default)")
+    parser.add_argument("--jaccard_threshold", type=float, default=PlantConfig().threshold,
+                        help="at the datatrove scales, a second tokenmix row with fuzzy_dedup's jaccard_check at this threshold "
+                             "(default: the truth's; 0: no such row)")
+    parser.add_argument("--kill_check", type=int, default=0, help="at this scale, the kill check (0: none)")
     parser.add_argument("--scratch", default=None, help="where planted corpora are made and kept (default: a temporary directory)")
     args = parser.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -294,22 +408,28 @@ def main() -> None:
     scratch.mkdir(parents=True, exist_ok=True)
     machine = platform.processor() or platform.machine()
     print(f"{machine}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; {args.workers} workers")
-    rows = []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    rows: list[tuple] = []
+    verdicts: list[str] = []
     for scale in scales:
         planted, plant_seconds = _plant(args.corpus, scale, scratch, args.workers)
         truth = _truth(planted)
         docs, text_bytes = truth.num_rows, _disk(planted)
         print(f"{scale}x: {docs:,} documents, {text_bytes / 1e6:,.0f} MB of zstd shards"
               + (f", planted in {plant_seconds:.0f} s" if plant_seconds is not None else " (planted before)"))
-        out = scratch / f"tokenmix-{scale}x"
-        shutil.rmtree(out, ignore_errors=True)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-        measured = _child([sys.executable, __file__, "tokenmix-run", str(planted), str(out), str(args.workers), str(args.memory_bytes)], env)
-        precision, recall, clusters = _scores(truth, _tokenmix_clusters(planted, out, args.workers, args.memory_bytes))
-        rows.append(("tokenmix", scale, docs, measured, _disk(out), precision, recall, clusters))
-        _print_row(rows[-1], args.workers)
-        shutil.rmtree(out, ignore_errors=True)
-        if args.datatrove_python and scale in {int(s) for s in args.datatrove_scales.split(",")}:
+        at_datatrove_scale = scale in {int(s) for s in args.datatrove_scales.split(",")}
+        checks = [0.0] + ([args.jaccard_threshold] if args.jaccard_threshold and at_datatrove_scale else [])
+        for threshold in checks:
+            options = {"memory_bytes": args.memory_bytes, "jaccard_threshold": threshold}
+            out = scratch / f"tokenmix-{scale}x"
+            shutil.rmtree(out, ignore_errors=True)
+            measured = _child([sys.executable, __file__, "tokenmix-run", str(planted), str(out), str(args.workers), json.dumps(options)], env)
+            precision, recall, clusters = _scores(truth, _tokenmix_clusters(planted, out, args.workers, options))
+            who = f"tokenmix, Jaccard check >= {threshold}" if threshold else "tokenmix"
+            rows.append((who, scale, docs, measured, _disk(out), precision, recall, clusters))
+            _print_row(rows[-1], args.workers)
+            shutil.rmtree(out, ignore_errors=True)
+        if args.datatrove_python and at_datatrove_scale:
             work = scratch / f"datatrove-{scale}x"
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir()
@@ -324,7 +444,11 @@ def main() -> None:
             rows.append(("datatrove", scale, docs, measured, _disk(work), precision, recall, clusters))
             _print_row(rows[-1], args.workers)
             shutil.rmtree(work, ignore_errors=True)
+        if scale == args.kill_check:
+            verdicts.append(_kill_check(planted, scratch / f"kill-{scale}x", args.workers, docs, env))
     _summary(rows, args.workers)
+    for verdict in verdicts:
+        print(verdict)
 
 
 def _seconds(measured: dict) -> float:
@@ -354,14 +478,14 @@ def _summary(rows: list[tuple], workers: int) -> None:
         print(f"\ntokenmix {first[1]}x -> {last[1]}x: largest process {memory:.2f}x (goal <= 1.5x); seconds per document "
               f"{linear:.2f}x (goal <= 1.2x)")
     for theirs in (r for r in rows if r[0] == "datatrove"):
-        mine = next(r for r in ours if r[1] == theirs[1])
-        print(f"{theirs[1]}x: tokenmix {_seconds(theirs[3]) / _seconds(mine[3]):.1f}x datatrove's throughput (goal >= 10x); "
-              f"precision {mine[5]:.4f} vs {theirs[5]:.4f}, recall {mine[6]:.4f} vs {theirs[6]:.4f}")
+        for mine in (r for r in rows if r[0].startswith("tokenmix") and r[1] == theirs[1]):
+            print(f"{theirs[1]}x: {mine[0]}: {_seconds(theirs[3]) / _seconds(mine[3]):.1f}x datatrove's throughput (goal >= 10x); "
+                  f"precision {mine[5]:.4f} vs {theirs[5]:.4f}, recall {mine[6]:.4f} vs {theirs[6]:.4f}")
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO / "src"))
     if len(sys.argv) > 1 and sys.argv[1] == "tokenmix-run":
-        _run_tokenmix(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        _run_tokenmix(sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5]))
     else:
         main()

@@ -331,25 +331,3 @@ def start_builders(configs: Sequence[Path], go: Path | None, *overrides: str) ->
             assert said == "ready\n", said + proc.stdout.read()
         go.touch()
     return procs
-
-
-def curate_until(config_path, out, reached, what: str) -> bool:
-    """Run ``tokenmix curate`` in a process group of its own until ``reached()`` holds (polled), then SIGKILL the
-    driver and its workers; returns whether the run ended first (it must then have succeeded). The kill point is a
-    point of the run's progress, whatever the machine's speed; ``what`` names it in the error of a hung run."""
-    import signal
-
-    proc = subprocess.Popen([sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", str(config_path), "--output.path", str(out)],
-                            cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300  # a hung run, not a slow one: generous and fixed
-    while proc.poll() is None and not reached():
-        assert time.monotonic() < deadline, f"the run did not reach {what} in 300 s"
-        time.sleep(0.002)
-    finished = proc.poll() is not None
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    stderr = proc.communicate()[1].decode()
-    assert not finished or proc.returncode == 0, stderr[-3000:]
-    return finished

@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from helpers import DEMO_CORPUS, REPO, curate_until, read_jsonl_zst
+from curate_kill import curate_until
+from helpers import DEMO_CORPUS, REPO, read_jsonl_zst
 
 from tokenmix.curate import (
     AddId,

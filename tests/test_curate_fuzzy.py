@@ -11,7 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import DEMO_CORPUS, curate_until, read_jsonl_zst
+from curate_kill import curate_until, finished_tasks, run_files
+from helpers import DEMO_CORPUS, read_jsonl_zst
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -306,9 +307,7 @@ STAGE_DIRS = {"signatures": ["pass-0/stats"], "buckets": ["pass-0/fuzzy/lsh/stat
 
 
 def _finished_tasks(out, stage: str) -> int:
-    work = out / ".curate"
-    keys = os.listdir(work) if work.is_dir() else []
-    return sum(1 for key in keys for d in STAGE_DIRS[stage] for _, _, files in os.walk(work / key / d) for f in files if f.endswith(".json"))
+    return len(finished_tasks(out, STAGE_DIRS[stage]))
 
 
 def _curate_until(config_path, out, stage: str) -> bool:
@@ -346,14 +345,8 @@ def test_a_kill_in_each_step_of_fuzzy_dedup_resumes_to_identical_output_and_deci
         assert done.returncode == 0, done.stderr[-3000:]
 
     def everything(out):
-        """The outputs and the decision's files (below the run's work directory, whose name is the run's key)."""
-        files = {}
-        for r, _, fs in os.walk(out):
-            for f in fs:
-                if f.endswith((".jsonl", ".parquet")):
-                    path = os.path.relpath(os.path.join(r, f), out).split(os.sep)
-                    files["/".join(path[:1] + path[2:] if path[0] == ".curate" else path)] = open(os.path.join(r, f), "rb").read()
-        return files
+        """The outputs and the decision's files."""
+        return run_files(out, (".jsonl", ".parquet"))
 
     curate(tmp_path / "reference")
     tasks = {stage: _finished_tasks(tmp_path / "reference", stage) for stage in STAGE_DIRS}

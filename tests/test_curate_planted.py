@@ -17,8 +17,8 @@ from helpers import DEMO_CORPUS, read_jsonl_zst
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenmix.curate.minhash import MinHashConfig, jaccard
-from tokenmix.curate.planted import PlantConfig, edit_to_band, natural_clusters, pair_scores, plant, shingle_sets
+from tokenmix.curate.minhash import MinHashConfig, jaccard, shingle_sets
+from tokenmix.curate.planted import PlantConfig, edit_to_band, natural_clusters, pair_scores, plant
 
 SOURCES = ("linux_doc", "python_doc", "webster")
 CONFIG = MinHashConfig()

@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from tokenmix.curate.components import BYTES_PER_NODE, DocRanges, RangeWriters, chunks, find_components, range_file, scatter_by_range
 from tokenmix.curate.dedup_policy import Policy, member_keys, pack, unpack
-from tokenmix.curate.minhash import MinHashConfig, jaccard
+from tokenmix.curate.minhash import MinHashConfig, set_jaccard, shingle_sets
 from tokenmix.curate.pipeline_config import CurationError
 from tokenmix.curate.records import as_array, column_name
 from tokenmix.curate.scatter import mix64
@@ -52,6 +52,9 @@ logger = logging.getLogger(__name__)
 BYTES_PER_ENTRY = 128
 """An edges task's peak memory per bucket entry (a document in one band), measured at 120 with 2 M entries: the
 entries, their sort, the edges and both directions of them."""
+CHECK_BATCH = 256
+"""Candidate pairs whose texts are shingled together by the Jaccard check: one vectorized hashing per batch, each
+document of the batch once (a bucket's edges share their first member), at most 512 shingle sets held."""
 BYTES_PER_PAIR = 48
 """A clusters task's memory per (cluster, source) pair it counts: key and count, and their merge with each chunk's."""
 
@@ -71,14 +74,16 @@ class FuzzyDedup(Stage):
     """``cross_source``: in a cluster keep every member of its highest-ranked source, remove the others' (duplicates
     inside a source stay); ``one_per_cluster``: keep only the first member (``dedup_policy.py``)."""
     jaccard_check: bool = False
-    """Check each candidate pair's true shingle Jaccard against ``jaccard_threshold`` (off, as in Zyda-2)."""
+    """Check each candidate pair's exact shingle Jaccard against ``jaccard_threshold`` (off, as in Zyda-2). An edges
+    task then also holds the texts of the documents its candidates join, outside ``memory_bytes``."""
     jaccard_threshold: float = 0.8
     text_field: str | None = None
     """Unset: the source's ``text_field``."""
-    memory_bytes: int = 1 << 30
+    memory_bytes: int = 256 << 20
     """The peak memory of one task of the corpus-wide steps: an edges task's bucket entries (128 bytes per document and
     band), a components, clusters or removal task's range of documents (256 bytes each, and 48 per source). Less
-    means more partitions and ranges, never more memory; a bucket too large for it is refused, naming this field."""
+    means more partitions and ranges, never more memory; a bucket too large for it (at 256 MiB, about 1 M documents
+    sharing one band: one text copied that often, which exact dedup removes first) is refused, naming this field."""
     backend: Literal["numba", "jax"] = "numba"
     """What computes signatures: ``numba`` (compiled loops, the fastest on CPUs) or ``jax`` (for an accelerator; about
     1.3 s to start in each worker process); both give the same bits."""
@@ -247,7 +252,14 @@ def _similar(edges: np.ndarray, task: EdgesTask) -> np.ndarray:
         column = read_table(task.intermediate_urls[t], columns=[column_name(task.text_fields[t])]).column(0)
         for doc, text in zip(pack(t, wanted).tolist(), column.take(pa.array(wanted)).to_pylist(), strict=True):
             texts[doc] = text
-    return np.array([jaccard(texts[a], texts[b], task.check.minhash) >= task.check.jaccard_threshold for a, b in edges.tolist()], dtype=bool)
+    keep = np.zeros(len(edges), dtype=bool)
+    for start in range(0, len(edges), CHECK_BATCH):
+        batch = edges[start:start + CHECK_BATCH]
+        docs_here = np.unique(batch.reshape(-1))
+        sets = shingle_sets([texts[d] for d in docs_here.tolist()], task.check.minhash)
+        at = np.searchsorted(docs_here, batch)
+        keep[start:start + len(batch)] = [set_jaccard(sets[a], sets[b]) >= task.check.jaccard_threshold for a, b in at.tolist()]
+    return keep
 
 
 def run_clusters_task(task: ClustersTask) -> dict[str, Any]:

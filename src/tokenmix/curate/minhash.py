@@ -154,12 +154,34 @@ def permutations(config: MinHashConfig) -> tuple[np.ndarray, np.ndarray]:
 
 
 def jaccard(a: str, b: str, config: MinHashConfig) -> float:
-    """The exact Jaccard similarity of two texts' shingle sets, shingled as ``signatures`` shingles them, to check the
-    candidate pairs LSH finds; 0.0 when either text has no shingles (a document without a signature is no duplicate)."""
-    first, second = _shingle_set(a, config), _shingle_set(b, config)
-    if not first or not second:
+    """The exact Jaccard similarity of two texts' shingle sets, shingled and hashed as ``signatures`` shingles them
+    (the sets their signatures estimate); 0.0 when either text has no shingles (a document without a signature is no
+    duplicate)."""
+    return set_jaccard(*shingle_sets([a, b], config))
+
+
+def shingle_sets(texts: list[str], config: MinHashConfig) -> list[np.ndarray]:
+    """Each text's shingle set as the sorted, distinct 61-bit hashes ``minhash`` gives its shingles (empty for a text
+    with no shingles)."""
+    out = [np.zeros(0, dtype=np.uint64) for _ in texts]
+    parts: dict[int, list[np.ndarray]] = {}
+    for pieces, docs, whole in _groups(list(texts), config):
+        hashes, offsets = _shingle_hashes(pieces, whole, config)
+        for k, doc in enumerate(docs.tolist()):
+            parts.setdefault(doc, []).append(hashes[offsets[k]:offsets[k + 1]])
+    for doc, found in parts.items():
+        values = np.sort(np.concatenate(found))
+        out[doc] = values[np.r_[True, values[1:] != values[:-1]]]
+    return out
+
+
+def set_jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """The Jaccard of two sorted distinct hash sets; 0.0 when either is empty (as ``jaccard``)."""
+    if not len(a) or not len(b):
         return 0.0
-    return len(first & second) / len(first | second)
+    at = np.minimum(np.searchsorted(a, b), len(a) - 1)
+    both = int(np.count_nonzero(a[at] == b))
+    return both / (len(a) + len(b) - both)
 
 
 def lsh_threshold(bands: int, rows: int) -> float:
@@ -181,16 +203,6 @@ def candidate_probability(similarity: float, bands: int, rows: int) -> float:
 def _check_bands(bands: int, rows: int) -> None:
     if bands < 1 or rows < 1:
         raise ValueError(f"bands and rows must be >= 1, got bands={bands}, rows={rows}")
-
-
-def _shingle_set(text: str, config: MinHashConfig) -> set[str]:
-    units: str | list[str] = text.split() if config.shingle == "word" else text
-    join = " ".join if config.shingle == "word" else "".join
-    if not units:
-        return set()
-    if len(units) < config.ngram:
-        return {join(units)} if config.short_documents == "whole" else set()
-    return {join(units[i : i + config.ngram]) for i in range(len(units) - config.ngram + 1)}
 
 
 def _groups(texts: list[str | None], config: MinHashConfig) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:

@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from tokenmix.curate.minhash import MinHashConfig, _groups, _shingle_hashes
+from tokenmix.curate.minhash import MinHashConfig, set_jaccard, shingle_sets
 
 logger = logging.getLogger(__name__)
 
@@ -132,30 +132,6 @@ def read_originals(sources: dict[str, list[str]], text_field: str = "text") -> l
                                      "documents by their line, so every line must be a document: clean the shard or leave it out")
                 originals.append(Original(source, os.path.basename(path), row, record))
     return originals
-
-
-def shingle_sets(texts: list[str], config: MinHashConfig) -> list[np.ndarray]:
-    """Each text's shingle set as the sorted, distinct 61-bit hashes ``minhash`` gives its shingles (empty for a text
-    with no shingles)."""
-    out = [np.zeros(0, dtype=np.uint64) for _ in texts]
-    parts: dict[int, list[np.ndarray]] = {}
-    for pieces, docs, whole in _groups(list(texts), config):
-        hashes, offsets = _shingle_hashes(pieces, whole, config)
-        for k, doc in enumerate(docs.tolist()):
-            parts.setdefault(doc, []).append(hashes[offsets[k]:offsets[k + 1]])
-    for doc, found in parts.items():
-        values = np.sort(np.concatenate(found))
-        out[doc] = values[np.r_[True, values[1:] != values[:-1]]]
-    return out
-
-
-def set_jaccard(a: np.ndarray, b: np.ndarray) -> float:
-    """The Jaccard of two sorted distinct hash sets; 0.0 when either is empty (as ``minhash.jaccard``)."""
-    if not len(a) or not len(b):
-        return 0.0
-    at = np.minimum(np.searchsorted(a, b), len(a) - 1)
-    both = int(np.count_nonzero(a[at] == b))
-    return both / (len(a) + len(b) - both)
 
 
 def natural_clusters(sets: list[np.ndarray], threshold: float) -> np.ndarray:

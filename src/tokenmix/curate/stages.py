@@ -242,9 +242,10 @@ class ExactDedup(Stage):
     """Unset: the source's ``text_field``."""
     normalize: bool = True
     """Compare texts after Unicode NFC, lower-casing, collapsing whitespace and trimming; off: byte for byte."""
-    memory_bytes: int = 1 << 30
+    memory_bytes: int = 256 << 20
     """The peak memory of a task deciding one hash range (176 bytes a record); more records are decided in more ranges,
-    and a range too large for it (one text copied very many times) is refused, naming this field."""
+    and a range too large for it (one text copied very many times: at 256 MiB, more than about 750 k copies) is
+    refused, naming this field."""
     policy: Policy = "one_per_cluster"
     """``one_per_cluster``: of the records of one text keep only the first; ``cross_source``: keep every record of the
     highest-ranked source holding the text and remove the others' (``dedup_policy.py``)."""
