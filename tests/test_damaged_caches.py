@@ -211,6 +211,27 @@ def test_verify_finds_the_damage_and_repair_restores_the_builds_bytes(tmp_path, 
     assert tokenmix_cli("verify", str(location)).returncode == 0
 
 
+def test_verify_checks_the_open_object_and_repair_writes_it_again(tmp_path, built):
+    """A finished cache's open.bin (what readers open it from, in place of its ledger and row ends): a flipped bit, or the
+    open.bin of another cache put in its place, is named by `tokenmix verify`, and `--repair` writes it again, to the
+    very bytes the build wrote."""
+    _, location = fresh(built, "zstd", tmp_path)
+    _, other = fresh(built, "none", tmp_path)
+    pristine = cache_bytes(str(location))
+    open_bin = location / "open.bin"
+    for damage, problem in ((lambda: flip(open_bin, 10), "open.bin: checksum mismatch"),
+                            (lambda: shutil.copy(other / "open.bin", open_bin), "open.bin: its metadata of input_ids/data differs")):
+        damage()
+        found = tokenmix_cli("verify", str(location), "--json")
+        assert found.returncode == 1, found.stdout + found.stderr
+        (report,) = json.loads(found.stdout)
+        assert any(p.startswith(problem) for p in report["problems"]), report["problems"]
+        repaired = tokenmix_cli("verify", str(location), "--repair")
+        assert repaired.returncode == 0 and "open.bin: written again" in repaired.stdout, repaired.stdout + repaired.stderr
+        assert cache_bytes(str(location)) == pristine
+        assert tokenmix_cli("verify", str(location)).returncode == 0
+
+
 def test_verify_names_changed_inputs_and_repair_refuses_to_use_them(tmp_path):
     """An input edited after the build is named; a repair that would read it again refuses, writing nothing."""
     shard = tmp_path / "in.jsonl"

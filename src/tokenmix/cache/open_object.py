@@ -40,7 +40,7 @@ class OpenObjectDamagedError(OSError):
     """A cache's open object failed its check; the message names it and the fix."""
 
     def __init__(self, location: str, problem: str):
-        self.location = location
+        self.location, self.problem = location, problem
         super().__init__(f"cache at {location}: its {OPEN_FILE} (what a reader opens a finished cache from) is damaged: "
                          f"{problem}. Delete {OPEN_FILE} (the cache then opens from its ledger and arrays, every read "
                          "checked), or delete the cache and build it again.")

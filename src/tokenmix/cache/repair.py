@@ -3,7 +3,8 @@
 The repair rewrites each damaged stored object whole, from the rows of the runs that fill it, read again from their
 inputs (which must be unchanged) and encoded as the build encoded them; before anything is written, the rows read again
 must match the ledger's counts and every intact chunk of the objects rewritten, so a repair never writes tokens other
-than the build's. It holds the cache's build lock while it writes, and scrubs the cache again after.
+than the build's. A finished cache's open object is written again from the repaired ledger and arrays when the scrub
+found it wrong or anything was rewritten. It holds the cache's build lock while it writes, and scrubs the cache again after.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tqdm.auto import tqdm
 from tokenmix.cache.damage import CacheDamagedError
 from tokenmix.cache.ledger import CacheLedger, Run
 from tokenmix.cache.lock import build_lock
+from tokenmix.cache.open_object import OPEN_FILE, forget_open_object, write_open_object
 from tokenmix.cache.scrub import CacheReport, scrub, stored_ledger
 from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, join_location, open_kvstore, write_unit
 from tokenmix.formats.encoder import DocumentEncoder, EncoderSpec
@@ -76,6 +78,11 @@ def repair(location: str, report: CacheReport, shards: Sequence[Shard], spec: En
             array[begin:end].write(values).result()
             report.repaired.append(f"{name}/{which} {key}: elements {begin:,}-{end - 1:,} rewritten from {inputs} input shard(s)")
             logger.info("%s: %s", location, report.repaired[-1])
+        if writes or _open_object_problems(report):
+            forget_open_object(location)
+            write_open_object(location, ledger, arrays[TOKENS_ARRAY])
+            report.repaired.append(f"{OPEN_FILE}: written again from the ledger and the arrays")
+            logger.info("%s: %s", location, report.repaired[-1])
     repaired = report.repaired
     report = scrub(location, shards, inputs=False, progress=progress, chunk_bytes=chunk_bytes)
     report.repaired = repaired
@@ -90,10 +97,16 @@ def _can_repair(location: str, ledger: CacheLedger, report: CacheReport) -> None
         raise RepairError(f"cannot repair {location}: it was built before tokenmix recorded where its rows came from; delete it "
                           "and build it again")
     outside = [c for c in report.damaged if not c.array.startswith((TOKENS_ARRAY + "/", LOSS_SPANS_ARRAY + "/"))]
-    if outside or report.problems:
-        what = "; ".join([c.describe() for c in outside] + report.problems)
+    problems = [p for p in report.problems if p not in _open_object_problems(report)]
+    if outside or problems:
+        what = "; ".join([c.describe() for c in outside] + problems)
         plans = " (a damaged packing plan: delete its directory under packing/, and readers plan again)" if outside else ""
         raise RepairError(f"cannot repair {location} from its inputs: {what}. Delete the cache and build it again{plans}")
+
+
+def _open_object_problems(report: CacheReport) -> list[str]:
+    """What the scrub found wrong with the open object alone: mended by writing it again."""
+    return [p for p in report.problems if p.startswith(f"{OPEN_FILE}: ")]
 
 
 def _damaged_objects(report: CacheReport, arrays: dict[str, JaggedArray], runs: list[Run]) -> list[tuple[str, str, int, int]]:

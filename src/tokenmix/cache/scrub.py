@@ -4,12 +4,15 @@ the digests the ledger keeps.
 The scrub reads every stored chunk of a cache's arrays (tokens, row ends, loss spans, packing plans), which checks each
 chunk's crc32c and that every committed chunk is there; it holds the row ends to be monotonic and to agree with the
 ledger (the published row count, the total tokens, and where each run of rows from one shard begins), and reads the
-inputs that are still reachable to check them against the record digests the ledger keeps. It only reads, so it runs
+inputs that are still reachable to check them against the record digests the ledger keeps. A finished cache's open
+object (what readers open it from, in place of its ledger and row ends) is checked against the ledger and the arrays.
+It only reads, so it runs
 beside readers and beside a build (it checks the rows published when it starts). ``repair.py`` mends what it finds.
 """
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,9 +25,10 @@ from tqdm.auto import tqdm
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk, problem_of
 from tokenmix.cache.input_digest import records_unchanged
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
+from tokenmix.cache.open_object import OPEN_FILE, OpenObjectDamagedError, read_open_object
 from tokenmix.cache.plans import PLAN_ARRAY, plan_location, stored_plans
 from tokenmix.cache.reader import CacheNotFoundError
-from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments, write_unit
+from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments, join_location, open_kvstore, write_unit
 from tokenmix.sources.shards import DEFAULT_CHUNK_BYTES, FileShard, Shard
 
 READS_IN_FLIGHT = 4
@@ -123,6 +127,7 @@ def scrub(location: str, shards: Sequence[Shard] | None = None, inputs: bool = T
                 vocab = ledger.identity.get("vocab_size") if kind == "tokens" else None
                 _scan_values(array, values, vocab, report, bar)
     _check_ledger(ledger, report, bounds)
+    _check_open_object(location, ledger, tokens, report)
     if inputs:
         report.inputs = _check_inputs(ledger, shards, chunk_bytes, progress)
     return report
@@ -225,6 +230,39 @@ def _check_ledger(ledger: CacheLedger, report: CacheReport, bounds: dict[str, di
         if (rows, tokens) != (shard.rows, shard.tokens):
             report.problems.append(f"the ledger's runs give {shard.name} {rows:,} rows and {tokens:,} tokens, its account says "
                                    f"{shard.rows:,} and {shard.tokens:,}")
+
+
+def _check_open_object(location: str, ledger: CacheLedger, tokens: JaggedArray, report: CacheReport) -> None:
+    """The open object, where there is one, against the ledger and the stored arrays: a reader trusts it in their place.
+    Its problems are named ``open.bin: ...`` (a repair writes it again)."""
+    kv = open_kvstore(location)
+    try:
+        record = read_open_object(kv, location)
+    except OpenObjectDamagedError as e:
+        report.problems.append(f"{OPEN_FILE}: {e.problem}")
+        return
+    if record is None:
+        return
+    found = []
+    if not ledger.finished:
+        found.append("present while the build is unfinished: readers would take the cache as finished")
+    elif (record.ledger.identity, record.ledger.rows, record.ledger.tokens) != (ledger.identity, ledger.rows, ledger.tokens):
+        found.append(f"its identity, rows or tokens ({record.ledger.rows:,} rows, {record.ledger.tokens:,} tokens) differ from "
+                     f"the ledger's ({ledger.rows:,} rows, {ledger.tokens:,} tokens)")
+    for name, metadata in record.metadata.items():
+        stored = kv.read(f"{name}/zarr.json").result()
+        if stored.state != "value" or json.loads(bytes(stored.value)) != metadata:
+            found.append(f"its metadata of {name} differs from the stored {name}/zarr.json")
+    offsets = f"{tokens.name}/offsets"
+    if record.row_ends is not None and report.rows == ledger.rows and not any(c.array == offsets for c in report.damaged):
+        if not np.array_equal(record.row_ends, tokens.row_ends(0, report.rows)):
+            found.append(f"its row ends differ from the stored {offsets}")
+    data = open_kvstore(join_location(location, TOKENS_ARRAY, "data"))
+    for shard, index in record.shard_indexes.items():
+        stored = data.read(f"c/{shard}", byte_range=slice(0, len(index))).result()
+        if stored.state != "value" or bytes(stored.value) != index:
+            found.append(f"its index of {TOKENS_ARRAY}/data c/{shard} differs from the stored one")
+    report.problems += [f"{OPEN_FILE}: {f}" for f in found]
 
 
 def ledger_shards(ledger: CacheLedger) -> list[Shard | None]:

@@ -474,17 +474,18 @@ class ShardedReads:
 
     def _bytes(self, shard: list[int], shards: dict[int, tuple[Any, np.ndarray, np.ndarray | None]], start: list[int],
                stop: list[int]) -> Generator[Fetch, list[bytes], list[np.ndarray]]:
-        """Byte ranges of shards: slices of those held in memory, or kept from an earlier fetch (``FETCHED``, by the
-        shard's version), the rest fetched in one batch."""
+        """Byte ranges of shards: slices of those held in memory, or kept from an earlier fetch from object storage
+        (``FETCHED``, by the shard's version), the rest fetched in one batch."""
         out: list[np.ndarray] = []
         requests, slots, keys = [], [], []
+        keep = self.remote  # local files are read again, checked each time, from the page cache
         for s, a, b in zip(shard, start, stop):
             data = shards[s][2]
             if data is not None:
                 out.append(data[a:b])
                 continue
             key = (self.location, self.array, s, shards[s][0], a, b)
-            held = FETCHED.get(key)
+            held = FETCHED.get(key) if keep else None
             if held is not None:
                 out.append(held)
                 continue
@@ -494,7 +495,8 @@ class ShardedReads:
             out.append(data)
         for i, key, raw in zip(slots, keys, (yield requests) if requests else []):
             out[i] = np.frombuffer(raw, np.uint8)
-            FETCHED.put(key, out[i])
+            if keep:
+                FETCHED.put(key, out[i])
         return out
 
     def _index(self, raw: bytes | np.ndarray, shard: int) -> np.ndarray:
