@@ -40,9 +40,10 @@ import pyarrow as pa
 
 from tokenmix.curate.components import BYTES_PER_NODE, DocRanges, RangeWriters, chunks, find_components, range_file, scatter_by_range
 from tokenmix.curate.dedup_policy import Policy, member_keys, pack, unpack
-from tokenmix.curate.minhash import MinHashConfig, set_jaccard, shingle_sets
+from tokenmix.curate.minhash import MinHashConfig
+from tokenmix.curate.pair_check import CheckStats, PairCheck, similar_pairs
 from tokenmix.curate.pipeline_config import CurationError
-from tokenmix.curate.records import as_array, column_name
+from tokenmix.curate.records import as_array
 from tokenmix.curate.scatter import mix64
 from tokenmix.curate.shard_io import ShardWriter, local_or_url_join, read_table, write_json, write_table
 from tokenmix.curate.stages import ShardContext, Stage
@@ -52,9 +53,6 @@ logger = logging.getLogger(__name__)
 BYTES_PER_ENTRY = 128
 """An edges task's peak memory per bucket entry (a document in one band), measured at 120 with 2 M entries: the
 entries, their sort, the edges and both directions of them."""
-CHECK_BATCH = 256
-"""Candidate pairs whose texts are shingled together by the Jaccard check: one vectorized hashing per batch, each
-document of the batch once (a bucket's edges share their first member), at most 512 shingle sets held."""
 BYTES_PER_PAIR = 48
 """A clusters task's memory per (cluster, source) pair it counts: key and count, and their merge with each chunk's."""
 
@@ -216,19 +214,16 @@ def run_lsh_task(task: LshTask) -> dict[str, Any]:
 
 
 def run_edges_task(task: EdgesTask) -> dict[str, Any]:
-    """The edges of one partition's buckets, checked against the texts with ``jaccard_check``, written from each end
-    to the adjacency file of its range."""
-    parts = [read_table(url) for url in task.bucket_urls]
-    if parts:
-        table = pa.concat_tables(parts)
-        entries = table.num_rows
-        edges = bucket_edges(table.column("band").to_numpy(), table.column("hash").to_numpy(), table.column("doc").to_numpy())
-    else:
-        entries = 0
-        edges = np.zeros((0, 2), dtype=np.int64)
+    """The edges of one partition's buckets, checked against the texts with ``jaccard_check`` (within what the bucket
+    entries leave of ``memory_bytes``), written from each end to the adjacency file of its range."""
+    entries, edges = _candidate_edges(task.bucket_urls)
     candidates = len(edges)
+    held = entries * BYTES_PER_ENTRY
+    checked = CheckStats()
     if task.check is not None and len(edges):
-        edges = edges[_similar(edges, task)]
+        keep, checked = similar_pairs(edges, PairCheck(task.intermediate_urls, task.text_fields, task.check.minhash,
+                                                       task.check.jaccard_threshold, task.check.memory_bytes - held, task.partition))
+        edges = edges[keep]
     writers = RangeWriters(task.out_dir, task.partition)
     try:
         both = np.concatenate([edges, edges[:, ::-1]])
@@ -236,30 +231,19 @@ def run_edges_task(task: EdgesTask) -> dict[str, Any]:
     except BaseException:
         writers.abort()
         raise
-    result = {"candidates": candidates, "edges": int(len(edges)), "adjacency": writers.close(), "held_bytes": entries * BYTES_PER_ENTRY}
+    result = {"candidates": candidates, "edges": int(len(edges)), "adjacency": writers.close(), "held_bytes": held + checked.peak_bytes,
+              "check": {"groups": checked.groups, "chunks": checked.chunks, "held_bytes": checked.peak_bytes}}
     write_json(task.stats_url, result)
     return result
 
 
-def _similar(edges: np.ndarray, task: EdgesTask) -> np.ndarray:
-    """Whether each edge's two texts reach the Jaccard threshold; each shard's texts are read once."""
-    assert task.check is not None
-    docs = np.unique(edges.reshape(-1))
-    tasks, rows = unpack(docs)
-    texts: dict[int, str] = {}
-    for t in np.unique(tasks).tolist():
-        wanted = rows[tasks == t]
-        column = read_table(task.intermediate_urls[t], columns=[column_name(task.text_fields[t])]).column(0)
-        for doc, text in zip(pack(t, wanted).tolist(), column.take(pa.array(wanted)).to_pylist(), strict=True):
-            texts[doc] = text
-    keep = np.zeros(len(edges), dtype=bool)
-    for start in range(0, len(edges), CHECK_BATCH):
-        batch = edges[start:start + CHECK_BATCH]
-        docs_here = np.unique(batch.reshape(-1))
-        sets = shingle_sets([texts[d] for d in docs_here.tolist()], task.check.minhash)
-        at = np.searchsorted(docs_here, batch)
-        keep[start:start + len(batch)] = [set_jaccard(sets[a], sets[b]) >= task.check.jaccard_threshold for a, b in at.tolist()]
-    return keep
+def _candidate_edges(bucket_urls: list[str]) -> tuple[int, np.ndarray]:
+    """A partition's bucket entries and its candidate edges (the entries freed before the check reads texts)."""
+    parts = [read_table(url) for url in bucket_urls]
+    if not parts:
+        return 0, np.zeros((0, 2), dtype=np.int64)
+    table = pa.concat_tables(parts)
+    return table.num_rows, bucket_edges(table.column("band").to_numpy(), table.column("hash").to_numpy(), table.column("doc").to_numpy())
 
 
 def run_clusters_task(task: ClustersTask) -> dict[str, Any]:
