@@ -9,7 +9,8 @@ step (and the task) it was in:
    every (band, hash, document) goes to one of ``partitions`` bucket files by its hash.
 2. edges (one task per partition): documents with the same value in the same band share a bucket; each member is
    joined to the bucket's first (never all pairs, so a huge bucket costs its size, not its square), and with
-   ``jaccard_check`` each edge is kept only when the true shingle Jaccard of its two texts reaches ``jaccard_threshold``.
+   ``jaccard_check`` each edge is kept only when the true shingle Jaccard of its two texts reaches ``jaccard_threshold``
+   (``pair_check.py``: the texts read in groups within what the entries leave of ``memory_bytes``).
    Each edge goes, from each of its ends, to the adjacency file of that end's range of document ids.
 3. components (one task per range and round, ``components.py``): min-label propagation until no label changes; each
    document then goes to the range of its cluster's root (its least document).
@@ -72,16 +73,19 @@ class FuzzyDedup(Stage):
     """``cross_source``: in a cluster keep every member of its highest-ranked source, remove the others' (duplicates
     inside a source stay); ``one_per_cluster``: keep only the first member (``dedup_policy.py``)."""
     jaccard_check: bool = False
-    """Check each candidate pair's exact shingle Jaccard against ``jaccard_threshold`` (off, as in Zyda-2). An edges
-    task then also holds the texts of the documents its candidates join, outside ``memory_bytes``."""
+    """Check each candidate pair's exact shingle Jaccard against ``jaccard_threshold`` (off, as in Zyda-2). The texts
+    and shingle sets it holds stay within what an edges task's bucket entries leave of ``memory_bytes`` (read in
+    groups, ``pair_check.py``); a document too large for half of that is refused, naming ``memory_bytes``."""
     jaccard_threshold: float = 0.8
     text_field: str | None = None
     """Unset: the source's ``text_field``."""
     memory_bytes: int = 256 << 20
     """The peak memory of one task of the corpus-wide steps: an edges task's bucket entries (128 bytes per document and
-    band), a components, clusters or removal task's range of documents (256 bytes each, and 48 per source). Less
-    means more partitions and ranges, never more memory; a bucket too large for it (at 256 MiB, about 1 M documents
-    sharing one band: one text copied that often, which exact dedup removes first) is refused, naming this field."""
+    band) and, with ``jaccard_check``, the texts and shingle sets it checks in what they leave; a components, clusters
+    or removal task's range of documents (256 bytes each, and 48 per source). Less means more partitions and ranges,
+    never more memory; a bucket too large for it (at 256 MiB, about 1 M documents sharing one band: one text copied
+    that often, which exact dedup removes first), or a document too large for half of what the entries leave to the
+    check, is refused, naming this field."""
     backend: Literal["numba", "jax"] = "numba"
     """What computes signatures: ``numba`` (compiled loops, the fastest on CPUs) or ``jax`` (for an accelerator; about
     1.3 s to start in each worker process); both give the same bits."""
