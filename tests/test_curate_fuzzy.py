@@ -301,6 +301,50 @@ def test_a_bucket_larger_than_the_memory_bound_is_refused_naming_the_setting(tmp
         run_curation(config)
 
 
+def _edge_stats(out) -> list[dict]:
+    """Each edges task's statistics (one per LSH partition)."""
+    return [json.loads(p.read_text()) for p in sorted(out.glob(".curate/*/pass-0/fuzzy/edges/stats/*.json"))]
+
+
+def test_the_jaccard_check_within_a_small_memory_bound_reads_texts_in_groups_and_gives_the_same_clusters_and_output(tmp_path):
+    sources = _chained_sources(tmp_path)
+    runs = {}
+    for memory in (1 << 30, 512 << 10):
+        out = tmp_path / f"out-{memory}"
+        stage = FuzzyDedup(jaccard_check=True, jaccard_threshold=0.95, memory_bytes=memory)
+        stats = run_curation(CurationConfig(sources=sources, stages=[AddId(), stage],
+                                            num_workers=0, keep_intermediate=True, output=CurationOutput(str(out), "jsonl", write_to_filename=True)))
+        files = {os.path.relpath(os.path.join(r, f), out): open(os.path.join(r, f), "rb").read()
+                 for r, _, fs in os.walk(out) if ".curate" not in r for f in fs if f != "curation_stats.json"}
+        decision = dict(stats["stages"][1]["fuzzy_dedup"])
+        for per_partition in ("candidate_pairs", "edges"):
+            decision.pop(per_partition)
+        runs[memory] = (files, decision.pop("bounds"), _edge_stats(out), decision, _decision_files(out, "clusters.parquet"),
+                        _decision_files(out, "cluster_counts.parquet"), stats["stages"][1]["removed"])
+    (files, _, whole, *decided), (small_files, bounds, grouped, *small_decided) = runs[1 << 30], runs[512 << 10]
+    assert small_files == files and small_decided == decided
+    assert decided[0]["clusters"] >= 8
+    assert 0 < sum(s["edges"] for s in grouped) == sum(s["edges"] for s in whole) < sum(s["candidates"] for s in whole), \
+        "the check must drop some candidates and keep others, or the grouping is not tested"
+    assert [s["check"]["groups"] for s in whole] == [1] and whole[0]["check"]["chunks"] == 1
+    groups = sum(s["check"]["groups"] for s in grouped)
+    assert groups > len(grouped) and sum(s["check"]["chunks"] for s in grouped) > groups
+    assert all(0 < s["check"]["held_bytes"] and s["held_bytes"] <= 512 << 10 for s in grouped if s["candidates"])
+    assert bounds["max_task_bytes"] <= 512 << 10 < whole[0]["held_bytes"]
+
+
+def test_a_pair_too_large_for_the_jaccard_checks_share_of_memory_is_refused_naming_the_setting(tmp_path):
+    from tokenmix.curate.pipeline_config import CurationError
+
+    sources = _chained_sources(tmp_path)
+    config = CurationConfig(sources=sources, stages=[AddId(), FuzzyDedup(jaccard_check=True, memory_bytes=16 << 10)], num_workers=0,
+                            output=CurationOutput(str(tmp_path / "out"), "jsonl", write_to_filename=True))
+    with pytest.raises(CurationError, match=r"^fuzzy_dedup.memory_bytes leaves [\d,]+ bytes to the jaccard_check of LSH partition \d+ .*"
+                                            r"row \d+ of \S+ \([\d,]+ characters\) needs [\d,]+ bytes for its text and shingle set; "
+                                            r"raise fuzzy_dedup.memory_bytes$"):
+        run_curation(config)
+
+
 STAGE_DIRS = {"signatures": ["pass-0/stats"], "buckets": ["pass-0/fuzzy/lsh/stats"], "edges": ["pass-0/fuzzy/edges/stats"],
               "components": ["pass-0/fuzzy/components"], "removal": ["pass-0/fuzzy/clusters/stats", "pass-0/fuzzy/removed/stats"]}
 """Where each step of fuzzy dedup records its finished tasks (``.json``), below the run's work directory."""

@@ -9,7 +9,8 @@ step (and the task) it was in:
    every (band, hash, document) goes to one of ``partitions`` bucket files by its hash.
 2. edges (one task per partition): documents with the same value in the same band share a bucket; each member is
    joined to the bucket's first (never all pairs, so a huge bucket costs its size, not its square), and with
-   ``jaccard_check`` each edge is kept only when the true shingle Jaccard of its two texts reaches ``jaccard_threshold``.
+   ``jaccard_check`` each edge is kept only when the true shingle Jaccard of its two texts reaches ``jaccard_threshold``
+   (``pair_check.py``: the texts read in groups within what the entries leave of ``memory_bytes``).
    Each edge goes, from each of its ends, to the adjacency file of that end's range of document ids.
 3. components (one task per range and round, ``components.py``): min-label propagation until no label changes; each
    document then goes to the range of its cluster's root (its least document).
@@ -40,9 +41,10 @@ import pyarrow as pa
 
 from tokenmix.curate.components import BYTES_PER_NODE, DocRanges, RangeWriters, chunks, find_components, range_file, scatter_by_range
 from tokenmix.curate.dedup_policy import Policy, member_keys, pack, unpack
-from tokenmix.curate.minhash import MinHashConfig, set_jaccard, shingle_sets
+from tokenmix.curate.minhash import MinHashConfig
+from tokenmix.curate.pair_check import CheckStats, PairCheck, similar_pairs
 from tokenmix.curate.pipeline_config import CurationError
-from tokenmix.curate.records import as_array, column_name
+from tokenmix.curate.records import as_array
 from tokenmix.curate.scatter import mix64
 from tokenmix.curate.shard_io import ShardWriter, local_or_url_join, read_table, write_json, write_table
 from tokenmix.curate.stages import ShardContext, Stage
@@ -52,9 +54,6 @@ logger = logging.getLogger(__name__)
 BYTES_PER_ENTRY = 128
 """An edges task's peak memory per bucket entry (a document in one band), measured at 120 with 2 M entries: the
 entries, their sort, the edges and both directions of them."""
-CHECK_BATCH = 256
-"""Candidate pairs whose texts are shingled together by the Jaccard check: one vectorized hashing per batch, each
-document of the batch once (a bucket's edges share their first member), at most 512 shingle sets held."""
 BYTES_PER_PAIR = 48
 """A clusters task's memory per (cluster, source) pair it counts: key and count, and their merge with each chunk's."""
 
@@ -74,16 +73,19 @@ class FuzzyDedup(Stage):
     """``cross_source``: in a cluster keep every member of its highest-ranked source, remove the others' (duplicates
     inside a source stay); ``one_per_cluster``: keep only the first member (``dedup_policy.py``)."""
     jaccard_check: bool = False
-    """Check each candidate pair's exact shingle Jaccard against ``jaccard_threshold`` (off, as in Zyda-2). An edges
-    task then also holds the texts of the documents its candidates join, outside ``memory_bytes``."""
+    """Check each candidate pair's exact shingle Jaccard against ``jaccard_threshold`` (off, as in Zyda-2). The texts
+    and shingle sets it holds stay within what an edges task's bucket entries leave of ``memory_bytes`` (read in
+    groups, ``pair_check.py``); a document too large for half of that is refused, naming ``memory_bytes``."""
     jaccard_threshold: float = 0.8
     text_field: str | None = None
     """Unset: the source's ``text_field``."""
     memory_bytes: int = 256 << 20
     """The peak memory of one task of the corpus-wide steps: an edges task's bucket entries (128 bytes per document and
-    band), a components, clusters or removal task's range of documents (256 bytes each, and 48 per source). Less
-    means more partitions and ranges, never more memory; a bucket too large for it (at 256 MiB, about 1 M documents
-    sharing one band: one text copied that often, which exact dedup removes first) is refused, naming this field."""
+    band) and, with ``jaccard_check``, the texts and shingle sets it checks in what they leave; a components, clusters
+    or removal task's range of documents (256 bytes each, and 48 per source). Less means more partitions and ranges,
+    never more memory; a bucket too large for it (at 256 MiB, about 1 M documents sharing one band: one text copied
+    that often, which exact dedup removes first), or a document too large for half of what the entries leave to the
+    check, is refused, naming this field."""
     backend: Literal["numba", "jax"] = "numba"
     """What computes signatures: ``numba`` (compiled loops, the fastest on CPUs) or ``jax`` (for an accelerator; about
     1.3 s to start in each worker process); both give the same bits."""
@@ -216,19 +218,16 @@ def run_lsh_task(task: LshTask) -> dict[str, Any]:
 
 
 def run_edges_task(task: EdgesTask) -> dict[str, Any]:
-    """The edges of one partition's buckets, checked against the texts with ``jaccard_check``, written from each end
-    to the adjacency file of its range."""
-    parts = [read_table(url) for url in task.bucket_urls]
-    if parts:
-        table = pa.concat_tables(parts)
-        entries = table.num_rows
-        edges = bucket_edges(table.column("band").to_numpy(), table.column("hash").to_numpy(), table.column("doc").to_numpy())
-    else:
-        entries = 0
-        edges = np.zeros((0, 2), dtype=np.int64)
+    """The edges of one partition's buckets, checked against the texts with ``jaccard_check`` (within what the bucket
+    entries leave of ``memory_bytes``), written from each end to the adjacency file of its range."""
+    entries, edges = _candidate_edges(task.bucket_urls)
     candidates = len(edges)
+    held = entries * BYTES_PER_ENTRY
+    checked = CheckStats()
     if task.check is not None and len(edges):
-        edges = edges[_similar(edges, task)]
+        keep, checked = similar_pairs(edges, PairCheck(task.intermediate_urls, task.text_fields, task.check.minhash,
+                                                       task.check.jaccard_threshold, task.check.memory_bytes - held, task.partition))
+        edges = edges[keep]
     writers = RangeWriters(task.out_dir, task.partition)
     try:
         both = np.concatenate([edges, edges[:, ::-1]])
@@ -236,30 +235,19 @@ def run_edges_task(task: EdgesTask) -> dict[str, Any]:
     except BaseException:
         writers.abort()
         raise
-    result = {"candidates": candidates, "edges": int(len(edges)), "adjacency": writers.close(), "held_bytes": entries * BYTES_PER_ENTRY}
+    result = {"candidates": candidates, "edges": int(len(edges)), "adjacency": writers.close(), "held_bytes": held + checked.peak_bytes,
+              "check": {"groups": checked.groups, "chunks": checked.chunks, "held_bytes": checked.peak_bytes}}
     write_json(task.stats_url, result)
     return result
 
 
-def _similar(edges: np.ndarray, task: EdgesTask) -> np.ndarray:
-    """Whether each edge's two texts reach the Jaccard threshold; each shard's texts are read once."""
-    assert task.check is not None
-    docs = np.unique(edges.reshape(-1))
-    tasks, rows = unpack(docs)
-    texts: dict[int, str] = {}
-    for t in np.unique(tasks).tolist():
-        wanted = rows[tasks == t]
-        column = read_table(task.intermediate_urls[t], columns=[column_name(task.text_fields[t])]).column(0)
-        for doc, text in zip(pack(t, wanted).tolist(), column.take(pa.array(wanted)).to_pylist(), strict=True):
-            texts[doc] = text
-    keep = np.zeros(len(edges), dtype=bool)
-    for start in range(0, len(edges), CHECK_BATCH):
-        batch = edges[start:start + CHECK_BATCH]
-        docs_here = np.unique(batch.reshape(-1))
-        sets = shingle_sets([texts[d] for d in docs_here.tolist()], task.check.minhash)
-        at = np.searchsorted(docs_here, batch)
-        keep[start:start + len(batch)] = [set_jaccard(sets[a], sets[b]) >= task.check.jaccard_threshold for a, b in at.tolist()]
-    return keep
+def _candidate_edges(bucket_urls: list[str]) -> tuple[int, np.ndarray]:
+    """A partition's bucket entries and its candidate edges (the entries freed before the check reads texts)."""
+    parts = [read_table(url) for url in bucket_urls]
+    if not parts:
+        return 0, np.zeros((0, 2), dtype=np.int64)
+    table = pa.concat_tables(parts)
+    return table.num_rows, bucket_edges(table.column("band").to_numpy(), table.column("hash").to_numpy(), table.column("doc").to_numpy())
 
 
 def run_clusters_task(task: ClustersTask) -> dict[str, Any]:
