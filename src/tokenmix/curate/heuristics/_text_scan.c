@@ -94,6 +94,7 @@ typedef struct {
     Py_ssize_t lengths[16];
     Py_ssize_t longest;
     uint8_t first[256]; /* whether some string starts with this byte */
+    uint8_t last[256];  /* whether some string ends with this byte, an ASCII letter in either case */
     uint64_t packed[16]; /* a string of at most 8 bytes, as a word read from memory holding it then zeros */
     int by_slot;         /* whether each string is of at most 8 bytes and has a packed_slot of its own: */
     uint64_t slot_packed[256];
@@ -113,6 +114,7 @@ static int strings_from(PyObject *tuple, Strings *out, const char *what) {
     out->count = PyTuple_GET_SIZE(tuple);
     out->longest = 0;
     memset(out->first, 0, sizeof out->first);
+    memset(out->last, 0, sizeof out->last);
     memset(out->slot_length, 0, sizeof out->slot_length);
     out->by_slot = 1;
     for (Py_ssize_t i = 0; i < out->count; i++) {
@@ -128,6 +130,9 @@ static int strings_from(PyObject *tuple, Strings *out, const char *what) {
             return -1;
         }
         out->first[(uint8_t)out->bytes[i][0]] = 1;
+        const uint8_t end = (uint8_t)out->bytes[i][out->lengths[i] - 1];
+        out->last[end] = 1;
+        if ((end | 0x20) >= 'a' && (end | 0x20) <= 'z') out->last[end | 0x20] = out->last[end & ~0x20] = 1;
         out->packed[i] = 0;
         if (out->lengths[i] <= 8) memcpy(&out->packed[i], out->bytes[i], (size_t)out->lengths[i]);
         const unsigned slot = packed_slot(out->packed[i], out->lengths[i]);
@@ -164,6 +169,7 @@ static inline int is_one_of(const Strings *s, const uint8_t *p, Py_ssize_t n, co
 
 /* Whether the line [start, last] ends with one of the marks, ASCII letters of the line in either case. */
 static int ends_with_one_of(const Strings *marks, const uint8_t *data, Py_ssize_t start, Py_ssize_t last) {
+    if (!marks->last[data[last]]) return 0;
     for (Py_ssize_t m = 0; m < marks->count; m++) {
         Py_ssize_t n = marks->lengths[m];
         if (n > last - start + 1) continue;
