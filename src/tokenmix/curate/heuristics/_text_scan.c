@@ -799,7 +799,7 @@ static PyObject *profile(PyObject *self, PyObject *args) {
             Py_ssize_t hash_runs = 0;
             if (seen & C_HASH)
                 for (Py_ssize_t j = word_start; j < i; j++) hash_runs += data[j] == '#' && (j == word_start || data[j - 1] != '#');
-            symbol_words += 2 * hash_runs > word_chars || is_one_of(&symbols, data + word_start, i - word_start, limit);
+            symbol_words += (2 * hash_runs > word_chars) | is_one_of(&symbols, data + word_start, i - word_start, limit);
             common_words += is_one_of(&common, data + word_start, i - word_start, limit);
             line_last = i - 1;
             if (collect) add_word(&w, count++, data, word_start, i, word_chars, limit);
