@@ -94,8 +94,17 @@ typedef struct {
     Py_ssize_t lengths[16];
     Py_ssize_t longest;
     uint8_t first[256]; /* whether some string starts with this byte */
+    uint8_t last[256];  /* whether some string ends with this byte, an ASCII letter in either case */
     uint64_t packed[16]; /* a string of at most 8 bytes, as a word read from memory holding it then zeros */
+    int by_slot;         /* whether each string is of at most 8 bytes and has a packed_slot of its own: */
+    uint64_t slot_packed[256];
+    uint8_t slot_length[256]; /* the string there, where one is (0 where none is) */
 } Strings;
+
+/* Where the string x (packed) of n bytes is kept in a Strings' slots. */
+static inline unsigned packed_slot(uint64_t x, Py_ssize_t n) {
+    return (unsigned)(((x ^ (uint64_t)n) * 0x9E3779B97F4A7C15ULL) >> 56);
+}
 
 static int strings_from(PyObject *tuple, Strings *out, const char *what) {
     if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) > 16) {
@@ -105,6 +114,9 @@ static int strings_from(PyObject *tuple, Strings *out, const char *what) {
     out->count = PyTuple_GET_SIZE(tuple);
     out->longest = 0;
     memset(out->first, 0, sizeof out->first);
+    memset(out->last, 0, sizeof out->last);
+    memset(out->slot_length, 0, sizeof out->slot_length);
+    out->by_slot = 1;
     for (Py_ssize_t i = 0; i < out->count; i++) {
         PyObject *item = PyTuple_GET_ITEM(tuple, i);
         if (!PyBytes_Check(item)) {
@@ -118,8 +130,14 @@ static int strings_from(PyObject *tuple, Strings *out, const char *what) {
             return -1;
         }
         out->first[(uint8_t)out->bytes[i][0]] = 1;
+        const uint8_t end = (uint8_t)out->bytes[i][out->lengths[i] - 1];
+        out->last[end] = 1;
+        if ((end | 0x20) >= 'a' && (end | 0x20) <= 'z') out->last[end | 0x20] = out->last[end & ~0x20] = 1;
         out->packed[i] = 0;
         if (out->lengths[i] <= 8) memcpy(&out->packed[i], out->bytes[i], (size_t)out->lengths[i]);
+        const unsigned slot = packed_slot(out->packed[i], out->lengths[i]);
+        if (out->lengths[i] > 8 || out->slot_length[slot]) out->by_slot = 0;
+        out->slot_packed[slot] = out->packed[i], out->slot_length[slot] = (uint8_t)out->lengths[i];
         if (out->lengths[i] > out->longest) out->longest = out->lengths[i];
     }
     return 0;
@@ -127,6 +145,14 @@ static int strings_from(PyObject *tuple, Strings *out, const char *what) {
 
 /* Whether the n bytes at p are one of the strings; bytes up to limit may be read. */
 static inline int is_one_of(const Strings *s, const uint8_t *p, Py_ssize_t n, const uint8_t *limit) {
+    if (s->by_slot && limit - p >= 8) {
+        /* one lookup, without branches that depend on the word (whether a word is one of them is not predictable) */
+        uint64_t x;
+        memcpy(&x, p, 8);
+        x &= first_bytes(n);
+        const unsigned slot = packed_slot(x, n);
+        return (s->slot_packed[slot] == x) & (s->slot_length[slot] == n);
+    }
     if (n > s->longest || !s->first[p[0]]) return 0;
     if (n <= 8 && limit - p >= 8) {
         uint64_t x;
@@ -143,6 +169,7 @@ static inline int is_one_of(const Strings *s, const uint8_t *p, Py_ssize_t n, co
 
 /* Whether the line [start, last] ends with one of the marks, ASCII letters of the line in either case. */
 static int ends_with_one_of(const Strings *marks, const uint8_t *data, Py_ssize_t start, Py_ssize_t last) {
+    if (!marks->last[data[last]]) return 0;
     for (Py_ssize_t m = 0; m < marks->count; m++) {
         Py_ssize_t n = marks->lengths[m];
         if (n > last - start + 1) continue;
@@ -772,7 +799,7 @@ static PyObject *profile(PyObject *self, PyObject *args) {
             Py_ssize_t hash_runs = 0;
             if (seen & C_HASH)
                 for (Py_ssize_t j = word_start; j < i; j++) hash_runs += data[j] == '#' && (j == word_start || data[j - 1] != '#');
-            symbol_words += 2 * hash_runs > word_chars || is_one_of(&symbols, data + word_start, i - word_start, limit);
+            symbol_words += (2 * hash_runs > word_chars) | is_one_of(&symbols, data + word_start, i - word_start, limit);
             common_words += is_one_of(&common, data + word_start, i - word_start, limit);
             line_last = i - 1;
             if (collect) add_word(&w, count++, data, word_start, i, word_chars, limit);
