@@ -305,7 +305,7 @@ class ShardedReads:
     """Exact token reads of one sharded array, safe to share between threads. Every chunk read is checked (its crc32c,
     and that its bytes are all there); damaged storage raises ``CacheDamagedError`` naming the chunks."""
 
-    def __init__(self, layout: ShardLayout, source: LocalShards | LocalRanges | RemoteShards, location: str, array: str):
+    def __init__(self, layout: ShardLayout, source: LocalShards | LocalRanges | RemoteShards | StoreShards, location: str, array: str):
         """``location``: the cache; ``array``: the array under it (``input_ids/data``), for messages."""
         self.layout = layout
         self.source = source
