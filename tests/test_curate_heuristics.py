@@ -51,6 +51,7 @@ from tokenmix.curate import (
     WordsWithoutAlphabetsFilter,
 )
 from tokenmix.curate.heuristics import analyses, plain_scan, scan
+from tokenmix.curate.heuristics import character_classes as chars
 from tokenmix.curate.modifiers import (
     DocumentModifier,
     FunctionModifier,
@@ -699,3 +700,24 @@ def test_a_compiled_scan_built_from_an_older_source_is_set_aside_for_plain_pytho
         assert "lacks lines_and_paragraphs" in caplog.text and "pip install -e ." in caplog.text
     finally:
         scan.compiled.cache_clear()
+
+
+def test_word_sets_that_cannot_share_one_lookup_table_are_looked_up_each_on_its_own():
+    """The compiled profile finds symbols and stop words with one lookup in a table of both sets; where a string is
+    longer than 8 bytes or two strings take the same slot, each set is searched on its own: the same counts."""
+    compiled = scan.compiled()
+    if compiled is None:
+        pytest.skip("the compiled scan was not built")
+    text = "the ... of # and-or readmoreplease with [\u2026] that have be to\nend"
+    data = np.frombuffer(text.encode(), dtype=np.uint8)
+    bounds = np.array([0, len(data)], dtype=np.int64)
+
+    def counts(symbols: tuple[bytes, ...], common: tuple[bytes, ...]) -> dict[str, int]:
+        out = np.empty((1, len(compiled.PROFILE_FIELDS)), dtype=np.int64)
+        compiled.profile(data, bounds, scan._classes(), chars.is_alphabetic, symbols, common, scan._ELLIPSIS_BYTES, out)
+        return dict(zip(compiled.PROFILE_FIELDS, out[0].tolist()))
+
+    shared = counts(scan._SYMBOL_BYTES, scan._COMMON_BYTES)
+    assert (shared["symbol_words"], shared["common_words"]) == (3, 7)
+    assert counts(scan._SYMBOL_BYTES + (b"readmoreplease",), scan._COMMON_BYTES) == {**shared, "symbol_words": 4}
+    assert counts(scan._SYMBOL_BYTES, scan._COMMON_BYTES + (b"and-or-longer",)) == shared

@@ -167,6 +167,46 @@ static inline int is_one_of(const Strings *s, const uint8_t *p, Py_ssize_t n, co
     return 0;
 }
 
+/* The profile's two sets of words, symbols and stop words, in one table where each of their strings has a
+   packed_slot of its own: one lookup says of a word whether it is a symbol (bit 1) or a stop word (bit 2). */
+typedef struct {
+    int merged; /* whether the table holds both sets (else each is looked up on its own) */
+    uint64_t packed[256];
+    uint8_t length[256];
+    uint8_t kind[256];
+} WordKinds;
+
+static void word_kinds_from(const Strings *symbols, const Strings *common, WordKinds *out) {
+    const Strings *const sets[2] = {symbols, common};
+    out->merged = symbols->by_slot && common->by_slot;
+    memset(out->length, 0, sizeof out->length);
+    memset(out->kind, 0, sizeof out->kind);
+    for (int k = 0; k < 2 && out->merged; k++)
+        for (Py_ssize_t i = 0; i < sets[k]->count; i++) {
+            const uint64_t x = sets[k]->packed[i];
+            const Py_ssize_t n = sets[k]->lengths[i];
+            const unsigned slot = packed_slot(x, n);
+            if (out->length[slot] && (out->packed[slot] != x || out->length[slot] != n)) {
+                out->merged = 0;
+                break;
+            }
+            out->packed[slot] = x, out->length[slot] = (uint8_t)n, out->kind[slot] |= (uint8_t)(1 << k);
+        }
+}
+
+/* Whether the n bytes at p are a symbol (bit 1) or a stop word (bit 2); bytes up to limit may be read. */
+static inline unsigned word_kind(const WordKinds *kinds, const Strings *symbols, const Strings *common, const uint8_t *p,
+                                 Py_ssize_t n, const uint8_t *limit) {
+    if (kinds->merged && limit - p >= 8) {
+        uint64_t x;
+        memcpy(&x, p, 8);
+        x &= first_bytes(n);
+        const unsigned slot = packed_slot(x, n);
+        return kinds->kind[slot] & -(unsigned)((kinds->packed[slot] == x) & (kinds->length[slot] == n));
+    }
+    return (unsigned)is_one_of(symbols, p, n, limit) | (unsigned)is_one_of(common, p, n, limit) << 1;
+}
+
 /* Whether the line [start, last] ends with one of the marks, ASCII letters of the line in either case. */
 static int ends_with_one_of(const Strings *marks, const uint8_t *data, Py_ssize_t start, Py_ssize_t last) {
     if (!marks->last[data[last]]) return 0;
@@ -683,6 +723,8 @@ static PyObject *profile(PyObject *self, PyObject *args) {
     if (n < 0 || strings_from(symbol_tuple, &symbols, "symbol words") || strings_from(common_tuple, &common, "common words") ||
         strings_from(ellipsis_tuple, &ellipsis, "ellipsis marks"))
         goto fail;
+    WordKinds kinds;
+    word_kinds_from(&symbols, &common, &kinds);
     if (collect) {
         if (sizes_check(&sizes) < 0) goto fail;
         fields = 2 + sizes.tops + sizes.duplicates;
@@ -799,8 +841,9 @@ static PyObject *profile(PyObject *self, PyObject *args) {
             Py_ssize_t hash_runs = 0;
             if (seen & C_HASH)
                 for (Py_ssize_t j = word_start; j < i; j++) hash_runs += data[j] == '#' && (j == word_start || data[j - 1] != '#');
-            symbol_words += (2 * hash_runs > word_chars) | is_one_of(&symbols, data + word_start, i - word_start, limit);
-            common_words += is_one_of(&common, data + word_start, i - word_start, limit);
+            const unsigned kind = word_kind(&kinds, &symbols, &common, data + word_start, i - word_start, limit);
+            symbol_words += (2 * hash_runs > word_chars) | (kind & 1);
+            common_words += kind >> 1;
             line_last = i - 1;
             if (collect) add_word(&w, count++, data, word_start, i, word_chars, limit);
         }
