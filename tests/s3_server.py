@@ -79,13 +79,16 @@ class S3Server:
 
 class LatencyProxy:
     """A TCP proxy on 127.0.0.1 in front of ``upstream_port`` that holds each burst of request bytes for ``latency``
-    seconds before passing it on, and counts requests and the response bytes it returns."""
+    seconds before passing it on, and counts requests, the response bytes it returns, and the most requests it held at
+    once (``most_held``: 1 where requests only ever come one after another)."""
 
     def __init__(self, upstream_port: int, latency: float):
         self.upstream_port, self.latency = upstream_port, latency
         self.port = free_port()
         self.requests = 0
         self.bytes_returned = 0
+        self.most_held = 0
+        self._held = 0
         self._loop = asyncio.new_event_loop()
         started = threading.Event()
         threading.Thread(target=self._serve, args=(started,), daemon=True, name="latency-proxy").start()
@@ -111,7 +114,10 @@ class LatencyProxy:
         async def requests() -> None:
             while data := await client_r.read(1 << 16):
                 self.requests += 1
+                self._held += 1
+                self.most_held = max(self.most_held, self._held)
                 await asyncio.sleep(self.latency)
+                self._held -= 1
                 up_w.write(data)
                 await up_w.drain()
             up_w.close()

@@ -208,3 +208,26 @@ def test_threads_and_open_files_of_a_reading_process_do_not_grow_with_its_source
     few, many = counts[4], counts[SOURCES]
     assert many["threads"] <= few["threads"] + OPENING_THREADS - 4, counts
     assert many["files"] <= few["files"] + 2, counts
+
+
+def test_the_validation_sets_of_many_sources_on_s3_open_together_and_read_as_the_local_ones(caches, s3, monkeypatch):
+    """A training run evaluates every source: its validation sets are opened a few at a time, not one after another (a
+    thousand sources at 30 ms a request would wait 30 s before the first step). Behind a proxy that holds each request
+    a quarter of a second, one opening after another never has two requests held at once."""
+    local, text, remote = caches
+    slow = LatencyProxy(s3.port, 0.25)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", slow.endpoint)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+
+    def held_out(cache_dir: str) -> dict:
+        return {**_config(cache_dir, text), "validation_fraction": {f"s{i:02d}": 0.3 for i in range(SOURCES)}}
+
+    here = tokenmix.load_data_config(held_out(str(local))).validation_sets(SEQ)
+    there = tokenmix.load_data_config(held_out(remote)).validation_sets(SEQ)
+    assert list(there) == list(here) == [f"s{i:02d}" for i in range(SOURCES)]
+    assert slow.most_held > 1, "the sources were opened one after another"
+    assert slow.most_held <= OPENING_THREADS
+    assert {name: len(dataset) for name, dataset in there.items()} == {name: len(dataset) for name, dataset in here.items()}
+    for name in ("s00", "s07"):
+        everything = np.arange(len(here[name]))
+        assert np.array_equal(there[name].get_batch(everything).tokens, here[name].get_batch(everything).tokens)

@@ -453,22 +453,33 @@ class LMMixtureDatasetConfig(DataConfigBase):
 
     def validation_sets(self, seq_len: int) -> dict[str, Dataset]:
         """Per source, its validation examples: its validation split, the part its ``split`` gives validation, or the
-        documents held out of training."""
-        out = {}
-        for i, (name, source) in enumerate(self.configs.items()):
-            weights = self._split_weights(name)
-            if weights is not None:
-                if weights[1] > 0:
-                    out[name] = self._split_part(name, "validation", seq_len, i)
-                continue
-            if "validation" in source.split_names():
-                out[name] = self._examples(name, open_cache(self, name, "validation"), seq_len, i)
-                continue
-            cache = open_cache(self, name, "train")
-            held = self._held_out(name, cache, seq_len)
-            if held is not None:
-                out[name] = self._examples(name, cache, seq_len, i, held)
-        return out
+        documents held out of training. The sources are opened together, a few at a time (``open_together``): a run
+        over a thousand sources on an object store does not wait for a thousand openings one after another."""
+        kinds = {name: self._validation_kind(name) for name in self.configs}
+        sets = {name: DeferredDataset(partial(self._validation_set, name, kind, seq_len, i), self._example_width(name, seq_len), name)
+                for i, (name, kind) in enumerate(kinds.items()) if kind is not None}
+        open_together(sets.values())
+        return {name: deferred.dataset for name, deferred in sets.items()}
+
+    def _validation_kind(self, name: str) -> Literal["split", "validation", "held_out"] | None:
+        """Where source ``name``'s validation examples come from: the validation part of its ``split``, its validation
+        split, the documents held out of its training cache; None where it has none."""
+        weights = self._split_weights(name)
+        if weights is not None:
+            return "split" if weights[1] > 0 else None
+        if "validation" in self.configs[name].split_names():
+            return "validation"
+        held_out = (self.num_validation_sequences or {}).get(name) is not None or (self.validation_fraction or {}).get(name) is not None
+        return "held_out" if held_out else None
+
+    def _validation_set(self, name: str, kind: str, seq_len: int, source_id: int) -> Dataset:
+        """Source ``name``'s validation examples of ``kind`` (``_validation_kind``), opened."""
+        if kind == "split":
+            return self._split_part(name, "validation", seq_len, source_id)
+        if kind == "validation":
+            return self._examples(name, open_cache(self, name, "validation"), seq_len, source_id)
+        cache = open_cache(self, name, "train")
+        return self._examples(name, cache, seq_len, source_id, self._held_out(name, cache, seq_len))
 
 
 @dataclass(frozen=True)
