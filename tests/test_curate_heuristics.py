@@ -655,6 +655,19 @@ def test_the_plain_python_scan_counts_as_the_compiled_one_on_random_texts(texts,
     _scans_agree(pa.Array.from_buffers(pa.large_string(), len(raw), [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(raw))]))
 
 
+_ASCII_PIECES = [p for p in _PIECES if p.isascii()] + ["abcdefghijklmnopqrstuvw", "        ", "\n    ", "x" * 70, "a#b##c", "###",
+                                                      " ### ", "\n\n\n", "Read more...", " [...]\n", "END.\n", "\x1f", "\x0b"]
+_LONG_PIECES = _ASCII_PIECES * 8 + _PIECES
+"""Pieces of longer texts, mostly ASCII: runs that fill the compiled scan's 64-byte blocks, words longer than a block,
+indentation, beside the characters outside ASCII that end a block early."""
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_LONG_PIECES), min_size=10, max_size=200).map("".join), min_size=1, max_size=4))
+def test_the_plain_python_scan_counts_as_the_compiled_one_on_long_random_texts(texts):
+    _scans_agree(pa.array(texts, pa.large_string()))
+
+
 def test_without_the_compiled_scan_the_filters_count_in_python_and_say_so_once():
     """An install without a C compiler has no ``_text_scan``: every filter still scores, the same as with it, and the
     log says once why they are slower and what to install."""

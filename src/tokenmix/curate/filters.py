@@ -67,9 +67,11 @@ def resolve_function(path: str, field_name: str) -> Callable[..., Any]:
 def bounds_keep(scores: pa.Array, low: float | None, high: float | None) -> np.ndarray:
     """``low <= score <= high`` (either bound may be absent); null scores are not kept."""
     values = scores.to_numpy(zero_copy_only=False)
-    valid = ~np.asarray(scores.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    keep = valid.copy()
-    numeric = np.where(valid, values, 0).astype(np.float64)
+    if scores.null_count:
+        keep = ~np.asarray(scores.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        numeric = np.where(keep, values, 0).astype(np.float64)
+    else:
+        keep, numeric = np.ones(len(values), dtype=bool), values.astype(np.float64, copy=False)
     if low is not None:
         keep &= numeric >= low
     if high is not None:

@@ -88,6 +88,37 @@ static inline uint64_t bytes_between(uint64_t x, unsigned low, unsigned high) {
     return (ONES * (127 + high) - (x & ~HIGHS)) & ~x & ((x & ~HIGHS) + ONES * (127 - low)) & HIGHS;
 }
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define ASCII_BLOCK 64
+
+/* Of the 64 bytes at p, a bit each (bit k for p[k]): ASCII whitespace (str.isspace), newlines, ASCII letters, '#',
+   and bytes outside ASCII. */
+typedef struct {
+    uint64_t space, newline, letter, hash, wide;
+} AsciiMasks;
+
+static inline uint64_t mask_of(__m128i hits, int k) {
+    return (uint64_t)(uint16_t)_mm_movemask_epi8(hits) << (16 * k);
+}
+
+static inline AsciiMasks ascii_masks(const uint8_t *p) {
+    AsciiMasks m = {0, 0, 0, 0, 0};
+    for (int k = 0; k < 4; k++) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(p + 16 * k));
+        const __m128i folded = _mm_or_si128(v, _mm_set1_epi8(0x20));
+        const __m128i controls = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(0x08)), _mm_cmplt_epi8(v, _mm_set1_epi8(0x0E)));
+        const __m128i separators = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(0x1B)), _mm_cmplt_epi8(v, _mm_set1_epi8(0x21)));
+        m.space |= mask_of(_mm_or_si128(controls, separators), k);
+        m.newline |= mask_of(_mm_cmpeq_epi8(v, _mm_set1_epi8('\n')), k);
+        m.letter |= mask_of(_mm_and_si128(_mm_cmpgt_epi8(folded, _mm_set1_epi8('a' - 1)), _mm_cmplt_epi8(folded, _mm_set1_epi8('z' + 1))), k);
+        m.hash |= mask_of(_mm_cmpeq_epi8(v, _mm_set1_epi8('#')), k);
+        m.wide |= mask_of(v, k);
+    }
+    return m;
+}
+#endif
+
 typedef struct {
     Py_ssize_t count;
     const char *bytes[16];
@@ -738,6 +769,12 @@ static PyObject *profile(PyObject *self, PyObject *args) {
     uint32_t histogram[4][256];
     uint16_t ascii[128]; /* a copy the compiler knows no call changes */
     memcpy(ascii, classes, sizeof ascii);
+    int ascii_by_masks = 1; /* whether the classes' ASCII whitespace and letters are those ascii_masks finds */
+    for (int byte = 0; byte < 0x80; byte++) {
+        const int space = (byte >= 0x09 && byte <= 0x0D) || (byte >= 0x1C && byte <= 0x20);
+        const int letter = (byte | 0x20) >= 'a' && (byte | 0x20) <= 'z';
+        ascii_by_masks &= !(ascii[byte] & C_SPACE) == !space && !(ascii[byte] & C_LETTER) == !letter;
+    }
     const unsigned ascii_class_of[5] = {C_ALNUM, C_DIGIT, C_LAYOUT, C_BRACKET, C_SPACE};
     for (Py_ssize_t t = 0; t < n; t++) {
         const Py_ssize_t start = bounds[t], end = bounds[t + 1];
@@ -773,6 +810,48 @@ static PyObject *profile(PyObject *self, PyObject *args) {
         Py_ssize_t line_start = start, line_last = -1;
         i = start;
         for (;;) {
+#if defined(__SSE2__)
+            if (ascii_by_masks && end - i >= ASCII_BLOCK) {
+                /* The words, and the lines they end, of the next 64 bytes up to the first outside ASCII, from masks of
+                   their classes; a word not ended in them is left for the next block (i is never inside a word). */
+                const AsciiMasks m = ascii_masks(data + i);
+                const uint64_t ascii_run = m.wide ? (1ULL << __builtin_ctzll(m.wide)) - 1 : ~0ULL;
+                const uint64_t nonspace = ~m.space & ascii_run, ends = m.space & ascii_run & (nonspace << 1);
+                uint64_t events = (nonspace & ~(nonspace << 1)) | (m.newline & ascii_run);
+                Py_ssize_t next = m.wide ? i + __builtin_ctzll(m.wide) : i + ASCII_BLOCK;
+                while (events) {
+                    const int k = __builtin_ctzll(events);
+                    events &= events - 1;
+                    if (m.newline >> k & 1) {
+                        if (line_last >= 0) end_line(&line, data, classes, &ellipsis, line_start, line_last);
+                        line_start = i + k + 1;
+                        line_last = -1;
+                        continue;
+                    }
+                    const uint64_t after = ends & (~0ULL << k);
+                    if (!after) {
+                        next = i + k;
+                        break;
+                    }
+                    const int e = __builtin_ctzll(after);
+                    const uint64_t span = (after & -after) - (1ULL << k);
+                    const Py_ssize_t word_chars = e - k, hash_runs = __builtin_popcountll(m.hash & span & ~(m.hash << 1));
+                    words++;
+                    word_chars_total += word_chars;
+                    if (word_chars > longest) longest = word_chars;
+                    letter_words += (m.letter & span) != 0;
+                    const unsigned kind = word_kind(&kinds, &symbols, &common, data + i + k, word_chars, limit);
+                    symbol_words += (2 * hash_runs > word_chars) | (kind & 1);
+                    common_words += kind >> 1;
+                    line_last = i + e - 1;
+                    if (collect) add_word(&w, count++, data, i + k, i + e, word_chars, limit);
+                }
+                if (next > i) {
+                    i = next;
+                    continue;
+                }
+            }
+#endif
             /* whitespace, and the lines it ends */
             while (i < end) {
                 uint8_t byte = data[i];
