@@ -668,6 +668,23 @@ def test_the_plain_python_scan_counts_as_the_compiled_one_on_long_random_texts(t
     _scans_agree(pa.array(texts, pa.large_string()))
 
 
+def test_the_most_frequent_ngram_counts_where_str_replace_finds_it():
+    """The top n-gram is counted as str.replace finds its words joined with spaces: also where its first word ends a
+    longer word or its last starts one, not where other whitespace parts its words, and not overlapping."""
+    texts = ["a b c a b c xa b c a b cy", "q a b c d a b c d za b c dz a b c d", "a b c a  b c a\tb c a b c", "a a a a a a a a",
+             "x y z x y z\nx y z\u00a0x y z", "\u00e9t\u00e9 a b \u00e9t\u00e9 a b z\u00e9t\u00e9 a b"]
+    _scans_agree(pa.array(texts, pa.large_string()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(["a", "b", "ab", "ba", "aab", " ", " ", " ", "  ", "\t", "\n"]), min_size=3, max_size=80)
+                .map("".join), min_size=1, max_size=4))
+def test_ngrams_of_a_small_vocabulary_count_as_plain_python(texts):
+    """Few words, so that the most frequent n-gram also occurs where its first word ends a longer word, its last starts
+    one, other whitespace parts them, or its occurrences overlap: what str.replace counts, the compiled scan counts."""
+    _scans_agree(pa.array(texts, pa.large_string()))
+
+
 def test_without_the_compiled_scan_the_filters_count_in_python_and_say_so_once():
     """An install without a C compiler has no ``_text_scan``: every filter still scores, the same as with it, and the
     log says once why they are slower and what to install."""

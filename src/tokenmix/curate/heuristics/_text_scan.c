@@ -682,6 +682,38 @@ static int64_t occurrence_chars(Words *w, Py_ssize_t first, Py_ssize_t n, const 
     return found * (w->chars_before[first + n] - w->chars_before[first] + n - 1);
 }
 
+/* occurrence_chars for n >= 3, from the words instead of the bytes. The n words from first joined with single spaces
+   hold no other whitespace, so each occurrence lies on n consecutive words of the text: the first ends with the n-gram's
+   first word, the last starts with its last, those between are its own, and one space (no other whitespace) parts each
+   from the next. Only where the second word is the n-gram's own are the others compared, left to right, an occurrence
+   that overlaps the one counted before left out. */
+static int64_t occurrence_chars_by_words(const Words *w, Py_ssize_t count, Py_ssize_t first, Py_ssize_t n, const uint8_t *data) {
+    const Py_ssize_t *start = w->start;
+    const int32_t *length = w->length, *id = w->id, second = w->id[first + 1];
+    const Py_ssize_t head = length[first], tail = length[first + n - 1];
+    Py_ssize_t size = n - 1, free_from = 0;
+    for (Py_ssize_t k = first; k < first + n; k++) size += length[k];
+    int64_t found = 0;
+    for (Py_ssize_t j = 0; j + n <= count; j++) {
+        if (id[j + 1] != second) continue;
+        Py_ssize_t k = 2;
+        while (k < n - 1 && id[j + k] == id[first + k]) k++;
+        if (k < n - 1) continue;
+        const Py_ssize_t at = start[j] + length[j] - head;
+        int joined = at >= free_from && length[j] >= head && length[j + n - 1] >= tail;
+        for (k = 0; joined && k < n - 1; k++) {
+            const Py_ssize_t gap = start[j + k] + length[j + k];
+            joined = start[j + k + 1] == gap + 1 && data[gap] == ' ';
+        }
+        if (joined && memcmp(data + at, data + start[first], (size_t)head) == 0 &&
+            memcmp(data + start[j + n - 1], data + start[first + n - 1], (size_t)tail) == 0) {
+            found++;
+            free_from = at + size;
+        }
+    }
+    return found * (w->chars_before[first + n] - w->chars_before[first] + n - 1);
+}
+
 /* The n-gram sizes asked for: of top n-grams, of duplicate ones. */
 typedef struct {
     Py_buffer top, duplicate;
@@ -732,7 +764,9 @@ static int ngram_row(Words *w, Py_ssize_t count, Py_ssize_t listed, int64_t char
             }
         }
         for (Py_ssize_t k = 0; k < sizes->tops; k++)
-            if (top_sizes[k] == size && (row[2 + k] = occurrence_chars(w, best, size, data, start, end)) < 0) return -1;
+            if (top_sizes[k] == size && (row[2 + k] = size >= 3 ? occurrence_chars_by_words(w, count, best, size, data)
+                                                                 : occurrence_chars(w, best, size, data, start, end)) < 0)
+                return -1;
         for (Py_ssize_t k = 0; k < sizes->duplicates; k++)
             if (duplicate_sizes[k] == size) row[2 + sizes->tops + k] = duplicate_chars;
     }
@@ -835,7 +869,8 @@ static PyObject *profile(PyObject *self, PyObject *args) {
                     }
                     const int e = __builtin_ctzll(after);
                     const uint64_t span = (after & -after) - (1ULL << k);
-                    const Py_ssize_t word_chars = e - k, hash_runs = __builtin_popcountll(m.hash & span & ~(m.hash << 1));
+                    const uint64_t run_starts = m.hash & span & ~(m.hash << 1); /* popcount is a call without -mpopcnt */
+                    const Py_ssize_t word_chars = e - k, hash_runs = run_starts ? __builtin_popcountll(run_starts) : 0;
                     words++;
                     word_chars_total += word_chars;
                     if (word_chars > longest) longest = word_chars;
