@@ -668,6 +668,14 @@ def test_the_plain_python_scan_counts_as_the_compiled_one_on_long_random_texts(t
     _scans_agree(pa.array(texts, pa.large_string()))
 
 
+def test_blank_lines_beside_long_lines_count_as_str_split_finds_them():
+    """Lines are read 16 bytes at a time: a line of whitespace only is blank whatever follows its newline in the same 16
+    bytes, a line of whitespace outside ASCII is blank too, and one of a single character outside ASCII is not."""
+    texts = ["a\n   \nb c d e f g h i j k l m n o p q", "\t\t\x0b\n\x1c\x1f text after the blank line, long enough\n",
+             "x\n\u3000\u00a0 \nsome more text here, past sixteen bytes\n\u00e9\n \n" + "y" * 40, " " * 40 + "\n" + "z" * 40 + "\n" + " " * 20]
+    _scans_agree(pa.array(texts, pa.large_string()))
+
+
 def test_the_most_frequent_ngram_counts_where_str_replace_finds_it():
     """The top n-gram is counted as str.replace finds its words joined with spaces: also where its first word ends a
     longer word or its last starts one, not where other whitespace parts its words, and not overlapping."""

@@ -102,20 +102,48 @@ static inline uint64_t mask_of(__m128i hits, int k) {
     return (uint64_t)(uint16_t)_mm_movemask_epi8(hits) << (16 * k);
 }
 
+/* Of 16 bytes, those that are ASCII whitespace (0x09-0x0D, 0x1C-0x20). */
+static inline __m128i ascii_spaces(__m128i v) {
+    const __m128i controls = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(0x08)), _mm_cmplt_epi8(v, _mm_set1_epi8(0x0E)));
+    const __m128i separators = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(0x1B)), _mm_cmplt_epi8(v, _mm_set1_epi8(0x21)));
+    return _mm_or_si128(controls, separators);
+}
+
 static inline AsciiMasks ascii_masks(const uint8_t *p) {
     AsciiMasks m = {0, 0, 0, 0, 0};
     for (int k = 0; k < 4; k++) {
         const __m128i v = _mm_loadu_si128((const __m128i *)(p + 16 * k));
         const __m128i folded = _mm_or_si128(v, _mm_set1_epi8(0x20));
-        const __m128i controls = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(0x08)), _mm_cmplt_epi8(v, _mm_set1_epi8(0x0E)));
-        const __m128i separators = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(0x1B)), _mm_cmplt_epi8(v, _mm_set1_epi8(0x21)));
-        m.space |= mask_of(_mm_or_si128(controls, separators), k);
+        m.space |= mask_of(ascii_spaces(v), k);
         m.newline |= mask_of(_mm_cmpeq_epi8(v, _mm_set1_epi8('\n')), k);
         m.letter |= mask_of(_mm_and_si128(_mm_cmpgt_epi8(folded, _mm_set1_epi8('a' - 1)), _mm_cmplt_epi8(folded, _mm_set1_epi8('z' + 1))), k);
         m.hash |= mask_of(_mm_cmpeq_epi8(v, _mm_set1_epi8('#')), k);
         m.wide |= mask_of(v, k);
     }
     return m;
+}
+
+/* Where the line from i ends (its '\n', or end), and of its bytes whether one is outside ASCII (wide) and whether one
+   is not ASCII whitespace (filled): 16 bytes at a time. */
+static inline Py_ssize_t line_end(const uint8_t *data, Py_ssize_t i, Py_ssize_t end, int *wide, int *filled) {
+    unsigned high = 0, other = 0;
+    for (; end - i >= 16; i += 16) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(data + i));
+        const unsigned newlines = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('\n')));
+        const unsigned before = newlines ? (1u << __builtin_ctz(newlines)) - 1 : 0xFFFFu;
+        high |= (unsigned)_mm_movemask_epi8(v) & before;
+        other |= ~(unsigned)_mm_movemask_epi8(ascii_spaces(v)) & before;
+        if (newlines) {
+            i += __builtin_ctz(newlines);
+            break;
+        }
+    }
+    for (; i < end && data[i] != '\n'; i++) {
+        high |= data[i] & 0x80;
+        other |= !((data[i] >= 0x09 && data[i] <= 0x0D) || (data[i] >= 0x1C && data[i] <= 0x20));
+    }
+    *wide = high != 0, *filled = other != 0;
+    return i;
 }
 #endif
 
@@ -773,6 +801,17 @@ static int ngram_row(Words *w, Py_ssize_t count, Py_ssize_t listed, int64_t char
     return 0;
 }
 
+/* Whether the classes' ASCII whitespace and letters are those the SSE2 masks find (str.isspace's, a-z and A-Z). */
+static int masks_hold(const uint16_t *classes) {
+    int hold = 1;
+    for (int byte = 0; byte < 0x80; byte++) {
+        const int space = (byte >= 0x09 && byte <= 0x0D) || (byte >= 0x1C && byte <= 0x20);
+        const int letter = (byte | 0x20) >= 'a' && (byte | 0x20) <= 'z';
+        hold &= !(classes[byte] & C_SPACE) == !space && !(classes[byte] & C_LETTER) == !letter;
+    }
+    return hold;
+}
+
 static PyObject *profile(PyObject *self, PyObject *args) {
     PyObject *symbol_tuple, *common_tuple, *ellipsis_tuple, *is_letter;
     Buffers b = {0};
@@ -803,12 +842,7 @@ static PyObject *profile(PyObject *self, PyObject *args) {
     uint32_t histogram[4][256];
     uint16_t ascii[128]; /* a copy the compiler knows no call changes */
     memcpy(ascii, classes, sizeof ascii);
-    int ascii_by_masks = 1; /* whether the classes' ASCII whitespace and letters are those ascii_masks finds */
-    for (int byte = 0; byte < 0x80; byte++) {
-        const int space = (byte >= 0x09 && byte <= 0x0D) || (byte >= 0x1C && byte <= 0x20);
-        const int letter = (byte | 0x20) >= 'a' && (byte | 0x20) <= 'z';
-        ascii_by_masks &= !(ascii[byte] & C_SPACE) == !space && !(ascii[byte] & C_LETTER) == !letter;
-    }
+    const int ascii_by_masks = masks_hold(classes);
     const unsigned ascii_class_of[5] = {C_ALNUM, C_DIGIT, C_LAYOUT, C_BRACKET, C_SPACE};
     for (Py_ssize_t t = 0; t < n; t++) {
         const Py_ssize_t start = bounds[t], end = bounds[t + 1];
@@ -1065,14 +1099,37 @@ static PyObject *lines_and_paragraphs(PyObject *self, PyObject *args) {
     const uint8_t *data = b.data.buf;
     const int64_t *bounds = b.bounds.buf;
     const uint16_t *classes = b.classes.buf;
+#if defined(__SSE2__)
+    const int by_masks = masks_hold(classes);
+#else
+    const int by_masks = 0;
+#endif
     for (Py_ssize_t t = 0; t < n; t++) {
         const Py_ssize_t start = bounds[t], end = bounds[t + 1];
         if (!inside(&b, t, start, end)) goto fail;
         Py_ssize_t count = 0, paragraph_count = 0, paragraph_lines = 0;
         Piece paragraph = {0, start, 0, 0};
         for (Py_ssize_t from = start;;) {
-            const uint8_t *newline = memchr(data + from, '\n', (size_t)(end - from));
-            const Py_ssize_t to = newline ? newline - data : end;
+            Py_ssize_t to;
+            int wide, filled = 1; /* whether a byte of the line is outside ASCII; is not ASCII whitespace (by_masks) */
+#if defined(__SSE2__)
+            if (by_masks) {
+                to = line_end(data, from, end, &wide, &filled);
+            } else
+#endif
+            {
+                const uint8_t *newline = memchr(data + from, '\n', (size_t)(end - from));
+                to = newline ? newline - data : end;
+                uint64_t high = 0;
+                Py_ssize_t i = from;
+                for (; i + 8 <= to; i += 8) {
+                    uint64_t x;
+                    memcpy(&x, data + i, 8);
+                    high |= x & HIGHS;
+                }
+                for (; i < to; i++) high |= data[i] & 0x80;
+                wide = high != 0;
+            }
             if (to == from && paragraph_lines > 0 && to < end) {
                 paragraph.length = from - 1 - paragraph.start;
                 if (add_piece(&paragraphs, &paragraph_count, &paragraph_capacity, paragraph) < 0) goto fail;
@@ -1081,15 +1138,8 @@ static PyObject *lines_and_paragraphs(PyObject *self, PyObject *args) {
                 from = to + 1;
                 continue;
             }
-            Py_ssize_t chars = to - from, i = from;
-            uint64_t wide = 0; /* the high bits of the line's bytes: whether one is outside ASCII */
-            for (; i + 8 <= to; i += 8) {
-                uint64_t x;
-                memcpy(&x, data + i, 8);
-                wide |= x & HIGHS;
-            }
-            for (; i < to; i++) wide |= data[i] & 0x80;
-            int blank = 1;
+            Py_ssize_t chars = to - from;
+            int blank = wide || !by_masks || !filled; /* else an ASCII line with a byte that is not whitespace */
             for (Py_ssize_t i = from; (wide || blank) && i < to;) {
                 int width;
                 if (blank) blank = (classes[decode(data + i, data + to, &width)] & C_SPACE) != 0;
