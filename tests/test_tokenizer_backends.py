@@ -257,6 +257,9 @@ def test_the_probes_verdict_is_remembered_per_tokenizer_and_a_changed_tokenizer_
     verdicts[0].write_text(json.dumps({"difference": "a difference planted in the remembered verdict"}))
     assert _choose_in_a_new_process(original, remembered) == BackendChoice(
         "tokenizers", "fastokens differs from tokenizers: a difference planted in the remembered verdict")
+    verdicts[0].write_text('{"difference": ')  # cut short: not a verdict, so the probes run again and it is rewritten
+    assert _choose_in_a_new_process(original, remembered).name == "fastokens"
+    assert json.loads(verdicts[0].read_text()) == {"difference": None}
 
     added = max(*spec["model"]["vocab"].values(), *(t["id"] for t in spec["added_tokens"])) + 1
     spec["added_tokens"].append({"id": added, "content": "<|new|>", "single_word": False, "lstrip": False, "rstrip": False,

@@ -6,9 +6,10 @@ the two libraries. Yet every cold build paid for them again: the serialization p
 encoded by both backends, about 50 ms of the GIL on the way to the first chunk encoded. So each verdict (the first
 difference found, or none) is kept in a small file keyed by a SHA-256 of the serialization, of the fixed probe texts
 and of which ``fastokens`` and ``tokenizers`` installations gave it (each package's ``__init__``: path, size and
-modification time, which an upgrade or reinstall changes); a change to any of them is another key, and the probes run
-again. A tokenizer that encodes at random (a BPE with dropout) is never remembered. The other half of the check, the
-sample of each build's own input encoded by both backends, runs on every build as before.
+modification time, which an upgrade or reinstall changes) and of the module that runs the probes (``backends.py``,
+likewise); a change to any of them is another key, and the probes run again. A tokenizer that encodes at random (a BPE
+with dropout) is never remembered. The other half of the check, the sample of each build's own input encoded by both
+backends, runs on every build as before.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +37,12 @@ class ProbeVerdict:
     difference: str | None
 
 
-def verdict_key(tokenizer_json: str, fixed_probes: Sequence[str]) -> str:
-    """The key of the probes' verdict on a serialized tokenizer, with these fixed probe texts and the installed
-    libraries."""
-    digest = hashlib.sha256(f"{_FORMAT}\0{installed('fastokens')}\0{installed('tokenizers')}\0".encode())
+def verdict_key(tokenizer_json: str, fixed_probes: Sequence[str], checker: str) -> str:
+    """The key of the probes' verdict on a serialized tokenizer, with these fixed probe texts, the installed libraries
+    and the module that runs the probes (``checker``, a file: its path, size and modification time)."""
+    stat = os.stat(checker)
+    digest = hashlib.sha256(f"{_FORMAT}\0{installed('fastokens')}\0{installed('tokenizers')}\0"
+                            f"{checker}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
     digest.update(hashlib.sha256("\0".join(fixed_probes).encode("utf-8", "surrogatepass")).digest())
     digest.update(hashlib.sha256(tokenizer_json.encode("utf-8", "surrogatepass")).digest())
     return digest.hexdigest()
