@@ -180,3 +180,23 @@ def test_the_fast_tokenizer_loads_while_the_first_cache_waits_for_its_lock(tmp_p
         thread.join(120)
     assert not thread.is_alive() and not errors, errors
     assert loading, "nothing was loading while the cache's lock was held"
+
+
+def test_a_build_of_local_inputs_without_bars_imports_neither_fsspec_nor_tqdm(tmp_path, demo_docs):
+    """A cold build's start-up is mostly imports: one of local shards opens them without fsspec (whose import scans every
+    installed package's entry points) and, without progress bars, never imports tqdm (which imports importlib.metadata
+    too); 30-80 ms of the shared corpus's 1 s whole call."""
+    import subprocess
+    import sys
+
+    from tokenmix.formats.tokenizer_identity import tokenizer_info
+
+    tokenizer_info(TOKENIZER)  # described on this machine (else transformers, which imports tqdm, describes it)
+    config = {"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "cache"),
+              "configs": {name: {"train_urls": [url]} for name, url in _sources(tmp_path, demo_docs, 2).items()}}
+    code = ("import json, sys, tokenmix; stats = tokenmix.build_caches(tokenmix.load_data_config(json.loads(sys.argv[1])), "
+            "progress=False); print(sum(s['documents'] for s in stats.values()), "
+            "sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('fsspec', 'tqdm')}))")
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().split(maxsplit=1) == [str(2 * DOCS_PER_SOURCE), "[]"], run.stdout

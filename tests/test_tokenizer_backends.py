@@ -11,6 +11,9 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -202,7 +205,8 @@ def test_tokenizers_trained_here_build_identical_caches_and_fall_back_where_fast
             build_caches(_config(tmp_path, "forced", tokenizer, {"s": [url]}, "fastokens", num_workers=0), progress=False)
 
 
-def test_a_fast_backend_that_gives_other_ids_is_not_used_and_the_log_says_where_it_differs(tmp_path, caplog):
+def test_a_fast_backend_that_gives_other_ids_is_not_used_and_the_log_says_where_it_differs(tmp_path, caplog, monkeypatch):
+    monkeypatch.setenv("TOKENMIX_CACHE_DIR", str(tmp_path / "remembered"))
     tokenizer = _trained("bpe_dropout", tmp_path)
     url = write_jsonl(tmp_path / "records.jsonl", _records())
     with caplog.at_level(logging.INFO, logger="tokenmix.cache.backend_choice"):
@@ -212,6 +216,7 @@ def test_a_fast_backend_that_gives_other_ids_is_not_used_and_the_log_says_where_
     assert "tokenizers gives [" in chosen["reason"] and ", fastokens [" in chosen["reason"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "encoding with tokenizers" in r.getMessage()]
     assert len(warnings) == 1 and "fastokens differs" in warnings[0]
+    assert not list((tmp_path / "remembered").rglob("*.probes.json")), "a tokenizer that encodes at random is probed every time"
 
 
 def test_the_check_covers_every_added_token_written_inside_text_and_the_sample():
@@ -225,6 +230,44 @@ def test_the_check_covers_every_added_token_written_inside_text_and_the_sample()
     differing = choose_backend(tokenizer_json, "auto", lambda: "tokens differ at 7", "2 records sampled from x")
     assert differing == BackendChoice("tokenizers", "fastokens differs from tokenizers: tokens differ at 7")
     assert choose_backend(tokenizer_json, "tokenizers", lambda: None, "").name == "tokenizers"
+
+
+def _choose_in_a_new_process(tokenizer_json: Path, remembered: Path) -> BackendChoice:
+    """``choose_backend`` on a serialized tokenizer (the sample agreeing) in a fresh process remembering in ``remembered``."""
+    code = ("import sys; from tokenmix.formats.backends import choose_backend; "
+            "choice = choose_backend(open(sys.argv[1]).read(), 'auto', lambda: None, 'no sample'); print(choice.name); print(choice.reason)")
+    run = subprocess.run([sys.executable, "-c", code, str(tokenizer_json)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TOKENMIX_CACHE_DIR": str(remembered)})
+    assert run.returncode == 0, run.stderr
+    name, reason = run.stdout.strip().split("\n", 1)
+    return BackendChoice(name, reason)
+
+
+def test_the_probes_verdict_is_remembered_per_tokenizer_and_a_changed_tokenizer_is_probed_again(tmp_path):
+    """A cold build's check need not encode the probes again (they depend only on the tokenizer and the two libraries):
+    their verdict is read back from the machine's remembered ones, and a changed tokenizer is another key, probed again."""
+    remembered = tmp_path / "remembered"
+    spec = json.loads(Path(TOKENIZER, "tokenizer.json").read_text())
+    original = tmp_path / "tokenizer.json"
+    original.write_text(json.dumps(spec))
+    assert _choose_in_a_new_process(original, remembered).name == "fastokens"
+    verdicts = list(remembered.rglob("*.probes.json"))
+    assert len(verdicts) == 1 and json.loads(verdicts[0].read_text()) == {"difference": None}
+
+    verdicts[0].write_text(json.dumps({"difference": "a difference planted in the remembered verdict"}))
+    assert _choose_in_a_new_process(original, remembered) == BackendChoice(
+        "tokenizers", "fastokens differs from tokenizers: a difference planted in the remembered verdict")
+    verdicts[0].write_text('{"difference": ')  # cut short: not a verdict, so the probes run again and it is rewritten
+    assert _choose_in_a_new_process(original, remembered).name == "fastokens"
+    assert json.loads(verdicts[0].read_text()) == {"difference": None}
+
+    added = max(*spec["model"]["vocab"].values(), *(t["id"] for t in spec["added_tokens"])) + 1
+    spec["added_tokens"].append({"id": added, "content": "<|new|>", "single_word": False, "lstrip": False, "rstrip": False,
+                                 "normalized": False, "special": True})
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps(spec))
+    assert _choose_in_a_new_process(changed, remembered).name == "fastokens"
+    assert len(list(remembered.rglob("*.probes.json"))) == 2
 
 
 def test_chat_loss_spans_come_out_the_same_with_fastokens_ids_and_offsets_derived_from_them(tmp_path):

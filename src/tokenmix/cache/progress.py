@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from tqdm.auto import tqdm
+if TYPE_CHECKING:
+    from tqdm.auto import tqdm
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ class TqdmProgress:
         self._t0 = time.monotonic()
 
     def start(self, total_bytes: int | None) -> None:
+        from tqdm.auto import tqdm  # here: a build without bars does not pay its import (30-40 ms, importlib.metadata)
+
         self._t0 = time.monotonic()
         self._bar = tqdm(
             total=total_bytes, desc=self.description, unit="B", unit_scale=True, unit_divisor=1024,

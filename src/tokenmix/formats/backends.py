@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from tokenmix.formats.probe_verdicts import ProbeVerdict, recall_verdict, remember_verdict, verdict_key
+
 logger = logging.getLogger(__name__)
 
 TokenizerBackend = Literal["auto", "fastokens", "tokenizers"]
@@ -105,11 +107,18 @@ def fast_ids(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=4)
+def tokenizer_definition(tokenizer_json: str) -> dict[str, Any]:
+    """The parsed serialization of a tokenizer, parsed once per process and shared, read-only, by whatever reads it:
+    parsing megabytes of JSON holds the GIL for about 20 ms, and a build's start-up needs it three times."""
+    return json.loads(tokenizer_json)
+
+
+@functools.lru_cache(maxsize=4)
 def token_byte_lengths(tokenizer_json: str) -> np.ndarray | None:
     """How many bytes of text each token id stands for, where every token is a byte sequence (byte-level BPE without a
     normalizer, byte fallback or word affixes); None for other tokenizers. With it a token's character offsets follow
     from the ids alone, which ``fastokens`` does not report."""
-    spec = json.loads(tokenizer_json)
+    spec = tokenizer_definition(tokenizer_json)
     model = spec.get("model") or {}
     steps = [spec.get("pre_tokenizer") or {}]
     steps += steps[0].get("pretokenizers", []) if steps[0].get("type") == "Sequence" else []
@@ -142,7 +151,7 @@ def char_offsets(ids: np.ndarray, text: str, byte_lengths: np.ndarray) -> np.nda
 @functools.lru_cache(maxsize=4)
 def probe_texts(tokenizer_json: str) -> tuple[str, ...]:
     """The fixed probes, and each added token (special or not) written inside text, alone and next to words."""
-    added = [t["content"] for t in json.loads(tokenizer_json).get("added_tokens", []) if t.get("content")]
+    added = [t["content"] for t in tokenizer_definition(tokenizer_json).get("added_tokens", []) if t.get("content")]
     inside = [f"text {a} more text{a}tail\n{a}" for a in added]
     return (*_PROBES, *inside, "".join(added))
 
@@ -158,8 +167,21 @@ def load_reference(tokenizer_json: str) -> Any:
 @functools.lru_cache(maxsize=4)
 def probe_difference(tokenizer_json: str) -> str | None:
     """Where ``fastokens`` and ``tokenizers`` first disagree on the probes, or None: the same for every build with this
-    tokenizer, so found once per process."""
-    return _difference(tokenizer_json, load_fast(tokenizer_json), list(probe_texts(tokenizer_json)))
+    tokenizer and these libraries, so found once per process, and remembered on this machine (``probe_verdicts.py``)
+    unless the tokenizer encodes at random."""
+    key = None if _encodes_at_random(tokenizer_json) else verdict_key(tokenizer_json, _PROBES, __file__)
+    known = recall_verdict(key) if key is not None else None
+    if known is not None:
+        return known.difference
+    difference = _difference(tokenizer_json, load_fast(tokenizer_json), list(probe_texts(tokenizer_json)))
+    if key is not None:
+        remember_verdict(key, ProbeVerdict(difference))
+    return difference
+
+
+def _encodes_at_random(tokenizer_json: str) -> bool:
+    """Whether the tokenizer's ids may change from one encoding to the next (a BPE with dropout)."""
+    return bool((tokenizer_definition(tokenizer_json).get("model") or {}).get("dropout"))
 
 
 def _difference(tokenizer_json: str, fast: Any, texts: list[str]) -> str | None:

@@ -12,10 +12,11 @@ split is made.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import re
 from collections.abc import Iterator
+
+from tokenmix.formats.backends import tokenizer_definition
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ _CUT = re.compile(r"(?<=[A-Za-z0-9]) (?=[A-Za-z0-9])")
 @functools.lru_cache(maxsize=8)
 def exact_split_supported(backend_json: str) -> bool:
     """Whether ``split_text`` preserves token ids exactly for this serialized tokenizer."""
-    spec = json.loads(backend_json)
+    spec = tokenizer_definition(backend_json)
     pre = spec.get("pre_tokenizer") or {}
     if spec.get("normalizer") is not None:
         return False

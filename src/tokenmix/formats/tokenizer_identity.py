@@ -100,7 +100,7 @@ def _files_key(name_or_path: str) -> str | None:
             files.append((name, stat.st_size, stat.st_mtime_ns))
     if not files:
         return None
-    digest = hashlib.sha256(f"{kind}{_FORMAT}\0{_installed('tokenizers')}\0{_installed('transformers')}".encode())
+    digest = hashlib.sha256(f"{kind}{_FORMAT}\0{installed('tokenizers')}\0{installed('transformers')}".encode())
     for name, size, mtime in files:
         digest.update(name.encode() + b"\0" + _file_digest(os.path.join(path, name), size, mtime))
     return digest.hexdigest()
@@ -114,7 +114,7 @@ def _file_digest(path: str, size: int, mtime_ns: int) -> bytes:
         return hashlib.sha256(f.read()).digest()
 
 
-def _installed(package: str) -> str:
+def installed(package: str) -> str:
     """Which installation of a package this is, without importing it (``importlib.metadata`` costs 30 ms a package):
     where its ``__init__`` lies, its size and modification time, which an upgrade or reinstall changes."""
     spec = find_spec(package)
@@ -156,16 +156,18 @@ def _recall_info(key: str, name_or_path: str) -> TokenizerInfo | None:
 def _store(key: str, info: TokenizerInfo) -> None:
     """The serialization first, then the small file an open reads: a description whose small file exists is whole."""
     described = {**asdict(info.identity()), "special_tokens": info.special_tokens, "chat_template": info.chat_template}
-    _replace(descriptions_dir() / f"{key}.backend", info.backend_json.encode("utf-8"))
-    _replace(descriptions_dir() / f"{key}.json", json.dumps(described, sort_keys=True).encode("utf-8"))
+    remember_file(descriptions_dir() / f"{key}.backend", info.backend_json.encode("utf-8"))
+    remember_file(descriptions_dir() / f"{key}.json", json.dumps(described, sort_keys=True).encode("utf-8"))
 
 
-def _replace(target: Path, data: bytes) -> None:
+def remember_file(target: Path, data: bytes) -> None:
+    """Write ``data`` at ``target`` whole or not at all (a scratch file renamed over it); a directory that cannot be
+    written is only logged: what is remembered is remembered to save time, never needed."""
     scratch = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with create_new(str(scratch), "scratch file of a tokenizer description") as f:
+        with create_new(str(scratch), "scratch file of what tokenmix remembers of a tokenizer") as f:
             f.write(data)
         os.replace(scratch, target)
-    except OSError as e:  # a read-only home: every open describes the tokenizer, as before
-        logger.debug("could not remember the tokenizer description in %s: %s", target.parent, e)
+    except OSError as e:  # a read-only home: every open describes the tokenizer (and every build checks it), as before
+        logger.debug("could not remember %s: %s", target, e)

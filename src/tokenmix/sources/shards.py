@@ -175,10 +175,12 @@ class FileShard:
         return self.compression is not None or self.kind == "tar"
 
     def size_bytes(self) -> int | None:
-        import fsspec  # here, not at the top: its import scans every installed package's entry points, which a process
-        # that only reads caches (and imports this module through the formats) never needs
-
+        local = _local_path(self.name)
         try:
+            if local is not None:
+                return os.path.getsize(local)
+            import fsspec  # here, not at the top: its import scans every installed package's entry points (30-50 ms)
+
             fs, path = fsspec.core.url_to_fs(self.name)
             return int(fs.size(path))
         except (OSError, ValueError):
@@ -187,16 +189,18 @@ class FileShard:
     def identity(self) -> dict[str, Any] | None:
         """Size and ``mtime_ns`` of a local file; size and the first of ETag, generation, content hashes or modification
         time that an object store reports. ``FileNotFoundError`` when the input is missing."""
-        import fsspec
-        from fsspec.implementations.local import LocalFileSystem
+        local = _local_path(self.name)
+        if local is None:
+            import fsspec
+            from fsspec.implementations.local import LocalFileSystem
 
-        fs, path = fsspec.core.url_to_fs(self.name)
-        if isinstance(fs, LocalFileSystem):
-            stat = os.stat(path)
-            return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-        info = fs.info(path)
-        version = next(((key, str(info[key])) for key in _VERSION_KEYS if info.get(key) not in (None, "")), None)
-        return {"size": int(info["size"]), **dict([version] if version else [])}
+            fs, local = fsspec.core.url_to_fs(self.name)
+            if not isinstance(fs, LocalFileSystem):
+                info = fs.info(local)
+                version = next(((key, str(info[key])) for key in _VERSION_KEYS if info.get(key) not in (None, "")), None)
+                return {"size": int(info["size"]), **dict([version] if version else [])}
+        stat = os.stat(local)
+        return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
     def position_label(self, position: int) -> str:
         """Where a record position is, as a person looks for it: a line, a tar member and its line, or a record index."""
@@ -219,10 +223,8 @@ class FileShard:
     def _tar_member_at(self, position: int, scan: bool) -> tuple[int, str, str] | None:
         """The tar member holding a record position, as ``_members`` lists it (read up to it first when ``scan``)."""
         if scan and not self._members_complete and (not self._members or self._members[len(self._members) - 1][0] <= position):
-            import fsspec
-
             try:
-                with fsspec.open(self.name, "rb") as raw:
+                with _open_input(self.name) as raw:
                     for _ in self._tar_records(self._stream(raw)):
                         if self._members[len(self._members) - 1][0] > position:
                             break
@@ -234,10 +236,8 @@ class FileShard:
 
     def _json_is_array(self) -> bool:
         if self._is_array is None:
-            import fsspec
-
             try:
-                with fsspec.open(self.name, "rb") as raw:
+                with _open_input(self.name) as raw:
                     self._is_array = _starts_with_bracket(self._stream(raw))
             except (OSError, ValueError, EOFError):
                 return False
@@ -247,10 +247,8 @@ class FileShard:
         reader = {"jsonl": self._read_lines, "json": self._read_json, "parquet": self._read_parquet, "txt": self._read_txt,
                   "tar": self._read_tar}
         position = start
-        import fsspec
-
         try:
-            with fsspec.open(self.name, "rb") as raw:
+            with _open_input(self.name) as raw:
                 stream = self._stream(raw)
                 try:
                     for chunk in reader[self.kind](raw, stream, start, chunk_bytes):
@@ -382,6 +380,25 @@ class FileShard:
         if end.count(0) != tarfile.BLOCKSIZE:
             raise ValueError(f"the tar archive is corrupt {_after_member(name)}: byte {tar.offset} is no tar header")
         self._members_complete = True
+
+
+def _local_path(url: str) -> str | None:
+    """The path of an input on this machine's disks (a path, or a ``file://`` URL), else None."""
+    if url.startswith("file://"):
+        return url.removeprefix("file://")
+    return None if "://" in url or "::" in url else os.path.expanduser(url)
+
+
+def _open_input(url: str) -> Any:
+    """The input opened for reading bytes (a context manager giving the file): a local file directly, so that a build
+    of local inputs never imports fsspec (30-50 ms of its start-up: the import scans every installed package's entry
+    points), anything else through fsspec."""
+    local = _local_path(url)
+    if local is not None:
+        return open(local, "rb")
+    import fsspec
+
+    return fsspec.open(url, "rb")
 
 
 def _files_of(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
