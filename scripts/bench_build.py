@@ -28,7 +28,8 @@ one ``.jsonl.zst`` shard, in one mixture with weights 1-7: a wide mixture's buil
 (lock, ledger, arrays, backend check, final commit) weigh against little encoding. Only ``auto`` is built, against limit
 (b) on the same shards. Either way the cold whole call is timed too: ``build_caches`` in a new process, from before
 ``import tokenmix`` to its return, and "once started": tokens over the time from the first cache's backend choice (the
-log line ``encoding with``: imports, tokenizer loads and the check are behind) to the end.
+log line ``encoding with``: imports, tokenizer loads and the check are behind) to the end. The process CPU (user +
+system, every thread) of each build and run of (b) is printed too: a loaded machine moves it much less than wall time.
 """
 
 from __future__ import annotations
@@ -136,9 +137,11 @@ def bench_build(sources: dict[str, list[str]], tokenizer: str, workers: int | No
     stop = threading.Event()
     sampler = threading.Thread(target=_peak_rss_sampler, args=(stop, rss), daemon=True)
     sampler.start()
+    cpu = _process_cpu()
     started = time.perf_counter()
     results = build_caches(config, progress=False)
     ended = time.perf_counter()
+    cpu = _process_cpu() - cpu
     seconds = ended - started
     logging.getLogger("tokenmix.cache.backend_choice").removeHandler(started_at)
     stop.set()
@@ -147,7 +150,7 @@ def bench_build(sources: dict[str, list[str]], tokenizer: str, workers: int | No
     docs = sum(r["documents"] for r in results.values())
     data_bytes = _dir_bytes(cache_dir, "input_ids/data/c/*")
     return {
-        "seconds": seconds, "tokens": tokens, "documents": docs, "tokens_per_s": tokens / seconds,
+        "seconds": seconds, "tokens": tokens, "documents": docs, "tokens_per_s": tokens / seconds, "cpu_seconds": cpu,
         "started_tokens_per_s": tokens / (ended - started_at.time) if started_at.time else None,
         "peak_rss": rss, "cache_bytes": _dir_bytes(cache_dir, "*"), "token_data_bytes": data_bytes,
         "train_files": [u for urls in sources.values() for u in urls],
@@ -185,6 +188,7 @@ def bench_fast_limit(files: list[str], tokenizer: str) -> dict:
     tok = fastokens.Tokenizer.from_file(os.path.join(tokenizer, "tokenizer.json"))
     steps = {"read + decompress": 0.0, "parse": 0.0, "encode": 0.0}
     tokens = 0
+    cpu = _process_cpu()
     started = time.perf_counter()
     for f in files:
         mark = time.perf_counter()
@@ -200,7 +204,17 @@ def bench_fast_limit(files: list[str], tokenizer: str) -> dict:
             steps["encode"] += done - encoded
             mark = time.perf_counter()
     seconds = time.perf_counter() - started
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "steps": steps}
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "steps": steps,
+            "cpu_seconds": _process_cpu() - cpu}
+
+
+def _process_cpu() -> float:
+    """CPU seconds of this process and its children so far (user + system, every thread): what the load of other
+    tenants moves less than wall time."""
+    import resource
+
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
 def main() -> None:
@@ -271,6 +285,9 @@ def bench_many_sources(sources: dict[str, list[str]], args: argparse.Namespace) 
           f"({build['tokens_per_s'] / limit['tokens_per_s']:.2f}x (b)); once started {build['started_tokens_per_s'] / 1e6:.2f} M tokens/s "
           f"({build['started_tokens_per_s'] / limit['tokens_per_s']:.2f}x)")
     print(f"limit (b) read + decompress + parse + fastokens: {limit['seconds']:.2f} s  {limit['tokens_per_s'] / 1e6:.2f} M tokens/s")
+    print("process CPU (user + system, all threads): build " + ", ".join(f"{r['cpu_seconds']:.2f}" for r in builds)
+          + " s; limit (b) " + ", ".join(f"{r['cpu_seconds']:.2f}" for r in limits)
+          + f" s; build over (b): {(build['cpu_seconds'] - limit['cpu_seconds']) / len(sources) * 1e3:.2f} ms a source")
     _print_cold(cold, limit)
     print(f"peak RSS: all processes {rss.get('total', 0) / (1 << 20):.0f} MiB")
     print(f"| {len(sources):,} | {build['tokens'] / 1e6:.1f} M | {build['seconds']:.2f} s | {build['tokens_per_s'] / 1e6:.2f} M/s | "

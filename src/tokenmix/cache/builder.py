@@ -142,8 +142,7 @@ class CacheBuilder:
                     "it was written by two builders at once (before tokenmix locked builds) or edited by hand. Delete it and rebuild."
                 )
             commits.publish()  # before the ledger (whose rows are stored already): whoever finds a ledger finds the row count
-            commits.make_durable()  # the arrays and the publication, before the ledger that vouches for them
-            docs.write(LEDGER_FILE, ledger.to_json())  # durable at the first commit's barrier (lost: the cache resumes as new)
+            docs.write(LEDGER_FILE, ledger.to_json())  # made durable, with the arrays, by the first commit's barrier
         except ValueError as e:  # tensorstore's storage errors
             raise unwritable(self.location, e) from None
         if not ledger.finished:
@@ -236,12 +235,11 @@ class OpenBuild:
                 choice = self.backend.result()
                 ledger.finished = True
                 commits.commit()
-            commits.make_durable()  # the publication, before what readers open a finished cache from
-            write_open_object(self.builder.location, ledger, commits.array, deferred_sync=True)
+            write_open_object(self.builder.location, ledger, commits.array, deferred_sync=True)  # of durable rows
             stats = compute_stats(ledger, commits.array, time.monotonic() - self._started, self._resumed_rows)
             if choice is not None:
                 stats["build"]["tokenizer_backend"] = {"name": choice.name, "reason": choice.reason}
-            commits.make_durable()  # the open object, before the statistics that tell a re-run there is nothing to build
+            commits.make_durable()  # the publication and open object, before the statistics that say nothing is left to build
             self._docs.write(STATS_FILE, stats)  # durable at the next barrier: lost, a re-run writes both again
             return stats
         finally:
