@@ -135,7 +135,8 @@ def test_each_commit_step_is_durable_before_the_next_through_barriers_the_caches
     sources = _sources(tmp_path, demo_docs)
     cache_dir = tmp_path / "cache"
     trace = tmp_path / "trace.txt"
-    done = _traced_build(_config_file(tmp_path, sources, cache_dir), "-y", "-o", str(trace),
+    config = _config_file(tmp_path, sources, cache_dir, commit_interval_s=3600)  # one commit a cache however slow the machine
+    done = _traced_build(config, "-y", "-o", str(trace),
                          "-e", "trace=rename,renameat,renameat2,syncfs,fsync,fdatasync,unlink,unlinkat")
     assert done.returncode == 0, done.stdout + done.stderr
     events = _events(trace.read_text(), cache_dir)
@@ -204,7 +205,9 @@ def test_a_many_source_build_killed_at_each_barrier_publishes_no_row_without_its
             report = scrub(location, inputs=False, progress=False)
             assert report.ok, (barrier, location, report.to_json())
             assert report.rows <= ledger["rows"], (barrier, location)
-    assert kills >= 4, kills
+    # the driver alone asks for 2 barriers a commit one after another, each served by a syncfs begun after it asked:
+    # 24 or more syncfs over at most 9 threads, so some thread makes 3 at least
+    assert kills >= 3, kills
     build_caches(LMMixtureDatasetConfig(tokenizer=TOKENIZER, cache_dir=str(cache_dir),
                                         configs={n: LMDatasetSourceConfig(train_urls=[u]) for n, u in sources.items()}),
                  progress=False)
