@@ -20,7 +20,8 @@ freshly loaded ``fastokens`` tokenizer (it caches words as it goes). The builds 
 from the second build on the tokenizer libraries are already imported; a cold whole call on the same
 corpus is timed as well (below; it replaced a cold ``tokenmix build-cache``, whose figure also held the
 CLI's own imports and table). Prints tokens/s, the ratios, a breakdown of (b), peak RSS and
-cache bytes per token, and a markdown row for docs/benchmarks.md.
+cache bytes per token, and a markdown row for docs/benchmarks.md (with ``--sources``, the process CPU of each build and
+run of (b) too, all threads: a loaded machine moves it much less than wall time).
 
 ``--sources N`` builds instead N small sources of ``DOCS_PER_SOURCE`` documents each, cut from the corpus (its
 documents in file order, train and validation, taken round after round until N sources have theirs), each written as
@@ -28,8 +29,7 @@ one ``.jsonl.zst`` shard, in one mixture with weights 1-7: a wide mixture's buil
 (lock, ledger, arrays, backend check, final commit) weigh against little encoding. Only ``auto`` is built, against limit
 (b) on the same shards. Either way the cold whole call is timed too: ``build_caches`` in a new process, from before
 ``import tokenmix`` to its return, and "once started": tokens over the time from the first cache's backend choice (the
-log line ``encoding with``: imports, tokenizer loads and the check are behind) to the end. The process CPU (user +
-system, every thread) of each build and run of (b) is printed too: a loaded machine moves it much less than wall time.
+log line ``encoding with``: imports, tokenizer loads and the check are behind) to the end.
 """
 
 from __future__ import annotations
@@ -137,11 +137,11 @@ def bench_build(sources: dict[str, list[str]], tokenizer: str, workers: int | No
     stop = threading.Event()
     sampler = threading.Thread(target=_peak_rss_sampler, args=(stop, rss), daemon=True)
     sampler.start()
-    cpu = _process_cpu()
+    cpu = time.process_time()
     started = time.perf_counter()
     results = build_caches(config, progress=False)
     ended = time.perf_counter()
-    cpu = _process_cpu() - cpu
+    cpu = time.process_time() - cpu
     seconds = ended - started
     logging.getLogger("tokenmix.cache.backend_choice").removeHandler(started_at)
     stop.set()
@@ -188,7 +188,7 @@ def bench_fast_limit(files: list[str], tokenizer: str) -> dict:
     tok = fastokens.Tokenizer.from_file(os.path.join(tokenizer, "tokenizer.json"))
     steps = {"read + decompress": 0.0, "parse": 0.0, "encode": 0.0}
     tokens = 0
-    cpu = _process_cpu()
+    cpu = time.process_time()
     started = time.perf_counter()
     for f in files:
         mark = time.perf_counter()
@@ -205,16 +205,7 @@ def bench_fast_limit(files: list[str], tokenizer: str) -> dict:
             mark = time.perf_counter()
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "steps": steps,
-            "cpu_seconds": _process_cpu() - cpu}
-
-
-def _process_cpu() -> float:
-    """CPU seconds of this process and its children so far (user + system, every thread): what the load of other
-    tenants moves less than wall time."""
-    import resource
-
-    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+            "cpu_seconds": time.process_time() - cpu}
 
 
 def main() -> None:
