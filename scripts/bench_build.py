@@ -20,7 +20,8 @@ freshly loaded ``fastokens`` tokenizer (it caches words as it goes). The builds 
 from the second build on the tokenizer libraries are already imported; a cold whole call on the same
 corpus is timed as well (below; it replaced a cold ``tokenmix build-cache``, whose figure also held the
 CLI's own imports and table). Prints tokens/s, the ratios, a breakdown of (b), peak RSS and
-cache bytes per token, and a markdown row for docs/benchmarks.md.
+cache bytes per token, and a markdown row for docs/benchmarks.md (with ``--sources``, the process CPU of each build and
+run of (b) too, all threads: a loaded machine moves it much less than wall time).
 
 ``--sources N`` builds instead N small sources of ``DOCS_PER_SOURCE`` documents each, cut from the corpus (its
 documents in file order, train and validation, taken round after round until N sources have theirs), each written as
@@ -137,9 +138,11 @@ def bench_build(sources: dict[str, list[str]], tokenizer: str, workers: int | No
     stop = threading.Event()
     sampler = threading.Thread(target=_peak_rss_sampler, args=(stop, rss), daemon=True)
     sampler.start()
+    cpu = time.process_time()
     started = time.perf_counter()
     results = build_caches(config, progress=False)
     ended = time.perf_counter()
+    cpu = time.process_time() - cpu
     seconds = ended - started
     logging.getLogger("tokenmix.cache.backend_choice").removeHandler(started_at)
     stop.set()
@@ -148,7 +151,7 @@ def bench_build(sources: dict[str, list[str]], tokenizer: str, workers: int | No
     docs = sum(r["documents"] for r in results.values())
     data_bytes = _dir_bytes(cache_dir, "input_ids/data/c/*")
     return {
-        "seconds": seconds, "tokens": tokens, "documents": docs, "tokens_per_s": tokens / seconds,
+        "seconds": seconds, "tokens": tokens, "documents": docs, "tokens_per_s": tokens / seconds, "cpu_seconds": cpu,
         "started_tokens_per_s": tokens / (ended - started_at.time) if started_at.time else None,
         "peak_rss": rss, "cache_bytes": _dir_bytes(cache_dir, "*"), "token_data_bytes": data_bytes,
         "train_files": [u for urls in sources.values() for u in urls],
@@ -186,6 +189,7 @@ def bench_fast_limit(files: list[str], tokenizer: str) -> dict:
     tok = fastokens.Tokenizer.from_file(os.path.join(tokenizer, "tokenizer.json"))
     steps = {"read + decompress": 0.0, "parse": 0.0, "encode": 0.0}
     tokens = 0
+    cpu = time.process_time()
     started = time.perf_counter()
     for f in files:
         mark = time.perf_counter()
@@ -201,7 +205,8 @@ def bench_fast_limit(files: list[str], tokenizer: str) -> dict:
             steps["encode"] += done - encoded
             mark = time.perf_counter()
     seconds = time.perf_counter() - started
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "steps": steps}
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "steps": steps,
+            "cpu_seconds": time.process_time() - cpu}
 
 
 def main() -> None:
@@ -272,6 +277,9 @@ def bench_many_sources(sources: dict[str, list[str]], args: argparse.Namespace) 
           f"({build['tokens_per_s'] / limit['tokens_per_s']:.2f}x (b)); once started {build['started_tokens_per_s'] / 1e6:.2f} M tokens/s "
           f"({build['started_tokens_per_s'] / limit['tokens_per_s']:.2f}x)")
     print(f"limit (b) read + decompress + parse + fastokens: {limit['seconds']:.2f} s  {limit['tokens_per_s'] / 1e6:.2f} M tokens/s")
+    print("process CPU (user + system, all threads): build " + ", ".join(f"{r['cpu_seconds']:.2f}" for r in builds)
+          + " s; limit (b) " + ", ".join(f"{r['cpu_seconds']:.2f}" for r in limits)
+          + f" s; build over (b): {(build['cpu_seconds'] - limit['cpu_seconds']) / len(sources) * 1e3:.2f} ms a source")
     _print_cold(cold, limit)
     print(f"peak RSS: all processes {rss.get('total', 0) / (1 << 20):.0f} MiB")
     print(f"| {len(sources):,} | {build['tokens'] / 1e6:.1f} M | {build['seconds']:.2f} s | {build['tokens_per_s'] / 1e6:.2f} M/s | "

@@ -36,14 +36,14 @@ from tokenmix.cache.commits import CacheCommits
 from tokenmix.cache.encoding import EncoderPool, open_build_executor
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, ShardProgress
 from tokenmix.cache.local_build import PoolBuild, build_on_pool
-from tokenmix.cache.lock import BuildLock, build_lock
+from tokenmix.cache.lock import LOCK_FILE, BuildLock, build_lock
 from tokenmix.cache.open_object import forget_open_object, write_open_object
 from tokenmix.cache.options import BuildOptions
 from tokenmix.cache.progress import BuildProgress
 from tokenmix.cache.shard_task import clear_staging, portable_location
 from tokenmix.cache.source_checks import SourceChecks
 from tokenmix.cache.stats import ALREADY_BUILT, STATS_FILE, compute_stats
-from tokenmix.cache.store import CacheWriteError, JsonDocuments, remove_interrupted_writes, unwritable
+from tokenmix.cache.store import CacheWriteError, JsonDocuments, make_durable, remove_interrupted_writes, unwritable
 from tokenmix.execution.configs import LocalExecutorConfig
 from tokenmix.execution.task_executor import TaskExecutor
 from tokenmix.formats.backends import REFERENCE, preload_fast
@@ -114,7 +114,11 @@ class CacheBuilder:
         return opened
 
     def _open(self, lock: BuildLock, started: float) -> OpenBuild | dict[str, Any]:
-        docs = JsonDocuments(self.location)
+        removed = remove_interrupted_writes(self.location, keep=(LOCK_FILE,))
+        if removed:
+            logger.info("%s: removed %d partial objects that interrupted writes left (a killed build, a power loss)",
+                        self.location, removed)
+        docs = JsonDocuments(self.location, deferred_sync=True)
         ledger, fresh = self._open_ledger(docs)
         refreshed = self._sources.check_begun(ledger)
         if ledger.finished:
@@ -122,15 +126,13 @@ class CacheBuilder:
             if stats is not None:  # nothing to build: keep the record of the build that made the cache
                 if refreshed:
                     docs.write(LEDGER_FILE, ledger.to_json())
+                    make_durable(self.location)
                 logger.info("%s: finished already, nothing to build", self.location)
                 return {**stats, ALREADY_BUILT: True}
-        removed = remove_interrupted_writes(self.location)
-        if removed:
-            logger.info("%s: removed %d partial objects that writes of a killed build left", self.location, removed)
         if self.options.tokenizer_backend != REFERENCE:
             preload_fast(self.spec.tokenizer_json)  # while the arrays are opened and the first chunks read
         if not ledger.finished:  # being extended, or resumed: readers open it from its parts until it finishes again
-            forget_open_object(self.location)
+            forget_open_object(self.location, deferred_sync=True)
         try:
             commits = CacheCommits(self.location, ledger, self.spec, self.options.compression, self.options.commit_interval_s, lock,
                                    fresh)
@@ -140,7 +142,7 @@ class CacheBuilder:
                     "it was written by two builders at once (before tokenmix locked builds) or edited by hand. Delete it and rebuild."
                 )
             commits.publish()  # before the ledger (whose rows are stored already): whoever finds a ledger finds the row count
-            docs.write(LEDGER_FILE, ledger.to_json())
+            docs.write(LEDGER_FILE, ledger.to_json())  # made durable, with the arrays, by the first commit's barrier
         except ValueError as e:  # tensorstore's storage errors
             raise unwritable(self.location, e) from None
         if not ledger.finished:
@@ -233,11 +235,12 @@ class OpenBuild:
                 choice = self.backend.result()
                 ledger.finished = True
                 commits.commit()
-            write_open_object(self.builder.location, ledger, commits.array)
+            write_open_object(self.builder.location, ledger, commits.array, deferred_sync=True)  # of durable rows
             stats = compute_stats(ledger, commits.array, time.monotonic() - self._started, self._resumed_rows)
             if choice is not None:
                 stats["build"]["tokenizer_backend"] = {"name": choice.name, "reason": choice.reason}
-            self._docs.write(STATS_FILE, stats)
+            commits.make_durable()  # the publication and open object, before the statistics that say nothing is left to build
+            self._docs.write(STATS_FILE, stats)  # durable at the next barrier: lost, a re-run writes both again
             return stats
         finally:
             self.close()

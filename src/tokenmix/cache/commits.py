@@ -1,8 +1,10 @@
 """The commit protocol of a build: rows written at the next free row, committed and published in order, never fewer.
 
 A build writes each chunk's rows at the next free row and token as they come. Every ``commit_interval_s``, at the end
-and before a build raises, a commit awaits the pending writes, writes the ledger, then publishes the ledger's rows
-(``offsets[0]``, loss spans first): what readers see only grows. A shard verified only at its end
+and before a build raises, a commit awaits the pending writes, makes them durable, writes the ledger, makes it durable,
+then publishes the ledger's rows (``offsets[0]``, loss spans first): what readers see only grows, and never holds rows
+whose bytes a power loss could take back. Local writes are made without fsyncs and made durable at those two steps by a
+barrier shared with the other caches committing then (``store.make_durable``). A shard verified only at its end
 (``Shard.verified_at_end``: a compressed file) is *held* from its first row: nothing is committed until its end, and if
 its end refuses its rows they are taken back (the arrays rewound, the ledger as it stood before them), so the next rows
 are written in their place and nothing of them was ever published.
@@ -17,7 +19,15 @@ from typing import Any
 
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, ShardProgress
 from tokenmix.cache.lock import BuildLock
-from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, CacheWriteError, JaggedArray, JsonDocuments, storage_cause
+from tokenmix.cache.store import (
+    LOSS_SPANS_ARRAY,
+    TOKENS_ARRAY,
+    CacheWriteError,
+    JaggedArray,
+    JsonDocuments,
+    make_durable,
+    storage_cause,
+)
 from tokenmix.formats.encoder import EncodedChunk, EncoderSpec
 
 
@@ -42,16 +52,17 @@ class CacheCommits:
         likely absent (``JaggedArray.open``). Raises tensorstore's ``ValueError`` when storage refuses."""
         self.location = location
         self.ledger = ledger
-        self.array = JaggedArray.open(location, TOKENS_ARRAY, spec.dtype, create=True, compression=compression, fresh=fresh)
+        self.array = JaggedArray.open(location, TOKENS_ARRAY, spec.dtype, create=True, compression=compression, fresh=fresh,
+                                      deferred_sync=True)
         self.spans: JaggedArray | None = None
         self.span_values = 0
         """Where the next document's loss spans go in the spans array."""
         if spec.format.masks_loss:
-            self.spans = JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64", create=True, fresh=fresh)
+            self.spans = JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64", create=True, fresh=fresh, deferred_sync=True)
             self.span_values = int(self.spans.row_ends(ledger.rows - 1, ledger.rows)[0]) if ledger.rows else 0
         self.published = 0 if self.array.created else self.array.committed_rows(unwritten_is_empty=ledger.rows == 0)
         """Rows readers see (``offsets[0]``): never lowered."""
-        self._docs = JsonDocuments(location)
+        self._docs = JsonDocuments(location, deferred_sync=True)
         self._interval_s = commit_interval_s
         self._lock = lock
         self._writes: list[Any] = []
@@ -113,7 +124,7 @@ class CacheCommits:
             self._last_commit = time.monotonic()
 
     def commit(self) -> None:
-        """Await every pending write, write the ledger, then publish its rows."""
+        """Await every pending write and make it durable, write the ledger and make it durable, then publish its rows."""
         assert self._held is None, f"{self.location}: committing rows of {self._held.progress.name} before its end"
         if self._lock is not None:
             self._lock.check()
@@ -124,12 +135,22 @@ class CacheCommits:
             for write in self._writes:
                 write.result()
             self._writes.clear()
+            make_durable(self.location)  # the rows' tokens and ends, before the ledger says they exist
             self._docs.write(LEDGER_FILE, self.ledger.to_json())
+            make_durable(self.location)  # the ledger, before readers see its rows (a resumed build republishes from it)
             self.publish()
-        except ValueError as e:  # tensorstore's storage errors: a full disk, lost permissions, an unreachable bucket
+        except (ValueError, OSError) as e:  # a full disk, lost permissions, an unreachable bucket, a failed writeback
             raise self.write_failed(e) from e
 
-    def write_failed(self, error: ValueError) -> CacheWriteError:
+    def make_durable(self) -> None:
+        """Return once every write made so far to the cache is durable (``store.make_durable``); ``CacheWriteError`` when
+        the storage fails to make it so."""
+        try:
+            make_durable(self.location)
+        except OSError as e:
+            raise self.write_failed(e) from e
+
+    def write_failed(self, error: ValueError | OSError) -> CacheWriteError:
         """The error a failed write of the cache raises: what is kept and what to do."""
         return CacheWriteError(
             f"writing the cache at {self.location} failed: {storage_cause(error)}. Its {self.published:,} committed "

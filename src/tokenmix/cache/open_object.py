@@ -61,10 +61,11 @@ class OpenRecord:
     not read)."""
 
 
-def write_open_object(location: str, ledger: CacheLedger, tokens: JaggedArray) -> None:
+def write_open_object(location: str, ledger: CacheLedger, tokens: JaggedArray, deferred_sync: bool = False) -> None:
     """Store the open object of the cache at ``location``, once its build has committed ``ledger`` as finished
-    (``tokens``: its token rows, to read the row ends from)."""
-    kv = open_kvstore(location)
+    (``tokens``: its token rows, to read the row ends from). ``deferred_sync``: written by a build, durable at its next
+    ``store.make_durable``."""
+    kv = open_kvstore(location, deferred_sync)
     metadata = {}
     for name in _ARRAYS:
         stored = kv.read(f"{name}/zarr.json").result()
@@ -85,9 +86,13 @@ def write_open_object(location: str, ledger: CacheLedger, tokens: JaggedArray) -
     kv.write(OPEN_FILE, packed + google_crc32c.value(packed).to_bytes(4, "little")).result()
 
 
-def forget_open_object(location: str) -> None:
-    """Remove the open object before a build changes the cache (extends it): readers then open it from its parts."""
-    open_kvstore(location).write(OPEN_FILE, None).result()
+def forget_open_object(location: str, deferred_sync: bool = False) -> None:
+    """Remove the open object before a build changes the cache (extends it): readers then open it from its parts.
+    Looked for first: a delete is a write (on a local disk, a file created and renamed), and most caches have none.
+    ``deferred_sync``: as ``write_open_object``'s."""
+    kv = open_kvstore(location, deferred_sync)
+    if kv.read(OPEN_FILE).result().state == "value":
+        kv.write(OPEN_FILE, None).result()
 
 
 def read_open_object(kv: ts.KvStore, location: str) -> OpenRecord | None:

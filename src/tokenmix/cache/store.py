@@ -13,6 +13,7 @@ logical sizes are ``offsets[0]`` rows and ``offsets[offsets[0]]`` tokens.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any
@@ -22,6 +23,7 @@ import numpy as np
 import tensorstore as ts
 
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk, locate, problem_of
+from tokenmix.cache.durability import SYNCFS_AVAILABLE, sync_filesystem
 
 TOKENS_ARRAY = "input_ids"
 LOSS_SPANS_ARRAY = "loss_spans"
@@ -36,6 +38,9 @@ OFFSETS_SHARD, OFFSETS_INNER = 1 << 16, 1 << 10
 
 _CONTEXT = ts.Context()
 """One context for the process, so ``memory://`` caches are shared by every opener in it."""
+_DEFERRED_SYNC_CONTEXT = ts.Context({"file_io_sync": False}) if SYNCFS_AVAILABLE else _CONTEXT
+"""Where a build writes local files: without tensorstore's two fsyncs per object, made durable by ``make_durable`` at
+the steps of the commit protocol instead (``durability.py``)."""
 OBJECT_CACHE_BYTES = int(os.environ.get("TOKENMIX_OBJECT_CACHE_BYTES", str(64 << 20)))
 """What a process keeps of what it fetched from caches on object storage (shard indexes, decoded chunks), in bytes."""
 _REMOTE_READ_CONTEXT = ts.Context({"cache_pool": {"total_bytes_limit": OBJECT_CACHE_BYTES}})
@@ -115,37 +120,62 @@ INTERRUPTED_WRITE_SUFFIX = ".__lock"
 the two leaves that file behind."""
 
 
-def remove_interrupted_writes(location: str) -> int:
-    """Delete the partial objects writes cut short left under a local cache (only a builder holding the cache's build
-    lock may call this: no other write can be in flight). Returns how many there were."""
+def remove_interrupted_writes(location: str, keep: tuple[str, ...] = ()) -> int:
+    """Delete the partial objects writes cut short left under a local cache: tensorstore's ``<key>.__lock`` files (a
+    process killed mid-write), and empty objects, which no write makes whole but a power loss can leave of one renamed
+    into place before its bytes reached the disk (a build's writes are durable only at its barriers: ``make_durable``).
+    Files named in ``keep`` (at the cache's top) are left alone. Only a builder holding the cache's build lock may call
+    this: no other write can be in flight. Returns how many there were."""
     spec = kvstore_spec(location)
     if spec["driver"] != "file":
         return 0
+    top = spec["path"].rstrip("/")
+    kept = {os.path.join(top, name) for name in keep}
     removed = 0
-    for root, _, files in os.walk(spec["path"]):
+    for root, _, files in os.walk(top):
         for name in files:
-            if name.endswith(INTERRUPTED_WRITE_SUFFIX):
-                os.remove(os.path.join(root, name))
+            path = os.path.join(root, name)
+            if name.endswith(INTERRUPTED_WRITE_SUFFIX) or (path not in kept and os.path.getsize(path) == 0):
+                os.remove(path)
                 removed += 1
     return removed
 
 
-def open_kvstore(location: str) -> ts.KvStore:
-    """The key-value store of a location: keys are paths relative to it, and each write replaces a key atomically."""
-    return ts.KvStore.open(kvstore_spec(location), context=_CONTEXT).result()
+def _write_context(location: str, deferred_sync: bool) -> ts.Context:
+    """The context to write ``location`` through: ``deferred_sync`` (a build's writes) leaves local files unsynced until
+    ``make_durable``; otherwise each write is durable when it completes."""
+    return _DEFERRED_SYNC_CONTEXT if deferred_sync and kvstore_spec(location)["driver"] == "file" else _CONTEXT
+
+
+def make_durable(location: str) -> None:
+    """Return once every write completed so far to the cache at ``location`` is durable: one ``syncfs`` of its filesystem
+    shared with the other builds calling now (``durability.sync_filesystem``). On object stores a write is durable once
+    acknowledged, and a ``memory://`` cache never is: nothing to do."""
+    spec = kvstore_spec(location)
+    if spec["driver"] == "file":
+        sync_filesystem(spec["path"])
+
+
+def open_kvstore(location: str, deferred_sync: bool = False) -> ts.KvStore:
+    """The key-value store of a location: keys are paths relative to it, and each write replaces a key atomically.
+    ``deferred_sync``: a build's, whose local writes are durable at its next ``make_durable``, not each on its own."""
+    return ts.KvStore.open(kvstore_spec(location), context=_write_context(location, deferred_sync)).result()
 
 
 class JsonDocuments:
     """Small JSON files beside the arrays (ledger, statistics); each write replaces a file atomically."""
 
-    def __init__(self, location: str):
+    def __init__(self, location: str, deferred_sync: bool = False):
+        """``deferred_sync``: written by a build, whose local writes are durable at its next ``make_durable``."""
         self.location = location
-        self.kv = open_kvstore(location)
+        self.kv = open_kvstore(location, deferred_sync)
         """The location's store (keys relative to it)."""
 
     def read(self, key: str) -> dict[str, Any] | None:
+        """The document at ``key``; None where there is none, or only the empty file a power loss leaves of a write whose
+        bytes never reached the disk (a build's writes are durable at its barriers; its next run writes it again)."""
         result = self.kv.read(key).result()
-        if result.state != "value":
+        if result.state != "value" or not len(result.value):
             return None
         return json.loads(bytes(result.value))
 
@@ -206,19 +236,20 @@ def _array_spec(location: str, sub: str, dtype: str, shard: int, inner: int, com
 
 def _open_array(location: str, sub: str, dtype: str | None, shard: int, inner: int, create: bool,
                 compression: str = "zstd", strict: bool = True, settled: bool = False,
-                metadata: dict[str, Any] | None = None) -> ts.TensorStore:
+                metadata: dict[str, Any] | None = None, deferred_sync: bool = False) -> ts.TensorStore:
     """An existing array with the layout it was made with (caches of every tokenmix layout open), or, with ``create``, a
     new one in today's layout, its chunks stored as ``compression`` says (``CHUNK_CODECS``). Opened to write
     (``create``), every chunk is stored; opened to read, a missing chunk is an error unless ``strict`` is off (arrays
     another program wrote, which may leave out chunks of zeros). ``settled``: read from object storage, the chunks the
     process's cache pool holds serve again without asking the store (only for values that can no longer change).
     ``metadata``: the array's stored zarr metadata, known already (a cache's open object): opened to read without
-    reading it again."""
+    reading it again. ``deferred_sync`` (with ``create``): a build's, whose local writes are durable at its next
+    ``make_durable``."""
     remote_read = not create and urlparse(location).scheme in ("gs", "s3")
     options = WRITER_OPTIONS if create else READER_OPTIONS if strict else {}
     if remote_read and settled:
         options = {**options, "recheck_cached_data": False}
-    context = _REMOTE_READ_CONTEXT if remote_read else _CONTEXT
+    context = _REMOTE_READ_CONTEXT if remote_read else _write_context(location, deferred_sync and create)
     try:
         if metadata is not None and not create:
             array = ts.open({"driver": "zarr3", "kvstore": _subspec(location, sub), "metadata": metadata, **options},
@@ -228,21 +259,39 @@ def _open_array(location: str, sub: str, dtype: str | None, shard: int, inner: i
     except ValueError as e:
         if not create or "NOT_FOUND" not in str(e):
             raise
-        return ts.open(_array_spec(location, sub, dtype, shard, inner, compression), context=_CONTEXT, create=True).result()
+        return ts.open(_array_spec(location, sub, dtype, shard, inner, compression), context=context, create=True).result()
     if dtype is not None and array.dtype.numpy_dtype != np.dtype(dtype):
         raise ValueError(f"{join_location(location, sub)} holds {array.dtype.numpy_dtype} values, not {dtype}")
     return array
 
 
-def _new_array(location: str, sub: str, dtype: str, shard: int, inner: int, compression: str) -> ts.TensorStore | None:
-    """A new array in today's layout (``_open_array``), or None where one exists already: one storage round for a new
-    cache's array, where opening it first would fail before creating it."""
-    try:
-        return ts.open(_array_spec(location, sub, dtype, shard, inner, compression), context=_CONTEXT, create=True).result()
-    except ValueError as e:
-        if "ALREADY_EXISTS" not in str(e):
-            raise
+ZARR_METADATA = "zarr.json"
+"""Where a zarr3 array stores its metadata, under its prefix."""
+
+
+def _new_array(location: str, sub: str, dtype: str, shard: int, inner: int, compression: str,
+               deferred_sync: bool = False) -> ts.TensorStore | None:
+    """A new array in today's layout (``_open_array``), or None where one exists already: its ``zarr.json`` written
+    only where there is none (the very bytes tensorstore's creation writes: ``_new_metadata``), and the array opened on
+    it without reading it back. A third of the CPU of tensorstore's creation, which a small cache paid twice."""
+    context = _write_context(location, deferred_sync)
+    metadata = _new_metadata(dtype, shard, inner, compression)
+    kv = ts.KvStore.open(_subspec(location, sub), context=context).result()
+    absent = kv.read(ZARR_METADATA).result()
+    if absent.state == "value" or not kv.write(ZARR_METADATA, metadata, if_equal=absent.stamp.generation).result().generation:
         return None
+    spec = {"driver": "zarr3", "kvstore": _subspec(location, sub), **WRITER_OPTIONS, "metadata": json.loads(metadata)}
+    return ts.open(spec, context=context, open=True, assume_metadata=True).result()
+
+
+@functools.cache
+def _new_metadata(dtype: str, shard: int, inner: int, compression: str) -> bytes:
+    """The ``zarr.json`` tensorstore writes when it creates an array of this layout (it creates one in memory)."""
+    context = ts.Context()
+    ts.open(_array_spec("memory://tokenmix-layout", "array", dtype, shard, inner, compression), context=context,
+            create=True).result()
+    kv = ts.KvStore.open(_subspec("memory://tokenmix-layout", "array"), context=context).result()
+    return bytes(kv.read(ZARR_METADATA).result().value)
 
 
 class _ChunkAligned:
@@ -250,8 +299,10 @@ class _ChunkAligned:
     so each is compressed and written once instead of once per append (a partial object is read back, merged and
     recompressed). ``flush`` writes the partial last one too, keeping it, so that the values can be committed."""
 
-    def __init__(self, array: ts.TensorStore, chunk: int, start: int):
+    def __init__(self, array: ts.TensorStore, chunk: int, start: int, context: ts.Context):
         self.array = array
+        self.context = context
+        """The context ``array`` was opened in (so that erasing writes as it does)."""
         self.chunk = chunk
         self.start = start
         """Where the first waiting value goes."""
@@ -303,16 +354,16 @@ class _ChunkAligned:
         if boundary > end:
             self.array[end:boundary].write(np.zeros((), dtype)).result()
         if self.written > boundary:
-            _erasing(self.array)[boundary : self.written].write(np.zeros((), dtype)).result()
+            _erasing(self.array, self.context)[boundary : self.written].write(np.zeros((), dtype)).result()
         self.written = end
 
 
-def _erasing(array: ts.TensorStore) -> ts.TensorStore:
-    """``array`` opened to drop every chunk that a write leaves holding only the fill value (a builder's own handle stores
-    them, so that a missing chunk always means damage)."""
+def _erasing(array: ts.TensorStore, context: ts.Context) -> ts.TensorStore:
+    """``array`` opened in ``context`` to drop every chunk that a write leaves holding only the fill value (a builder's
+    own handle stores them, so that a missing chunk always means damage)."""
     spec = array.spec().to_json()
     spec["store_data_equal_to_fill_value"] = False
-    return ts.open(spec, open=True, context=_CONTEXT).result()
+    return ts.open(spec, open=True, context=context).result()
 
 
 def write_unit(array: ts.TensorStore) -> int:
@@ -328,20 +379,22 @@ class JaggedArray:
     """
 
     def __init__(self, data: ts.TensorStore, offsets: ts.TensorStore, location: str = "", name: str = TOKENS_ARRAY,
-                 created: bool = False):
+                 created: bool = False, context: ts.Context = _CONTEXT):
         self.data = data
         self.offsets = offsets
         self.location = location
         self.name = name
         self.created = created
         """Whether opening it created both arrays: nothing of them is stored yet, ``offsets[0]`` included."""
+        self.context = context
+        """The context its arrays were opened to write in."""
         self._tokens: _ChunkAligned | None = None
         self._ends: _ChunkAligned | None = None
 
     @classmethod
     def open(cls, location: str, name: str, dtype: str | None, create: bool = False, compression: str = "zstd",
              strict: bool = True, settled: bool = False, fresh: bool = False,
-             metadata: dict[str, dict[str, Any]] | None = None) -> JaggedArray:
+             metadata: dict[str, dict[str, Any]] | None = None, deferred_sync: bool = False) -> JaggedArray:
         """Open (or, with ``create``, create if absent) the jagged array ``name`` at ``location``; ``compression`` says
         how new values are stored (``CHUNK_CODECS``; row ends are always zstd). ``dtype`` None opens values of any type
         (not with ``create``). ``strict`` off reads a missing chunk as zeros (for arrays another program wrote).
@@ -349,18 +402,21 @@ class JaggedArray:
         whether a chunk it holds changed: only for reads of values committed when this was opened (``_open_array``).
         ``fresh`` (with ``create``): most likely absent (a cache without a ledger yet), so created without trying to open
         it first; ``created`` says whether it was. ``metadata``: the stored zarr metadata of ``data`` and ``offsets`` by
-        those names, known already (not read again)."""
+        those names, known already (not read again). ``deferred_sync`` (with ``create``): written by a build, whose
+        local writes are durable at its next ``make_durable``."""
+        deferred_sync = deferred_sync and create
+        context = _write_context(location, deferred_sync)
         if create and fresh and dtype is not None:
-            data = _new_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, compression)
-            offsets = _new_array(location, f"{name}/offsets", "int64", OFFSETS_SHARD, OFFSETS_INNER, "zstd")
+            data = _new_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, compression, deferred_sync)
+            offsets = _new_array(location, f"{name}/offsets", "int64", OFFSETS_SHARD, OFFSETS_INNER, "zstd", deferred_sync)
             if data is not None and offsets is not None:
-                return cls(data, offsets, location, name, created=True)
+                return cls(data, offsets, location, name, created=True, context=context)
         metadata = metadata or {}
         data = _open_array(location, f"{name}/data", dtype, DATA_SHARD, DATA_INNER, create, compression, strict, settled,
-                           metadata.get("data"))
+                           metadata.get("data"), deferred_sync)
         offsets = _open_array(location, f"{name}/offsets", "int64", OFFSETS_SHARD, OFFSETS_INNER, create, strict=strict,
-                              metadata=metadata.get("offsets"))
-        return cls(data, offsets, location, name)
+                              metadata=metadata.get("offsets"), deferred_sync=deferred_sync)
+        return cls(data, offsets, location, name, context=context)
 
     @property
     def dtype(self) -> np.dtype:
@@ -389,12 +445,12 @@ class JaggedArray:
         if len(tokens):
             if self._tokens is None or self._tokens.end != first_token:
                 futures.extend(self._tokens.flush() if self._tokens is not None else [])
-                self._tokens = _ChunkAligned(self.data, write_unit(self.data), first_token)
+                self._tokens = _ChunkAligned(self.data, write_unit(self.data), first_token, self.context)
             futures.extend(self._tokens.append(tokens))
         if len(lengths):
             if self._ends is None or self._ends.end != first_row + 1:
                 futures.extend(self._ends.flush() if self._ends is not None else [])
-                self._ends = _ChunkAligned(self.offsets, write_unit(self.offsets), first_row + 1)
+                self._ends = _ChunkAligned(self.offsets, write_unit(self.offsets), first_row + 1, self.context)
             futures.extend(self._ends.append(ends))
         return futures
 
