@@ -12,12 +12,19 @@ A build calling it while another ``syncfs`` of the same filesystem runs waits fo
 caller that arrived meanwhile (a group commit): the caches that the run's setup threads open and finish together share
 their barriers. ``syncfs`` is Linux's; elsewhere ``SYNCFS_AVAILABLE`` is false, each write keeps its own fsyncs and the
 barrier has nothing left to do.
+
+Barriers are only as safe as per-object fsyncs where the filesystem brings a file replaced by a rename back whole (old
+or new) after a power loss: a build rewrites objects that hold committed rows (the ledger, a partial last shard) between
+barriers. ``barriers_hold`` says where that is known: btrfs, and ext4 with its journal running, ``auto_da_alloc`` on
+(its default) and not ``data=writeback``. Anywhere else (XFS, ext4 without a journal, network filesystems) a build's
+writes keep their own fsyncs. ``$TOKENMIX_BUILD_BARRIERS`` (1 or 0) overrides the check.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
 import threading
@@ -109,3 +116,51 @@ def sync_filesystem(directory: str) -> None:
     with _groups_lock:
         group = _groups.setdefault(device, _GroupSync())
     group.sync(directory)
+
+
+BARRIERS_ENV = "TOKENMIX_BUILD_BARRIERS"
+"""1: a build's local writes are made durable by barriers wherever ``syncfs`` exists; 0: each by its own fsyncs."""
+
+
+def barriers_hold(directory: str) -> bool:
+    """Whether a build writing under ``directory`` (it need not exist yet) makes its writes durable by barriers
+    (``sync_filesystem``) rather than each by its own fsyncs: where ``syncfs`` exists and the filesystem brings a file
+    replaced by a rename back whole after a power loss, or as ``$TOKENMIX_BUILD_BARRIERS`` says."""
+    if _SYNCFS is None:
+        return False
+    forced = os.environ.get(BARRIERS_ENV)
+    if forced in ("0", "1"):
+        return forced == "1"
+    while not os.path.exists(directory):
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return False
+        directory = parent
+    return _keeps_replaced_files(os.stat(directory).st_dev, os.path.realpath(directory))
+
+
+@functools.lru_cache(maxsize=64)
+def _keeps_replaced_files(device: int, path: str) -> bool:
+    """Whether the filesystem (device ``device``) mounted over ``path`` is btrfs, or ext4 whose journal runs (an entry in
+    ``/proc/fs/jbd2``) with ``auto_da_alloc`` and without ``data=writeback``."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return False
+    best: list[str] | None = None
+    for fields in mounts:
+        point = fields[4].replace("\\040", " ")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) > len(best[4])):
+            best = fields
+    if best is None or "-" not in best:
+        return False
+    after = best[best.index("-") + 1 :]
+    kind, options = after[0], set(best[5].split(",")) | set(after[2].split(",") if len(after) > 2 else ())
+    if kind == "btrfs":
+        return True
+    if kind not in ("ext4", "ext3") or "noauto_da_alloc" in options or "data=writeback" in options:
+        return False
+    name = os.path.basename(os.path.realpath(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}"))
+    return os.path.isdir(f"/proc/fs/jbd2/{name}-8")

@@ -23,7 +23,7 @@ import numpy as np
 import tensorstore as ts
 
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk, locate, problem_of
-from tokenmix.cache.durability import SYNCFS_AVAILABLE, sync_filesystem
+from tokenmix.cache.durability import SYNCFS_AVAILABLE, barriers_hold, sync_filesystem
 
 TOKENS_ARRAY = "input_ids"
 LOSS_SPANS_ARRAY = "loss_spans"
@@ -144,7 +144,8 @@ def remove_interrupted_writes(location: str, keep: tuple[str, ...] = ()) -> int:
 def _write_context(location: str, deferred_sync: bool) -> ts.Context:
     """The context to write ``location`` through: ``deferred_sync`` (a build's writes) leaves local files unsynced until
     ``make_durable``; otherwise each write is durable when it completes."""
-    return _DEFERRED_SYNC_CONTEXT if deferred_sync and kvstore_spec(location)["driver"] == "file" else _CONTEXT
+    spec = kvstore_spec(location)
+    return _DEFERRED_SYNC_CONTEXT if deferred_sync and spec["driver"] == "file" and barriers_hold(spec["path"]) else _CONTEXT
 
 
 def make_durable(location: str) -> None:
@@ -152,7 +153,7 @@ def make_durable(location: str) -> None:
     shared with the other builds calling now (``durability.sync_filesystem``). On object stores a write is durable once
     acknowledged, and a ``memory://`` cache never is: nothing to do."""
     spec = kvstore_spec(location)
-    if spec["driver"] == "file":
+    if spec["driver"] == "file" and barriers_hold(spec["path"]):
         sync_filesystem(spec["path"])
 
 
