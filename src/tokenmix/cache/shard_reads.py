@@ -34,6 +34,7 @@ import numpy as np
 import zstandard
 
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk
+from tokenmix.sources.urls import local_path
 
 Fetch = list[tuple[str, int, "int | None"]]
 """Byte ranges of stored objects to fetch: ``(key, start, stop)``, ``stop`` None to the object's end."""
@@ -518,8 +519,9 @@ def make_source(url: str, via: str, layout: ShardLayout, by_range: bool = False)
     read by range when they are compressed), fsspec for a remote URL when ``via`` is ``fsspec``; else, for gs:// and
     s3://, tensorstore's drivers by byte range where ``by_range`` (the shard indexes are known, so a read costs only its
     chunks), or None where tensorstore should read the array itself (``memory://`` too)."""
-    if "://" not in url or url.startswith("file://"):
-        return (LocalShards if layout.codec is None else LocalRanges)(url.removeprefix("file://"))
+    path = local_path(url)
+    if path is not None:
+        return (LocalShards if layout.codec is None else LocalRanges)(path)
     if url.startswith("memory://"):
         return None
     if via == "fsspec":

@@ -37,6 +37,7 @@ from tokenmix.sources.compression import (
     decompressing_reader,
     strip_compression_suffix,
 )
+from tokenmix.sources.urls import local_path
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ class FileShard:
         return self.compression is not None or self.kind == "tar"
 
     def size_bytes(self) -> int | None:
-        local = _local_path(self.name)
+        local = local_path(self.name)
         try:
             if local is not None:
                 return os.path.getsize(local)
@@ -189,7 +190,7 @@ class FileShard:
     def identity(self) -> dict[str, Any] | None:
         """Size and ``mtime_ns`` of a local file; size and the first of ETag, generation, content hashes or modification
         time that an object store reports. ``FileNotFoundError`` when the input is missing."""
-        local = _local_path(self.name)
+        local = local_path(self.name)
         if local is None:
             import fsspec
             from fsspec.implementations.local import LocalFileSystem
@@ -382,18 +383,11 @@ class FileShard:
         self._members_complete = True
 
 
-def _local_path(url: str) -> str | None:
-    """The path of an input on this machine's disks (a path, or a ``file://`` URL), else None."""
-    if url.startswith("file://"):
-        return url.removeprefix("file://")
-    return None if "://" in url or "::" in url else os.path.expanduser(url)
-
-
 def _open_input(url: str) -> Any:
     """The input opened for reading bytes (a context manager giving the file): a local file directly, so that a build
     of local inputs never imports fsspec (30-50 ms of its start-up: the import scans every installed package's entry
     points), anything else through fsspec."""
-    local = _local_path(url)
+    local = local_path(url)
     if local is not None:
         return open(local, "rb")
     import fsspec

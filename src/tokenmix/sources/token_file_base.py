@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from tokenmix.sources import urls
+
 
 class TokenFileError(ValueError):
     """A token file that cannot be read as the kind it was declared; the message names the file and the fix."""
@@ -55,10 +57,11 @@ class TokenFile:
 
 def local_path(url: str, kind: str) -> str:
     """The local path of a token file URL; token files are memory-mapped, so they must be on a local (or mounted) disk."""
-    if "://" in url and not url.startswith("file://"):
+    path = urls.local_path(url)
+    if path is None:
         raise TokenFileError(f"{url}: {kind} token files are memory-mapped and must be on a local or mounted disk; copy them "
                              "there (or import them into a tokenmix cache, which reads from object storage)")
-    return url.removeprefix("file://")
+    return path
 
 
 def document_ends(tokens: np.ndarray, eos_id: int | None) -> np.ndarray:

@@ -32,6 +32,14 @@ class NoShardsError(ValueError):
     Also raised for a metadata (listing) file that is missing or lists nothing, or names an input that does not exist."""
 
 
+def local_path(url: str) -> str | None:
+    """The path on this machine's disks of a plain path or a ``file://`` URL (``~`` expanded); None for a URL with any
+    other scheme, or fsspec's chained ``a::b`` form, which are read through fsspec or tensorstore."""
+    if url.startswith("file://"):
+        return url.removeprefix("file://")
+    return None if "://" in url or "::" in url else os.path.expanduser(url)
+
+
 def shard_name(url: str) -> str:
     """The name a shard is known by: a URL with a scheme as written; a local path absolute and normalized (``~``
     expanded, a relative one resolved against the current directory)."""
