@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import functools
 import os
 import sys
 import threading
@@ -136,10 +135,17 @@ def barriers_hold(directory: str) -> bool:
         if parent == directory:
             return False
         directory = parent
-    return _keeps_replaced_files(os.stat(directory).st_dev, os.path.realpath(directory))
+    device = os.stat(directory).st_dev
+    known = _KEEPS_REPLACED_FILES.get(device)
+    if known is None:
+        known = _KEEPS_REPLACED_FILES[device] = _keeps_replaced_files(device, os.path.realpath(directory))
+    return known
 
 
-@functools.lru_cache(maxsize=64)
+_KEEPS_REPLACED_FILES: dict[int, bool] = {}
+"""``_keeps_replaced_files`` by device: found once per filesystem, not once per cache directory on it."""
+
+
 def _keeps_replaced_files(device: int, path: str) -> bool:
     """Whether the filesystem (device ``device``) mounted over ``path`` is btrfs, or ext4 whose journal runs (an entry in
     ``/proc/fs/jbd2``) with ``auto_da_alloc`` and without ``data=writeback``."""

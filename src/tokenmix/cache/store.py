@@ -23,7 +23,7 @@ import numpy as np
 import tensorstore as ts
 
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk, locate, problem_of
-from tokenmix.cache.durability import SYNCFS_AVAILABLE, barriers_hold, sync_filesystem
+from tokenmix.cache.durability import barriers_hold, sync_filesystem
 
 TOKENS_ARRAY = "input_ids"
 LOSS_SPANS_ARRAY = "loss_spans"
@@ -38,9 +38,9 @@ OFFSETS_SHARD, OFFSETS_INNER = 1 << 16, 1 << 10
 
 _CONTEXT = ts.Context()
 """One context for the process, so ``memory://`` caches are shared by every opener in it."""
-_DEFERRED_SYNC_CONTEXT = ts.Context({"file_io_sync": False}) if SYNCFS_AVAILABLE else _CONTEXT
-"""Where a build writes local files: without tensorstore's two fsyncs per object, made durable by ``make_durable`` at
-the steps of the commit protocol instead (``durability.py``)."""
+_DEFERRED_SYNC_CONTEXT = ts.Context({"file_io_sync": False})
+"""Where a build writes local files where barriers hold (``durability.barriers_hold``): without tensorstore's two
+fsyncs per object, made durable by ``make_durable`` at the steps of the commit protocol instead."""
 OBJECT_CACHE_BYTES = int(os.environ.get("TOKENMIX_OBJECT_CACHE_BYTES", str(64 << 20)))
 """What a process keeps of what it fetched from caches on object storage (shard indexes, decoded chunks), in bytes."""
 _REMOTE_READ_CONTEXT = ts.Context({"cache_pool": {"total_bytes_limit": OBJECT_CACHE_BYTES}})
