@@ -842,7 +842,9 @@ static PyObject *profile(PyObject *self, PyObject *args) {
     uint32_t histogram[4][256];
     uint16_t ascii[128]; /* a copy the compiler knows no call changes */
     memcpy(ascii, classes, sizeof ascii);
-    const int ascii_by_masks = masks_hold(classes);
+#if defined(__SSE2__)
+    const int by_masks = masks_hold(classes);
+#endif
     const unsigned ascii_class_of[5] = {C_ALNUM, C_DIGIT, C_LAYOUT, C_BRACKET, C_SPACE};
     for (Py_ssize_t t = 0; t < n; t++) {
         const Py_ssize_t start = bounds[t], end = bounds[t + 1];
@@ -879,7 +881,7 @@ static PyObject *profile(PyObject *self, PyObject *args) {
         i = start;
         for (;;) {
 #if defined(__SSE2__)
-            if (ascii_by_masks && end - i >= ASCII_BLOCK) {
+            if (by_masks && end - i >= ASCII_BLOCK) {
                 /* The words, and the lines they end, of the next 64 bytes up to the first outside ASCII, from masks of
                    their classes; a word not ended in them is left for the next block (i is never inside a word). */
                 const AsciiMasks m = ascii_masks(data + i);
