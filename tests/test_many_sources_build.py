@@ -37,9 +37,11 @@ def _sources(tmp_path: Path, demo_docs: dict[str, list[dict[str, Any]]], count: 
 
 
 def _config(sources: dict[str, str], cache_dir: Path, **build: Any) -> LMMixtureDatasetConfig:
+    """A mixture of the sources, each built as a cache of its own (these tests are of many caches in one run; packs of
+    small sources: test_packs.py)."""
     return LMMixtureDatasetConfig(tokenizer=TOKENIZER, cache_dir=str(cache_dir),
                                   configs={name: LMDatasetSourceConfig(train_urls=[url]) for name, url in sources.items()},
-                                  build=BuildOptions(**build))
+                                  build=BuildOptions(**{"pack_below_bytes": 0, **build}))
 
 
 class _Peaks:
@@ -98,7 +100,7 @@ def test_a_many_source_build_killed_with_caches_open_ahead_resumes_to_the_bytes_
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "killed"),
                                     "configs": {name: {"train_urls": [url]} for name, url in sources.items()},
-                                    "build": {"commit_interval_s": 0}}))
+                                    "build": {"commit_interval_s": 0, "pack_below_bytes": 0}}))
     # the build stops at the cache held here: those before it finish, the next ones are opened and wait
     blocker = build_lock(str(tmp_path / "killed" / "s030" / "train"))
     blocker.acquire()

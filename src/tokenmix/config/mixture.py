@@ -245,6 +245,9 @@ class LMMixtureDatasetConfig(DataConfigBase):
         source = self.configs[name]
         return join_location(source.cache_dir, split) if source.cache_dir else join_location(self.cache_dir, name, split)
 
+    def pack_root(self, name: str) -> str | None:
+        return None if self.configs[name].cache_dir else self.cache_dir
+
     def _weights_in_steps(self) -> dict[str, float] | list[tuple[int, dict[str, float]]]:
         if isinstance(self.train_weights, dict):
             return self.train_weights
