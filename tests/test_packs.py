@@ -192,3 +192,33 @@ def _poll_until_committed(cache_dir: Path, builder: Any, timeout: float = 120.0)
         assert builder.poll() is None, builder.stdout.read()
         time.sleep(0.005)
     raise AssertionError("the pack committed no rows in time")
+
+
+def test_verify_of_a_packed_config_checks_each_pack_once_and_repair_restores_its_bytes(tmp_path, demo_docs):
+    from test_damaged_caches import flip, tokenmix_cli
+
+    sources = _sources(tmp_path, demo_docs)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "cache"), "build": {"on_error": "skip"},
+                                      "configs": {name: {"train_urls": urls} for name, urls in sources.items()}}))
+    build_caches(tokenmix_config(config), progress=False)
+    (pack,) = (tmp_path / "cache" / PACKS_DIR).iterdir()
+    pristine = cache_bytes(str(pack))
+    clean = tokenmix_cli("verify", "--config_path", str(config), "--json")
+    assert clean.returncode == 0, clean.stderr
+    assert [r["location"] for r in json.loads(clean.stdout)] == [str(pack)]
+    data = pack / "input_ids" / "data" / "c" / "0"
+    flip(data, data.stat().st_size - 7)
+    found = tokenmix_cli("verify", "--config_path", str(config))
+    assert found.returncode == 1 and "DAMAGED" in found.stdout and str(pack) in found.stdout, found.stdout + found.stderr
+    alone = tokenmix_cli("verify", str(tmp_path / "cache" / "s009" / "train"))  # a source's location: its pack is checked
+    assert alone.returncode == 1 and str(pack) in alone.stdout
+    repaired = tokenmix_cli("verify", "--config_path", str(config), "--repair")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert cache_bytes(str(pack)) == pristine
+
+
+def tokenmix_config(path: Path) -> Any:
+    from tokenmix import load_data_config
+
+    return load_data_config(str(path))

@@ -45,6 +45,7 @@ from tokenmix.sources.urls import local_path
 
 if TYPE_CHECKING:
     from tokenmix.cache.packed_source import PackedSourceCache
+    from tokenmix.cache.reader import TokenCache
     from tokenmix.config.caches import CacheTarget
 
 logger = logging.getLogger(__name__)
@@ -147,6 +148,30 @@ def open_member(location: str, record: MemberRecord, identity: dict[str, Any]) -
     pack = open_pack(record.pack_location(location), record.pack_fingerprint, location)
     return PackedSourceCache(pack, location, record.rows, record.tokens, record.identity, fingerprint_of(record.identity),
                              record.stats)
+
+
+def open_cache_at(location: str) -> TokenCache | PackedSourceCache:
+    """The cache at a location, whatever it is: a cache of its own, or a source's rows in a pack (its member record
+    read, its identity not checked: there is no config to check it against)."""
+    from tokenmix.cache.reader import CacheNotFoundError, TokenCache
+
+    try:
+        return TokenCache(location)
+    except CacheNotFoundError:
+        record = read_member(location)
+        if record is None:
+            raise
+        return open_member(location, record, record.identity)
+
+
+def stored_cache_of(location: str) -> str:
+    """Where the cache at ``location`` is stored: the location itself, or the pack holding its source (what ``tokenmix
+    verify`` reads and repairs)."""
+    docs = JsonDocuments(location)
+    if docs.read(LEDGER_FILE) is not None:
+        return location
+    record = read_member(location, docs)
+    return location if record is None else record.pack_location(location)
 
 
 @dataclass
