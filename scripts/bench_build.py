@@ -26,8 +26,9 @@ run of (b) too, all threads: a loaded machine moves it much less than wall time)
 ``--sources N`` builds instead N small sources of ``DOCS_PER_SOURCE`` documents each, cut from the corpus (its
 documents in file order, train and validation, taken round after round until N sources have theirs), each written as
 one ``.jsonl.zst`` shard, in one mixture with weights 1-7: a wide mixture's build, where each cache's fixed costs
-(lock, ledger, arrays, backend check, final commit) weigh against little encoding. Only ``auto`` is built, against limit
-(b) on the same shards. Either way the cold whole call is timed too: ``build_caches`` in a new process, from before
+(lock, ledger, arrays, backend check, final commit) weigh against little encoding, unless they are built as packs
+(``build.pack_below_bytes``, the default; ``--pack-below-bytes 0`` builds a cache per source). Only ``auto`` is built,
+against limit (b) on the same shards. Either way the cold whole call is timed too: ``build_caches`` in a new process, from before
 ``import tokenmix`` to its return, and "once started": tokens over the time from the first cache's backend choice (the
 log line ``encoding with``: imports, tokenizer loads and the check are behind) to the end; with the cold process's CPU
 seconds (all its threads), which a loaded machine moves less than wall time.
@@ -84,6 +85,8 @@ def _dir_bytes(path: str, pattern: str) -> int:
 
 
 DOCS_PER_SOURCE = 40
+BUILD_OPTIONS: dict[str, int] = {}
+"""``build:`` options every build of the run takes besides workers and backend (``--pack-below-bytes``)."""
 
 
 def corpus_sources(corpus: str) -> dict[str, list[str]]:
@@ -121,7 +124,7 @@ def mixture_config(sources: dict[str, list[str]], tokenizer: str, cache_dir: str
         cache_dir=cache_dir,
         configs={s: LMDatasetSourceConfig(train_urls=urls) for s, urls in sources.items()},
         train_weights={s: 1 + i % 7 for i, s in enumerate(sources)},
-        build=BuildOptions(num_workers=workers, tokenizer_backend=backend),
+        build=BuildOptions(num_workers=workers, tokenizer_backend=backend, **BUILD_OPTIONS),
     )
 
 
@@ -216,7 +219,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="build.num_workers (default: one per core)")
     parser.add_argument("--repeats", type=int, default=3, help="builds and limit runs, alternating; the best of each counts")
     parser.add_argument("--sources", type=int, default=None, help=f"build N sources of {DOCS_PER_SOURCE} documents cut from the corpus")
+    parser.add_argument("--pack-below-bytes", type=int, default=None,
+                        help="build.pack_below_bytes (default: tokenmix's; 0 builds every source as a cache of its own)")
     args = parser.parse_args()
+    if args.pack_below_bytes is not None:
+        BUILD_OPTIONS["pack_below_bytes"] = args.pack_below_bytes
     if args.sources is not None:
         with tempfile.TemporaryDirectory(prefix="tokenmix-bench-sources-") as tmp:
             bench_many_sources(cut_sources(args.corpus, args.sources, tmp), args)
@@ -338,7 +345,7 @@ def bench_cold_call(sources: dict[str, list[str]], tokenizer: str, workers: int 
             "cache_dir": os.path.join(tmp, "cache"),
             "configs": {s: {"train_urls": urls} for s, urls in sources.items()},
             "train_weights": {s: 1 + i % 7 for i, s in enumerate(sources)},
-            "build": {"tokenizer_backend": "auto", **({"num_workers": workers} if workers is not None else {})},
+            "build": {"tokenizer_backend": "auto", **({"num_workers": workers} if workers is not None else {}), **BUILD_OPTIONS},
         }
         path = os.path.join(tmp, "bench.yaml")
         with open(path, "w") as f:
