@@ -243,6 +243,36 @@ def test_members_of_a_pack_share_one_open_pack_held_weakly(text_pack):
     assert held() is None
 
 
+def test_a_member_per_row_opens_no_cache_thread_or_file_per_member(text_pack):
+    """Every row of the pack a member of its own, all read: still one open pack, and the threads and open files of one."""
+    bounds = TokenCache(text_pack.pack).row_bounds(0, text_pack.members["c"][0][1]).tolist()
+    fingerprint, chunks = TokenCache(text_pack.pack).fingerprint, ChunkCache(0)
+
+    def read(rows: range) -> list[list[int]]:
+        got = []
+        for r in rows:
+            where = str(text_pack.root / f"row-{r}")
+            member = PackedSourceCache(open_pack(text_pack.pack, fingerprint, where, chunks), where, (r, r + 1), (bounds[r], bounds[r + 1]),
+                                       {}, fingerprint, None)
+            size = member.num_tokens()
+            got.append(np.concatenate(member.read_ranges(*_ranges(member, [(0, size)]), size)()).tolist())
+            kept.append(member)
+        return got
+
+    def held() -> tuple[int, int, int]:
+        gc.collect()
+        caches = sum(isinstance(o, TokenCache) for o in gc.get_objects())
+        return caches, len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
+
+    kept: list[PackedSourceCache] = []
+    first = read(range(1))
+    one = held()
+    rest = read(range(1, len(bounds) - 1))
+    assert held() == one and len(kept) == len(bounds) - 1 > 100
+    whole = TokenCache(text_pack.pack)
+    assert first + rest == [r.tolist() for r in whole.get_rows(range(len(bounds) - 1))]
+
+
 def test_a_pack_of_another_fingerprint_is_refused_naming_both_locations(text_pack, tmp_path):
     member = str(tmp_path / "member-b")
     with pytest.raises(CacheMismatchError, match=rf"{member}: .* pack at {text_pack.pack} with fingerprint 0123456789abcdef, but the "
