@@ -173,7 +173,8 @@ class PackedSourceCache:
         return self._pack.read_unit
 
     def caches_blocks(self, committed_tokens: int) -> bool:
-        """Whether reads go through the chunk cache: whether the pack, all its committed tokens, has room in it."""
+        """Whether reads go through the chunk cache: whether the pack, all its committed tokens, has room in it (one claim
+        for all its members, so ``committed_tokens``, the member's, does not count)."""
         return self._pack.caches_blocks(self._pack_tokens)
 
     def read_ranges(self, begin: np.ndarray, size: np.ndarray, committed_tokens: int) -> Callable[[], list[np.ndarray]]:
