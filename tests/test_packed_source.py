@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import REPO, build, write_jsonl
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenmix import MixtureDataset, PackedDataset, SupervisedLmDatasetFormat, TokenCache, TokenSeqDataset
@@ -169,7 +169,6 @@ def test_random_ranges_and_blocks_read_as_from_the_source_built_alone(text_pack,
     starts = data.draw(st.lists(st.integers(0, tokens - 1), min_size=1, max_size=12))
     picks = [(b, data.draw(st.integers(0, min(tokens - b, 3 * UNIT)))) for b in starts]
     begin, size = _ranges(own, picks)
-    assume(len(begin))  # the reader of a cache alone is never asked for no ranges (a zstd batch of none kills the process)
     got, want = member.read_ranges(begin, size, tokens)(), own.read_ranges(begin, size, tokens)()
     assert [g.tolist() for g in got] == [w.tolist() for w in want]
     blocks = data.draw(st.lists(st.integers(0, (tokens - 1) // BLOCK), min_size=1, max_size=4))

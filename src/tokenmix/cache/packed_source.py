@@ -189,8 +189,6 @@ class PackedSourceCache:
             bad = int(np.flatnonzero((size > 0) & ((begin + size - 1) // unit != begin // unit))[0])
             raise ValueError(f"{self.location}: token range [{begin[bad]}, {begin[bad] + size[bad]}) crosses a read unit of {unit} "
                              "tokens; cut ranges where read units end (datasets.cache_ranges.split_at_chunks)")
-        if not len(begin):  # nothing to read: the pack's reader is not asked (a zstd batch of no frames kills the process)
-            return lambda: []
         start = begin + self._first_token
         cut = (start // unit + 1) * unit
         crossing = np.flatnonzero(start + size > cut)
