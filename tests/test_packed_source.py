@@ -10,6 +10,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from helpers import REPO, build, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from s3_server import BUCKET
 
 from tokenmix import MixtureDataset, PackedDataset, SupervisedLmDatasetFormat, TokenCache, TokenSeqDataset
 from tokenmix.cache import reader, store
@@ -45,6 +47,8 @@ class Packed:
     members: dict[str, tuple[tuple[int, int], tuple[int, int]]]
     """Per source, its rows and tokens in the pack, found from the pack's ledger."""
     root: Path
+    shards: list[str]
+    """The pack's shards, in order."""
 
 
 def _records(rng: np.random.Generator, n: int, supervised: bool) -> list[dict[str, str]]:
@@ -63,7 +67,8 @@ def _build(root: Path, supervised: bool) -> Packed:
               for name, count in SOURCES.items()}
     fmt = SupervisedLmDatasetFormat() if supervised else None
     pack = str(root / "pack")
-    build(pack, [url for urls in shards.values() for url in urls], fmt, on_error="skip")
+    listed = [url for urls in shards.values() for url in urls]
+    build(pack, listed, fmt, on_error="skip")
     alone = {name: str(root / name) for name in SOURCES}
     for name, urls in shards.items():
         build(alone[name], urls, fmt, on_error="skip")
@@ -73,7 +78,7 @@ def _build(root: Path, supervised: bool) -> Packed:
         own = [r for r in runs if first_shard <= r.shard < first_shard + count]
         members[name] = ((own[0].row, own[-1].stop_row), (own[0].token, own[-1].stop_token))
         first_shard += count
-    return Packed(pack, alone, members, root)
+    return Packed(pack, alone, members, root, listed)
 
 
 @pytest.fixture(scope="module")
@@ -306,6 +311,21 @@ def test_reads_outside_a_member_are_refused_naming_it(text_pack):
         member.read_ranges(np.array([UNIT - 1]), np.array([2]), tokens)
     with pytest.raises(ValueError, match=rf"{where}: this cache has no loss spans"):
         member.loss_spans(0, 1)
+
+
+@pytest.mark.parametrize("object_reads", ["tensorstore", "fsspec"])
+def test_members_of_a_pack_on_s3_read_as_the_sources_built_alone(text_pack, s3, object_reads):
+    remote = f"s3://{BUCKET}/packs-{time.time_ns()}/pack"
+    build(remote, text_pack.shards, on_error="skip")
+    pack = open_pack(remote, TokenCache(text_pack.pack).fingerprint, "member", object_reads=object_reads)
+    _, alone = _open(text_pack)
+    for name, (rows, tokens) in text_pack.members.items():
+        member, own = PackedSourceCache(pack, f"{remote}-{name}", rows, tokens, {}, "f", None), alone[name]
+        assert not member.caches_blocks(member.num_tokens()) and member.read_unit == own.read_unit
+        assert np.array_equal(member.row_bounds(0, member.num_rows()), own.row_bounds(0, own.num_rows()))
+        windows = [TokenSeqDataset(c, 300) for c in (member, own)]
+        picks = np.random.default_rng(2).permutation(len(windows[1]))
+        assert np.array_equal(windows[0].get_batch(picks).tokens, windows[1].get_batch(picks).tokens), name
 
 
 _CHILD = """
