@@ -26,7 +26,7 @@ from tokenmix import MixtureDataset, PackedDataset, SupervisedLmDatasetFormat, T
 from tokenmix.cache import reader, store
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.ledger import CacheMismatchError
-from tokenmix.cache.packed_source import PackedSourceCache, open_pack
+from tokenmix.cache import PackedSourceCache, open_pack
 from tokenmix.datasets.cache_ranges import split_at_chunks
 
 PAD = 1
