@@ -23,10 +23,9 @@ from hypothesis import strategies as st
 from s3_server import BUCKET
 
 from tokenmix import MixtureDataset, PackedDataset, SupervisedLmDatasetFormat, TokenCache, TokenSeqDataset
-from tokenmix.cache import reader, store
+from tokenmix.cache import PackedSourceCache, open_pack, reader, store
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.ledger import CacheMismatchError
-from tokenmix.cache import PackedSourceCache, open_pack
 from tokenmix.datasets.cache_ranges import split_at_chunks
 
 PAD = 1

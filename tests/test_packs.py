@@ -222,3 +222,51 @@ def tokenmix_config(path: Path) -> Any:
     from tokenmix import load_data_config
 
     return load_data_config(str(path))
+
+
+def test_a_mixture_of_packed_sources_gives_the_batches_of_the_same_sources_built_alone_here_and_in_a_loaders_readers(tmp_path, demo_docs):
+    import dataclasses
+
+    import jax
+
+    from tokenmix import DataLoader
+
+    sources = _sources(tmp_path, demo_docs)
+    weights = {name: 1 + i % 5 for i, name in enumerate(sources) if name != "s005"}  # s005 keeps no document
+    packed, alone = (dataclasses.replace(_config({n: sources[n] for n in weights}, tmp_path / d, **build), train_weights=weights, shuffle=True)
+                     for d, build in (("packed", {}), ("alone", {"pack_below_bytes": 0})))
+    build_caches(packed, progress=False)
+    build_caches(alone, progress=False)
+    assert (tmp_path / "packed" / PACKS_DIR).exists() and not (tmp_path / "alone" / PACKS_DIR).exists()
+    here, there = packed.train_set(64), alone.train_set(64)
+    indices = np.random.default_rng(0).choice(4096, 96, replace=False)
+    assert np.array_equal(here.get_batch(indices).tokens, there.get_batch(indices).tokens)
+    mesh = jax.make_mesh((1,), ("data",))
+    with DataLoader(here, 8, mesh, {"batch": "data"}, workers=1) as loader:
+        for step, batch in zip(range(3), loader):
+            assert np.array_equal(np.asarray(batch.batch.tokens.array), there.get_batch(np.arange(8 * step, 8 * step + 8)).tokens), step
+
+
+def test_a_packed_source_is_refused_for_a_config_of_another_identity_and_inspected_and_exported_from_its_location(tmp_path, demo_docs):
+    import dataclasses
+
+    from test_damaged_caches import tokenmix_cli
+
+    from tokenmix.cache.ledger import CacheMismatchError
+
+    sources = _sources(tmp_path, demo_docs)
+    config = _config(sources, tmp_path / "cache")
+    build_caches(config, progress=False)
+    with pytest.raises(CacheMismatchError, match="(?s)s001.*bos_id"):
+        open_cache(dataclasses.replace(config, enforce_bos=True), "s001")
+    location = tmp_path / "cache" / "s001" / "train"
+    shown = tokenmix_cli("inspect", str(location), "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["stats"] == open_cache(config, "s001").stats()
+    build_caches(_config({"s001": sources["s001"]}, tmp_path / "alone"), progress=False)
+    for name, where in (("packed", location), ("alone", tmp_path / "alone" / "s001" / "train")):
+        exported = tokenmix_cli("export", "--cache", str(where), "--to", "megatron", "--output", str(tmp_path / name / "s001"))
+        assert exported.returncode == 0, exported.stderr
+    assert sorted(p.name for p in (tmp_path / "packed").glob("s001*")) == ["s001.bin", "s001.idx"]
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / "packed" / f"s001{suffix}").read_bytes() == (tmp_path / "alone" / f"s001{suffix}").read_bytes()

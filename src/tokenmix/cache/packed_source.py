@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
-from tokenmix.cache.ledger import CacheMismatchError
+from tokenmix.cache.ledger import CacheLedger, CacheMismatchError
 from tokenmix.cache.reader import TokenCache, chosen_object_reads
 
 _LOCK = threading.Lock()
@@ -63,16 +63,18 @@ class PackedSourceCache:
     """One source's rows of a pack, read as a finished cache of their own."""
 
     def __init__(self, pack: TokenCache, location: str, rows: tuple[int, int], tokens: tuple[int, int],
-                 identity: dict[str, Any], fingerprint: str, stats: dict[str, Any] | None):
+                 identity: dict[str, Any], fingerprint: str, stats: dict[str, Any] | None, ledger: CacheLedger | None = None):
         """``location``: the source's own cache location (where its member record and packing plans are); ``rows`` and
         ``tokens``: its ``[first, stop)`` rows and tokens in the pack; ``identity``, ``fingerprint``, ``stats``: those of
-        the source, as its member record holds them. A pack whose rows do not begin and end at those tokens raises
-        ``CacheMismatchError``."""
+        the source, as its member record holds them; ``ledger``: the finished ledger a cache of the source built alone
+        would have (its shards' accounts; what ``tokenmix inspect`` and ``export`` show), if known. A pack whose rows do
+        not begin and end at those tokens raises ``CacheMismatchError``."""
         self._pack = pack
         self.location = location
         self.identity = identity
         self.fingerprint = fingerprint
         self._stats = stats
+        self._ledger = ledger
         self._first_row, self._stop_row = rows
         self._first_token, self._stop_token = tokens
         bounds = _pack_bounds(pack, self._stop_row)
@@ -93,10 +95,17 @@ class PackedSourceCache:
         pack = self._pack
         return _reopen, (pack.location, pack.fingerprint, pack.chunk_cache, pack.object_reads, self.location,
                          (self._first_row, self._stop_row), (self._first_token, self._stop_token), self.identity,
-                         self.fingerprint, self._stats)
+                         self.fingerprint, self._stats, self._ledger)
 
     def __repr__(self) -> str:
         return f"PackedSourceCache({self.location!r}: rows [{self._first_row}, {self._stop_row}) of the pack at {self._pack.location!r})"
+
+    @property
+    def ledger(self) -> CacheLedger:
+        """The finished ledger a cache of the source built alone would have (without runs)."""
+        if self._ledger is None:
+            raise ValueError(f"{self!r}: opened without its member record's ledger")
+        return self._ledger
 
     @property
     def pack(self) -> TokenCache:
@@ -263,6 +272,6 @@ class PackedSourceCache:
 
 def _reopen(pack_location: str, pack_fingerprint: str, chunk_cache: ChunkCache, object_reads: str, location: str,
             rows: tuple[int, int], tokens: tuple[int, int], identity: dict[str, Any], fingerprint: str,
-            stats: dict[str, Any] | None) -> PackedSourceCache:
+            stats: dict[str, Any] | None, ledger: CacheLedger | None) -> PackedSourceCache:
     pack = open_pack(pack_location, pack_fingerprint, location, chunk_cache, object_reads)
-    return PackedSourceCache(pack, location, rows, tokens, identity, fingerprint, stats)
+    return PackedSourceCache(pack, location, rows, tokens, identity, fingerprint, stats, ledger)

@@ -85,11 +85,13 @@ class MemberRecord:
     """The accounts of the source's shards, as the pack's ledger keeps them."""
     stats: dict[str, Any]
     """The source's statistics, as a cache of it built alone would hold them in ``stats.json``."""
+    info: dict[str, Any]
+    """What made it, for people (tokenizer, source, split, the pack), as a ledger's ``info``."""
 
     def ledger(self) -> CacheLedger:
         """The finished ledger a cache of the source built alone would have (without runs)."""
         return CacheLedger(self.identity, [dataclasses.replace(s) for s in self.shards], rows=self.rows[1] - self.rows[0],
-                           tokens=self.tokens[1] - self.tokens[0], finished=True)
+                           tokens=self.tokens[1] - self.tokens[0], finished=True, info=dict(self.info))
 
     def pack_location(self, location: str) -> str:
         """The pack's location, for the source's cache at ``location``."""
@@ -98,7 +100,7 @@ class MemberRecord:
     def to_json(self) -> dict[str, Any]:
         doc = {"format": MEMBER_FORMAT, "pack": self.pack, "pack_fingerprint": self.pack_fingerprint, "rows": list(self.rows),
                "tokens": list(self.tokens), "identity": self.identity, "shards": [s.to_json() for s in self.shards],
-               "stats": self.stats}
+               "stats": self.stats, "info": self.info}
         return {**doc, "crc32c": _checksum(doc)}
 
     @classmethod
@@ -109,7 +111,7 @@ class MemberRecord:
         if body.get("format") != MEMBER_FORMAT:
             raise MemberDamagedError(location, f"format {body.get('format')!r}, this tokenmix reads {MEMBER_FORMAT}")
         return cls(body["pack"], body["pack_fingerprint"], tuple(body["rows"]), tuple(body["tokens"]), body["identity"],  # type: ignore[arg-type]
-                   [ShardProgress(**s) for s in body["shards"]], body["stats"])
+                   [ShardProgress(**s) for s in body["shards"]], body["stats"], body["info"])
 
 
 def _document(record: MemberRecord) -> bytes:
@@ -144,10 +146,10 @@ def open_member(location: str, record: MemberRecord, identity: dict[str, Any]) -
     ``identity``, the one the config asks for."""
     from tokenmix.cache.packed_source import PackedSourceCache, open_pack
 
-    record.ledger().check_identity(identity, location)
+    ledger = record.ledger()
+    ledger.check_identity(identity, location)
     pack = open_pack(record.pack_location(location), record.pack_fingerprint, location)
-    return PackedSourceCache(pack, location, record.rows, record.tokens, record.identity, fingerprint_of(record.identity),
-                             record.stats)
+    return PackedSourceCache(pack, location, record.rows, record.tokens, record.identity, ledger.fingerprint, record.stats, ledger)
 
 
 def open_cache_at(location: str) -> TokenCache | PackedSourceCache:
@@ -392,7 +394,8 @@ def member_records(pack: Pack, ledger: CacheLedger, row_bounds: np.ndarray, pack
         lengths = np.diff(row_bounds[rows[0] : rows[1] + 1])
         relative = _relative(target.location, pack.location)
         stats = stats_document(pack.member_identity, shards, lengths, {**build, "pack": relative})
-        records[source] = MemberRecord(relative, pack_fingerprint, rows, tokens, pack.member_identity, list(shards), stats)
+        info = {"tokenizer": ledger.info.get("tokenizer"), "source": source, "split": pack.split, "pack": relative}
+        records[source] = MemberRecord(relative, pack_fingerprint, rows, tokens, pack.member_identity, list(shards), stats, info)
     return records
 
 
