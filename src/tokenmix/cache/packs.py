@@ -46,7 +46,7 @@ from tokenmix.sources.urls import local_path
 if TYPE_CHECKING:
     from tokenmix.cache.packed_source import PackedSourceCache
     from tokenmix.cache.reader import TokenCache
-    from tokenmix.config.caches import CacheTarget
+    from tokenmix.cache.targets import CacheTarget
 
 logger = logging.getLogger(__name__)
 

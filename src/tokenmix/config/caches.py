@@ -14,6 +14,7 @@ from tokenmix.cache.levanter import LEVANTER_LEDGER
 from tokenmix.cache.options import BuildOptions
 from tokenmix.cache.reader import CacheNotFoundError, TokenCache
 from tokenmix.cache.store import JsonDocuments
+from tokenmix.cache.targets import CacheTarget
 from tokenmix.cache.token_files_cache import TokenFilesCache
 from tokenmix.config.sources import LMDatasetSourceConfig
 from tokenmix.config.token_file_source import check_vocabulary
@@ -22,7 +23,6 @@ from tokenmix.config.tokenization import TokenizationConfig
 if TYPE_CHECKING:
     from tokenmix.cache.packed_source import PackedSourceCache
     from tokenmix.formats.encoder import EncoderSpec
-    from tokenmix.sources.shards import Shard
 
 logger = logging.getLogger(__name__)
 
@@ -47,20 +47,6 @@ class DataConfigBase(TokenizationConfig, abc.ABC):
         (``<root>/_packs``: ``cache/packs.py``), or None where it is never packed (its caches have a location of their
         own)."""
         return None
-
-
-@dataclass
-class CacheTarget:
-    """One cache to build: a source's split."""
-
-    source: str
-    split: str
-    location: str
-    shards: list[Shard]
-    spec: EncoderSpec
-    identity: dict[str, Any]
-    pack_root: str | None = None
-    """The directory holding the cache (at ``<pack_root>/<source>/<split>``) and packs of it; None: it is never packed."""
 
 
 def cache_targets(config: DataConfigBase, sources: list[str] | None = None) -> list[CacheTarget]:
