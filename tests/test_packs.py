@@ -270,3 +270,23 @@ def test_a_packed_source_is_refused_for_a_config_of_another_identity_and_inspect
     assert sorted(p.name for p in (tmp_path / "packed").glob("s001*")) == ["s001.bin", "s001.idx"]
     for suffix in (".bin", ".idx"):
         assert (tmp_path / "packed" / f"s001{suffix}").read_bytes() == (tmp_path / "alone" / f"s001{suffix}").read_bytes()
+
+
+@pytest.mark.timeout(300)
+def test_small_sources_built_on_s3_are_packed_and_read_as_the_local_build(s3, tmp_path, demo_docs):
+    import dataclasses
+
+    from s3_server import BUCKET
+
+    sources = _sources(tmp_path, demo_docs)
+    remote = dataclasses.replace(_config(sources, tmp_path / "unused"), cache_dir=f"s3://{BUCKET}/packs-{time.time_ns()}")
+    local = _config(sources, tmp_path / "local")
+    built = build_caches(remote, progress=False)
+    reference = build_caches(local, progress=False)
+    assert all(_without_build(built[k]) == _without_build(reference[k]) for k in reference)
+    assert all(s["already_built"] for s in build_caches(remote, progress=False).values())
+    for name in list(sources)[::7]:
+        there, here = open_cache(remote, name), open_cache(local, name)
+        assert there.location.startswith("s3://") and type(there).__name__ == "PackedSourceCache"
+        rows = list(range(here.num_rows()))
+        assert [r.tolist() for r in there.get_rows(rows)] == [r.tolist() for r in here.get_rows(rows)], name

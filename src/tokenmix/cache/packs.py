@@ -97,11 +97,12 @@ class MemberRecord:
         """The pack's location, for the source's cache at ``location``."""
         return _resolve(location, self.pack)
 
-    def to_json(self) -> dict[str, Any]:
-        doc = {"format": MEMBER_FORMAT, "pack": self.pack, "pack_fingerprint": self.pack_fingerprint, "rows": list(self.rows),
-               "tokens": list(self.tokens), "identity": self.identity, "shards": [s.to_json() for s in self.shards],
-               "stats": self.stats, "info": self.info}
-        return {**doc, "crc32c": _checksum(doc)}
+    def document(self) -> bytes:
+        """The record as stored: its fields as JSON (keys sorted), then their crc32c."""
+        body = json.dumps({"format": MEMBER_FORMAT, "pack": self.pack, "pack_fingerprint": self.pack_fingerprint, "rows": list(self.rows),
+                           "tokens": list(self.tokens), "identity": self.identity, "shards": [s.to_json() for s in self.shards],
+                           "stats": self.stats, "info": self.info}, sort_keys=True)
+        return f'{body[:-1]}, "crc32c": {google_crc32c.value(body.encode("utf-8"))}}}\n'.encode()
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], location: str) -> MemberRecord:
@@ -112,10 +113,6 @@ class MemberRecord:
             raise MemberDamagedError(location, f"format {body.get('format')!r}, this tokenmix reads {MEMBER_FORMAT}")
         return cls(body["pack"], body["pack_fingerprint"], tuple(body["rows"]), tuple(body["tokens"]), body["identity"],  # type: ignore[arg-type]
                    [ShardProgress(**s) for s in body["shards"]], body["stats"], body["info"])
-
-
-def _document(record: MemberRecord) -> bytes:
-    return json.dumps(record.to_json(), sort_keys=True).encode("utf-8") + b"\n"
 
 
 def _checksum(doc: dict[str, Any]) -> int:
@@ -309,7 +306,7 @@ def _still_matches(record: MemberRecord, target: CacheTarget, identity: dict[str
         return False
     ledger = record.ledger()
     if SourceChecks(target.location, target.shards, options.chunk_bytes).check_begun(ledger):
-        docs.write(f"{_key(target)}/{MEMBER_FILE}", dataclasses.replace(record, shards=ledger.shards).to_json())
+        docs.kv.write(f"{_key(target)}/{MEMBER_FILE}", dataclasses.replace(record, shards=ledger.shards).document()).result()
     return True
 
 
@@ -409,7 +406,7 @@ def write_member_records(pack: Pack, pack_stats: dict[str, Any]) -> dict[tuple[s
     row_bounds = TokenCache(pack.location).row_bounds(0, ledger.rows)
     records = member_records(pack, ledger, row_bounds, pack_stats)
     docs = JsonDocuments(pack.root, deferred_sync=True)
-    written = [docs.kv.write(f"{_key(pack.targets[source])}/{MEMBER_FILE}", _document(record)) for source, record in records.items()]
+    written = [docs.kv.write(f"{_key(pack.targets[source])}/{MEMBER_FILE}", record.document()) for source, record in records.items()]
     for write in written:
         write.result()
     make_durable(pack.location)  # the members' locations and the pack's are under one root: one filesystem
