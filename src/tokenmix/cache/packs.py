@@ -149,18 +149,19 @@ def open_member(location: str, record: MemberRecord, identity: dict[str, Any]) -
     return PackedSourceCache(pack, location, record.rows, record.tokens, record.identity, ledger.fingerprint, record.stats, ledger)
 
 
-def open_cache_at(location: str) -> TokenCache | PackedSourceCache:
-    """The cache at a location, whatever it is: a cache of its own, or a source's rows in a pack (its member record
-    read, its identity not checked: there is no config to check it against)."""
+def open_cache_at(location: str, identity: dict[str, Any] | None = None) -> TokenCache | PackedSourceCache:
+    """The cache at a location, whatever it is: a cache of its own, or a source's rows in a pack, refused
+    (``CacheMismatchError``) where its identity is not ``identity`` (None: not checked, there being no config to check
+    it against). The member record is read only where there is no cache of its own."""
     from tokenmix.cache.reader import CacheNotFoundError, TokenCache
 
     try:
-        return TokenCache(location)
+        return TokenCache(location, expected_identity=identity)
     except CacheNotFoundError:
         record = read_member(location)
         if record is None:
             raise
-        return open_member(location, record, record.identity)
+        return open_member(location, record, record.identity if identity is None else identity)
 
 
 def stored_cache_of(location: str) -> str:

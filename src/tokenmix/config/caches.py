@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from tokenmix.cache.ledger import LEDGER_FILE
 from tokenmix.cache.levanter import LEVANTER_LEDGER
 from tokenmix.cache.options import BuildOptions
-from tokenmix.cache.reader import CacheNotFoundError, TokenCache
+from tokenmix.cache.reader import TokenCache
 from tokenmix.cache.store import JsonDocuments
 from tokenmix.cache.targets import CacheTarget
 from tokenmix.cache.token_files_cache import TokenFilesCache
@@ -154,13 +154,6 @@ def open_cache(config: DataConfigBase, source: str, split: str = "train") -> Tok
         check_vocabulary(files, identity["vocab_size"], where)
         return TokenFilesCache(files, config.cache_location(source, split), identity)
     identity = {**config.cache_identity(available[source].format, f"source {source!r}"), **config.build.layout_identity()}
-    location = config.cache_location(source, split)
-    try:
-        return TokenCache(location, expected_identity=identity)
-    except CacheNotFoundError:
-        from tokenmix.cache.packs import open_member, read_member
+    from tokenmix.cache.packs import open_cache_at
 
-        record = read_member(location)
-        if record is None:
-            raise
-        return open_member(location, record, identity)
+    return open_cache_at(config.cache_location(source, split), identity)
