@@ -368,12 +368,13 @@ def member_records(pack: Pack, ledger: CacheLedger, row_bounds: np.ndarray, pack
     (``row_bounds[i]``: where row i begins, and last the tokens); a member whose rows are not one run, or one of whose
     shards is to be tried again, gets none."""
     extents: dict[int, list[Any]] = {}
-    for run in ledger.run_extents():
-        member = int(np.searchsorted(pack.first_shards, run.shard, side="right")) - 1
+    pack_runs = ledger.run_extents()
+    members = np.searchsorted(np.asarray(pack.first_shards), [run.shard for run in pack_runs], side="right") - 1
+    for run, member in zip(pack_runs, members.tolist()):
         extents.setdefault(member, []).append(run)
     build = {key: pack_stats["build"][key] for key in ("seconds", "tokenizer_backend") if key in pack_stats.get("build", {})}
     records = {}
-    pack_fingerprint = ledger.fingerprint
+    pack_fingerprint, member_fingerprint = ledger.fingerprint, fingerprint_of(pack.member_identity)
     previous_stop = 0
     for k, source in enumerate(pack.sources):
         shards = ledger.shards[pack.first_shards[k] : pack.first_shards[k + 1]]
@@ -391,7 +392,7 @@ def member_records(pack: Pack, ledger: CacheLedger, row_bounds: np.ndarray, pack
         tokens = (int(row_bounds[rows[0]]), int(row_bounds[rows[1]]))
         lengths = np.diff(row_bounds[rows[0] : rows[1] + 1])
         relative = _relative(target.location, pack.location)
-        stats = stats_document(pack.member_identity, shards, lengths, {**build, "pack": relative})
+        stats = stats_document(pack.member_identity, member_fingerprint, shards, lengths, {**build, "pack": relative})
         info = {"tokenizer": ledger.info.get("tokenizer"), "source": source, "split": pack.split, "pack": relative}
         records[source] = MemberRecord(relative, pack_fingerprint, rows, tokens, pack.member_identity, list(shards), stats, info)
     return records

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmix.cache.ledger import CacheLedger, ShardProgress, fingerprint_of, skipped_totals
+from tokenmix.cache.ledger import CacheLedger, ShardProgress, skipped_totals
 from tokenmix.cache.store import JaggedArray
 
 STATS_FILE = "stats.json"
@@ -43,12 +43,14 @@ def compute_stats(ledger: CacheLedger, array: JaggedArray, build_seconds: float,
         "tokens_this_run": built_tokens,
         "tokens_per_second": round(built_tokens / build_seconds, 1) if build_seconds > 0 else None,
     }
-    return stats_document(ledger.identity, ledger.shards, document_lengths(array, ledger.rows), build)
+    return stats_document(ledger.identity, ledger.fingerprint, ledger.shards, document_lengths(array, ledger.rows), build)
 
 
-def stats_document(identity: dict[str, Any], shards: Sequence[ShardProgress], lengths: np.ndarray, build: dict[str, Any]) -> dict[str, Any]:
+def stats_document(identity: dict[str, Any], fingerprint: str, shards: Sequence[ShardProgress], lengths: np.ndarray,
+                   build: dict[str, Any]) -> dict[str, Any]:
     """The statistics of the documents read from ``shards`` (their ledger accounts), of token counts ``lengths`` in
-    order: a cache's, or one source's of a pack (``cache/packs.py``)."""
+    order, of a cache of ``identity`` (whose fingerprint is ``fingerprint``): a cache's, or one source's of a pack
+    (``cache/packs.py``)."""
     tokens = int(lengths.sum())
     skipped = skipped_totals(shards)
     length_stats: dict[str, float] = {}
@@ -58,7 +60,7 @@ def stats_document(identity: dict[str, Any], shards: Sequence[ShardProgress], le
             length_stats[f"p{p}"] = float(v)
     loss_valid = sum(s.loss_tokens for s in shards) if identity.get("loss_spans") else tokens - len(lengths)
     return {
-        "fingerprint": fingerprint_of(identity),
+        "fingerprint": fingerprint,
         "tokenizer_fingerprint": identity.get("tokenizer_fingerprint"),
         "documents": len(lengths),
         "tokens": tokens,
