@@ -11,12 +11,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, fields
 from functools import partial
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from tokenmix.cache.reader import TokenCache
-from tokenmix.cache.store import join_location
 from tokenmix.cache.token_files_cache import TokenFilesCache
 from tokenmix.config.adaptive import AdaptiveMixing
 from tokenmix.config.caches import DataConfigBase, open_cache
@@ -32,16 +30,16 @@ from tokenmix.datasets.ignored_targets import IgnoredTargets
 from tokenmix.datasets.mixture import STOP_STRATEGIES, MixtureDataset, normalize_schedule
 from tokenmix.datasets.nanoset_order import NanosetOrderDataset, NanotronStage
 from tokenmix.datasets.order import check_shuffle
-from tokenmix.datasets.packed import PackedDataset
 from tokenmix.datasets.permutation import derive_key
-from tokenmix.datasets.preference_pairs import PreferencePairs
 from tokenmix.datasets.splits import SPLIT_NAMES, split_bounds
 from tokenmix.datasets.subset import ExampleRange, ExampleSubset
-from tokenmix.datasets.token_seq import TokenSeqDataset
-from tokenmix.datasets.ul2r_denoising import UL2R_PAD_ID, DenoisingTask, Ul2rDataset
 from tokenmix.formats.preference import PreferenceChatLmDatasetFormat
 from tokenmix.formats.ul2r import Ul2rLmDatasetFormat
 from tokenmix.loader.batch_schedule import BatchSchedule
+from tokenmix.sources.urls import join_location
+
+if TYPE_CHECKING:
+    from tokenmix.cache.reader import TokenCache
 
 logger = logging.getLogger(__name__)
 
@@ -273,6 +271,12 @@ class LMMixtureDatasetConfig(DataConfigBase):
         return IgnoredTargets(examples, self.ignore_token_id)
 
     def _source_examples(self, name: str, cache: TokenCache, seq_len: int, source_id: int, documents: np.ndarray | None) -> Dataset:
+        # Here rather than at the top: these read caches (through tensorstore), which reading a config does not.
+        from tokenmix.datasets.packed import PackedDataset
+        from tokenmix.datasets.preference_pairs import PreferencePairs
+        from tokenmix.datasets.token_seq import TokenSeqDataset
+        from tokenmix.datasets.ul2r_denoising import UL2R_PAD_ID, DenoisingTask, Ul2rDataset
+
         fmt = self.configs[name].format
         if isinstance(fmt, Ul2rLmDatasetFormat):
             if documents is not None:
