@@ -169,7 +169,7 @@ def probe_difference(tokenizer_json: str) -> str | None:
     """Where ``fastokens`` and ``tokenizers`` first disagree on the probes, or None: the same for every build with this
     tokenizer and these libraries, so found once per process, and remembered on this machine (``probe_verdicts.py``)
     unless the tokenizer encodes at random."""
-    key = None if _encodes_at_random(tokenizer_json) else verdict_key(tokenizer_json, _PROBES, __file__)
+    key = None if encodes_at_random(tokenizer_json) else verdict_key(tokenizer_json, _PROBES, [__file__])
     known = recall_verdict(key) if key is not None else None
     if known is not None:
         return known.difference
@@ -179,7 +179,7 @@ def probe_difference(tokenizer_json: str) -> str | None:
     return difference
 
 
-def _encodes_at_random(tokenizer_json: str) -> bool:
+def encodes_at_random(tokenizer_json: str) -> bool:
     """Whether the tokenizer's ids may change from one encoding to the next (a BPE with dropout)."""
     return bool((tokenizer_definition(tokenizer_json).get("model") or {}).get("dropout"))
 
