@@ -194,7 +194,7 @@ def test_a_cold_build_loads_the_fast_tokenizer_beside_the_array_libraries_import
             "from tokenmix.formats import backends\n"
             "imported, preload = [], backends.preload_fast\n"
             "def preload_noting_imports(tokenizer_json):\n"
-            "    imported.append(sorted(m for m in ('tensorstore',) if m in sys.modules))\n"
+            "    imported.append(sorted(m for m in ('numpy', 'tensorstore') if m in sys.modules))\n"
             "    return preload(tokenizer_json)\n"
             "backends.preload_fast = preload_noting_imports\n"
             "stats = tokenmix.build_caches(tokenmix.load_data_config(json.loads(sys.argv[1])), progress=False)\n"

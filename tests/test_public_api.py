@@ -74,7 +74,7 @@ print(sorted(m for m in {HEAVY!r} if m in sys.modules))
     assert sorted(starts_jax.stdout.split()) == ["DataLoader", "LmBatch", "LoaderError", "StepBatch"], "as the package docstring says"
 
 
-ARRAY_LIBRARIES = ("tensorstore",)
+ARRAY_LIBRARIES = ("numpy", "tensorstore")
 
 
 def test_reading_a_config_imports_no_array_library():

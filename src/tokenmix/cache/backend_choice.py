@@ -22,7 +22,8 @@ from concurrent.futures import Future
 import tokenmix.formats
 from tokenmix.cache.ledger import CacheLedger
 from tokenmix.formats.backends import FAST, REFERENCE, BackendChoice, TokenizerBackend, choose_backend, encodes_at_random
-from tokenmix.formats.encoder import DocumentEncoder, EncoderSpec, chunk_difference
+from tokenmix.formats.encoder import DocumentEncoder, chunk_difference
+from tokenmix.formats.encoder_spec import EncoderSpec
 from tokenmix.formats.probe_verdicts import ProbeVerdict, recall_verdict, remember_verdict, verdict_key
 from tokenmix.sources.shards import RawChunk, Shard, ShardReadError, approx_size
 

@@ -30,7 +30,8 @@ import zstandard
 
 from tokenmix.cache.store import kvstore_spec, open_kvstore
 from tokenmix.formats.base import FILTER_REASONS
-from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
+from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk
+from tokenmix.formats.encoder_spec import EncoderSpec
 from tokenmix.sources.shards import FileShard, Shard, ShardReadError
 from tokenmix.sources.urls import join_location
 

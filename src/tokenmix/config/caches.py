@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 from tokenmix.cache.ledger import LEDGER_FILE
 from tokenmix.cache.levanter import LEVANTER_LEDGER
 from tokenmix.cache.options import BuildOptions
-from tokenmix.cache.token_files_cache import TokenFilesCache
 from tokenmix.config.sources import LMDatasetSourceConfig
 from tokenmix.config.token_file_source import check_vocabulary
 from tokenmix.config.tokenization import TokenizationConfig
 
 if TYPE_CHECKING:
     from tokenmix.cache.reader import TokenCache
-    from tokenmix.formats.encoder import EncoderSpec
+    from tokenmix.cache.token_files_cache import TokenFilesCache
+    from tokenmix.formats.encoder_spec import EncoderSpec
     from tokenmix.sources.shards import Shard
 
 logger = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def build_caches(config: DataConfigBase, sources: list[str] | None = None, progr
 def _built_by_levanter(location: str) -> bool:
     """Whether ``location`` holds a finished cache Levanter built (and none of ours); an unfinished one is refused: its
     builder is Levanter's, and a tokenmix build would write into arrays of another layout."""
-    from tokenmix.cache.store import JsonDocuments  # here: reading a config needs no tensorstore
+    from tokenmix.cache.store import JsonDocuments  # here: reading a config imports no tensorstore
 
     docs = JsonDocuments(location)
     if docs.read(LEDGER_FILE) is not None:
@@ -123,7 +123,9 @@ def open_cache(config: DataConfigBase, source: str, split: str = "train") -> Tok
 
     A source of token files opens them in place, refused when their declared tokenizer's vocabulary is not the config's;
     a cache Levanter built opens through its own ledger."""
-    from tokenmix.cache.reader import TokenCache  # here: reading a config needs no tensorstore
+    # here: reading a config imports neither tensorstore nor numpy
+    from tokenmix.cache.reader import TokenCache
+    from tokenmix.cache.token_files_cache import TokenFilesCache
 
     available = config.sources()
     if source not in available:
