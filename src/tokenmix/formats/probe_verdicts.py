@@ -22,6 +22,7 @@ checked again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -56,11 +57,17 @@ def verdict_key(tokenizer_json: str, checked: Sequence[str | bytes], checkers: S
     for checker in checkers:
         stat = os.stat(checker)
         digest.update(f"{checker}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
-    digest.update(hashlib.sha256(tokenizer_json.encode("utf-8", "surrogatepass")).digest())
+    digest.update(_serialization_digest(tokenizer_json))
     for item in checked:
         data = item if isinstance(item, bytes) else item.encode("utf-8", "surrogatepass")
         digest.update(len(data).to_bytes(8, "little") + data)
     return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=4)
+def _serialization_digest(tokenizer_json: str) -> bytes:
+    """The SHA-256 of a serialization (megabytes), once per process: the probes' key and the sample's both need it."""
+    return hashlib.sha256(tokenizer_json.encode("utf-8", "surrogatepass")).digest()
 
 
 def verdict_path(key: str, kind: str = "probes") -> Path:
