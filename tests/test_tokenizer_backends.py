@@ -268,6 +268,10 @@ def test_a_build_whose_sample_was_checked_before_takes_the_verdict_and_loads_no_
     planted = _build_in_a_new_process(tmp_path, "planted", [url], remembered)
     assert (planted["name"], planted["reason"]) == ("tokenizers", "fastokens differs from tokenizers: a difference planted in the "
                                                     "remembered verdict")
+    verdicts[0].write_text('{"difference": ')  # cut short (a crash while it was written): checked again, and rewritten
+    rechecked = _build_in_a_new_process(tmp_path, "rechecked", [url], remembered)
+    assert rechecked["name"] == "fastokens" and rechecked["tokenizers"]
+    assert json.loads(verdicts[0].read_text()) == {"difference": None}
 
     other = write_jsonl(tmp_path / "other.jsonl", [{"text": "one more document first"}, *_records()])
     changed = _build_in_a_new_process(tmp_path, "changed", [other], remembered)
