@@ -142,7 +142,7 @@ class FlockBuildLock(BuildLock):
         self._dir_fd: int | None = None
 
     def _try_acquire(self) -> bool:
-        from tokenmix.cache.store import unwritable  # here, as each use of the store in this module: see build_lock
+        from tokenmix.cache.store import unwritable  # imported where it is used: see build_lock
 
         directory = os.path.dirname(self.path)
         try:
