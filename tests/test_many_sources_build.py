@@ -188,6 +188,9 @@ def test_a_cold_build_loads_the_fast_tokenizer_beside_the_array_libraries_import
     import subprocess
     import sys
 
+    from tokenmix.formats.tokenizer_identity import tokenizer_info
+
+    tokenizer_info(TOKENIZER)  # described on this machine (else transformers, which imports numpy, describes it)
     config = {"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "cache"),
               "configs": {name: {"train_urls": [url]} for name, url in _sources(tmp_path, demo_docs, 2).items()}}
     code = ("import json, sys, tokenmix\n"
