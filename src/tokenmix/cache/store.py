@@ -26,6 +26,7 @@ import tensorstore as ts
 
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk, locate, problem_of
 from tokenmix.cache.durability import barriers_hold, sync_filesystem
+from tokenmix.sources.urls import join_location
 
 TOKENS_ARRAY = "input_ids"
 LOSS_SPANS_ARRAY = "loss_spans"
@@ -104,11 +105,6 @@ def _s3_options() -> dict[str, Any]:
     if region:  # else tensorstore asks the bucket for it, a request for every store it opens
         options["aws_region"] = region
     return options
-
-
-def join_location(location: str, *parts: str) -> str:
-    """``location/part/...`` for paths and URLs alike."""
-    return "/".join([location.rstrip("/"), *parts])
 
 
 def _subspec(location: str, sub: str) -> dict[str, Any]:

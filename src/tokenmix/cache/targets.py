@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tokenmix.formats.encoder import EncoderSpec
+    from tokenmix.formats.encoder_spec import EncoderSpec
     from tokenmix.sources.shards import Shard
 
 

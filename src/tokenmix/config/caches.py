@@ -12,17 +12,16 @@ from typing import TYPE_CHECKING, Any
 from tokenmix.cache.ledger import LEDGER_FILE
 from tokenmix.cache.levanter import LEVANTER_LEDGER
 from tokenmix.cache.options import BuildOptions
-from tokenmix.cache.reader import TokenCache
-from tokenmix.cache.store import JsonDocuments
 from tokenmix.cache.targets import CacheTarget
-from tokenmix.cache.token_files_cache import TokenFilesCache
 from tokenmix.config.sources import LMDatasetSourceConfig
 from tokenmix.config.token_file_source import check_vocabulary
 from tokenmix.config.tokenization import TokenizationConfig
 
 if TYPE_CHECKING:
     from tokenmix.cache.packed_source import PackedSourceCache
-    from tokenmix.formats.encoder import EncoderSpec
+    from tokenmix.cache.reader import TokenCache
+    from tokenmix.cache.token_files_cache import TokenFilesCache
+    from tokenmix.formats.encoder_spec import EncoderSpec
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +125,8 @@ def build_caches(config: DataConfigBase, sources: list[str] | None = None, progr
 def _built_by_levanter(location: str) -> bool:
     """Whether ``location`` holds a finished cache Levanter built (and none of ours); an unfinished one is refused: its
     builder is Levanter's, and a tokenmix build would write into arrays of another layout."""
+    from tokenmix.cache.store import JsonDocuments  # here: reading a config imports no tensorstore
+
     docs = JsonDocuments(location)
     if docs.read(LEDGER_FILE) is not None:
         return False
@@ -143,6 +144,10 @@ def open_cache(config: DataConfigBase, source: str, split: str = "train") -> Tok
 
     A source of token files opens them in place, refused when their declared tokenizer's vocabulary is not the config's;
     a cache Levanter built opens through its own ledger; a source built in a pack opens over the pack, as if built alone."""
+    # here: reading a config imports neither tensorstore nor numpy
+    from tokenmix.cache.packs import open_cache_at
+    from tokenmix.cache.token_files_cache import TokenFilesCache
+
     available = config.sources()
     if source not in available:
         raise KeyError(f"unknown source {source!r}; the config defines {sorted(available)}")
@@ -154,6 +159,4 @@ def open_cache(config: DataConfigBase, source: str, split: str = "train") -> Tok
         check_vocabulary(files, identity["vocab_size"], where)
         return TokenFilesCache(files, config.cache_location(source, split), identity)
     identity = {**config.cache_identity(available[source].format, f"source {source!r}"), **config.build.layout_identity()}
-    from tokenmix.cache.packs import open_cache_at
-
     return open_cache_at(config.cache_location(source, split), identity)

@@ -22,7 +22,7 @@ from tokenmix.formats.base import LmDatasetFormatBase
 from tokenmix.sources.shards import Shard
 
 if TYPE_CHECKING:
-    from tokenmix.formats.encoder import EncoderSpec
+    from tokenmix.formats.encoder_spec import EncoderSpec
 
 
 def verify_cache(location: str, repair: bool = False, inputs: bool = True, config: DataConfigBase | None = None,
