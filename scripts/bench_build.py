@@ -1,6 +1,7 @@
 """Cache-build throughput against its two limits, measured in the same run.
 
     python scripts/bench_build.py [--corpus ../shared/corpus] [--tokenizer data/tokenizer] [--workers N] [--repeats 3]
+                                  [--cold-repeats 1]
     python scripts/bench_build.py --sources N [--repeats 2]     # N small sources cut from the corpus (issue 39)
 
 Builds the train caches of every source under --corpus into a fresh directory, timing the whole
@@ -26,11 +27,16 @@ run of (b) too, all threads: a loaded machine moves it much less than wall time)
 ``--sources N`` builds instead N small sources of ``DOCS_PER_SOURCE`` documents each, cut from the corpus (its
 documents in file order, train and validation, taken round after round until N sources have theirs), each written as
 one ``.jsonl.zst`` shard, in one mixture with weights 1-7: a wide mixture's build, where each cache's fixed costs
-(lock, ledger, arrays, backend check, final commit) weigh against little encoding. Only ``auto`` is built, against limit
-(b) on the same shards. Either way the cold whole call is timed too: ``build_caches`` in a new process, from before
-``import tokenmix`` to its return, and "once started": tokens over the time from the first cache's backend choice (the
-log line ``encoding with``: imports, tokenizer loads and the check are behind) to the end; with the cold process's CPU
-seconds (all its threads), which a loaded machine moves less than wall time.
+(lock, ledger, arrays, backend check, final commit) weigh against little encoding, unless they are built as packs
+(``build.pack_below_bytes``, the default; ``--pack-below-bytes 0`` builds a cache per source). Only ``auto`` is built,
+against limit (b) on the same shards. Either way the cold whole call is timed too: ``build_caches`` in a new process,
+from before ``import tokenmix`` to its return (tokenmix's bytecode compiled before, as an installed package's is), and
+"once started": tokens over the time from the first cache's backend choice (the log line ``encoding with``: imports,
+tokenizer loads and the check are behind) to the end; with the cold process's CPU seconds (all its threads), which a
+loaded machine moves less than wall time. ``--cold-repeats N`` makes N cold calls, one after another, and keeps the
+fastest (each one's whole and start-up seconds are printed): one alone moves by 20% and more on a shared VM. The cold
+calls follow the in-process builds of the same shards, so the backend check's verdicts on their sample are remembered
+(``formats/probe_verdicts.py``): a first build of new input also loads ``tokenizers`` and encodes its sample.
 """
 
 from __future__ import annotations
@@ -84,6 +90,8 @@ def _dir_bytes(path: str, pattern: str) -> int:
 
 
 DOCS_PER_SOURCE = 40
+BUILD_OPTIONS: dict[str, int] = {}
+"""``build:`` options every build of the run takes besides workers and backend (``--pack-below-bytes``)."""
 
 
 def corpus_sources(corpus: str) -> dict[str, list[str]]:
@@ -121,7 +129,7 @@ def mixture_config(sources: dict[str, list[str]], tokenizer: str, cache_dir: str
         cache_dir=cache_dir,
         configs={s: LMDatasetSourceConfig(train_urls=urls) for s, urls in sources.items()},
         train_weights={s: 1 + i % 7 for i, s in enumerate(sources)},
-        build=BuildOptions(num_workers=workers, tokenizer_backend=backend),
+        build=BuildOptions(num_workers=workers, tokenizer_backend=backend, **BUILD_OPTIONS),
     )
 
 
@@ -216,7 +224,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="build.num_workers (default: one per core)")
     parser.add_argument("--repeats", type=int, default=3, help="builds and limit runs, alternating; the best of each counts")
     parser.add_argument("--sources", type=int, default=None, help=f"build N sources of {DOCS_PER_SOURCE} documents cut from the corpus")
+    parser.add_argument("--pack-below-bytes", type=int, default=None,
+                        help="build.pack_below_bytes (default: tokenmix's; 0 builds every source as a cache of its own)")
+    parser.add_argument("--cold-repeats", type=int, default=1, help="cold whole calls, one after another; the fastest counts")
     args = parser.parse_args()
+    if args.pack_below_bytes is not None:
+        BUILD_OPTIONS["pack_below_bytes"] = args.pack_below_bytes
     if args.sources is not None:
         with tempfile.TemporaryDirectory(prefix="tokenmix-bench-sources-") as tmp:
             bench_many_sources(cut_sources(args.corpus, args.sources, tmp), args)
@@ -229,7 +242,7 @@ def main() -> None:
             runs[backend].append(_build_in_scratch(sources, args.tokenizer, args.workers, backend))
         runs["limit_b"].append(bench_fast_limit(files, args.tokenizer))
         runs["limit_a"].append(bench_raw(files, args.tokenizer))
-    cold = bench_cold_call(sources, args.tokenizer, args.workers)
+    cold = bench_cold_calls(sources, args.tokenizer, args.workers, args.cold_repeats)
     best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items()}
     fast, slow, raw, limit = best["auto"], best["tokenizers"], best["limit_a"], best["limit_b"]
     assert fast["tokens"] == slow["tokens"] == cold["tokens"], "the builds made different caches"
@@ -264,7 +277,7 @@ def bench_many_sources(sources: dict[str, list[str]], args: argparse.Namespace) 
     for _ in range(args.repeats):
         builds.append(_build_in_scratch(sources, args.tokenizer, args.workers, "auto"))
         limits.append(bench_fast_limit(files, args.tokenizer))
-    cold = bench_cold_call(sources, args.tokenizer, args.workers)
+    cold = bench_cold_calls(sources, args.tokenizer, args.workers, args.cold_repeats)
     build, limit = min(builds, key=lambda r: r["seconds"]), min(limits, key=lambda r: r["seconds"])
     assert build["tokens"] == cold["tokens"] and build["tokens"] - build["documents"] == limit["tokens"], "builds and limit differ"
     rss = build["peak_rss"]
@@ -299,6 +312,9 @@ def _build_in_scratch(sources: dict[str, list[str]], tokenizer: str, workers: in
 
 def _print_cold(cold: dict, limit: dict) -> None:
     whole, started = cold["tokens"] / cold["seconds"], cold["tokens"] / cold["started_seconds"]
+    if len(cold["runs"]) > 1:
+        print("cold whole calls (seconds; start-up): " + ", ".join(f"{r['seconds']:.2f}; {r['seconds'] - r['started_seconds']:.2f}"
+                                                                 for r in cold["runs"]))
     print(f"cold whole call (new process, from import tokenmix to the return of build_caches): {cold['seconds']:.2f} s, "
           f"{whole / 1e6:.2f} M tokens/s ({whole / limit['tokens_per_s']:.2f}x (b)); once started "
           f"{cold['started_seconds']:.2f} s, {started / 1e6:.2f} M tokens/s ({started / limit['tokens_per_s']:.2f}x (b)); start-up "
@@ -324,13 +340,26 @@ print(json.dumps({"seconds": ended - began, "started_seconds": ended - StartedAt
 """
 
 
+def bench_cold_calls(sources: dict[str, list[str]], tokenizer: str, workers: int | None, repeats: int) -> dict:
+    """The fastest of ``repeats`` cold calls (``bench_cold_call``), with every run under ``runs``."""
+    runs = [bench_cold_call(sources, tokenizer, workers) for _ in range(repeats)]
+    return {**min(runs, key=lambda r: r["seconds"]), "runs": runs}
+
+
 def bench_cold_call(sources: dict[str, list[str]], tokenizer: str, workers: int | None) -> dict:
     """``build_caches`` in a new process, from before ``import tokenmix`` to its return (interpreter start left out), and
-    from the first backend choice to its return."""
+    from the first backend choice to its return. Tokenmix's bytecode is compiled first, as ``pip install`` compiles an
+    installed package's: else, under ``PYTHONDONTWRITEBYTECODE`` (set on the development VMs) and a checkout whose
+    ``__pycache__`` is missing or stale, the process would compile its seventy-odd modules from source, about 0.1 s
+    that no installed build pays."""
     import subprocess
     import sys
 
     import yaml
+
+    import tokenmix
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.dirname(tokenmix.__file__)], check=True)
 
     with tempfile.TemporaryDirectory(prefix="tokenmix-bench-") as tmp:
         config = {
@@ -338,7 +367,7 @@ def bench_cold_call(sources: dict[str, list[str]], tokenizer: str, workers: int 
             "cache_dir": os.path.join(tmp, "cache"),
             "configs": {s: {"train_urls": urls} for s, urls in sources.items()},
             "train_weights": {s: 1 + i % 7 for i, s in enumerate(sources)},
-            "build": {"tokenizer_backend": "auto", **({"num_workers": workers} if workers is not None else {})},
+            "build": {"tokenizer_backend": "auto", **({"num_workers": workers} if workers is not None else {}), **BUILD_OPTIONS},
         }
         path = os.path.join(tmp, "bench.yaml")
         with open(path, "w") as f:

@@ -196,7 +196,8 @@ def test_statistics_describe_the_cache(tmp_path, demo_docs):
 
 
 def test_cache_locations_map_to_tensorstore_kvstores(tmp_path):
-    from tokenmix.cache.store import join_location, kvstore_spec
+    from tokenmix.cache.store import kvstore_spec
+    from tokenmix.sources.urls import join_location
 
     assert kvstore_spec(str(tmp_path / "c")) == {"driver": "file", "path": f"{tmp_path}/c/"}
     assert kvstore_spec(f"file://{tmp_path}/c/") == {"driver": "file", "path": f"{tmp_path}/c/"}

@@ -4,11 +4,14 @@ extend, and exact reads (a corpus the chunk cache cannot hold) give the very bat
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tensorstore as ts
-from helpers import TOKENIZER, build, cache_bytes, demo_urls
+from helpers import REPO, TOKENIZER, build, cache_bytes, demo_urls
 
 from tokenmix import CacheDamagedError, PackedDataset, TokenCache, TokenSeqDataset
 from tokenmix.cache import store
@@ -94,6 +97,17 @@ def test_exact_reads_of_many_shards_match_the_stored_tokens(tmp_path, small_shar
     assert exact._exact is not None and exact.read_unit == 1 << 9
     assert exact.num_tokens() > 20 * (1 << 12)
     assert np.array_equal(_every_window(exact), _every_window(TokenCache(location)))
+
+
+def test_an_exact_read_of_no_ranges_gives_none(tmp_path):
+    location = str(tmp_path / "c")
+    build(location, demo_urls("webster")[:1])
+    read = ("import numpy as np, sys; from tokenmix import TokenCache; from tokenmix.cache.chunk_cache import ChunkCache; "
+            "cache = TokenCache(sys.argv[1], chunk_cache=ChunkCache(0)); none = np.empty(0, np.int64); "
+            "print(cache.read_ranges(none, none, cache.num_tokens())())")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", read, location], capture_output=True, env=env, timeout=120)  # a crash kills only it
+    assert (done.returncode, done.stdout.decode().strip()) == (0, "[]"), done.stderr.decode()[-2000:]
 
 
 def test_a_reader_open_while_the_cache_grows_sees_the_rewritten_last_shard(tmp_path, small_shards):

@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from tokenmix import Dataset, MixtureDataset, TokenBatch
 from tokenmix.datasets import FeistelPermutation, Pending, SourceOrder
 from tokenmix.datasets.base import as_indices
-from tokenmix.datasets.block_shuffle import BlockShuffle, block_shuffled
+from tokenmix.datasets.block_shuffle import block_shuffled
 from tokenmix.datasets.mixture_layout import _STATES_KEPT, NUMPY_FROM, BlockAllocator, exact_ratios, short_decimals, whole_block_counts
 from tokenmix.datasets.segments import document_segments, window_cuts
+from tokenmix.datasets.settings import BlockShuffle
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -18,8 +18,8 @@ from helpers import TOKENIZER, demo_urls
 
 import tokenmix
 from tokenmix.config.loading import ConfigError
-from tokenmix.datasets.block_shuffle import BlockShuffle
 from tokenmix.datasets.packed import PackedDataset
+from tokenmix.datasets.settings import BlockShuffle
 from tokenmix.datasets.token_seq import TokenSeqDataset
 
 

@@ -37,9 +37,11 @@ def _sources(tmp_path: Path, demo_docs: dict[str, list[dict[str, Any]]], count: 
 
 
 def _config(sources: dict[str, str], cache_dir: Path, **build: Any) -> LMMixtureDatasetConfig:
+    """A mixture of the sources, each built as a cache of its own (these tests are of many caches in one run; packs of
+    small sources: test_packs.py)."""
     return LMMixtureDatasetConfig(tokenizer=TOKENIZER, cache_dir=str(cache_dir),
                                   configs={name: LMDatasetSourceConfig(train_urls=[url]) for name, url in sources.items()},
-                                  build=BuildOptions(**build))
+                                  build=BuildOptions(**{"pack_below_bytes": 0, **build}))
 
 
 class _Peaks:
@@ -98,7 +100,7 @@ def test_a_many_source_build_killed_with_caches_open_ahead_resumes_to_the_bytes_
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "killed"),
                                     "configs": {name: {"train_urls": [url]} for name, url in sources.items()},
-                                    "build": {"commit_interval_s": 0}}))
+                                    "build": {"commit_interval_s": 0, "pack_below_bytes": 0}}))
     # the build stops at the cache held here: those before it finish, the next ones are opened and wait
     blocker = build_lock(str(tmp_path / "killed" / "s030" / "train"))
     blocker.acquire()
@@ -180,6 +182,36 @@ def test_the_fast_tokenizer_loads_while_the_first_cache_waits_for_its_lock(tmp_p
         thread.join(120)
     assert not thread.is_alive() and not errors, errors
     assert loading, "nothing was loading while the cache's lock was held"
+
+
+def test_a_cold_build_loads_the_fast_tokenizer_beside_the_array_libraries_imports_and_still_checks_it(tmp_path, demo_docs):
+    """``fastokens``' load (about 0.15 s, the GIL released) starts before the caches' array libraries are imported (the
+    config read imports none), so the two overlap; the backend check still runs on the loaded tokenizer."""
+    import subprocess
+    import sys
+
+    from tokenmix.formats.tokenizer_identity import tokenizer_info
+
+    tokenizer_info(TOKENIZER)  # described on this machine (else transformers, which imports numpy, describes it)
+    config = {"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "cache"),
+              "configs": {name: {"train_urls": [url]} for name, url in _sources(tmp_path, demo_docs, 2).items()}}
+    code = ("import json, sys, tokenmix\n"
+            "from tokenmix.formats import backends\n"
+            "imported, preload = [], backends.preload_fast\n"
+            "def preload_noting_imports(tokenizer_json):\n"
+            "    imported.append(sorted(m for m in ('numpy', 'tensorstore') if m in sys.modules))\n"
+            "    return preload(tokenizer_json)\n"
+            "backends.preload_fast = preload_noting_imports\n"
+            "stats = tokenmix.build_caches(tokenmix.load_data_config(json.loads(sys.argv[1])), progress=False)\n"
+            "print(json.dumps({'at_first_load': imported[0], 'documents': sum(s['documents'] for s in stats.values()),\n"
+            "                  'backends': [s['build']['tokenizer_backend'] for s in stats.values()]}))")
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["at_first_load"] == []
+    assert out["documents"] == 2 * DOCS_PER_SOURCE
+    for backend in out["backends"]:
+        assert backend["name"] == "fastokens" and "encode identically" in backend["reason"], backend
 
 
 def test_a_build_of_local_inputs_without_bars_imports_neither_fsspec_nor_tqdm(tmp_path, demo_docs):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -71,6 +72,26 @@ print(sorted(m for m in {HEAVY!r} if m in sys.modules))
                          "        print(name)\n")
     assert starts_jax.returncode == 0, starts_jax.stderr
     assert sorted(starts_jax.stdout.split()) == ["DataLoader", "LmBatch", "LoaderError", "StepBatch"], "as the package docstring says"
+
+
+ARRAY_LIBRARIES = ("numpy", "tensorstore")
+
+
+def test_reading_a_config_imports_no_array_library():
+    """Every build and every training launch reads its config: YAML into checked dataclasses, which needs none of the
+    array libraries the caches and datasets are made of (about 0.1 s of imports on a 2-core VM), so that a build loads
+    its tokenizer beside their imports rather than after them."""
+    block_shuffled = {"tokenizer": TOKENIZER, "shuffle": {"io_block_size": 4, "window_blocks": 2},
+                      "configs": {"packed": {"train_urls": ["/data/a.jsonl"], "packing": {"max_segments_per_example": 8}},
+                                  "chat": {"train_urls": ["/data/b.jsonl"], "format": {"type": "chat"}}}}
+    code = ("import json, sys, tokenmix\n"
+            "for config in ('config/demo.yaml', json.loads(sys.argv[1])):\n"
+            "    tokenmix.load_data_config(config).sources()\n"
+            f"print(sorted(m for m in {ARRAY_LIBRARIES!r} if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code, json.dumps(block_shuffled)], cwd=REPO, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 def test_every_public_name_has_a_one_line_summary_that_is_its_docstring():

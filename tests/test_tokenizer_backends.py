@@ -8,6 +8,7 @@ tokenizer or gives other ids, the build falls back to ``tokenizers`` and says wh
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import logging
@@ -33,6 +34,7 @@ from tokenmix import (
     TokenCache,
     build_caches,
 )
+from tokenmix.cache.backend_choice import sample_verdict_key
 from tokenmix.formats.backends import (
     BackendChoice,
     FastBackendUnavailable,
@@ -44,6 +46,8 @@ from tokenmix.formats.backends import (
     probe_texts,
     token_byte_lengths,
 )
+from tokenmix.formats.probe_verdicts import verdict_key
+from tokenmix.sources.shards import PlainText, RawChunk
 
 SOURCES = ("linux_doc", "python_doc", "webster")
 SHARED_CORPUS = REPO.parent / "shared" / "corpus"
@@ -230,6 +234,76 @@ def test_the_check_covers_every_added_token_written_inside_text_and_the_sample()
     differing = choose_backend(tokenizer_json, "auto", lambda: "tokens differ at 7", "2 records sampled from x")
     assert differing == BackendChoice("tokenizers", "fastokens differs from tokenizers: tokens differ at 7")
     assert choose_backend(tokenizer_json, "tokenizers", lambda: None, "").name == "tokenizers"
+
+
+def _build_in_a_new_process(tmp_path: Path, name: str, inputs: list[str], remembered: Path) -> dict:
+    """A cold ``auto`` build of ``inputs`` into a new cache, remembering in ``remembered``: its backend choice, and whether
+    it loaded ``tokenizers``."""
+    config = {"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / name), "configs": {"s": {"train_urls": inputs}}}
+    code = ("import json, sys, tokenmix\n"
+            "stats = tokenmix.build_caches(tokenmix.load_data_config(json.loads(sys.argv[1])), progress=False)\n"
+            "print(json.dumps({**stats['s', 'train']['build']['tokenizer_backend'], 'tokenizers': 'tokenizers' in sys.modules}))")
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TOKENMIX_CACHE_DIR": str(remembered)})
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_a_build_whose_sample_was_checked_before_takes_the_verdict_and_loads_no_tokenizers(tmp_path):
+    """The sample's half of the check costs a cold build ``tokenizers``' load and two encodings of the sample; a build of
+    a sample checked before on this machine (same records, spec, libraries and code) takes the remembered verdict, a
+    difference remembered included, and another sample is checked again."""
+    remembered = tmp_path / "remembered"
+    url = write_jsonl(tmp_path / "records.jsonl", _records())
+    first = _build_in_a_new_process(tmp_path, "first", [url], remembered)
+    assert first["name"] == "fastokens" and first["tokenizers"] and "checked by an earlier build" not in first["reason"]
+    verdicts = list(remembered.rglob("*.sample.json"))
+    assert len(verdicts) == 1 and json.loads(verdicts[0].read_text()) == {"difference": None}
+
+    again = _build_in_a_new_process(tmp_path, "again", [url], remembered)
+    assert again["name"] == "fastokens" and not again["tokenizers"], again
+    assert "(checked by an earlier build on this machine) and the probes encode identically" in again["reason"]
+
+    verdicts[0].write_text(json.dumps({"difference": "a difference planted in the remembered verdict"}))
+    planted = _build_in_a_new_process(tmp_path, "planted", [url], remembered)
+    assert (planted["name"], planted["reason"]) == ("tokenizers", "fastokens differs from tokenizers: a difference planted in the "
+                                                    "remembered verdict")
+    verdicts[0].write_text('{"difference": ')  # cut short (a crash while it was written): checked again, and rewritten
+    rechecked = _build_in_a_new_process(tmp_path, "rechecked", [url], remembered)
+    assert rechecked["name"] == "fastokens" and rechecked["tokenizers"]
+    assert json.loads(verdicts[0].read_text()) == {"difference": None}
+
+    other = write_jsonl(tmp_path / "other.jsonl", [{"text": "one more document first"}, *_records()])
+    changed = _build_in_a_new_process(tmp_path, "changed", [other], remembered)
+    assert changed["name"] == "fastokens" and changed["tokenizers"] and "checked by an earlier build" not in changed["reason"]
+    assert len(list(remembered.rglob("*.sample.json"))) == 2
+
+
+def test_a_remembered_sample_verdict_is_keyed_by_all_that_decides_the_sample_s_encoding(tmp_path):
+    spec, _ = _config(tmp_path, "c", TOKENIZER, {}, "auto").encoder_spec(TextLmDatasetFormat(), "source 's'")
+    records = [b'{"text": "a document"}', b'{"text": "another"}']
+    key = sample_verdict_key(spec, RawChunk(0, records))
+    assert key == sample_verdict_key(dataclasses.replace(spec, backend="fastokens"), RawChunk(0, list(records)))
+    others = {sample_verdict_key(spec, RawChunk(1, records)), sample_verdict_key(spec, RawChunk(0, records[:1])),
+              sample_verdict_key(spec, RawChunk(0, [b'{"text": "a Document"}', records[1]])),
+              sample_verdict_key(spec, RawChunk(0, [PlainText(records[0]), records[1]])),
+              sample_verdict_key(dataclasses.replace(spec, format=TextLmDatasetFormat(text_key="body")), RawChunk(0, records)),
+              sample_verdict_key(dataclasses.replace(spec, eos_id=None), RawChunk(0, records)),
+              sample_verdict_key(dataclasses.replace(spec, tokenizer_json=spec.tokenizer_json.replace('"BPE"', '"BPE" ')), RawChunk(0, records))}
+    assert key not in others and len(others) == 7
+    assert sample_verdict_key(spec, RawChunk(0, [{"text": "a parsed row"}])) is None
+    dropout = json.loads(spec.tokenizer_json)
+    dropout["model"]["dropout"] = 0.1
+    assert sample_verdict_key(dataclasses.replace(spec, tokenizer_json=json.dumps(dropout)), RawChunk(0, records)) is None
+
+    checker = tmp_path / "checker.py"
+    checker.write_text("x = 1\n")
+    before = verdict_key(spec.tokenizer_json, ["text"], [str(checker)], ["numpy"])
+    assert before == verdict_key(spec.tokenizer_json, ["text"], [str(checker)], ["numpy"])
+    checker.write_text("x = 2  # the checking code changed\n")
+    assert verdict_key(spec.tokenizer_json, ["text"], [str(checker)], ["numpy"]) != before
+    assert verdict_key(spec.tokenizer_json, ["text"], [str(checker)]) != verdict_key(spec.tokenizer_json, ["text"], [str(checker)], ["numpy"])
+    assert verdict_key(spec.tokenizer_json, ["ab", "c"], [str(checker)]) != verdict_key(spec.tokenizer_json, ["a", "bc"], [str(checker)])
 
 
 def _choose_in_a_new_process(tokenizer_json: Path, remembered: Path) -> BackendChoice:

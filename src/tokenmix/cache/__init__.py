@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tokenmix.cache.ledger import CacheLedger, CacheMismatchError, ShardChangedError, ShardListMismatchError
     from tokenmix.cache.lock import BuildLock, CacheLockedError, LockLostError, build_lock
     from tokenmix.cache.options import BuildOptions
+    from tokenmix.cache.packed_source import PackedSourceCache, open_pack
     from tokenmix.cache.plans import stored_plans
     from tokenmix.cache.reader import CacheNotFoundError, TokenCache
     from tokenmix.cache.store import CacheWriteError
@@ -34,12 +35,14 @@ __all__ = [
     "ChunkCache",
     "EncoderPool",
     "LockLostError",
+    "PackedSourceCache",
     "ShardChangedError",
     "ShardListMismatchError",
     "ShardTaskError",
     "TokenCache",
     "TokenFilesCache",
     "build_lock",
+    "open_pack",
     "stored_plans",
 ]
 _exports, __getattr__, __dir__ = lazy_exports(__name__, __file__)

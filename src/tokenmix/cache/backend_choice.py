@@ -4,26 +4,47 @@ Unless ``build.tokenizer_backend`` is ``tokenizers``, both backends encode the f
 first shard left to read into what the cache would hold, and must agree for ``fastokens`` to be used
 (``formats.backends.choose_backend`` says why not). The choice is made in a thread started with the build: the check
 (and loading ``fastokens``, about 0.15 s) overlaps the build's first reads, which need no tokenizer. A run of builds
-over many caches chooses once per encoder spec (``BackendChoices``).
+over many caches chooses once per encoder spec (``BackendChoices``). The sample's verdict is remembered on the machine
+(``formats/probe_verdicts.py``): a build whose sample, spec, libraries and encoding code were all checked before takes
+it, and neither loads ``tokenizers`` nor encodes the sample.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 
+import tokenmix.formats
 from tokenmix.cache.ledger import CacheLedger
-from tokenmix.formats.backends import FAST, REFERENCE, BackendChoice, TokenizerBackend, choose_backend
-from tokenmix.formats.encoder import DocumentEncoder, EncoderSpec, chunk_difference
+from tokenmix.formats.backends import FAST, REFERENCE, BackendChoice, TokenizerBackend, choose_backend, encodes_at_random
+from tokenmix.formats.encoder import DocumentEncoder, chunk_difference
+from tokenmix.formats.encoder_spec import EncoderSpec
+from tokenmix.formats.probe_verdicts import ProbeVerdict, recall_verdict, remember_verdict, verdict_key
 from tokenmix.sources.shards import RawChunk, Shard, ShardReadError, approx_size
 
 logger = logging.getLogger(__name__)
 
 BACKEND_SAMPLE_BYTES = 64 << 10
 """Input bytes of the first shard left to read that both tokenizer backends encode before a build chooses between them."""
+
+_ENCODING_CODE = (*sorted(glob.glob(os.path.join(os.path.dirname(tokenmix.formats.__file__), "*.py"))), __file__)
+"""The modules whose code decides what a sample encodes to, by either backend: part of a remembered verdict's key."""
+
+
+def sample_verdict_key(spec: EncoderSpec, sample: RawChunk) -> str | None:
+    """The key under which the check's verdict on ``sample`` encoded by ``spec`` is remembered (``probe_verdicts.py``);
+    None where it is not remembered: a tokenizer that encodes at random, or records that are not bytes (the parsed rows
+    of a Hugging Face dataset, whose values need not have one exact serialization)."""
+    if encodes_at_random(spec.tokenizer_json) or not all(isinstance(r, bytes) for r in sample.records):
+        return None
+    described = repr(dataclasses.replace(spec, tokenizer_json="", backend=REFERENCE))
+    checked = [described, str(sample.start), *(part for r in sample.records for part in (type(r).__name__, r))]
+    return verdict_key(spec.tokenizer_json, checked, _ENCODING_CODE, libraries=("numpy",))
 
 
 class ChoosingBackend:
@@ -61,12 +82,23 @@ class ChoosingBackend:
         sample, sampled = None, "no sample"
         if self.requested != REFERENCE:
             sample, sampled = self._sample(ledger)
-        expected = DocumentEncoder(dataclasses.replace(self.spec, backend=REFERENCE)).encode(sample) if sample else None
+        key = sample_verdict_key(self.spec, sample) if sample else None
+        known = recall_verdict(key, "sample") if key else None
+        if known is not None:
+            sampled += " (checked by an earlier build on this machine)"
+        expected = None
+        if sample and known is None:  # encoded now, by the reference, while fastokens may still be loading
+            expected = DocumentEncoder(dataclasses.replace(self.spec, backend=REFERENCE)).encode(sample)
 
         def sample_difference() -> str | None:
+            if known is not None:
+                return known.difference
             if sample is None or expected is None:
                 return None
-            return chunk_difference(expected, DocumentEncoder(dataclasses.replace(self.spec, backend=FAST)).encode(sample))
+            difference = chunk_difference(expected, DocumentEncoder(dataclasses.replace(self.spec, backend=FAST)).encode(sample))
+            if key:
+                remember_verdict(key, ProbeVerdict(difference), "sample")
+            return difference
 
         choice = choose_backend(self.spec.tokenizer_json, self.requested, sample_difference, sampled)
         log = logger.info if choice.name == FAST or self.requested == REFERENCE else logger.warning

@@ -47,7 +47,7 @@ from tokenmix.cache.store import CacheWriteError, JsonDocuments, make_durable, r
 from tokenmix.execution.configs import LocalExecutorConfig
 from tokenmix.execution.task_executor import TaskExecutor
 from tokenmix.formats.backends import REFERENCE, preload_fast
-from tokenmix.formats.encoder import EncoderSpec
+from tokenmix.formats.encoder_spec import EncoderSpec
 from tokenmix.sources.shards import Shard
 
 logger = logging.getLogger(__name__)

@@ -28,7 +28,8 @@ from tokenmix.cache.store import (
     make_durable,
     storage_cause,
 )
-from tokenmix.formats.encoder import EncodedChunk, EncoderSpec
+from tokenmix.formats.encoder import EncodedChunk
+from tokenmix.formats.encoder_spec import EncoderSpec
 
 
 @dataclass

@@ -40,7 +40,8 @@ from tokenmix.execution.configs import LocalExecutorConfig
 from tokenmix.execution.process_pool import run_here, worker_process_pool
 from tokenmix.execution.task_executor import TaskExecutor
 from tokenmix.formats.backends import FAST, REFERENCE
-from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
+from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk
+from tokenmix.formats.encoder_spec import EncoderSpec
 from tokenmix.sources.shards import RawChunk
 
 _PASSES_FDS = os.name == "posix"

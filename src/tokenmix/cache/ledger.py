@@ -9,9 +9,9 @@ says and a crash between the two steps only delays publication.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,11 @@ class ShardProgress:
     def skip(self, reason: str, count: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + count
 
+    def to_json(self) -> dict[str, Any]:
+        """The account as JSON: ``dataclasses.asdict`` without its deep copy (a ledger of a thousand shards is written at
+        every commit)."""
+        return {**vars(self), "skipped": dict(self.skipped), "source": None if self.source is None else dict(self.source)}
+
 
 @dataclass(frozen=True)
 class Run:
@@ -117,7 +122,8 @@ class CacheLedger:
         return fingerprint_of(self.identity)
 
     def to_json(self) -> dict[str, Any]:
-        doc = dataclasses.asdict(self)
+        doc = {**vars(self), "identity": json.loads(json.dumps(self.identity)), "shards": [s.to_json() for s in self.shards],
+               "info": dict(self.info), "runs": None if self.runs is None else [list(run) for run in self.runs]}
         doc["fingerprint"] = self.fingerprint
         return doc
 
@@ -197,9 +203,11 @@ class CacheLedger:
         if self.runs is not None and (not self.runs or self.runs[-1][0] != shard):
             self.runs.append([shard, position, self.rows, self.tokens, span])
 
-    def skipped_totals(self) -> dict[str, int]:
-        totals: dict[str, int] = {}
-        for shard in self.shards:
-            for reason, n in shard.skipped.items():
-                totals[reason] = totals.get(reason, 0) + n
-        return dict(sorted(totals.items()))
+
+def skipped_totals(shards: Iterable[ShardProgress]) -> dict[str, int]:
+    """Skipped records by reason over ``shards``."""
+    totals: dict[str, int] = {}
+    for shard in shards:
+        for reason, n in shard.skipped.items():
+            totals[reason] = totals.get(reason, 0) + n
+    return dict(sorted(totals.items()))

@@ -38,7 +38,6 @@ from typing import Literal
 
 from tokenmix._safe_files import UnsafeFileError, open_lock_file
 from tokenmix._waiting import poll_until
-from tokenmix.cache.store import kvstore_spec, open_kvstore, unwritable
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +142,8 @@ class FlockBuildLock(BuildLock):
         self._dir_fd: int | None = None
 
     def _try_acquire(self) -> bool:
+        from tokenmix.cache.store import unwritable  # imported where it is used: see build_lock
+
         directory = os.path.dirname(self.path)
         try:
             os.makedirs(directory, exist_ok=True)
@@ -240,6 +241,8 @@ class LeaseBuildLock(BuildLock):
         if not lease_s > 0:
             raise ValueError(f"build.lock_lease_s must be positive, got {lease_s}")
         self.lease_s = lease_s
+        from tokenmix.cache.store import open_kvstore
+
         self._kv = open_kvstore(location)
         self._generation: bytes | None = None
         self._lost = threading.Event()
@@ -247,6 +250,8 @@ class LeaseBuildLock(BuildLock):
         self._renewer: threading.Thread | None = None
 
     def _try_acquire(self) -> bool:
+        from tokenmix.cache.store import unwritable
+
         try:
             current = self._kv.read(LOCK_FILE).result()
         except ValueError as e:
@@ -312,6 +317,10 @@ class LeaseBuildLock(BuildLock):
 
 def build_lock(location: str, kind: LockKind = "auto", timeout: float | None = None, lease_s: float = 60.0) -> BuildLock:
     """The build lock of the cache at ``location``: an ``flock`` on a local path (``auto``), else a lease."""
+    # The store (tensorstore) is imported where it is used, not at the top: a config's BuildOptions name LockKind, and
+    # reading a config imports no tensorstore.
+    from tokenmix.cache.store import kvstore_spec
+
     spec = kvstore_spec(location)
     if kind == "auto" and spec["driver"] == "file":
         return FlockBuildLock(location, os.path.join(spec["path"], LOCK_FILE), timeout)

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from tokenmix.cache.ledger import CacheMismatchError
-from tokenmix.cache.store import JaggedArray, JsonDocuments, join_location
+from tokenmix.cache.store import JaggedArray, JsonDocuments
+from tokenmix.sources.urls import join_location
 
 logger = logging.getLogger(__name__)
 

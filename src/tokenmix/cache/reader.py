@@ -46,6 +46,15 @@ a batch, and the batches a loader reads ahead, fetch at once (reads through tens
 and return, ``ShardedReads.start``, and need none)."""
 
 
+def chosen_object_reads(object_reads: str | None) -> str:
+    """How exact reads of a cache on object storage fetch bytes: ``object_reads``, or where None
+    ``$TOKENMIX_OBJECT_READS``, else ``tensorstore``; anything but ``tensorstore`` or ``fsspec`` raises ``ValueError``."""
+    object_reads = object_reads or os.environ.get(OBJECT_READS_ENV, "tensorstore")
+    if object_reads not in ("tensorstore", "fsspec"):
+        raise ValueError(f"object_reads (TOKENMIX_OBJECT_READS) must be tensorstore or fsspec, got {object_reads!r}")
+    return object_reads
+
+
 class TokenCache:
     """Random access to the committed documents of one cache."""
 
@@ -53,9 +62,7 @@ class TokenCache:
                  object_reads: str | None = None):
         """``object_reads``: how exact reads of a cache on object storage fetch bytes, ``tensorstore`` or ``fsspec``;
         None takes ``$TOKENMIX_OBJECT_READS``, else ``tensorstore``."""
-        object_reads = object_reads or os.environ.get(OBJECT_READS_ENV, "tensorstore")
-        if object_reads not in ("tensorstore", "fsspec"):
-            raise ValueError(f"object_reads (TOKENMIX_OBJECT_READS) must be tensorstore or fsspec, got {object_reads!r}")
+        object_reads = chosen_object_reads(object_reads)
         self.location = location
         self._remote = urlparse(location).scheme in ("gs", "s3")
         self._object_reads = object_reads
@@ -106,6 +113,16 @@ class TokenCache:
         cache it was (same identity fingerprint, and its documents so far ending where they ended; it may have grown)."""
         rows = self.num_rows()
         return _reopen, (self.location, self._chunk_cache, self._object_reads, self.fingerprint, rows, self.num_tokens())
+
+    @property
+    def chunk_cache(self) -> ChunkCache:
+        """The chunk cache this reader keeps blocks in (where ``caches_blocks``)."""
+        return self._chunk_cache
+
+    @property
+    def object_reads(self) -> str:
+        """How exact reads of a cache on object storage fetch bytes: ``tensorstore`` or ``fsspec``."""
+        return self._object_reads
 
     def _read_ledger(self) -> CacheLedger:
         doc = self._docs.read(LEDGER_FILE)

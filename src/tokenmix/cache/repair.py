@@ -21,9 +21,11 @@ from tokenmix.cache.ledger import CacheLedger, Run
 from tokenmix.cache.lock import build_lock
 from tokenmix.cache.open_object import OPEN_FILE, forget_open_object, write_open_object
 from tokenmix.cache.scrub import CacheReport, scrub, stored_ledger
-from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, join_location, open_kvstore, write_unit
-from tokenmix.formats.encoder import DocumentEncoder, EncoderSpec
+from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, open_kvstore, write_unit
+from tokenmix.formats.encoder import DocumentEncoder
+from tokenmix.formats.encoder_spec import EncoderSpec
 from tokenmix.sources.shards import DEFAULT_CHUNK_BYTES, RawChunk, Shard, ShardReadError
+from tokenmix.sources.urls import join_location
 
 logger = logging.getLogger(__name__)
 

@@ -28,8 +28,9 @@ from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
 from tokenmix.cache.open_object import OPEN_FILE, OpenObjectDamagedError, read_open_object
 from tokenmix.cache.plans import PLAN_ARRAY, plan_location, stored_plans
 from tokenmix.cache.reader import CacheNotFoundError
-from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments, join_location, open_kvstore, write_unit
+from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments, open_kvstore, write_unit
 from tokenmix.sources.shards import DEFAULT_CHUNK_BYTES, FileShard, Shard
+from tokenmix.sources.urls import join_location
 
 READS_IN_FLIGHT = 4
 """Stored objects read at once by the scrub."""

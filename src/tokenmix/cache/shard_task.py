@@ -28,10 +28,12 @@ import numpy as np
 import tensorstore as ts
 import zstandard
 
-from tokenmix.cache.store import join_location, kvstore_spec, open_kvstore
+from tokenmix.cache.store import kvstore_spec, open_kvstore
 from tokenmix.formats.base import FILTER_REASONS
-from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
+from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk
+from tokenmix.formats.encoder_spec import EncoderSpec
 from tokenmix.sources.shards import FileShard, Shard, ShardReadError
+from tokenmix.sources.urls import join_location
 
 STAGING_DIR = ".staging"
 """Under a cache location: where cluster workers leave encoded shards for the driver (never read by readers)."""

@@ -9,11 +9,12 @@ document contributes its length minus one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from tokenmix.cache.ledger import CacheLedger
+from tokenmix.cache.ledger import CacheLedger, ShardProgress, skipped_totals
 from tokenmix.cache.store import JaggedArray
 
 STATS_FILE = "stats.json"
@@ -35,45 +36,53 @@ def document_lengths(array: JaggedArray, rows: int) -> np.ndarray:
 
 def compute_stats(ledger: CacheLedger, array: JaggedArray, build_seconds: float, resumed_rows: int) -> dict[str, Any]:
     """The statistics document for a finished cache."""
-    lengths = document_lengths(array, ledger.rows)
-    skipped = ledger.skipped_totals()
-    shards = {
-        s.name: {
-            "records": s.records,
-            "documents": s.rows,
-            "tokens": s.tokens,
-            "skipped": dict(sorted(s.skipped.items())),
-            **({"error": s.error} if s.error else {}),
-        }
-        for s in ledger.shards
+    built_tokens = ledger.tokens - (int(array.row_bounds(resumed_rows - 1, resumed_rows)[-1]) if resumed_rows else 0)
+    build = {
+        "seconds": round(build_seconds, 3),
+        "resumed_at_row": resumed_rows,
+        "tokens_this_run": built_tokens,
+        "tokens_per_second": round(built_tokens / build_seconds, 1) if build_seconds > 0 else None,
     }
+    return stats_document(ledger.identity, ledger.fingerprint, ledger.shards, document_lengths(array, ledger.rows), build)
+
+
+def stats_document(identity: dict[str, Any], fingerprint: str, shards: Sequence[ShardProgress], lengths: np.ndarray,
+                   build: dict[str, Any]) -> dict[str, Any]:
+    """The statistics of the documents read from ``shards`` (their ledger accounts), of token counts ``lengths`` in
+    order, of a cache of ``identity`` (whose fingerprint is ``fingerprint``): a cache's, or one source's of a pack
+    (``cache/packs.py``)."""
+    tokens = int(lengths.sum())
+    skipped = skipped_totals(shards)
     length_stats: dict[str, float] = {}
     if len(lengths):
         length_stats = {"min": int(lengths.min()), "mean": float(lengths.mean()), "max": int(lengths.max())}
         for p, v in zip(_PERCENTILES, np.percentile(lengths, _PERCENTILES)):
             length_stats[f"p{p}"] = float(v)
-    loss_valid = sum(s.loss_tokens for s in ledger.shards) if ledger.identity.get("loss_spans") else ledger.tokens - ledger.rows
-    built_tokens = ledger.tokens - (int(array.row_bounds(resumed_rows - 1, resumed_rows)[-1]) if resumed_rows else 0)
+    loss_valid = sum(s.loss_tokens for s in shards) if identity.get("loss_spans") else tokens - len(lengths)
     return {
-        "fingerprint": ledger.fingerprint,
-        "tokenizer_fingerprint": ledger.identity.get("tokenizer_fingerprint"),
-        "documents": ledger.rows,
-        "tokens": ledger.tokens,
+        "fingerprint": fingerprint,
+        "tokenizer_fingerprint": identity.get("tokenizer_fingerprint"),
+        "documents": len(lengths),
+        "tokens": tokens,
         "loss_valid_tokens": loss_valid,
-        "masked_tokens": ledger.tokens - loss_valid,
-        "records": sum(s.records for s in ledger.shards),
+        "masked_tokens": tokens - loss_valid,
+        "records": sum(s.records for s in shards),
         "skipped_records": sum(skipped.values()),
         "skipped_by_reason": skipped,
-        "raw_chars": sum(s.chars for s in ledger.shards),
-        "raw_bytes": sum(s.utf8_bytes for s in ledger.shards),
-        "processed_shards": sum(1 for s in ledger.shards if s.error is None),
-        "discarded_shards": sum(1 for s in ledger.shards if s.error is not None),
+        "raw_chars": sum(s.chars for s in shards),
+        "raw_bytes": sum(s.utf8_bytes for s in shards),
+        "processed_shards": sum(1 for s in shards if s.error is None),
+        "discarded_shards": sum(1 for s in shards if s.error is not None),
         "document_length_tokens": length_stats,
-        "shards": shards,
-        "build": {
-            "seconds": round(build_seconds, 3),
-            "resumed_at_row": resumed_rows,
-            "tokens_this_run": built_tokens,
-            "tokens_per_second": round(built_tokens / build_seconds, 1) if build_seconds > 0 else None,
+        "shards": {
+            s.name: {
+                "records": s.records,
+                "documents": s.rows,
+                "tokens": s.tokens,
+                "skipped": dict(sorted(s.skipped.items())),
+                **({"error": s.error} if s.error else {}),
+            }
+            for s in shards
         },
+        "build": build,
     }

@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tokenmix import TokenCache, load_data_config, open_cache
+from tokenmix import load_data_config, open_cache
+from tokenmix.cache.packs import open_cache_at
 from tokenmix.cli.parser import CommandParser
 from tokenmix.export import EXPORT_KINDS, Hdf5ExportOptions, export_cache
 
@@ -67,7 +68,7 @@ def run(argv: list[str]) -> int:
     given = vars(args)
     hdf5 = Hdf5ExportOptions(**{f.name: given[f.name] for f in dataclasses.fields(Hdf5ExportOptions) if f.name in given})
     if args.cache:
-        cache = TokenCache(args.cache)
+        cache = open_cache_at(args.cache)
         tokenizer = args.tokenizer or cache.ledger.info.get("tokenizer")
     else:
         if not args.source:

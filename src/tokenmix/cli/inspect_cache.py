@@ -7,8 +7,9 @@ import logging
 
 from rich.table import Table
 
-from tokenmix import TokenCache, TokenizerLoadError
+from tokenmix import TokenizerLoadError
 from tokenmix.cache import stored_plans
+from tokenmix.cache.packs import open_cache_at
 from tokenmix.cli.console import make_console
 from tokenmix.cli.parser import CommandParser
 from tokenmix.formats import load_tokenizer
@@ -24,7 +25,7 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--tokenizer", help="tokenizer to decode with (default: the one recorded in the ledger)")
     parser.add_argument("--json", action="store_true", help="print ledger and statistics as JSON only")
     args = parser.parse_args(argv)
-    cache = TokenCache(args.cache_dir)
+    cache = open_cache_at(args.cache_dir)
     ledger = cache.ledger
     stats = cache.stats()
     plans = stored_plans(args.cache_dir)

@@ -27,6 +27,7 @@ from tokenmix import (
     load_data_config,
     verify_cache,
 )
+from tokenmix.cache.packs import stored_cache_of
 from tokenmix.cli.console import make_console
 from tokenmix.cli.parser import CommandParser
 from tokenmix.config.caches import cache_targets
@@ -63,7 +64,8 @@ def run(argv: list[str]) -> int:
         parser.error(f"unrecognized arguments: {' '.join(overrides)} (config overrides need --config_path)")
     try:
         config = load_data_config(args.config_path, overrides) if args.config_path else None
-        locations = [t.location for t in cache_targets(config, args.source)] if config else list(args.caches)
+        given = [t.location for t in cache_targets(config, args.source)] if config else list(args.caches)
+        locations = list(dict.fromkeys(stored_cache_of(location) for location in given))  # a pack once for its sources
     except (ConfigError, ValueError, FileNotFoundError) as e:
         logger.error("%s", e)
         return 2
@@ -71,7 +73,8 @@ def run(argv: list[str]) -> int:
     for location in locations:
         try:
             with logging_redirect_tqdm():
-                reports.append(verify_cache(location, repair=args.repair, inputs=not args.no_inputs, config=config))
+                reports.append(verify_cache(location, repair=args.repair, inputs=not args.no_inputs,
+                                            config=config if location in given else None))  # a pack: from its ledger
         except (CacheNotFoundError, CacheDamagedError, RepairError, CacheLockedError, TokenizerLoadError, UnsafeFileError) as e:
             logger.error("%s", e)
             failed += 1

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import draccus
 
 from tokenmix.config.sources import LMDatasetSourceConfig
-from tokenmix.datasets.block_shuffle import BlockShuffle
+from tokenmix.datasets.settings import BlockShuffle
 from tokenmix.formats.base import LmDatasetFormatBase, Pack
 from tokenmix.formats.text import TextLmDatasetFormat
 

@@ -3,7 +3,9 @@
 Field names follow Levanter's (``configs``, ``train_weights``, ``mixture_block_size``, ``shuffle``,
 ``stop_strategy``, ``num_validation_sequences``) so that Levanter data YAMLs parse unchanged. These
 classes turn configuration into the objects of ``cache``, ``datasets`` and ``loader``; nothing below
-imports them.
+imports them. The modules of the datasets (numpy's, and tensorstore's for those that read caches) are imported by the
+methods that make datasets, not at the top: reading a config, which every build and training launch does, imports
+neither, and a build loads its tokenizer beside their imports (``build_caches``).
 """
 
 from __future__ import annotations
@@ -11,37 +13,28 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, fields
 from functools import partial
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
-
-from tokenmix.cache.reader import TokenCache
-from tokenmix.cache.store import join_location
-from tokenmix.cache.token_files_cache import TokenFilesCache
 from tokenmix.config.adaptive import AdaptiveMixing
 from tokenmix.config.caches import DataConfigBase, open_cache
 from tokenmix.config.components import DatasetComponentBase, components_shuffle, resolve_components
-from tokenmix.config.holdout import held_out_documents, kept_documents
 from tokenmix.config.levanter import CacheOptions, note_cache_options, refuse_removed_shard_counts
 from tokenmix.config.plain_decoding import register_plain_mapping
 from tokenmix.config.sources import LMDatasetSourceConfig
-from tokenmix.datasets.base import Dataset
-from tokenmix.datasets.block_shuffle import BlockShuffle
-from tokenmix.datasets.deferred import DeferredDataset, open_together
-from tokenmix.datasets.ignored_targets import IgnoredTargets
-from tokenmix.datasets.mixture import STOP_STRATEGIES, MixtureDataset, normalize_schedule
-from tokenmix.datasets.nanoset_order import NanosetOrderDataset, NanotronStage
-from tokenmix.datasets.order import check_shuffle
-from tokenmix.datasets.packed import PackedDataset
-from tokenmix.datasets.permutation import derive_key
-from tokenmix.datasets.preference_pairs import PreferencePairs
+from tokenmix.datasets.settings import STOP_STRATEGIES, BlockShuffle, check_shuffle, normalize_schedule
 from tokenmix.datasets.splits import SPLIT_NAMES, split_bounds
-from tokenmix.datasets.subset import ExampleRange, ExampleSubset
-from tokenmix.datasets.token_seq import TokenSeqDataset
-from tokenmix.datasets.ul2r_denoising import UL2R_PAD_ID, DenoisingTask, Ul2rDataset
 from tokenmix.formats.preference import PreferenceChatLmDatasetFormat
 from tokenmix.formats.ul2r import Ul2rLmDatasetFormat
 from tokenmix.loader.batch_schedule import BatchSchedule
+from tokenmix.sources.urls import join_location
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from tokenmix.cache.reader import TokenCache
+    from tokenmix.datasets.base import Dataset
+    from tokenmix.datasets.mixture import MixtureDataset
+    from tokenmix.datasets.nanoset_order import NanosetOrderDataset
 
 logger = logging.getLogger(__name__)
 
@@ -245,6 +238,9 @@ class LMMixtureDatasetConfig(DataConfigBase):
         source = self.configs[name]
         return join_location(source.cache_dir, split) if source.cache_dir else join_location(self.cache_dir, name, split)
 
+    def pack_root(self, name: str) -> str | None:
+        return None if self.configs[name].cache_dir else self.cache_dir
+
     def _weights_in_steps(self) -> dict[str, float] | list[tuple[int, dict[str, float]]]:
         if isinstance(self.train_weights, dict):
             return self.train_weights
@@ -267,12 +263,20 @@ class LMMixtureDatasetConfig(DataConfigBase):
     def _examples(self, name: str, cache: TokenCache, seq_len: int, source_id: int, documents: np.ndarray | None = None) -> Dataset:
         """A source's examples: packed documents, or windows of its token stream (see ``packing_options``), trained on
         nowhere they would predict ``ignore_token_id``."""
+        from tokenmix.datasets.ignored_targets import IgnoredTargets
+
         examples = self._source_examples(name, cache, seq_len, source_id, documents)
         if self.ignore_token_id is None or not 0 <= self.ignore_token_id < (1 << 32):
             return examples
         return IgnoredTargets(examples, self.ignore_token_id)
 
     def _source_examples(self, name: str, cache: TokenCache, seq_len: int, source_id: int, documents: np.ndarray | None) -> Dataset:
+        from tokenmix.cache.token_files_cache import TokenFilesCache
+        from tokenmix.datasets.packed import PackedDataset
+        from tokenmix.datasets.preference_pairs import PreferencePairs
+        from tokenmix.datasets.token_seq import TokenSeqDataset
+        from tokenmix.datasets.ul2r_denoising import UL2R_PAD_ID, DenoisingTask, Ul2rDataset
+
         fmt = self.configs[name].format
         if isinstance(fmt, Ul2rLmDatasetFormat):
             if documents is not None:
@@ -312,6 +316,8 @@ class LMMixtureDatasetConfig(DataConfigBase):
     def _train_dataset(self, name: str, seq_len: int, source_id: int) -> Dataset:
         if self._split_weights(name) is not None:
             return self._split_part(name, "train", seq_len, source_id)
+        from tokenmix.config.holdout import kept_documents
+
         cache = open_cache(self, name, "train")
         held = self._held_out(name, cache, seq_len)
         if held is None:
@@ -320,6 +326,11 @@ class LMMixtureDatasetConfig(DataConfigBase):
 
     def _held_out(self, name: str, cache: TokenCache, seq_len: int) -> np.ndarray | None:
         """Rows held out of a training cache for validation, or None when the source holds none out."""
+        import numpy as np
+
+        from tokenmix.config.holdout import held_out_documents
+        from tokenmix.datasets.permutation import derive_key
+
         sequences = (self.num_validation_sequences or {}).get(name)
         fraction = (self.validation_fraction or {}).get(name)
         if sequences is None and fraction is None:
@@ -338,6 +349,8 @@ class LMMixtureDatasetConfig(DataConfigBase):
         ``key`` overrides the config's ``seed``; ``weight_log`` (a run's ``[(start_index, weights), ...]``, as a checkpoint
         records it) is drawn by instead of ``train_weights``. Under ``example_order: nanotron``, Nanotron's order instead
         (a ``NanosetOrderDataset``; ``key`` then overrides every stage's seed; no weight log)."""
+        from tokenmix.datasets.mixture import MixtureDataset
+
         if self.example_order == "nanotron":
             if weight_log is not None:
                 raise ValueError("example_order: nanotron draws by train_weights' stages only; a weight log (a hand reweight at "
@@ -358,6 +371,8 @@ class LMMixtureDatasetConfig(DataConfigBase):
 
     def _nanotron_train_set(self, seq_len: int, key: int | None) -> NanosetOrderDataset:
         """Nanotron's stages of BlendedNanosets over each source's train part (``datasets/nanoset_order.py``)."""
+        from tokenmix.datasets.nanoset_order import NanosetOrderDataset, NanotronStage
+
         raw = [(0, dict(self.train_weights or {n: 1.0 for n in self.configs}))] if not isinstance(self.train_weights, list) \
             else [(int(step), dict(w)) for step, w in self.train_weights]
         starts = [start for start, _ in self.weight_schedule()]
@@ -379,6 +394,8 @@ class LMMixtureDatasetConfig(DataConfigBase):
     def _train_sources(self, seq_len: int, seed: int, schedule: list[tuple[int, dict[str, float]]], deferred: bool) -> dict[str, Dataset]:
         """``train_sources``; ``deferred``: each source is opened when a batch first draws from it (``DeferredDataset``),
         except those cut to a budget, whose length is needed now (opened together, concurrently)."""
+        from tokenmix.datasets.deferred import DeferredDataset, open_together
+
         sources = {n: DeferredDataset(partial(self._train_source, n, seq_len, i, seed), self._example_width(n, seq_len), n)
                    for i, n in enumerate(self.configs) if any(w.get(n, 0) > 0 for _, w in schedule)}
         open_together(ds for n, ds in sources.items() if not deferred or self._has_budget(n))
@@ -394,12 +411,19 @@ class LMMixtureDatasetConfig(DataConfigBase):
 
     def _seed(self, key: int | None) -> int:
         """The config's ``seed``, or the last word of a given key (a JAX PRNG key as well as an int)."""
-        return self.seed if key is None else int(np.asarray(key).ravel()[-1])
+        if key is None:
+            return self.seed
+        import numpy as np
+
+        return int(np.asarray(key).ravel()[-1])
 
     def _budgeted(self, name: str, dataset: Dataset, seed: int) -> Dataset:
         """A source's training examples cut to its simulated budget or ``max_train_batches`` (a random subset)."""
         if not self._has_budget(name):
             return dataset
+        from tokenmix.datasets.permutation import derive_key
+        from tokenmix.datasets.subset import ExampleSubset
+
         if self.target_budget is not None and self.experiment_budget is not None:
             count = int(_length(dataset) * self.experiment_budget / self.target_budget)
         else:
@@ -423,6 +447,10 @@ class LMMixtureDatasetConfig(DataConfigBase):
 
     def _split_part(self, name: str, part: str, seq_len: int, source_id: int) -> Dataset:
         """One contiguous part (train, validation or test) of a source cut by its ``token_files.split``."""
+        import numpy as np
+
+        from tokenmix.datasets.subset import ExampleRange
+
         weights = self._split_weights(name)
         assert weights is not None
         cache = open_cache(self, name, "train")
@@ -455,6 +483,8 @@ class LMMixtureDatasetConfig(DataConfigBase):
         """Per source, its validation examples: its validation split, the part its ``split`` gives validation, or the
         documents held out of training. The sources are opened together, a few at a time (``open_together``): a run
         over a thousand sources on an object store does not wait for a thousand openings one after another."""
+        from tokenmix.datasets.deferred import DeferredDataset, open_together
+
         kinds = {name: self._validation_kind(name) for name in self.configs}
         sets = {name: DeferredDataset(partial(self._validation_set, name, kind, seq_len, i), self._example_width(name, seq_len), name)
                 for i, (name, kind) in enumerate(kinds.items()) if kind is not None}

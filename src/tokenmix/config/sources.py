@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 import tokenmix.formats  # noqa: F401  (registers every format, so `format: {type: ...}` can name any of them)
 from tokenmix.config.levanter import older_source_fields
 from tokenmix.config.token_file_source import TokenFilesConfig
-from tokenmix.datasets.order import check_shuffle
-from tokenmix.datasets.packing import LongDocuments, check_packing
+from tokenmix.datasets.settings import LongDocuments, check_packing, check_shuffle
 from tokenmix.formats.base import LmDatasetFormatBase, Pack
 from tokenmix.formats.text import TextLmDatasetFormat
 from tokenmix.sources.hf import HfDatasetShard, available_splits

@@ -12,8 +12,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
-
 from tokenmix.datasets.splits import parse_split
 from tokenmix.formats.tokenizer_identity import tokenizer_identity
 from tokenmix.sources.token_file_base import TokenFile, TokenFileError
@@ -88,6 +86,8 @@ class TokenFilesConfig:
 
 def check_vocabulary(files: list[TokenFile], vocab_size: int, where: str) -> None:
     """Refuse files whose first tokens fall outside the vocabulary (a wrong tokenizer declaration, or the wrong dtype)."""
+    import numpy as np  # here: reading a config imports no numpy
+
     for f in files:
         head = np.asarray(f.tokens[:VOCAB_CHECK_TOKENS])
         if head.size and (int(head.max()) >= vocab_size or int(head.min()) < 0):

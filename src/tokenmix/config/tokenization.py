@@ -12,7 +12,7 @@ from typing import Any
 
 from tokenmix.formats.backends import load_reference
 from tokenmix.formats.base import LmDatasetFormatBase
-from tokenmix.formats.encoder import PRETOKENIZED_KEY, EncoderSpec, format_context, token_dtype
+from tokenmix.formats.encoder_spec import PRETOKENIZED_KEY, EncoderSpec, format_context, token_dtype
 from tokenmix.formats.passthrough import PASSTHROUGH, passthrough_tokenizer_file
 from tokenmix.formats.tokenizer import TokenizerIdentity
 from tokenmix.formats.tokenizer_identity import tokenizer_identity, tokenizer_info

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import draccus
 
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, CacheMismatchError
+from tokenmix.cache.packs import stored_cache_of
 from tokenmix.cache.repair import RepairError
 from tokenmix.cache.repair import repair as repair_from_inputs
 from tokenmix.cache.scrub import CacheReport, ledger_shards, scrub
@@ -21,7 +22,7 @@ from tokenmix.formats.base import LmDatasetFormatBase
 from tokenmix.sources.shards import Shard
 
 if TYPE_CHECKING:
-    from tokenmix.formats.encoder import EncoderSpec
+    from tokenmix.formats.encoder_spec import EncoderSpec
 
 
 def verify_cache(location: str, repair: bool = False, inputs: bool = True, config: DataConfigBase | None = None,
@@ -31,8 +32,12 @@ def verify_cache(location: str, repair: bool = False, inputs: bool = True, confi
     Reads every stored chunk of the cache at ``location``, holds its row bounds against its ledger and (``inputs``) its
     inputs against the digests of the records it read; with ``repair``, rewrites the damaged rows from those inputs when
     they are unchanged, and checks again. ``config``: the data config that built the cache
-    (its shards and encoder); without one they are taken from the cache's ledger. Raises ``RepairError`` when a repair
+    (its shards and encoder); without one they are taken from the cache's ledger. A source built in a pack
+    (``cache/packs.py``) is checked by checking its pack, whose shards and encoder its ledger gives. Raises ``RepairError`` when a repair
     cannot be done exactly; never writes anything otherwise."""
+    stored = stored_cache_of(location)
+    if stored != location:  # a source in a pack: the pack is what is stored, checked and repaired, from its own ledger
+        location, config = stored, None
     shards, spec = _inputs_and_encoder(location, config, need_encoder=False)
     report = scrub(location, shards, inputs=inputs or repair, progress=progress)
     if repair and not report.ok:
@@ -84,7 +89,7 @@ def _ledger_encoder(location: str, ledger: CacheLedger) -> EncoderSpec:
     tokenization = TokenizationConfig(tokenizer=tokenizer, enforce_eos=identity.get("eos_id") is not None,
                                       enforce_bos=identity.get("bos_id") is not None)
     spec, made = tokenization.encoder_spec(fmt, f"the tokenizer {tokenizer!r} of the cache at {location}")
-    stored = {k: v for k, v in identity.items() if k != "compression"}
+    stored = {k: v for k, v in identity.items() if k not in ("compression", "pack")}  # the layout's, and a pack's members
     if made != stored:
         differ = sorted(k for k in set(made) | set(stored) if made.get(k) != stored.get(k))
         raise RepairError(f"cannot repair {location} without its data config: the tokenizer {tokenizer!r} and format its ledger "

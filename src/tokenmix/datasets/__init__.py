@@ -11,10 +11,11 @@ from tokenmix._lazy import lazy_exports
 if TYPE_CHECKING:
     from tokenmix.datasets.base import Dataset, Pending, TokenBatch
     from tokenmix.datasets.epochs import EpochedDataset
-    from tokenmix.datasets.mixture import STOP_STRATEGIES, MixtureDataset, SourceUsage
+    from tokenmix.datasets.mixture import MixtureDataset, SourceUsage
     from tokenmix.datasets.order import SourceOrder
     from tokenmix.datasets.packed import PackedDataset
     from tokenmix.datasets.permutation import FeistelPermutation
+    from tokenmix.datasets.settings import STOP_STRATEGIES
     from tokenmix.datasets.token_seq import TokenSeqDataset
 
 __all__ = [

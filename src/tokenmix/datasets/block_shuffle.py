@@ -9,33 +9,12 @@ tokenmix's keyed Feistel permutations, so the order is a bijection computed per 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
 
 import numpy as np
 
 from tokenmix.datasets.permutation import FeistelPermutation, derive_key
-
-
-@dataclass(frozen=True)
-class BlockShuffle:
-    """Levanter's ``BlockShuffleConfig`` (``shuffle: {io_block_size, window_blocks, perm_type}``)."""
-
-    io_block_size: int
-    """Consecutive examples that stay together as a block."""
-    window_blocks: int
-    """Blocks whose examples are permuted together."""
-    perm_type: Literal["feistel", "linear"] = "feistel"
-    """Accepted: tokenmix's permutations are keyed Feistel permutations."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.io_block_size, int) or self.io_block_size < 1:
-            raise ValueError(f"shuffle.io_block_size must be a positive number of examples, got {self.io_block_size!r}")
-        if not isinstance(self.window_blocks, int) or self.window_blocks < 1:
-            raise ValueError(f"shuffle.window_blocks must be a positive number of blocks, got {self.window_blocks!r}")
-        if self.perm_type not in ("feistel", "linear"):
-            raise ValueError(f"shuffle.perm_type must be feistel or linear, got {self.perm_type!r}")
+from tokenmix.datasets.settings import BlockShuffle
 
 
 def block_shuffled(index: np.ndarray, length: int, shape: BlockShuffle, key: int) -> np.ndarray:

@@ -7,8 +7,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
-from tokenmix.datasets.order import Shuffle, SourceOrder, check_shuffle, needs_length, resolvable
+from tokenmix.datasets.order import SourceOrder, needs_length, resolvable
 from tokenmix.datasets.permutation import FeistelPermutation
+from tokenmix.datasets.settings import Shuffle, check_shuffle
 
 UNBOUNDED = 2**62
 """The length reported by datasets that never end."""

@@ -26,16 +26,24 @@ from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
-from typing import Literal
 
 import numpy as np
 
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
 from tokenmix.datasets.deferred import DeferredDataset, open_together
 from tokenmix.datasets.epochs import UNBOUNDED, EpochedDataset
-from tokenmix.datasets.mixture_layout import NUMPY_FROM, BlockAllocator, is_weight, short_decimals, whole_block_counts
-from tokenmix.datasets.order import Shuffle
+from tokenmix.datasets.mixture_layout import BlockAllocator, short_decimals, whole_block_counts
 from tokenmix.datasets.permutation import FeistelPermutation, derive_key, permute_many
+from tokenmix.datasets.settings import (
+    STOP_STRATEGIES,
+    Shuffle,
+    StopStrategy,
+    Weights,
+    WeightSchedule,
+    check_stage,
+    schedule_stages,
+    stage_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,14 +57,6 @@ def _short(number: float | int | Fraction) -> str:
     """A number in three significant digits, integers too large for a float included."""
     return format(Decimal(number), ".3g") if isinstance(number, int) else f"{float(number):.3g}"
 
-StopStrategy = Literal["restart", "first_exhausted", "all_exhausted"]
-STOP_STRATEGIES = ("restart", "first_exhausted", "all_exhausted")
-
-Weights = Mapping[str, float]
-WeightSchedule = Weights | Sequence[tuple[int, Weights]]
-"""A dict of weights, or ``[(start_index, weights), ...]`` stages starting at index 0."""
-
-
 @dataclass(frozen=True)
 class SourceUsage:
     """What a mixture has drawn from one source up to some index."""
@@ -66,64 +66,6 @@ class SourceUsage:
     epoch: int
     """The epoch the source's next example comes from."""
     epochs_completed: float
-
-
-def normalize_schedule(weights: WeightSchedule, names: Sequence[str], *, unit: str = "index") -> list[tuple[int, dict[str, float]]]:
-    """Check a weight schedule against the source names and return it as a list of stages.
-
-    ``unit`` is what the stage starts count (``index``: examples, or ``step`` in a config), for the messages.
-    """
-    stages = schedule_stages(weights, unit)
-    known = set(names)
-    for start, stage in stages:
-        check_stage(stage, names, stage_name(start, not isinstance(weights, Mapping), unit), known)
-    return [(start, dict(stage)) for start, stage in stages]
-
-
-def schedule_stages(weights: WeightSchedule, unit: str = "index") -> list[tuple[int, Weights]]:
-    """A weight schedule's stages, their starts checked (the first at 0, then increasing) but not their weights: the
-    mappings given, not copies, so that a long log costs one list."""
-    stages = [(0, weights)] if isinstance(weights, Mapping) else [(int(s), w) for s, w in weights]
-    if not stages:
-        raise ValueError("train_weights: at least one stage is needed")
-    if stages[0][0] != 0:
-        raise ValueError(f"train_weights: the first stage must start at {unit} 0, not {stages[0][0]}")
-    for (a, _), (b, _) in zip(stages, stages[1:]):
-        if b <= a:
-            raise ValueError(f"train_weights: stage starts must increase, got {unit} {a} then {b}")
-    for start, stage in stages:
-        if not isinstance(stage, Mapping):
-            raise ValueError(f"train_weights (the stage from {unit} {start}): give the weights as a mapping of source name to "
-                             f"weight, not {type(stage).__name__}")
-    return stages
-
-
-def stage_name(start: int, staged: bool, unit: str = "index") -> str:
-    """How messages name the stage from ``start``: ``train_weights`` alone when it is the only one, given as a dict."""
-    return f"train_weights (the stage from {unit} {start})" if staged else "train_weights"
-
-
-def check_stage(stage: Mapping[str, float], names: Sequence[str], where: str, known: set[str] | None = None) -> None:
-    """Refuse a stage's weights that name an unknown source, are not finite numbers >= 0, or are all 0; ``where`` names
-    the stage in the message."""
-    known = known if known is not None else set(names)
-    if len(stage) >= NUMPY_FROM and stage.keys() <= known and _plainly_valid(list(stage.values())):
-        return
-    unknown = sorted(set(stage) - known)
-    if unknown:
-        raise ValueError(f"{where}: unknown source(s) {unknown}; the sources are {sorted(names)}")
-    for name, value in stage.items():
-        if not is_weight(value):
-            raise ValueError(f"{where}: source {name!r} has weight {value!r}; give it a finite number >= 0 (0 leaves it out)")
-    if sum(stage.values()) <= 0:
-        raise ValueError(f"{where}: at least one weight must be positive")
-
-
-def _plainly_valid(values: list) -> bool:
-    """Whether ``values`` are plain numbers (Python's or numpy's floats and integers), finite, >= 0, not all 0: the
-    usual stage of many sources, checked in numpy; anything else goes through ``is_weight`` one value at a time."""
-    array = np.asarray(values)
-    return array.dtype.kind in "fiu" and bool(np.all(np.isfinite(array)) and np.all(array >= 0) and np.any(array > 0))
 
 
 class MixtureDataset(Dataset):

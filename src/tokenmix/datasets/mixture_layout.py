@@ -51,19 +51,14 @@ from fractions import Fraction
 
 import numpy as np
 
+from tokenmix.datasets.settings import is_weight
+
 _CHECKPOINT_EVERY = 4096
 _STATES_KEPT = 256
 _SHORT_DECIMAL_MAX = 2**40
 NUMPY_FROM = 32
 """Sources from which a stage's weights are read and its large sources counted in numpy: below, Python's numbers
 cost less than numpy's per-call overhead."""
-
-
-def is_weight(value: object) -> bool:
-    """Whether ``value`` can weigh a mixture source: a real number, finite and >= 0 (numpy's numbers included)."""
-    if type(value) is float:  # the usual case, without the numbers ABCs' cost
-        return 0 <= value < math.inf
-    return isinstance(value, numbers.Real) and bool(value >= 0) and (isinstance(value, numbers.Rational) or math.isfinite(value))
 
 
 def exact_ratios(weights: Sequence[float | int | Fraction]) -> tuple[list[int], int]:

@@ -14,21 +14,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from tokenmix.datasets.block_shuffle import BlockShuffle, block_shuffled
+from tokenmix.datasets.block_shuffle import block_shuffled
 from tokenmix.datasets.permutation import FeistelPermutation, derive_key
-
-Shuffle = bool | int | BlockShuffle
-"""False: in order; True: a full permutation per epoch; an int: permute within eras of that many examples; a
-``BlockShuffle``: blocks permuted, then examples within windows of blocks."""
-
-
-def check_shuffle(shuffle: Shuffle, where: str) -> None:
-    """Reject a shuffle setting that is neither a bool, a positive era length nor a block shuffle."""
-    if isinstance(shuffle, BlockShuffle):
-        return
-    if not isinstance(shuffle, bool) and (not isinstance(shuffle, int) or shuffle < 1):
-        raise ValueError(f"{where}: `shuffle` must be true, false, a positive era length or a block shuffle "
-                         f"({{io_block_size, window_blocks}}), got {shuffle!r}")
+from tokenmix.datasets.settings import BlockShuffle, Shuffle, check_shuffle
 
 
 def needs_length(shuffle: Shuffle) -> bool:

@@ -31,9 +31,10 @@ from tokenmix.cache.reader import TokenCache
 from tokenmix.datasets.base import DirectDataset, TokenBatch
 from tokenmix.datasets.cache_ranges import checked_subset, copy_ranges, keep_targets, split_at_chunks
 from tokenmix.datasets.documents import CacheDocuments
-from tokenmix.datasets.order import Shuffle, SourceOrder, check_shuffle, resolvable
-from tokenmix.datasets.packing import LongDocuments, check_packing, document_pieces, next_fit
+from tokenmix.datasets.order import SourceOrder, resolvable
+from tokenmix.datasets.packing import document_pieces, next_fit
 from tokenmix.datasets.segments import expand_counts
+from tokenmix.datasets.settings import LongDocuments, Shuffle, check_packing, check_shuffle
 
 logger = logging.getLogger(__name__)
 

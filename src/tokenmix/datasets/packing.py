@@ -20,24 +20,9 @@ planned and the plan extended later from where its last, still open, example sta
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 
 from tokenmix.datasets.segments import expand_counts
-
-LongDocuments = Literal["truncate", "truncate_start", "split"]
-LONG_DOCUMENTS = ("truncate", "truncate_start", "split")
-
-
-def check_packing(max_segments: int | None, long_documents: str, seq_len: int | None = None) -> None:
-    """Refuse packing settings that cannot work, naming the setting."""
-    if seq_len is not None and seq_len < 2:
-        raise ValueError(f"packing: seq_len must be >= 2, got {seq_len}")
-    if max_segments is not None and max_segments < 1:
-        raise ValueError(f"packing: max_segments_per_example must be >= 1 (or null for no cap), got {max_segments}")
-    if long_documents not in LONG_DOCUMENTS:
-        raise ValueError(f"packing: long_documents must be one of {LONG_DOCUMENTS}, got {long_documents!r}")
 
 
 def document_pieces(lengths: np.ndarray, seq_len: int, long_documents: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

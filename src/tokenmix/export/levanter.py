@@ -27,9 +27,10 @@ import numpy as np
 import tensorstore as ts
 
 from tokenmix.cache.levanter import LEVANTER_LEDGER
-from tokenmix.cache.store import TOKENS_ARRAY, JsonDocuments, join_location, kvstore_spec, open_kvstore
+from tokenmix.cache.store import TOKENS_ARRAY, JsonDocuments, kvstore_spec, open_kvstore
 from tokenmix.export.streaming import TokenSource, row_batches
 from tokenmix.formats.tokenizer import describe_tokenizer, load_tokenizer
+from tokenmix.sources.urls import join_location
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from tokenmix.formats import chat, fim, prebuilt, preference, supervised, text, 
 if TYPE_CHECKING:
     from tokenmix.formats.base import FILTER_REASONS, BadRecordError, FormatContext, LmDatasetFormatBase, Rendered
     from tokenmix.formats.chat import ChatLmDatasetFormat
-    from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk, EncoderSpec
+    from tokenmix.formats.encoder import DocumentEncoder, EncodedChunk
+    from tokenmix.formats.encoder_spec import EncoderSpec
     from tokenmix.formats.fim import FimLmDatasetFormat
     from tokenmix.formats.prebuilt import PrebuiltLmDatasetFormat
     from tokenmix.formats.preference import PreferenceChatLmDatasetFormat

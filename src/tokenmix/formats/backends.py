@@ -20,11 +20,12 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal
 
 from tokenmix.formats.probe_verdicts import ProbeVerdict, recall_verdict, remember_verdict, verdict_key
+
+if TYPE_CHECKING:
+    import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,8 @@ def fast_ids(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """The texts' token ids from a ``fastokens.Tokenizer``, one after another (``uint32``), text ``i``'s at
     ``ids[bounds[i]:bounds[i + 1]]``: special tokens recognised in the text and none added, as ``tokenizers``'
     ``encode(text, add_special_tokens=False)`` gives them."""
+    import numpy as np  # in each function that uses it: a config names the backends, and reading one imports no numpy
+
     ids, offsets = tokenizer.encode_batch_flat(texts, add_special_tokens=False)
     return np.frombuffer(ids, np.uint32), np.frombuffer(offsets, np.uint64).astype(np.int64)
 
@@ -118,6 +121,8 @@ def token_byte_lengths(tokenizer_json: str) -> np.ndarray | None:
     """How many bytes of text each token id stands for, where every token is a byte sequence (byte-level BPE without a
     normalizer, byte fallback or word affixes); None for other tokenizers. With it a token's character offsets follow
     from the ids alone, which ``fastokens`` does not report."""
+    import numpy as np
+
     spec = tokenizer_definition(tokenizer_json)
     model = spec.get("model") or {}
     steps = [spec.get("pre_tokenizer") or {}]
@@ -139,6 +144,8 @@ def token_byte_lengths(tokenizer_json: str) -> np.ndarray | None:
 def char_offsets(ids: np.ndarray, text: str, byte_lengths: np.ndarray) -> np.ndarray | None:
     """Each token's ``[start, end)`` in characters of ``text`` (a token covering part of a character covers all of it),
     as ``tokenizers`` reports offsets; None when the tokens' bytes do not add up to the text's."""
+    import numpy as np
+
     raw = np.frombuffer(text.encode("utf-8", "surrogatepass"), np.uint8)
     sizes = byte_lengths[ids]
     if not len(ids) or sizes.min() <= 0 or int(sizes.sum()) != len(raw):
@@ -169,7 +176,7 @@ def probe_difference(tokenizer_json: str) -> str | None:
     """Where ``fastokens`` and ``tokenizers`` first disagree on the probes, or None: the same for every build with this
     tokenizer and these libraries, so found once per process, and remembered on this machine (``probe_verdicts.py``)
     unless the tokenizer encodes at random."""
-    key = None if _encodes_at_random(tokenizer_json) else verdict_key(tokenizer_json, _PROBES, __file__)
+    key = None if encodes_at_random(tokenizer_json) else verdict_key(tokenizer_json, _PROBES, [__file__])
     known = recall_verdict(key) if key is not None else None
     if known is not None:
         return known.difference
@@ -179,12 +186,14 @@ def probe_difference(tokenizer_json: str) -> str | None:
     return difference
 
 
-def _encodes_at_random(tokenizer_json: str) -> bool:
+def encodes_at_random(tokenizer_json: str) -> bool:
     """Whether the tokenizer's ids may change from one encoding to the next (a BPE with dropout)."""
     return bool((tokenizer_definition(tokenizer_json).get("model") or {}).get("dropout"))
 
 
 def _difference(tokenizer_json: str, fast: Any, texts: list[str]) -> str | None:
+    import numpy as np
+
     expected = load_reference(tokenizer_json).encode_batch_fast(texts, add_special_tokens=False)
     ids, bounds = fast_ids(fast, texts)
     for n, (text, want, a, b) in enumerate(zip(texts, expected, bounds[:-1].tolist(), bounds[1:].tolist())):

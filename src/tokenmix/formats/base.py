@@ -12,10 +12,12 @@ import abc
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import draccus
-import numpy as np
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FILTER_REASONS = frozenset({"too_long", "too_short", "empty_preference_pair"})
 """Skip reasons that are a format's deliberate filters (counted and logged), not bad input: they never
@@ -126,6 +128,8 @@ class LmDatasetFormatBase(abc.ABC, draccus.ChoiceRegistry):
 def token_ids(value: Any, key: str, vocab_size: int) -> np.ndarray:
     """A record's list of token ids as int64, or ``BadRecordError`` (``wrong_type``, ``empty_document``,
     ``token_out_of_range``) naming the field ``key``."""
+    import numpy as np  # here: a config's formats are read without numpy
+
     if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
         raise BadRecordError("wrong_type", f"{key!r} must be a non-empty list of integers")
     if not value:

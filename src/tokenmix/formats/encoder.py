@@ -18,38 +18,16 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tokenmix.formats.backends import FAST, REFERENCE, char_offsets, fast_ids, load_fast, load_reference, token_byte_lengths
-from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Rendered, token_ids
+from tokenmix.formats.backends import FAST, char_offsets, fast_ids, load_fast, load_reference, token_byte_lengths
+from tokenmix.formats.base import BadRecordError, Rendered, token_ids
+from tokenmix.formats.encoder_spec import PRETOKENIZED_KEY, EncoderSpec, format_context
 from tokenmix.formats.long_docs import exact_split_supported, split_text
 from tokenmix.sources.shards import PlainText, RawChunk
 
-PRETOKENIZED_KEY = "input_ids"
-DEFAULT_LONG_DOC_CHARS = 100_000
 LONG_DOC_BATCH_CHARS = 4_000_000
 """Characters of long-document pieces tokenized in one call. The tokenizer's ``Encoding``s cost about 100 bytes a token
 while a call runs, so this bounds a long document's transient memory (about 100 MB) whatever its length, and still gives
 the tokenizer's threads dozens of pieces at once."""
-
-
-@dataclass(frozen=True)
-class EncoderSpec:
-    """Everything a worker needs to encode records the same way as every other worker."""
-
-    tokenizer_json: str
-    format: LmDatasetFormatBase
-    vocab_size: int
-    bos_id: int | None
-    """Token id put before every document, or None for none."""
-    eos_id: int | None
-    """Token id put after every document, or None for none."""
-    dtype: str
-    long_doc_chars: int = DEFAULT_LONG_DOC_CHARS
-    special_tokens: tuple[tuple[str, str], ...] = ()
-    """The tokenizer's named special tokens (``bos_token``, ...), as a chat template sees them."""
-    chat_template: str | None = None
-    """The tokenizer's own chat template."""
-    backend: str = REFERENCE
-    """The library that encodes text (``fastokens`` or ``tokenizers``): the same ids either way (``backends.py``)."""
 
 
 @dataclass
@@ -74,16 +52,6 @@ class EncodedChunk:
     """Positions trained on: tokens that are targets and are not their document's first token."""
     source_digest: int = 0
     """``RawChunk.digest`` of the raw records: the ledger sums it per shard to recognise the input it read."""
-
-
-def token_dtype(vocab_size: int) -> str:
-    """The narrowest unsigned dtype that holds every id of a vocabulary of this size."""
-    return "uint16" if vocab_size <= 1 << 16 else "uint32"
-
-
-def format_context(spec: EncoderSpec, token_to_id: Any) -> FormatContext:
-    """What the spec's format may ask of the tokenizer (``token_to_id`` is the backend tokenizer's)."""
-    return FormatContext(token_to_id, spec.vocab_size, dict(spec.special_tokens), spec.chat_template)
 
 
 class DocumentEncoder:

@@ -16,10 +16,9 @@ count, the chunking or an interrupted build: the same cache built twice is byte-
 from __future__ import annotations
 
 import hashlib
+import struct
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from tokenmix.formats.base import FormatContext, LmDatasetFormatBase, RecordRenderer, Rendered
 from tokenmix.formats.text import TextLmDatasetFormat
@@ -94,7 +93,7 @@ class FimLmDatasetFormat(LmDatasetFormatBase):
     def draw(self, text: str) -> tuple[bool, int, int] | None:
         """The transform a document gets: None (plain text), or (SPM?, first cut, second cut) in characters."""
         digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=32, key=self.seed.to_bytes(16, "little", signed=True))
-        fim, spm, a, b = (int(x) for x in np.frombuffer(digest.digest(), "<u8"))
+        fim, spm, a, b = struct.unpack("<4Q", digest.digest())
         if fim >= int(self.fim_rate * _ONE):
             return None
         cut_a, cut_b = a % (len(text) + 1), b % (len(text) + 1)

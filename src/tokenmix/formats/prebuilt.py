@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from tokenmix.formats.base import BadRecordError, FormatContext, LmDatasetFormatBase, Pack, RecordRenderer, Rendered, record_field, token_ids
 
 
@@ -39,6 +37,8 @@ class PrebuiltLmDatasetFormat(LmDatasetFormatBase):
         return self.loss_weights_key is not None
 
     def bind(self, context: FormatContext) -> RecordRenderer:
+        import numpy as np  # here: a config's formats are read without numpy
+
         vocab = context.vocab_size
 
         def render(record: dict[str, Any]) -> Rendered:

@@ -16,12 +16,15 @@ The YAMLs feed a format class that no stored marin commit holds, so tokenmix giv
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import draccus
-import numpy as np
 
 from tokenmix.formats.base import FormatContext, LmDatasetFormatBase, RecordRenderer
 from tokenmix.formats.text import TextLmDatasetFormat
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,8 @@ class Ul2rLmDatasetFormat(TextLmDatasetFormat):
 
     def sentinel_ids(self) -> np.ndarray:
         """The sentinel ids, in the order spans use them."""
+        import numpy as np  # here: a config's formats are read without numpy
+
         return np.arange(self.sentinel_token_id_start, self.sentinel_token_id_start + self.sentinel_token_id_count)  # type: ignore[operator]
 
     def __hash__(self) -> int:  # the task tables are dicts; a format keys the encoders a build keeps

@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from tokenmix.sources import urls
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class TokenFileError(ValueError):
@@ -66,6 +67,8 @@ def local_path(url: str, kind: str) -> str:
 
 def document_ends(tokens: np.ndarray, eos_id: int | None) -> np.ndarray:
     """Document ends of a stream without an index: after each ``eos_id`` (and at the end), or the whole stream as one."""
+    import numpy as np  # here: a config's token-file settings are read without numpy
+
     n = len(tokens)
     if eos_id is None or n == 0:
         return np.array([n] if n else [], np.int64)

@@ -40,6 +40,11 @@ def local_path(url: str) -> str | None:
     return None if "://" in url or "::" in url else os.path.expanduser(url)
 
 
+def join_location(location: str, *parts: str) -> str:
+    """``location/part/...`` for paths and URLs alike."""
+    return "/".join([location.rstrip("/"), *parts])
+
+
 def shard_name(url: str) -> str:
     """The name a shard is known by: a URL with a scheme as written; a local path absolute and normalized (``~``
     expanded, a relative one resolved against the current directory)."""
