@@ -16,7 +16,7 @@ from helpers import TOKENIZER, cache_bytes, start_builders, write_jsonl
 from tokenmix import BuildOptions, LMDatasetSourceConfig, LMMixtureDatasetConfig, build_caches
 from tokenmix.cache.ledger import ShardChangedError
 from tokenmix.cache.packs import MEMBER_FILE, PACKS_DIR, MemberDamagedError, read_member
-from tokenmix.cache.reader import TokenCache
+from tokenmix.cache.reader import CacheNotFoundError, TokenCache
 from tokenmix.config.caches import open_cache
 
 SOURCES = 40
@@ -140,6 +140,11 @@ def test_a_damaged_member_record_is_refused_naming_it_and_a_build_writes_it_agai
     assert record.read_bytes() == original
     assert {p: p.stat().st_mtime_ns for p in pack.rglob("*")} == before
     record.unlink()  # lost (a build stopped before writing it, or deleted by hand): written again the same way
+    build_caches(_config(sources, cache_dir), progress=False)
+    assert record.read_bytes() == original
+    record.write_bytes(b"")  # what a power loss leaves of a write never synced (records are synced once, all together)
+    with pytest.raises(CacheNotFoundError):
+        open_cache(_config(sources, cache_dir), "s003")
     build_caches(_config(sources, cache_dir), progress=False)
     assert record.read_bytes() == original
 

@@ -105,6 +105,11 @@ _groups: dict[int, _GroupSync] = {}
 _groups_lock = threading.Lock()
 
 
+def can_sync_filesystem() -> bool:
+    """Whether ``sync_filesystem`` makes writes durable here (Linux's ``syncfs``), rather than returning at once."""
+    return _SYNCFS is not None
+
+
 def sync_filesystem(directory: str) -> None:
     """Return once every write completed before this call on the filesystem holding ``directory`` is durable (raises
     ``OSError`` when the filesystem reports a failed writeback). Without ``syncfs`` it returns at once: writes are then

@@ -40,8 +40,8 @@ from tokenmix.cache.levanter import LEVANTER_LEDGER
 from tokenmix.cache.options import BuildOptions
 from tokenmix.cache.source_checks import SourceChecks
 from tokenmix.cache.stats import ALREADY_BUILT, STATS_FILE, stats_document
-from tokenmix.cache.store import JsonDocuments, join_location, make_durable
-from tokenmix.sources.urls import local_path
+from tokenmix.cache.store import JsonDocuments, write_rebuildable
+from tokenmix.sources.urls import join_location, local_path
 
 if TYPE_CHECKING:
     from tokenmix.cache.packed_source import PackedSourceCache
@@ -407,10 +407,6 @@ def write_member_records(pack: Pack, pack_stats: dict[str, Any]) -> dict[tuple[s
     ledger = CacheLedger.from_json(JsonDocuments(pack.location).read(LEDGER_FILE) or {})
     row_bounds = TokenCache(pack.location).row_bounds(0, ledger.rows)
     records = member_records(pack, ledger, row_bounds, pack_stats)
-    docs = JsonDocuments(pack.root, deferred_sync=True)
-    written = [docs.kv.write(f"{_key(pack.targets[source])}/{MEMBER_FILE}", record.document()) for source, record in records.items()]
-    for write in written:
-        write.result()
-    make_durable(pack.location)  # the members' locations and the pack's are under one root: one filesystem
+    write_rebuildable(pack.root, {f"{_key(pack.targets[source])}/{MEMBER_FILE}": record.document() for source, record in records.items()})
     already = {ALREADY_BUILT: True} if pack_stats.get(ALREADY_BUILT) else {}
     return {(source, pack.split): {**record.stats, **already} for source, record in records.items()}

@@ -25,7 +25,7 @@ import orjson
 import tensorstore as ts
 
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk, locate, problem_of
-from tokenmix.cache.durability import barriers_hold, sync_filesystem
+from tokenmix.cache.durability import barriers_hold, can_sync_filesystem, sync_filesystem
 from tokenmix.sources.urls import join_location
 
 TOKENS_ARRAY = "input_ids"
@@ -152,6 +152,21 @@ def make_durable(location: str) -> None:
     acknowledged, and a ``memory://`` cache never is: nothing to do."""
     spec = kvstore_spec(location)
     if spec["driver"] == "file" and barriers_hold(spec["path"]):
+        sync_filesystem(spec["path"])
+
+
+def write_rebuildable(location: str, objects: dict[str, bytes]) -> None:
+    """Write objects under ``location`` that a later build makes again from what is durable already (a pack's member
+    records, from the finished pack), all at once and without a fsync each, then one ``syncfs``: durable when this
+    returns, on any local filesystem (the ordering that makes barriers unsafe on some, ``barriers_hold``, does not
+    matter here). A power loss before the end leaves some missing, empty or cut short, which readers refuse
+    (checksums) and the next build writes again. Without ``syncfs``, each is fsynced."""
+    spec = kvstore_spec(location)
+    unsynced = spec["driver"] == "file" and can_sync_filesystem()
+    kv = ts.KvStore.open(spec, context=_DEFERRED_SYNC_CONTEXT if unsynced else _CONTEXT).result()
+    for write in [kv.write(key, value) for key, value in objects.items()]:
+        write.result()
+    if unsynced:
         sync_filesystem(spec["path"])
 
 
