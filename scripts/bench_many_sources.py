@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zstandard
@@ -133,46 +134,73 @@ def read_in_process(config_path: Path, steps: int, warm: int, base_env: dict[str
 def host_plans(config: dict, steps: int, hosts: list[int]) -> dict[int, tuple[float, float, float]]:
     """Per number of simulated hosts: bytes fetched over bytes delivered, summed over hosts, for ``steps`` steps; the
     same without the sources' metadata (the steady state, once every host has opened its sources); and the one-host
-    total of bytes fetched (for the check against a measured read)."""
+    total of bytes fetched (for the check against a measured read). A source of its own cache costs a host its open
+    object (and its shard's index where that does not hold it); a packed source its member record, and the pack it is in
+    its open object and the index of each shard the host touches, once per host for all its members."""
     import tokenmix
-    from tokenmix.cache.open_object import OPEN_FILE, read_open_object
-    from tokenmix.cache.shard_reads import ShardLayout
-    from tokenmix.cache.store import open_kvstore
+    from tokenmix.cache.packs import MEMBER_FILE, read_member
 
     train = tokenmix.load_data_config(config).train_set(SEQ)
     indices = np.arange(steps * BATCH)
     ids, draws = train.locate(indices)
     meta: dict[int, int] = {}
-    chunk_bytes: dict[int, tuple[ShardLayout, np.ndarray]] = {}
+    stored: dict[int, tuple[str, int]] = {}
+    """Each source's stored cache (its own, or its pack) and where its tokens begin there."""
+    caches: dict[str, tuple[int, Any, np.ndarray, set[int]]] = {}
+    """Each stored cache: its open object's bytes, its layout, its chunks' stored bytes, the shards whose index it holds."""
     examples = np.empty(len(indices), np.int64)
     for s in np.unique(ids).tolist():
         name = train.names[s]
         examples[ids == s] = train.source(name).examples(draws[ids == s])
         where = Path(config["cache_dir"]) / name / "train"
-        data = where / "input_ids" / "data"
-        meta[s] = os.path.getsize(where / OPEN_FILE)
-        layout = ShardLayout.from_metadata(json.loads((data / "zarr.json").read_text()))
-        assert layout is not None and len(os.listdir(data / "c")) == 1, "one shard per source, as these sources are"
-        index = np.frombuffer((data / "c" / "0").read_bytes()[: layout.index_bytes - 4], "<u8").reshape(-1, 2)
-        if 0 not in read_open_object(open_kvstore(str(where)), str(where)).shard_indexes:
-            meta[s] += layout.index_bytes  # fetched once by each host that opens the source
-        chunk_bytes[s] = (layout, index[:, 1].astype(np.int64))
-    itemsize = next(iter(chunk_bytes.values()))[0].dtype.itemsize
+        record = read_member(str(where))
+        if record is None:
+            meta[s], stored[s] = 0, (str(where), 0)
+        else:
+            meta[s], stored[s] = os.path.getsize(where / MEMBER_FILE), (record.pack_location(str(where)), record.tokens[0])
+        if stored[s][0] not in caches:
+            caches[stored[s][0]] = _stored_cache(Path(stored[s][0]))
+    itemsize = next(iter(caches.values()))[1].dtype.itemsize
     out = {}
     for h in hosts:
         fetched = steady = 0
         per_host = BATCH // h
         for host in range(h):
             mine = (indices % BATCH) // per_host == host
+            touched: dict[str, set[int]] = {}
             for s in np.unique(ids[mine]).tolist():
-                layout, sizes = chunk_bytes[s]
-                starts = examples[mine & (ids == s)] * SEQ
-                chunks = np.unique(np.concatenate([np.arange(a // layout.inner, (a + SEQ - 1) // layout.inner + 1) for a in starts.tolist()]))
-                fetched += meta[s] + int(sizes[chunks].sum())
-                steady += int(sizes[chunks].sum())
+                location, first = stored[s]
+                inner = caches[location][1].inner
+                starts = first + examples[mine & (ids == s)] * SEQ
+                touched.setdefault(location, set()).update(c for a in starts.tolist() for c in range(a // inner, (a + SEQ - 1) // inner + 1))
+                fetched += meta[s]
+            for location, chunks in touched.items():
+                open_bytes, layout, sizes, held = caches[location]
+                shards = {c // layout.chunks_per_shard for c in chunks}
+                data = int(sizes[sorted(chunks)].sum())
+                fetched += open_bytes + layout.index_bytes * len(shards - held) + data
+                steady += data
         delivered = len(indices) * SEQ * itemsize
         out[h] = (fetched / delivered, steady / delivered, fetched if h == 1 else 0)
     return out
+
+
+def _stored_cache(where: Path) -> tuple[int, Any, np.ndarray, set[int]]:
+    """A stored cache's open object's bytes, its token layout, every stored chunk's bytes (from each shard's index),
+    and the shards whose index its open object holds."""
+    from tokenmix.cache.open_object import OPEN_FILE, read_open_object
+    from tokenmix.cache.shard_reads import ShardLayout
+    from tokenmix.cache.store import open_kvstore
+
+    data = where / "input_ids" / "data"
+    layout = ShardLayout.from_metadata(json.loads((data / "zarr.json").read_text()))
+    assert layout is not None
+    sizes = []
+    for shard in range(len(os.listdir(data / "c"))):
+        index = np.frombuffer((data / "c" / str(shard)).read_bytes()[: layout.index_bytes - 4], "<u8").reshape(-1, 2)
+        sizes.append(index[:, 1].astype(np.int64))
+    held = set(read_open_object(open_kvstore(str(where)), str(where)).shard_indexes)
+    return os.path.getsize(where / OPEN_FILE), layout, np.concatenate(sizes), held
 
 
 def main() -> None:
@@ -186,6 +214,8 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=str(REPO.parent / "shared" / "tokenizer"))
     parser.add_argument("--reader_src", default=str(REPO / "src"), help="the tokenmix source tree the reader processes import")
     parser.add_argument("--work", default=None, help="keep the sources and caches here (default: a temporary directory)")
+    parser.add_argument("--pack-below-bytes", type=int, default=None,
+                        help="build.pack_below_bytes (default: tokenmix's, which packs 32 sources or more; 0: a cache per source)")
     args = parser.parse_args()
     import s3fs
 
@@ -207,6 +237,8 @@ def main() -> None:
             for n in args.sources:
                 root = work / f"n{n}"
                 config = write_sources(docs, n, root, str(root / "caches"), args.tokenizer)
+                if args.pack_below_bytes is not None:
+                    config["build"] = {"pack_below_bytes": args.pack_below_bytes}
                 (root / "local.json").write_text(json.dumps(config))
                 started = time.perf_counter()
                 built = build_caches(load_data_config(config), progress=False)

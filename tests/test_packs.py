@@ -278,13 +278,17 @@ def test_a_packed_source_is_refused_for_a_config_of_another_identity_and_inspect
 
 
 @pytest.mark.timeout(300)
-def test_small_sources_built_on_s3_are_packed_and_read_as_the_local_build(s3, tmp_path, demo_docs):
+def test_small_sources_on_s3_are_packed_only_when_asked_and_read_as_the_local_build(s3, tmp_path, demo_docs):
     import dataclasses
 
     from s3_server import BUCKET
 
     sources = _sources(tmp_path, demo_docs)
-    remote = dataclasses.replace(_config(sources, tmp_path / "unused"), cache_dir=f"s3://{BUCKET}/packs-{time.time_ns()}")
+    unpacked = dataclasses.replace(_config(sources, tmp_path / "unused"), cache_dir=f"s3://{BUCKET}/default-{time.time_ns()}")
+    build_caches(unpacked, progress=False)  # the default on object storage: a cache per source, whose reads fetch less
+    assert type(open_cache(unpacked, "s001")).__name__ == "TokenCache"
+    remote = dataclasses.replace(_config(sources, tmp_path / "unused", pack_below_bytes=16 << 20),
+                                 cache_dir=f"s3://{BUCKET}/packs-{time.time_ns()}")
     local = _config(sources, tmp_path / "local")
     built = build_caches(remote, progress=False)
     reference = build_caches(local, progress=False)

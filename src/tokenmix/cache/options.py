@@ -16,6 +16,8 @@ from tokenmix.execution.configs import ExecutorConfig, LocalExecutorConfig
 from tokenmix.formats.backends import TokenizerBackend
 
 Compression = Literal["zstd", "lz4", "none"]
+PACK_BELOW_BYTES = 16 << 20
+"""``build.pack_below_bytes`` for a local cache_dir when the config leaves it null."""
 
 
 @dataclass(frozen=True)
@@ -57,12 +59,14 @@ class BuildOptions:
     Recorded in the cache's identity: a cache is never read as other than the config says; changing it means a new
     cache_dir or deleting the cache."""
 
-    pack_below_bytes: int = 16 << 20
+    pack_below_bytes: int | None = None
     """Sources whose input of a split is at most this many bytes are small: where a build has at least
     ``pack_min_sources`` small sources of a split to build, it builds them together as packs (``cache/packs.py``), each
     pack one cache, and each source reads back as if built alone. A cache per source costs about 10 ms of CPU and a
     dozen files beyond encoding (a thousand sources of 70 k tokens: 4x the encoding itself); a pack costs that once.
-    0 never packs."""
+    null (the default): ``PACK_BELOW_BYTES`` (16 MiB) for a local cache_dir, 0 (never) on object storage, where a
+    source of its own cache reads fewer bytes (its examples start where its chunks do, its shard index is in its open
+    object; a pack's sources start mid-chunk: 3x the bytes delivered at 64 hosts, docs/benchmarks.md). 0 never packs."""
     pack_min_sources: int = 32
     """How many small sources of a split one build must have to build before it packs them (fewer are built one cache
     each, as always): a few sources gain little from packing, and keep a cache each that tools outside tokenmix can
@@ -80,8 +84,8 @@ class BuildOptions:
             raise ValueError(f"build.compression must be one of {', '.join(get_args(Compression))}, got {self.compression!r}")
         if self.lock_timeout_s is not None and not self.lock_timeout_s >= 0:
             raise ValueError(f"build.lock_timeout_s must be >= 0 seconds, or null to wait as long as it takes; got {self.lock_timeout_s}")
-        if self.pack_below_bytes < 0 or self.pack_min_sources < 1:
-            raise ValueError(f"build.pack_below_bytes must be >= 0 (0 never packs) and build.pack_min_sources >= 1; got "
+        if (self.pack_below_bytes is not None and self.pack_below_bytes < 0) or self.pack_min_sources < 1:
+            raise ValueError(f"build.pack_below_bytes must be >= 0 (0 never packs) or null and build.pack_min_sources >= 1; got "
                              f"{self.pack_below_bytes} and {self.pack_min_sources}")
         if not self.lock_lease_s > 0:
             raise ValueError(f"build.lock_lease_s must be positive (seconds), got {self.lock_lease_s}")

@@ -37,7 +37,7 @@ import numpy as np
 
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, ShardProgress, fingerprint_of
 from tokenmix.cache.levanter import LEVANTER_LEDGER
-from tokenmix.cache.options import BuildOptions
+from tokenmix.cache.options import PACK_BELOW_BYTES, BuildOptions
 from tokenmix.cache.source_checks import SourceChecks
 from tokenmix.cache.stats import ALREADY_BUILT, STATS_FILE, stats_document
 from tokenmix.cache.store import JsonDocuments, write_rebuildable
@@ -230,6 +230,7 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
     """Small sources holding a stale or damaged record."""
     layout = options.layout_identity()
     for root in dict.fromkeys(t.pack_root for t in targets if t.pack_root is not None):
+        below = pack_below_bytes(options, root)
         docs = JsonDocuments(root)
         members = [t for t in targets if t.pack_root == root]
         found = docs.read_many([f"{_key(t)}/{name}" for t in members for name in (LEDGER_FILE, LEVANTER_LEDGER, MEMBER_FILE)])
@@ -243,7 +244,7 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
                 built[(target.source, target.split)] = {**record.stats, ALREADY_BUILT: True}
                 continue
             sizes = [shard.size_bytes() for shard in target.shards]
-            if options.pack_below_bytes and None not in sizes and sum(sizes) <= options.pack_below_bytes:  # type: ignore[arg-type]
+            if below and None not in sizes and sum(sizes) <= below:  # type: ignore[arg-type]
                 small.setdefault((root, target.split), []).append(target)
                 if member is not None:
                     recorded.add(id(target))
@@ -274,6 +275,14 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
     order = {id(t): k for k, t in enumerate(targets)}
     alone.sort(key=lambda t: order[id(t)])
     return PackPlan(alone, packs, finished, built)
+
+
+def pack_below_bytes(options: BuildOptions, root: str) -> int:
+    """The input size under which a source under ``root`` is small (``build.pack_below_bytes``; null: ``PACK_BELOW_BYTES``
+    for a local root, 0 on object storage)."""
+    if options.pack_below_bytes is not None:
+        return options.pack_below_bytes
+    return PACK_BELOW_BYTES if local_path(root) is not None else 0
 
 
 def _record_or_none(doc: dict[str, Any] | None, location: str) -> MemberRecord | None:
