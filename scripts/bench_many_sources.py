@@ -7,9 +7,11 @@ For each N, N sources are cut from the corpus's training documents (40 documents
 around; weights 1 to 7 in turn) and written as JSONL; one mixture over all of them is built (``build_caches``, timed
 whole) and read with 64 x 2048-token shuffled batches:
 
-- locally, from the caches on disk;
-- from a real S3 server process on 127.0.0.1 (moto's, from the dev install) holding a copy of the caches, through a
-  proxy that holds each request 0 ms, then ``--latency_ms`` (``tests/s3_server.py``), and counts requests and bytes.
+- locally, from the caches on disk (with tokenmix's defaults, sources of 100 and 1,000 are built as packs there);
+- from a real S3 server process on 127.0.0.1 (moto's, from the dev install) holding the caches a build on object
+  storage makes by default (a cache per source: the same sources built again locally with ``pack_below_bytes: 0``, and
+  copied), or with ``--pack-below-bytes`` given, a copy of the local caches; through a proxy that holds each request 0
+  ms, then ``--latency_ms`` (``tests/s3_server.py``), and counts requests and bytes.
 
 Each read runs in a fresh process (``--reader_src`` chooses the tokenmix it imports, to time another checkout; its
 bytecode compiled once before, as an installed package's is, whatever ``PYTHONDONTWRITEBYTECODE`` says): the time
@@ -244,15 +246,19 @@ def main() -> None:
                 built = build_caches(load_data_config(config), progress=False)
                 build_s = time.perf_counter() - started
                 tokens = sum(int(stats["tokens"]) for stats in built.values())
-                store.put(str(root / "caches") + "/", f"{BUCKET}/n{n}/", recursive=True)
-                (root / "s3.json").write_text(json.dumps({**config, "cache_dir": f"s3://{BUCKET}/n{n}"}))
+                remote = config
+                if args.pack_below_bytes is None:  # the bucket gets the caches a build there makes by default: no packs
+                    remote = {**config, "cache_dir": str(root / "caches-s3"), "build": {"pack_below_bytes": 0}}
+                    build_caches(load_data_config(remote), progress=False)
+                store.put(remote["cache_dir"] + "/", f"{BUCKET}/n{n}/", recursive=True)
+                (root / "s3.json").write_text(json.dumps({**remote, "cache_dir": f"s3://{BUCKET}/n{n}"}))
                 print(f"N={n}: built {tokens / 1e6:.1f} M tokens ({tokens / n / 1e3:.0f} k a source) in {build_s:.1f} s, "
                       f"{tokens / build_s / 1e6:.2f} M tokens/s", flush=True)
                 results = {"local": read_in_process(root / "local.json", args.steps, args.warm, readers, {}, None)}
                 for latency, proxy in proxies.items():
                     results[f"s3 {latency:g} ms"] = read_in_process(root / "s3.json", args.steps, args.warm, readers,
                                                                    {"AWS_ENDPOINT_URL": proxy.endpoint, "AWS_REGION": "us-east-1"}, proxy)
-                plans = host_plans(config, args.steps, args.hosts)
+                plans = host_plans(remote, args.steps, args.hosts)
                 measured = results["s3 0 ms"]["bytes"]
                 for label, r in results.items():
                     fetched = "-" if label == "local" else (f"{r['first_requests']} req / {r['first_bytes'] / 1e6:.2f} MB; "
