@@ -56,3 +56,15 @@ def check_levanter_identity(found: dict[str, Any], expected: dict[str, Any], loc
             f"(fingerprint {fingerprint_of(expected)}):\n" + "\n".join(problems) +
             "\nPoint the source at a cache built with this tokenizer and these settings (or set enforce_eos / enforce_bos to "
             "match the cache), or use another cache_dir to build one.")
+
+
+def built_by_levanter(ledger: dict[str, Any] | None, levanter: dict[str, Any] | None, location: str) -> bool:
+    """Whether ``location``, whose tokenmix ledger and Levanter ledger are these documents (None: absent), holds a
+    finished cache Levanter built (and none of ours); an unfinished one is refused: its builder is Levanter's, and a
+    tokenmix build would write into arrays of another layout."""
+    if ledger is not None or levanter is None:
+        return False
+    if not levanter.get("is_finished"):
+        raise ValueError(f"{location} holds a cache Levanter has not finished building; finish it with Levanter, or delete it "
+                         "(or use another cache_dir) to build it with tokenmix")
+    return True

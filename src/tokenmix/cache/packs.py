@@ -36,7 +36,7 @@ import google_crc32c
 import numpy as np
 
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, ShardProgress, fingerprint_of
-from tokenmix.cache.levanter import LEVANTER_LEDGER
+from tokenmix.cache.levanter import LEVANTER_LEDGER, built_by_levanter
 from tokenmix.cache.options import PACK_BELOW_BYTES, BuildOptions
 from tokenmix.cache.source_checks import SourceChecks
 from tokenmix.cache.stats import ALREADY_BUILT, STATS_FILE, stats_document
@@ -210,12 +210,14 @@ class Pack:
 @dataclass
 class PackPlan:
     """What a build does with the caches of a config: the ones built alone, the packs to build, the finished packs
-    holding sources without a record, and the packed sources that are built already (their statistics)."""
+    holding sources without a record, the packed sources that are built already (their statistics), and the finished
+    caches Levanter built, read as they are (of those under a root; ``config.caches`` asks of the others)."""
 
     alone: list[CacheTarget]
     packs: list[Pack]
     finished: list[Pack]
     built: dict[tuple[str, str], dict[str, Any]]
+    levanter: list[CacheTarget]
 
 
 def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPlan:
@@ -224,6 +226,7 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
     pack holds (a build stopped before writing every record) get theirs from it; the other small ones go into packs, in
     config order. A stale member record of a source built alone is removed."""
     alone: list[CacheTarget] = [t for t in targets if t.pack_root is None]
+    read_as_levanter: list[CacheTarget] = []
     small: dict[tuple[str, str], list[CacheTarget]] = {}
     built: dict[tuple[str, str], dict[str, Any]] = {}
     recorded: set[int] = set()
@@ -236,7 +239,10 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
         found = docs.read_many([f"{_key(t)}/{name}" for t in members for name in (LEDGER_FILE, LEVANTER_LEDGER, MEMBER_FILE)])
         for k, target in enumerate(members):
             ledger, levanter, member = found[3 * k : 3 * k + 3]
-            if ledger is not None or levanter is not None:
+            if built_by_levanter(ledger, levanter, target.location):
+                read_as_levanter.append(target)
+                continue
+            if ledger is not None:
                 alone.append(target)
                 continue
             record = _record_or_none(member, target.location)
@@ -274,7 +280,7 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
         packs.append(_pack(root, split, group, layout))
     order = {id(t): k for k, t in enumerate(targets)}
     alone.sort(key=lambda t: order[id(t)])
-    return PackPlan(alone, packs, finished, built)
+    return PackPlan(alone, packs, finished, built, read_as_levanter)
 
 
 def pack_below_bytes(options: BuildOptions, root: str) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tokenmix.cache.ledger import LEDGER_FILE
-from tokenmix.cache.levanter import LEVANTER_LEDGER
+from tokenmix.cache.levanter import LEVANTER_LEDGER, built_by_levanter
 from tokenmix.cache.options import BuildOptions
 from tokenmix.cache.targets import CacheTarget
 from tokenmix.config.sources import LMDatasetSourceConfig
@@ -103,8 +103,10 @@ def build_caches(config: DataConfigBase, sources: list[str] | None = None, progr
     plan = plan_packs(targets, config.build)
     with open_build_executor(config.build) as executor:
         builders, keys = [], []
+        for target in plan.levanter:
+            logger.info("%s/%s: %s holds a cache Levanter built; it is read as it is", target.source, target.split, target.location)
         for target in plan.alone:
-            if _built_by_levanter(target.location):
+            if target.pack_root is None and _built_by_levanter(target.location):  # (the others' ledgers plan_packs read)
                 logger.info("%s/%s: %s holds a cache Levanter built; it is read as it is", target.source, target.split, target.location)
                 continue
             bar = TqdmProgress(f"{target.source}/{target.split}") if progress else None
@@ -123,20 +125,12 @@ def build_caches(config: DataConfigBase, sources: list[str] | None = None, progr
 
 
 def _built_by_levanter(location: str) -> bool:
-    """Whether ``location`` holds a finished cache Levanter built (and none of ours); an unfinished one is refused: its
-    builder is Levanter's, and a tokenmix build would write into arrays of another layout."""
+    """Whether ``location`` holds a finished cache Levanter built (``levanter.built_by_levanter``)."""
     from tokenmix.cache.store import JsonDocuments  # here: reading a config imports no tensorstore
 
     docs = JsonDocuments(location)
-    if docs.read(LEDGER_FILE) is not None:
-        return False
-    ledger = docs.read(LEVANTER_LEDGER)
-    if ledger is None:
-        return False
-    if not ledger.get("is_finished"):
-        raise ValueError(f"{location} holds a cache Levanter has not finished building; finish it with Levanter, or delete it "
-                         "(or use another cache_dir) to build it with tokenmix")
-    return True
+    ledger = docs.read(LEDGER_FILE)
+    return built_by_levanter(ledger, None if ledger is not None else docs.read(LEVANTER_LEDGER), location)
 
 
 def open_cache(config: DataConfigBase, source: str, split: str = "train") -> TokenCache | TokenFilesCache | PackedSourceCache:
