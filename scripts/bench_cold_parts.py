@@ -1,0 +1,112 @@
+"""Where a cold ``build_caches`` call's time goes beyond limit (b): the same cold call with one cost taken away at a time.
+
+    python scripts/bench_cold_parts.py [--corpus ../shared/corpus] [--tokenizer data/tokenizer] [--rounds 6]
+
+The cold whole call is ``bench_build.py``'s: ``build_caches(load_data_config(path))`` in a new process, timed from
+before ``import tokenmix`` to its return, tokenmix's bytecode compiled first and the backend check's verdict on the
+sample remembered by a build before (as ``bench_build.py``'s cold call has it). Each variant removes one cost that
+limit (b) does not pay, in ways a library may not choose for its users, so that what each costs is measured rather
+than guessed:
+
+- ``uncompressed``: ``build.compression: none`` (the stored chunks' zstd, which limit (b) does not pay);
+- ``openblas 1``: ``OPENBLAS_NUM_THREADS=1`` in the process's environment (numpy's import starts OpenBLAS threads that
+  spin for about 0.1 s of a core, beside the imports and the tokenizer's load);
+- ``no gc``: ``gc.disable()`` before ``import tokenmix`` (the collections the imports' allocations trigger);
+- ``early load``: the ``fastokens`` tokenizer's load begun before the config is read (it begins once the config names it);
+- then these together, without and with ``uncompressed``.
+
+Every round runs each variant once, in turn, and limit (b) (``bench_build.bench_fast_limit``) once, so that the load
+of a shared machine hits them alike; the medians and the best of each are printed, as seconds and as ratios to the
+best limit (b).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_build import REPO, bench_fast_limit, corpus_sources  # noqa: E402 - the build benchmark's own limit and corpus
+
+_CALL = """
+import time
+began = time.perf_counter()
+import os, sys
+parts = os.environ.get("TOKENMIX_BENCH_PARTS", "")
+if "nogc" in parts:
+    import gc
+    gc.disable()
+import tokenmix
+if "early" in parts:
+    from tokenmix.formats.backends import preload_fast
+    from tokenmix.formats.tokenizer_identity import tokenizer_info
+    preload_fast(tokenizer_info(sys.argv[2]).backend_json)
+tokenmix.build_caches(tokenmix.load_data_config(sys.argv[1]), progress=False)
+print(time.perf_counter() - began)
+"""
+
+VARIANTS = {
+    "as shipped": ((), {}),
+    "uncompressed": (("none",), {}),
+    "openblas 1": ((), {"OPENBLAS_NUM_THREADS": "1"}),
+    "no gc": (("nogc",), {}),
+    "early load": (("early",), {}),
+    "openblas 1 + no gc + early load": (("nogc", "early"), {"OPENBLAS_NUM_THREADS": "1"}),
+    "all four": (("none", "nogc", "early"), {"OPENBLAS_NUM_THREADS": "1"}),
+}
+
+
+def cold_call(config: dict, scratch: str, tokenizer: str, parts: tuple[str, ...], env: dict[str, str]) -> float:
+    """One cold whole call of ``config`` (stored uncompressed where ``parts`` says) in a new process; its seconds."""
+    config = json.loads(json.dumps(config))
+    config["cache_dir"] = os.path.join(scratch, "cache")
+    if "none" in parts:
+        config["build"]["compression"] = "none"
+    path = os.path.join(scratch, "bench.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f)
+    subprocess.run(["rm", "-rf", config["cache_dir"]], check=True)
+    done = subprocess.run([sys.executable, "-c", _CALL, path, tokenizer], check=True, capture_output=True, text=True,
+                          env={**os.environ, **env, "TOKENMIX_BENCH_PARTS": ",".join(parts)})
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", default=str(REPO.parent / "shared" / "corpus"))
+    parser.add_argument("--tokenizer", default=str(REPO / "data" / "tokenizer"))
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args()
+    import tokenmix
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.dirname(tokenmix.__file__)], check=True)
+    sources = corpus_sources(args.corpus)
+    files = [f for urls in sources.values() for f in urls]
+    config = {"tokenizer": os.path.abspath(args.tokenizer), "configs": {s: {"train_urls": urls} for s, urls in sources.items()},
+              "train_weights": {s: 1 + i % 7 for i, s in enumerate(sources)}, "build": {"tokenizer_backend": "auto"}}
+    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {len(files)} shards", flush=True)
+    seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    limits = []
+    with tempfile.TemporaryDirectory(prefix="tokenmix-bench-") as scratch:
+        cold_call(config, scratch, args.tokenizer, (), {})  # the sample's verdict remembered, as bench_build's cold call has it
+        for _ in range(args.rounds):
+            for name, (parts, env) in VARIANTS.items():
+                seconds[name].append(cold_call(config, scratch, args.tokenizer, parts, env))
+            limits.append(bench_fast_limit(files, args.tokenizer)["seconds"])
+    limit = min(limits)
+    print(f"limit (b): best {limit:.3f} s, median {statistics.median(limits):.3f} s; load {os.getloadavg()[0]:.1f}")
+    print("| cold whole call | median | best | best / (b) |\n|---|---|---|---|")
+    for name, runs in seconds.items():
+        print(f"| {name} | {statistics.median(runs):.3f} s | {min(runs):.3f} s | {limit / min(runs):.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
