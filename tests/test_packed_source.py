@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import time
@@ -22,10 +24,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from s3_server import BUCKET
 
-from tokenmix import MixtureDataset, PackedDataset, SupervisedLmDatasetFormat, TokenCache, TokenSeqDataset
+from tokenmix import CacheDamagedError, MixtureDataset, PackedDataset, SupervisedLmDatasetFormat, TokenCache, TokenSeqDataset
 from tokenmix.cache import PackedSourceCache, open_pack, reader, store
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.ledger import CacheMismatchError
+from tokenmix.cache.shard_reads import ShardLayout
 from tokenmix.datasets.cache_ranges import split_at_chunks
 
 PAD = 1
@@ -352,3 +355,42 @@ def test_members_pickled_to_another_process_read_the_same_and_share_the_pack_the
         for row in m.get_rows(range(m.num_rows())):
             digest.update(row.tobytes())
     assert done.stdout.decode().split() == ["1", digest.hexdigest()]
+
+
+def _damage_chunk(pack: Path, chunk: int) -> None:
+    """Flip a bit in the middle of stored chunk ``chunk`` of the pack's tokens (chunks of ``UNIT``, objects of
+    ``store.DATA_SHARD`` tokens, each object's index at its start)."""
+    path = pack / "input_ids" / "data" / "c" / str(chunk * UNIT // (1 << 12))
+    layout = ShardLayout.from_metadata(json.loads((pack / "input_ids" / "data" / "zarr.json").read_text()))
+    data = bytearray(path.read_bytes())
+    offset, size = np.frombuffer(bytes(data[: layout.index_bytes - 4]), "<u8").reshape(-1, 2)[chunk % ((1 << 12) // UNIT)]
+    data[int(offset + size // 2)] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_damage_in_one_members_tokens_fails_its_reads_and_not_those_of_a_member_sharing_the_block(text_pack, tmp_path):
+    """A stored chunk of c damaged, in the pack's block that also holds the end of b: c's reads of it raise
+    ``CacheDamagedError`` naming the pack and its repair, while every block of b reads as from b built alone (b's own
+    cache would not hold c's damage), through the chunk cache and in a dataset over it."""
+    pack = tmp_path / "pack"
+    shutil.copytree(text_pack.pack, pack)
+    (_, (_, b_stop)), (_, (c_first, _)) = text_pack.members["b"], text_pack.members["c"]
+    damaged = -(-c_first // UNIT)  # c's first whole stored chunk
+    assert damaged * UNIT // BLOCK == (b_stop - 1) // BLOCK, "the damaged chunk must share a block of the pack with b"
+    _damage_chunk(pack, damaged)
+    fingerprint, chunks = TokenCache(str(pack)).fingerprint, ChunkCache(64 << 20)
+    members = {name: PackedSourceCache(open_pack(str(pack), fingerprint, str(tmp_path / name), chunks), str(tmp_path / name), rows, tokens,
+                                       {}, fingerprint, None) for name, (rows, tokens) in text_pack.members.items()}
+    b, own = members["b"], TokenCache(text_pack.alone["b"], chunk_cache=ChunkCache(64 << 20))
+    tokens = own.num_tokens()
+    assert b.caches_blocks(tokens)
+    every = range((tokens - 1) // BLOCK + 1)
+    got, want = b.read_chunks(every, tokens)(), own.read_chunks(every, tokens)()
+    assert all(got[k].tolist() == want[k].tolist() for k in every)
+    windows = [TokenSeqDataset(c, 300) for c in (b, own)]
+    picks = np.arange(len(windows[1]))
+    assert np.array_equal(windows[0].get_batch(picks).tokens, windows[1].get_batch(picks).tokens)
+    c = members["c"]
+    with pytest.raises(CacheDamagedError, match=rf"cache at {pack} is damaged: input_ids/data elements {damaged * UNIT:,}-.*checksum "
+                                                rf"mismatch.*tokenmix verify {pack} --repair"):
+        c.read_chunks([(damaged * UNIT - c_first) // BLOCK], c.num_tokens())()

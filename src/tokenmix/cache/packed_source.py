@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
+from tokenmix.cache.damage import CacheDamagedError
 from tokenmix.cache.ledger import CacheLedger, CacheMismatchError
 from tokenmix.cache.reader import TokenCache, chosen_object_reads
 
@@ -221,7 +222,8 @@ class PackedSourceCache:
         """Start reading whole blocks of the source's token stream (their part below ``committed_tokens``) through the
         pack's blocks in the chunk cache; returns a function that waits and maps block number to tokens.
 
-        A block of the source is a slice of one block of the pack, or of two joined."""
+        A block of the source is a slice of one block of the pack, or of two joined. Damage in those blocks of the pack
+        outside the source's tokens (another member's) is not the source's: its spans are then read alone, past it."""
         size = self.chunk_tokens
         committed = min(committed_tokens, self.num_tokens())
         wanted = sorted(set(int(c) for c in chunks))
@@ -233,7 +235,14 @@ class PackedSourceCache:
         reading = self._pack.read_chunks(blocks, self._pack_tokens)
 
         def finish() -> dict[int, np.ndarray]:
-            have = reading()
+            try:
+                have = reading()
+            except CacheDamagedError as e:
+                if any(d.start < hi and lo < d.stop for d in e.chunks for lo, hi in spans.values()):
+                    raise
+                # the damage is another member's, in a block of the pack this member shares: its own cache would not
+                # hold it, so its spans are read alone, past the damaged chunks
+                return {c: self._pack.read_tokens(lo, hi) for c, (lo, hi) in spans.items()}
             out = {}
             for c, (lo, hi) in spans.items():
                 first, last = lo // size, (hi - 1) // size
