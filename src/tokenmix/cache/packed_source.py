@@ -20,7 +20,8 @@ import numpy as np
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.damage import CacheDamagedError
 from tokenmix.cache.ledger import CacheLedger, CacheMismatchError
-from tokenmix.cache.reader import TokenCache, chosen_object_reads
+from tokenmix.cache.packs import MEMBER_FILE
+from tokenmix.cache.reader import CacheNotFoundError, TokenCache, chosen_object_reads
 
 _LOCK = threading.Lock()
 _PACKS: weakref.WeakValueDictionary[tuple[str, ChunkCache, str], TokenCache] = weakref.WeakValueDictionary()
@@ -34,13 +35,19 @@ def open_pack(location: str, fingerprint: str, member: str, chunk_cache: ChunkCa
     """The pack at ``location``, opened once in this process for every member reading it through ``chunk_cache``.
 
     ``fingerprint``: the pack's, as the record of ``member`` (the location of the source asking) says; a pack found there
-    with another fingerprint (rebuilt since the record was written) raises ``CacheMismatchError``. ``object_reads``: as
-    for ``TokenCache`` (None takes ``$TOKENMIX_OBJECT_READS``)."""
+    with another fingerprint (rebuilt since the record was written) raises ``CacheMismatchError``, and none there
+    ``CacheNotFoundError``, each naming the member and the fix. ``object_reads``: as for ``TokenCache`` (None takes
+    ``$TOKENMIX_OBJECT_READS``)."""
     key = (location, chunk_cache, chosen_object_reads(object_reads))
     with _LOCK:
         pack = _PACKS.get(key)
         if pack is None or pack.fingerprint != fingerprint:
-            pack = TokenCache(location, chunk_cache=chunk_cache, object_reads=key[2])
+            try:
+                pack = TokenCache(location, chunk_cache=chunk_cache, object_reads=key[2])
+            except CacheNotFoundError:
+                raise CacheNotFoundError(
+                    f"{member}: its {MEMBER_FILE} reads rows of the pack at {location}, where there is no cache (deleted?); delete "
+                    f"the {MEMBER_FILE} of every source packed there (or the whole cache_dir) and build the caches again") from None
             if pack.fingerprint != fingerprint:
                 raise CacheMismatchError(
                     f"{member}: its member record reads rows of the pack at {location} with fingerprint {fingerprint}, but the "
