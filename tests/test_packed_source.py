@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from s3_server import BUCKET
 
 from tokenmix import CacheDamagedError, MixtureDataset, PackedDataset, SupervisedLmDatasetFormat, TokenCache, TokenSeqDataset
-from tokenmix.cache import PackedSourceCache, open_pack, reader, store
+from tokenmix.cache import PackedSourceCache, open_object, open_pack, reader, store
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.ledger import CacheMismatchError
 from tokenmix.cache.shard_reads import ShardLayout
@@ -357,13 +357,13 @@ def test_members_pickled_to_another_process_read_the_same_and_share_the_pack_the
     assert done.stdout.decode().split() == ["1", digest.hexdigest()]
 
 
-def _damage_chunk(pack: Path, chunk: int) -> None:
-    """Flip a bit in the middle of stored chunk ``chunk`` of the pack's tokens (chunks of ``UNIT``, objects of
-    ``store.DATA_SHARD`` tokens, each object's index at its start)."""
-    path = pack / "input_ids" / "data" / "c" / str(chunk * UNIT // (1 << 12))
-    layout = ShardLayout.from_metadata(json.loads((pack / "input_ids" / "data" / "zarr.json").read_text()))
+def _damage_chunk(pack: Path, array: str, element: int) -> None:
+    """Flip a bit in the middle of the stored chunk of ``array`` (``data`` or ``offsets`` of the tokens) holding element
+    ``element`` (the array's objects each with their index at their start)."""
+    layout = ShardLayout.from_metadata(json.loads((pack / "input_ids" / array / "zarr.json").read_text()))
+    path = pack / "input_ids" / array / "c" / str(element // layout.shard)
     data = bytearray(path.read_bytes())
-    offset, size = np.frombuffer(bytes(data[: layout.index_bytes - 4]), "<u8").reshape(-1, 2)[chunk % ((1 << 12) // UNIT)]
+    offset, size = np.frombuffer(bytes(data[: layout.index_bytes - 4]), "<u8").reshape(-1, 2)[element % layout.shard // layout.inner]
     data[int(offset + size // 2)] ^= 1
     path.write_bytes(bytes(data))
 
@@ -377,7 +377,7 @@ def test_damage_in_one_members_tokens_fails_its_reads_and_not_those_of_a_member_
     (_, (_, b_stop)), (_, (c_first, _)) = text_pack.members["b"], text_pack.members["c"]
     damaged = -(-c_first // UNIT)  # c's first whole stored chunk
     assert damaged * UNIT // BLOCK == (b_stop - 1) // BLOCK, "the damaged chunk must share a block of the pack with b"
-    _damage_chunk(pack, damaged)
+    _damage_chunk(pack, "data", damaged * UNIT)
     fingerprint, chunks = TokenCache(str(pack)).fingerprint, ChunkCache(64 << 20)
     members = {name: PackedSourceCache(open_pack(str(pack), fingerprint, str(tmp_path / name), chunks), str(tmp_path / name), rows, tokens,
                                        {}, fingerprint, None) for name, (rows, tokens) in text_pack.members.items()}
@@ -394,3 +394,45 @@ def test_damage_in_one_members_tokens_fails_its_reads_and_not_those_of_a_member_
     with pytest.raises(CacheDamagedError, match=rf"cache at {pack} is damaged: input_ids/data elements {damaged * UNIT:,}-.*checksum "
                                                 rf"mismatch.*tokenmix verify {pack} --repair"):
         c.read_chunks([(damaged * UNIT - c_first) // BLOCK], c.num_tokens())()
+
+
+@pytest.fixture(scope="module")
+def pack_read_from_offsets(tmp_path_factory, small_layout) -> Packed:
+    """A pack (and its sources alone) of stored row ends in chunks of 16, whose open object holds none of them (as a pack
+    of over ``ROW_ENDS_HELD`` rows): its members' bounds are read from its ``offsets``."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store, "OFFSETS_SHARD", 64)
+        patch.setattr(store, "OFFSETS_INNER", 16)
+        patch.setattr(open_object, "ROW_ENDS_HELD", 16)
+        return _build(tmp_path_factory.mktemp("pack_read_from_offsets"), supervised=False)
+
+
+def test_row_ends_damaged_in_one_members_rows_fail_its_opening_and_not_the_other_members(pack_read_from_offsets, tmp_path):
+    """The stored row ends of rows of c damaged: c is refused naming the pack and its repair, while a and b open and
+    read as their sources built alone (their own caches would not hold c's damage)."""
+    packed = pack_read_from_offsets
+    pack = tmp_path / "pack"
+    shutil.copytree(packed.pack, pack)
+    c_rows = packed.members["c"][0]
+    damaged = c_rows[1] - 5  # offsets[r + 1] is where row r ends: a stored chunk of c's row ends only
+    assert damaged // 16 * 16 > c_rows[0] + 1
+    _damage_chunk(pack, "offsets", damaged)
+    fingerprint = TokenCache(str(pack)).fingerprint
+
+    def member(name: str) -> PackedSourceCache:
+        rows, tokens = packed.members[name]
+        return PackedSourceCache(open_pack(str(pack), fingerprint, str(tmp_path / name), ChunkCache()), str(tmp_path / name), rows,
+                                 tokens, {}, fingerprint, None)
+
+    with pytest.raises(CacheDamagedError, match=rf"cache at {pack} is damaged: input_ids/offsets elements {damaged // 16 * 16:,}-.*"
+                                                rf"tokenmix verify {pack} --repair"):
+        member("c")
+    for name in ("a", "b"):
+        got, own = member(name), TokenCache(packed.alone[name])
+        rows, tokens = own.num_rows(), own.num_tokens()
+        assert np.array_equal(got.row_bounds(0, rows), own.row_bounds(0, rows)) and np.array_equal(got.row_ends(0, rows), own.row_ends(0, rows))
+        assert np.array_equal(got.committed_row_ends(0), own.committed_row_ends(0))
+        windows = [PackedDataset(c, 400, pad_id=PAD, persist=False) for c in (got, own)]
+        picks = np.arange(len(windows[1]))
+        assert np.array_equal(windows[0].get_batch(picks).tokens, windows[1].get_batch(picks).tokens), name
+        assert np.array_equal(got.read_tokens(0, tokens), own.read_tokens(0, tokens))

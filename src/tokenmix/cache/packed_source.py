@@ -67,6 +67,20 @@ def _pack_bounds(pack: TokenCache, rows: int) -> np.ndarray:
     return bounds
 
 
+def _member_bounds(pack: TokenCache, rows: tuple[int, int]) -> tuple[np.ndarray | None, int, int]:
+    """The bounds of ``rows`` ``[first, stop)`` of ``pack`` (``stop - first + 1`` values; None where the pack has fewer
+    rows), and the pack's rows and committed tokens: a view of the pack's shared bounds, or, where the pack's row ends
+    are damaged somewhere, those of ``rows`` read alone, so that only the member holding the damage fails, as only its
+    own cache would."""
+    first, stop = rows
+    try:
+        bounds = _pack_bounds(pack, stop)
+    except CacheDamagedError:
+        count = pack.num_rows()
+        return pack.row_bounds(first, stop) if 0 <= first <= stop <= count else None, count, pack.ledger.tokens
+    return bounds[first : stop + 1] if 0 <= first <= stop < len(bounds) else None, len(bounds) - 1, int(bounds[-1])
+
+
 class PackedSourceCache:
     """One source's rows of a pack, read as a finished cache of their own."""
 
@@ -85,17 +99,16 @@ class PackedSourceCache:
         self._ledger = ledger
         self._first_row, self._stop_row = rows
         self._first_token, self._stop_token = tokens
-        bounds = _pack_bounds(pack, self._stop_row)
-        held = 0 <= self._first_row <= self._stop_row < len(bounds)
-        if not held or (int(bounds[self._first_row]), int(bounds[self._stop_row])) != tokens:
-            found = (f"holds tokens [{bounds[self._first_row]}, {bounds[self._stop_row]}) in those rows" if held else
-                     f"has {len(bounds) - 1} rows")
+        own, pack_rows, self._pack_tokens = _member_bounds(pack, rows)
+        """``_pack_tokens``: the pack's committed tokens when this member opened: what reads through the pack are bounded
+        by, the same for every member, so that the pack's one claim on the chunk cache serves them all."""
+        if own is None or (int(own[0]), int(own[-1])) != tokens:
+            found = f"holds tokens [{own[0]}, {own[-1]}) in those rows" if own is not None else f"has {pack_rows} rows"
             raise CacheMismatchError(
                 f"{location}: its member record says rows {list(rows)} and tokens {list(tokens)} of the pack at {pack.location}, "
                 f"which {found}; delete both (or use another cache_dir) and build the caches again")
-        self._pack_tokens = int(bounds[-1])
-        """The pack's committed tokens when this member opened: what reads through the pack are bounded by, the same for
-        every member, so that the pack's one claim on the chunk cache serves them all."""
+        self._row_bounds = own
+        """Where each of its rows begins in the pack's tokens, and where its last ends."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled (to a loader's reader process), a member is its record and its pack's location: there it opens the pack
@@ -152,7 +165,7 @@ class PackedSourceCache:
     def row_bounds(self, start: int, stop: int) -> np.ndarray:
         """Token boundaries of rows ``start`` to ``stop - 1`` (``stop - start + 1`` values), from the shared bounds."""
         self._check_rows(start, stop)
-        return self._bounds()[self._first_row + start : self._first_row + stop + 1] - self._first_token
+        return self._row_bounds[start : stop + 1] - self._first_token
 
     def committed_row_ends(self, start: int) -> np.ndarray:
         """Where each row from ``start`` on ends."""
@@ -161,7 +174,7 @@ class PackedSourceCache:
     def row_ends(self, start: int, stop: int) -> np.ndarray:
         """Where rows ``start`` to ``stop - 1`` end in the source's token stream."""
         self._check_rows(start, stop)
-        return self._bounds()[self._first_row + start + 1 : self._first_row + stop + 1] - self._first_token
+        return self._row_bounds[start + 1 : stop + 1] - self._first_token
 
     def loss_spans(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The loss spans of rows ``start`` to ``stop - 1``: each span's row, and its ``[begin, end)`` in that row."""
@@ -269,9 +282,6 @@ class PackedSourceCache:
         if bad:
             raise IndexError(f"{self.location}: rows {bad[:5]} are outside its {self.num_rows()} rows")
         return self._pack.get_rows([self._first_row + r for r in rows])
-
-    def _bounds(self) -> np.ndarray:
-        return _pack_bounds(self._pack, self._stop_row)
 
     def _check_rows(self, start: int, stop: int) -> None:
         if not 0 <= start <= stop <= self.num_rows():
