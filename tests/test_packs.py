@@ -313,6 +313,11 @@ def test_a_member_whose_pack_is_gone_is_refused_naming_it_the_pack_and_the_fix_w
     with pytest.raises(CacheNotFoundError, match=rf"{location}: its {MEMBER_FILE} reads rows of the pack at {pack}, where there is no "
                                                  rf"cache.*delete the {MEMBER_FILE} of every source packed there.*build the caches again"):
         open_cache(config, "s003")
+    from test_damaged_caches import tokenmix_cli
+
+    checked = tokenmix_cli("verify", str(location))  # what a user runs then: the pack is checked, and found gone
+    assert checked.returncode == 1 and f"{location}: its {MEMBER_FILE} reads rows of the pack at {pack}, where there is no cache" in \
+        checked.stderr, checked.stderr
     for record in (tmp_path / "cache").glob(f"*/train/{MEMBER_FILE}"):
         record.unlink()
     build_caches(config, progress=False)

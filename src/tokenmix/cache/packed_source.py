@@ -30,6 +30,14 @@ _BOUNDS: weakref.WeakKeyDictionary[TokenCache, np.ndarray] = weakref.WeakKeyDict
 """Each open pack's row bounds (``bounds[r]``: where row ``r`` begins), read once for all its members."""
 
 
+class PackNotFoundError(CacheNotFoundError):
+    """No cache where a source's member record says its pack is; the message names the source, the pack and the fix."""
+
+    def __init__(self, member: str, location: str):
+        super().__init__(f"{member}: its {MEMBER_FILE} reads rows of the pack at {location}, where there is no cache (deleted?); "
+                         f"delete the {MEMBER_FILE} of every source packed there (or the whole cache_dir) and build the caches again")
+
+
 def open_pack(location: str, fingerprint: str, member: str, chunk_cache: ChunkCache = SHARED,
               object_reads: str | None = None) -> TokenCache:
     """The pack at ``location``, opened once in this process for every member reading it through ``chunk_cache``.
@@ -45,9 +53,7 @@ def open_pack(location: str, fingerprint: str, member: str, chunk_cache: ChunkCa
             try:
                 pack = TokenCache(location, chunk_cache=chunk_cache, object_reads=key[2])
             except CacheNotFoundError:
-                raise CacheNotFoundError(
-                    f"{member}: its {MEMBER_FILE} reads rows of the pack at {location}, where there is no cache (deleted?); delete "
-                    f"the {MEMBER_FILE} of every source packed there (or the whole cache_dir) and build the caches again") from None
+                raise PackNotFoundError(member, location) from None
             if pack.fingerprint != fingerprint:
                 raise CacheMismatchError(
                     f"{member}: its member record reads rows of the pack at {location} with fingerprint {fingerprint}, but the "
