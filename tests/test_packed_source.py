@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -397,26 +398,23 @@ def test_damage_in_one_members_tokens_fails_its_reads_and_not_those_of_a_member_
 
 
 @pytest.fixture(scope="module")
-def pack_read_from_offsets(tmp_path_factory, small_layout) -> Packed:
-    """A pack (and its sources alone) of stored row ends in chunks of 16, whose open object holds none of them (as a pack
-    of over ``ROW_ENDS_HELD`` rows): its members' bounds are read from its ``offsets``."""
+def small_offsets_packs(tmp_path_factory, small_layout) -> dict[str, Packed]:
+    """Packs (and their sources alone) of stored row ends in chunks of 16: ``held``, whose open object holds them, and
+    ``read``, whose open object holds none (as a pack of over ``ROW_ENDS_HELD`` rows), so that its members' bounds are
+    read from its ``offsets``."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(store, "OFFSETS_SHARD", 64)
         patch.setattr(store, "OFFSETS_INNER", 16)
+        held = _build(tmp_path_factory.mktemp("held"), supervised=False)
         patch.setattr(open_object, "ROW_ENDS_HELD", 16)
-        return _build(tmp_path_factory.mktemp("pack_read_from_offsets"), supervised=False)
+        return {"held": held, "read": _build(tmp_path_factory.mktemp("read"), supervised=False)}
 
 
-def test_row_ends_damaged_in_one_members_rows_fail_its_opening_and_not_the_other_members(pack_read_from_offsets, tmp_path):
-    """The stored row ends of rows of c damaged: c is refused naming the pack and its repair, while a and b open and
-    read as their sources built alone (their own caches would not hold c's damage)."""
-    packed = pack_read_from_offsets
+def _damaged_copy(packed: Packed, tmp_path: Path, array: str, element: int) -> tuple[Path, Callable[[str], PackedSourceCache]]:
+    """A copy of the pack with the stored chunk of ``array`` holding ``element`` damaged, and how to open its members."""
     pack = tmp_path / "pack"
     shutil.copytree(packed.pack, pack)
-    c_rows = packed.members["c"][0]
-    damaged = c_rows[1] - 5  # offsets[r + 1] is where row r ends: a stored chunk of c's row ends only
-    assert damaged // 16 * 16 > c_rows[0] + 1
-    _damage_chunk(pack, "offsets", damaged)
+    _damage_chunk(pack, array, element)
     fingerprint = TokenCache(str(pack)).fingerprint
 
     def member(name: str) -> PackedSourceCache:
@@ -424,6 +422,18 @@ def test_row_ends_damaged_in_one_members_rows_fail_its_opening_and_not_the_other
         return PackedSourceCache(open_pack(str(pack), fingerprint, str(tmp_path / name), ChunkCache()), str(tmp_path / name), rows,
                                  tokens, {}, fingerprint, None)
 
+    return pack, member
+
+
+def test_row_ends_damaged_in_one_members_rows_fail_its_opening_and_not_the_other_members(small_offsets_packs, tmp_path):
+    """The stored row ends of rows of c damaged, where the pack's open object does not hold them: c is refused naming
+    the pack and its repair, while a and b open and read as their sources built alone (their own caches would not hold
+    c's damage)."""
+    packed = small_offsets_packs["read"]
+    c_rows = packed.members["c"][0]
+    damaged = c_rows[1] - 5  # offsets[r + 1] is where row r ends: a stored chunk of c's row ends only
+    assert damaged // 16 * 16 > c_rows[0] + 1
+    pack, member = _damaged_copy(packed, tmp_path, "offsets", damaged)
     with pytest.raises(CacheDamagedError, match=rf"cache at {pack} is damaged: input_ids/offsets elements {damaged // 16 * 16:,}-.*"
                                                 rf"tokenmix verify {pack} --repair"):
         member("c")
@@ -436,3 +446,19 @@ def test_row_ends_damaged_in_one_members_rows_fail_its_opening_and_not_the_other
         picks = np.arange(len(windows[1]))
         assert np.array_equal(windows[0].get_batch(picks).tokens, windows[1].get_batch(picks).tokens), name
         assert np.array_equal(got.read_tokens(0, tokens), own.read_tokens(0, tokens))
+
+
+def test_rows_of_a_member_are_read_by_its_bounds_past_damaged_row_ends_it_does_not_need(small_offsets_packs, tmp_path):
+    """A stored chunk of row ends holding the ends of b's last rows and c's first damaged, where the pack's open object
+    holds them all (checked): b's and c's rows read as from their sources built alone, as their datasets do, and as
+    their own caches, which hold none of that damage, would."""
+    packed = small_offsets_packs["held"]
+    (first, stop), _ = packed.members["b"]
+    damaged = stop + 1  # the chunk holding the end of b's last row and of c's first
+    assert damaged // 16 * 16 <= stop < damaged // 16 * 16 + 16
+    _, member = _damaged_copy(packed, tmp_path, "offsets", damaged)
+    for name in ("b", "c"):
+        got, own = member(name), TokenCache(packed.alone[name])
+        rows = own.num_rows()
+        assert [r.tolist() for r in got.get_rows(range(rows))] == [r.tolist() for r in own.get_rows(range(rows))], name
+        assert got[rows - 1].tolist() == own[rows - 1].tolist()

@@ -282,12 +282,14 @@ class PackedSourceCache:
         return self.get_rows([row])[0]
 
     def get_rows(self, rows: Sequence[int]) -> list[np.ndarray]:
-        """The tokens of each of ``rows``; all reads are issued together, then awaited."""
+        """The tokens of each of ``rows``; all reads are issued together, then awaited. Taken by the member's bounds, with
+        no read of the pack's row ends (which it shares with other members, their damage included)."""
         rows = [int(r) for r in rows]
         bad = [r for r in rows if not 0 <= r < self.num_rows()]
         if bad:
             raise IndexError(f"{self.location}: rows {bad[:5]} are outside its {self.num_rows()} rows")
-        return self._pack.get_rows([self._first_row + r for r in rows])
+        bounds = self._row_bounds
+        return self._pack.read_spans([(int(bounds[r]), int(bounds[r + 1])) for r in rows])
 
     def _check_rows(self, start: int, stop: int) -> None:
         if not 0 <= start <= stop <= self.num_rows():
