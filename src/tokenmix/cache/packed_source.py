@@ -44,7 +44,7 @@ def open_pack(location: str, fingerprint: str, member: str, chunk_cache: ChunkCa
 
     ``fingerprint``: the pack's, as the record of ``member`` (the location of the source asking) says; a pack found there
     with another fingerprint (rebuilt since the record was written) raises ``CacheMismatchError``, and none there
-    ``CacheNotFoundError``, each naming the member and the fix. ``object_reads``: as for ``TokenCache`` (None takes
+    ``PackNotFoundError``, each naming the member and the fix. ``object_reads``: as for ``TokenCache`` (None takes
     ``$TOKENMIX_OBJECT_READS``)."""
     key = (location, chunk_cache, chosen_object_reads(object_reads))
     with _LOCK:
