@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -173,6 +174,23 @@ def test_sources_claim_chunk_cache_room_first_come_and_give_it_back(tmp_path):
     assert first.caches_blocks(first.num_tokens()) and not second.caches_blocks(second.num_tokens())
     del first
     assert second.caches_blocks(second.num_tokens())
+
+
+def test_a_cache_built_again_where_it_was_reads_its_new_tokens_once_the_readers_of_the_old_one_are_gone(tmp_path):
+    """Deleted and built again from other inputs at the same location (a cache_dir deleted to build afresh), a cache
+    read in the same process gives its new tokens, not the old cache's blocks that the chunk cache kept."""
+    location = str(tmp_path / "cache")
+    build(location, demo_urls("python_doc")[:1])
+    cache = TokenCache(location)
+    old = TokenSeqDataset(cache, 64).get_batch(np.arange(8)).tokens
+    assert cache.caches_blocks(cache.num_tokens())
+    del cache
+    shutil.rmtree(location)
+    build(location, demo_urls("linux_doc")[:1])
+    again = TokenCache(location)
+    want = np.stack([again.read_tokens(64 * k, 64 * k + 64) for k in range(8)])
+    assert not np.array_equal(want, old)
+    assert np.array_equal(TokenSeqDataset(again, 64).get_batch(np.arange(8)).tokens, want)
 
 
 @pytest.mark.parametrize("compression", ["zstd", "lz4"])

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,10 +25,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from s3_server import BUCKET
 
-from tokenmix import MixtureDataset, PackedDataset, SupervisedLmDatasetFormat, TokenCache, TokenSeqDataset
-from tokenmix.cache import PackedSourceCache, open_pack, reader, store
+from tokenmix import CacheDamagedError, MixtureDataset, PackedDataset, SupervisedLmDatasetFormat, TokenCache, TokenSeqDataset
+from tokenmix.cache import PackedSourceCache, open_object, open_pack, reader, store
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.ledger import CacheMismatchError
+from tokenmix.cache.shard_reads import ShardLayout
 from tokenmix.datasets.cache_ranges import split_at_chunks
 
 PAD = 1
@@ -352,3 +356,109 @@ def test_members_pickled_to_another_process_read_the_same_and_share_the_pack_the
         for row in m.get_rows(range(m.num_rows())):
             digest.update(row.tobytes())
     assert done.stdout.decode().split() == ["1", digest.hexdigest()]
+
+
+def _damage_chunk(pack: Path, array: str, element: int) -> None:
+    """Flip a bit in the middle of the stored chunk of ``array`` (``data`` or ``offsets`` of the tokens) holding element
+    ``element`` (the array's objects each with their index at their start)."""
+    layout = ShardLayout.from_metadata(json.loads((pack / "input_ids" / array / "zarr.json").read_text()))
+    path = pack / "input_ids" / array / "c" / str(element // layout.shard)
+    data = bytearray(path.read_bytes())
+    offset, size = np.frombuffer(bytes(data[: layout.index_bytes - 4]), "<u8").reshape(-1, 2)[element % layout.shard // layout.inner]
+    data[int(offset + size // 2)] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_damage_in_one_members_tokens_fails_its_reads_and_not_those_of_a_member_sharing_the_block(text_pack, tmp_path):
+    """A stored chunk of c damaged, in the pack's block that also holds the end of b: c's reads of it raise
+    ``CacheDamagedError`` naming the pack and its repair, while every block of b reads as from b built alone (b's own
+    cache would not hold c's damage), through the chunk cache and in a dataset over it."""
+    pack = tmp_path / "pack"
+    shutil.copytree(text_pack.pack, pack)
+    (_, (_, b_stop)), (_, (c_first, _)) = text_pack.members["b"], text_pack.members["c"]
+    damaged = -(-c_first // UNIT)  # c's first whole stored chunk
+    assert damaged * UNIT // BLOCK == (b_stop - 1) // BLOCK, "the damaged chunk must share a block of the pack with b"
+    _damage_chunk(pack, "data", damaged * UNIT)
+    fingerprint, chunks = TokenCache(str(pack)).fingerprint, ChunkCache(64 << 20)
+    members = {name: PackedSourceCache(open_pack(str(pack), fingerprint, str(tmp_path / name), chunks), str(tmp_path / name), rows, tokens,
+                                       {}, fingerprint, None) for name, (rows, tokens) in text_pack.members.items()}
+    b, own = members["b"], TokenCache(text_pack.alone["b"], chunk_cache=ChunkCache(64 << 20))
+    tokens = own.num_tokens()
+    assert b.caches_blocks(tokens)
+    every = range((tokens - 1) // BLOCK + 1)
+    got, want = b.read_chunks(every, tokens)(), own.read_chunks(every, tokens)()
+    assert all(got[k].tolist() == want[k].tolist() for k in every)
+    windows = [TokenSeqDataset(c, 300) for c in (b, own)]
+    picks = np.arange(len(windows[1]))
+    assert np.array_equal(windows[0].get_batch(picks).tokens, windows[1].get_batch(picks).tokens)
+    c = members["c"]
+    with pytest.raises(CacheDamagedError, match=rf"cache at {pack} is damaged: input_ids/data elements {damaged * UNIT:,}-.*checksum "
+                                                rf"mismatch.*tokenmix verify {pack} --repair"):
+        c.read_chunks([(damaged * UNIT - c_first) // BLOCK], c.num_tokens())()
+
+
+@pytest.fixture(scope="module")
+def small_offsets_packs(tmp_path_factory, small_layout) -> dict[str, Packed]:
+    """Packs (and their sources alone) of stored row ends in chunks of 16: ``held``, whose open object holds them, and
+    ``read``, whose open object holds none (as a pack of over ``ROW_ENDS_HELD`` rows), so that its members' bounds are
+    read from its ``offsets``."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store, "OFFSETS_SHARD", 64)
+        patch.setattr(store, "OFFSETS_INNER", 16)
+        held = _build(tmp_path_factory.mktemp("held"), supervised=False)
+        patch.setattr(open_object, "ROW_ENDS_HELD", 16)
+        return {"held": held, "read": _build(tmp_path_factory.mktemp("read"), supervised=False)}
+
+
+def _damaged_copy(packed: Packed, tmp_path: Path, array: str, element: int) -> tuple[Path, Callable[[str], PackedSourceCache]]:
+    """A copy of the pack with the stored chunk of ``array`` holding ``element`` damaged, and how to open its members."""
+    pack = tmp_path / "pack"
+    shutil.copytree(packed.pack, pack)
+    _damage_chunk(pack, array, element)
+    fingerprint = TokenCache(str(pack)).fingerprint
+
+    def member(name: str) -> PackedSourceCache:
+        rows, tokens = packed.members[name]
+        return PackedSourceCache(open_pack(str(pack), fingerprint, str(tmp_path / name), ChunkCache()), str(tmp_path / name), rows,
+                                 tokens, {}, fingerprint, None)
+
+    return pack, member
+
+
+def test_row_ends_damaged_in_one_members_rows_fail_its_opening_and_not_the_other_members(small_offsets_packs, tmp_path):
+    """The stored row ends of rows of c damaged, where the pack's open object does not hold them: c is refused naming
+    the pack and its repair, while a and b open and read as their sources built alone (their own caches would not hold
+    c's damage)."""
+    packed = small_offsets_packs["read"]
+    c_rows = packed.members["c"][0]
+    damaged = c_rows[1] - 5  # offsets[r + 1] is where row r ends: a stored chunk of c's row ends only
+    assert damaged // 16 * 16 > c_rows[0] + 1
+    pack, member = _damaged_copy(packed, tmp_path, "offsets", damaged)
+    with pytest.raises(CacheDamagedError, match=rf"cache at {pack} is damaged: input_ids/offsets elements {damaged // 16 * 16:,}-.*"
+                                                rf"tokenmix verify {pack} --repair"):
+        member("c")
+    for name in ("a", "b"):
+        got, own = member(name), TokenCache(packed.alone[name])
+        rows, tokens = own.num_rows(), own.num_tokens()
+        assert np.array_equal(got.row_bounds(0, rows), own.row_bounds(0, rows)) and np.array_equal(got.row_ends(0, rows), own.row_ends(0, rows))
+        assert np.array_equal(got.committed_row_ends(0), own.committed_row_ends(0))
+        windows = [PackedDataset(c, 400, pad_id=PAD, persist=False) for c in (got, own)]
+        picks = np.arange(len(windows[1]))
+        assert np.array_equal(windows[0].get_batch(picks).tokens, windows[1].get_batch(picks).tokens), name
+        assert np.array_equal(got.read_tokens(0, tokens), own.read_tokens(0, tokens))
+
+
+def test_rows_of_a_member_are_read_by_its_bounds_past_damaged_row_ends_it_does_not_need(small_offsets_packs, tmp_path):
+    """A stored chunk of row ends holding the ends of b's last rows and c's first damaged, where the pack's open object
+    holds them all (checked): b's and c's rows read as from their sources built alone, as their datasets do, and as
+    their own caches, which hold none of that damage, would."""
+    packed = small_offsets_packs["held"]
+    (first, stop), _ = packed.members["b"]
+    damaged = stop + 1  # the chunk holding the end of b's last row and of c's first
+    assert damaged // 16 * 16 <= stop < damaged // 16 * 16 + 16
+    _, member = _damaged_copy(packed, tmp_path, "offsets", damaged)
+    for name in ("b", "c"):
+        got, own = member(name), TokenCache(packed.alone[name])
+        rows = own.num_rows()
+        assert [r.tolist() for r in got.get_rows(range(rows))] == [r.tolist() for r in own.get_rows(range(rows))], name
+        assert got[rows - 1].tolist() == own[rows - 1].tolist()

@@ -4,6 +4,7 @@ had built alone, resumable, re-run for free, rebuilt where its inputs change, an
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -299,3 +300,26 @@ def test_small_sources_on_s3_are_packed_only_when_asked_and_read_as_the_local_bu
         assert there.location.startswith("s3://") and type(there).__name__ == "PackedSourceCache"
         rows = list(range(here.num_rows()))
         assert [r.tolist() for r in there.get_rows(rows)] == [r.tolist() for r in here.get_rows(rows)], name
+
+
+def test_a_member_whose_pack_is_gone_is_refused_naming_it_the_pack_and_the_fix_which_reads_it_again(tmp_path, demo_docs):
+    sources = _sources(tmp_path, demo_docs)
+    config = _config(sources, tmp_path / "cache")
+    build_caches(config, progress=False)
+    want = [r.tolist() for r in _rows_in_pack(tmp_path / "cache", "s003")]
+    (pack,) = (tmp_path / "cache" / PACKS_DIR).iterdir()
+    shutil.rmtree(pack)
+    location = tmp_path / "cache" / "s003" / "train"
+    with pytest.raises(CacheNotFoundError, match=rf"{location}: its {MEMBER_FILE} reads rows of the pack at {pack}, where there is no "
+                                                 rf"cache.*delete the {MEMBER_FILE} of every source packed there.*build the caches again"):
+        open_cache(config, "s003")
+    from test_damaged_caches import tokenmix_cli
+
+    checked = tokenmix_cli("verify", str(location))  # what a user runs then: the pack is checked, and found gone
+    assert checked.returncode == 1 and f"{location}: its {MEMBER_FILE} reads rows of the pack at {pack}, where there is no cache" in \
+        checked.stderr, checked.stderr
+    for record in (tmp_path / "cache").glob(f"*/train/{MEMBER_FILE}"):
+        record.unlink()
+    build_caches(config, progress=False)
+    cache = open_cache(config, "s003")
+    assert [r.tolist() for r in cache.get_rows(range(cache.num_rows()))] == want

@@ -4,8 +4,9 @@ Where a cache fits in it, reads go through blocks of at least 2^18 tokens (``rea
 decompressed, so repeated and nearby reads are a memory copy; where it does not, reads are exact and this
 cache is not used (``TokenCache.caches_blocks``). Caches claim room in it as they are read, first come first
 served, so that the sources of a mixture that together exceed it do not evict each other's blocks on every
-batch. Committed tokens never change, so a cached block stays valid; a block read while the cache was still
-building is kept with the prefix that was committed then.
+batch. Committed tokens never change, so a cached block stays valid while a reader holds its cache; a block read
+while the cache was still building is kept with the prefix that was committed then. When the last reader of a cache
+goes, its blocks go too: a cache deleted and built again at that location is not the one they came from.
 """
 
 from __future__ import annotations
@@ -55,12 +56,17 @@ class ChunkCache:
             return False
 
     def release(self, location: str, holder: int) -> None:
-        """``holder`` no longer reads ``location``."""
+        """``holder`` no longer reads ``location``. Once no reader holds it, its room and its blocks go: a cache built
+        again there (deleted, say, to build afresh) is another cache, whose tokens those blocks are not."""
         with self._lock:
             size, holders = self._claims.get(location, (0, set()))
             holders.discard(holder)
-            if not holders and self._claims.pop(location, None) is not None:
+            if holders:
+                return
+            if self._claims.pop(location, None) is not None:
                 self._claimed -= size
+            for key in [key for key in self._chunks if key[0] == location]:
+                self._bytes -= self._chunks.pop(key).nbytes
 
     def get(self, location: str, wanted: dict[int, int]) -> dict[int, np.ndarray]:
         """The cached chunks of ``location`` among ``wanted`` (chunk -> tokens it must hold), in one lookup."""

@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
+from tokenmix.cache.damage import CacheDamagedError
 from tokenmix.cache.ledger import CacheLedger, CacheMismatchError
-from tokenmix.cache.reader import TokenCache, chosen_object_reads
+from tokenmix.cache.packs import MEMBER_FILE
+from tokenmix.cache.reader import CacheNotFoundError, TokenCache, chosen_object_reads
 
 _LOCK = threading.Lock()
 _PACKS: weakref.WeakValueDictionary[tuple[str, ChunkCache, str], TokenCache] = weakref.WeakValueDictionary()
@@ -28,18 +30,30 @@ _BOUNDS: weakref.WeakKeyDictionary[TokenCache, np.ndarray] = weakref.WeakKeyDict
 """Each open pack's row bounds (``bounds[r]``: where row ``r`` begins), read once for all its members."""
 
 
+class PackNotFoundError(CacheNotFoundError):
+    """No cache where a source's member record says its pack is; the message names the source, the pack and the fix."""
+
+    def __init__(self, member: str, location: str):
+        super().__init__(f"{member}: its {MEMBER_FILE} reads rows of the pack at {location}, where there is no cache (deleted?); "
+                         f"delete the {MEMBER_FILE} of every source packed there (or the whole cache_dir) and build the caches again")
+
+
 def open_pack(location: str, fingerprint: str, member: str, chunk_cache: ChunkCache = SHARED,
               object_reads: str | None = None) -> TokenCache:
     """The pack at ``location``, opened once in this process for every member reading it through ``chunk_cache``.
 
     ``fingerprint``: the pack's, as the record of ``member`` (the location of the source asking) says; a pack found there
-    with another fingerprint (rebuilt since the record was written) raises ``CacheMismatchError``. ``object_reads``: as
-    for ``TokenCache`` (None takes ``$TOKENMIX_OBJECT_READS``)."""
+    with another fingerprint (rebuilt since the record was written) raises ``CacheMismatchError``, and none there
+    ``PackNotFoundError``, each naming the member and the fix. ``object_reads``: as for ``TokenCache`` (None takes
+    ``$TOKENMIX_OBJECT_READS``)."""
     key = (location, chunk_cache, chosen_object_reads(object_reads))
     with _LOCK:
         pack = _PACKS.get(key)
         if pack is None or pack.fingerprint != fingerprint:
-            pack = TokenCache(location, chunk_cache=chunk_cache, object_reads=key[2])
+            try:
+                pack = TokenCache(location, chunk_cache=chunk_cache, object_reads=key[2])
+            except CacheNotFoundError:
+                raise PackNotFoundError(member, location) from None
             if pack.fingerprint != fingerprint:
                 raise CacheMismatchError(
                     f"{member}: its member record reads rows of the pack at {location} with fingerprint {fingerprint}, but the "
@@ -57,6 +71,20 @@ def _pack_bounds(pack: TokenCache, rows: int) -> np.ndarray:
             bounds = np.concatenate([np.zeros(1, np.int64), pack.committed_row_ends(0)]).astype(np.int64)
             _BOUNDS[pack] = bounds
     return bounds
+
+
+def _member_bounds(pack: TokenCache, rows: tuple[int, int]) -> tuple[np.ndarray | None, int, int]:
+    """The bounds of ``rows`` ``[first, stop)`` of ``pack`` (``stop - first + 1`` values; None where the pack has fewer
+    rows), and the pack's rows and committed tokens: a view of the pack's shared bounds, or, where the pack's row ends
+    are damaged somewhere, those of ``rows`` read alone, so that only the member holding the damage fails, as only its
+    own cache would."""
+    first, stop = rows
+    try:
+        bounds = _pack_bounds(pack, stop)
+    except CacheDamagedError:
+        count = pack.num_rows()
+        return pack.row_bounds(first, stop) if 0 <= first <= stop <= count else None, count, pack.ledger.tokens
+    return bounds[first : stop + 1] if 0 <= first <= stop < len(bounds) else None, len(bounds) - 1, int(bounds[-1])
 
 
 class PackedSourceCache:
@@ -77,17 +105,16 @@ class PackedSourceCache:
         self._ledger = ledger
         self._first_row, self._stop_row = rows
         self._first_token, self._stop_token = tokens
-        bounds = _pack_bounds(pack, self._stop_row)
-        held = 0 <= self._first_row <= self._stop_row < len(bounds)
-        if not held or (int(bounds[self._first_row]), int(bounds[self._stop_row])) != tokens:
-            found = (f"holds tokens [{bounds[self._first_row]}, {bounds[self._stop_row]}) in those rows" if held else
-                     f"has {len(bounds) - 1} rows")
+        own, pack_rows, self._pack_tokens = _member_bounds(pack, rows)
+        """``_pack_tokens``: the pack's committed tokens when this member opened: what reads through the pack are bounded
+        by, the same for every member, so that the pack's one claim on the chunk cache serves them all."""
+        if own is None or (int(own[0]), int(own[-1])) != tokens:
+            found = f"holds tokens [{own[0]}, {own[-1]}) in those rows" if own is not None else f"has {pack_rows} rows"
             raise CacheMismatchError(
                 f"{location}: its member record says rows {list(rows)} and tokens {list(tokens)} of the pack at {pack.location}, "
                 f"which {found}; delete both (or use another cache_dir) and build the caches again")
-        self._pack_tokens = int(bounds[-1])
-        """The pack's committed tokens when this member opened: what reads through the pack are bounded by, the same for
-        every member, so that the pack's one claim on the chunk cache serves them all."""
+        self._row_bounds = own
+        """Where each of its rows begins in the pack's tokens, and where its last ends."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled (to a loader's reader process), a member is its record and its pack's location: there it opens the pack
@@ -144,7 +171,7 @@ class PackedSourceCache:
     def row_bounds(self, start: int, stop: int) -> np.ndarray:
         """Token boundaries of rows ``start`` to ``stop - 1`` (``stop - start + 1`` values), from the shared bounds."""
         self._check_rows(start, stop)
-        return self._bounds()[self._first_row + start : self._first_row + stop + 1] - self._first_token
+        return self._row_bounds[start : stop + 1] - self._first_token
 
     def committed_row_ends(self, start: int) -> np.ndarray:
         """Where each row from ``start`` on ends."""
@@ -153,7 +180,7 @@ class PackedSourceCache:
     def row_ends(self, start: int, stop: int) -> np.ndarray:
         """Where rows ``start`` to ``stop - 1`` end in the source's token stream."""
         self._check_rows(start, stop)
-        return self._bounds()[self._first_row + start + 1 : self._first_row + stop + 1] - self._first_token
+        return self._row_bounds[start + 1 : stop + 1] - self._first_token
 
     def loss_spans(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The loss spans of rows ``start`` to ``stop - 1``: each span's row, and its ``[begin, end)`` in that row."""
@@ -221,7 +248,8 @@ class PackedSourceCache:
         """Start reading whole blocks of the source's token stream (their part below ``committed_tokens``) through the
         pack's blocks in the chunk cache; returns a function that waits and maps block number to tokens.
 
-        A block of the source is a slice of one block of the pack, or of two joined."""
+        A block of the source is a slice of one block of the pack, or of two joined. Damage in those blocks of the pack
+        outside the source's tokens (another member's) is not the source's: its spans are then read alone, past it."""
         size = self.chunk_tokens
         committed = min(committed_tokens, self.num_tokens())
         wanted = sorted(set(int(c) for c in chunks))
@@ -233,7 +261,14 @@ class PackedSourceCache:
         reading = self._pack.read_chunks(blocks, self._pack_tokens)
 
         def finish() -> dict[int, np.ndarray]:
-            have = reading()
+            try:
+                have = reading()
+            except CacheDamagedError as e:
+                if any(d.start < hi and lo < d.stop for d in e.chunks for lo, hi in spans.values()):
+                    raise
+                # the damage is another member's, in a block of the pack this member shares: its own cache would not
+                # hold it, so its spans are read alone, past the damaged chunks
+                return {c: self._pack.read_tokens(lo, hi) for c, (lo, hi) in spans.items()}
             out = {}
             for c, (lo, hi) in spans.items():
                 first, last = lo // size, (hi - 1) // size
@@ -247,15 +282,14 @@ class PackedSourceCache:
         return self.get_rows([row])[0]
 
     def get_rows(self, rows: Sequence[int]) -> list[np.ndarray]:
-        """The tokens of each of ``rows``; all reads are issued together, then awaited."""
+        """The tokens of each of ``rows``; all reads are issued together, then awaited. Taken by the member's bounds, with
+        no read of the pack's row ends (which it shares with other members, their damage included)."""
         rows = [int(r) for r in rows]
         bad = [r for r in rows if not 0 <= r < self.num_rows()]
         if bad:
             raise IndexError(f"{self.location}: rows {bad[:5]} are outside its {self.num_rows()} rows")
-        return self._pack.get_rows([self._first_row + r for r in rows])
-
-    def _bounds(self) -> np.ndarray:
-        return _pack_bounds(self._pack, self._stop_row)
+        bounds = self._row_bounds
+        return self._pack.read_spans([(int(bounds[r]), int(bounds[r + 1])) for r in rows])
 
     def _check_rows(self, start: int, stop: int) -> None:
         if not 0 <= start <= stop <= self.num_rows():

@@ -346,10 +346,16 @@ class TokenCache:
             raise IndexError(f"{self.location}: rows {bad[:5]} are outside the {committed} committed rows")
         offsets = self._array.offsets
         ends = self._array.awaited(offsets, [(r, r + 2) for r in rows], [offsets[r : r + 2].read() for r in rows])
-        bounds = [(0 if r == 0 else int(e[0]), int(e[1])) for r, e in zip(rows, ends)]
-        self._unsettle(max(e for _, e in bounds))
+        return self.read_spans([(0 if r == 0 else int(e[0]), int(e[1])) for r, e in zip(rows, ends)])
+
+    def read_spans(self, spans: Sequence[tuple[int, int]]) -> list[np.ndarray]:
+        """The tokens ``[start, stop)`` of each of ``spans`` of the token stream (committed tokens, such as whole rows);
+        all reads are issued together, then awaited."""
+        if not spans:
+            return []
+        self._unsettle(max(e for _, e in spans))
         data = self._array.data
-        return self._array.awaited(data, bounds, [data[s:e].read() for s, e in bounds])
+        return self._array.awaited(data, list(spans), [data[s:e].read() for s, e in spans])
 
     def _check_rows(self, start: int, stop: int) -> None:
         committed = self.num_rows()

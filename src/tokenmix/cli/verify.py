@@ -27,6 +27,7 @@ from tokenmix import (
     load_data_config,
     verify_cache,
 )
+from tokenmix.cache.packed_source import PackNotFoundError
 from tokenmix.cache.packs import stored_cache_of
 from tokenmix.cli.console import make_console
 from tokenmix.cli.parser import CommandParser
@@ -65,7 +66,8 @@ def run(argv: list[str]) -> int:
     try:
         config = load_data_config(args.config_path, overrides) if args.config_path else None
         given = [t.location for t in cache_targets(config, args.source)] if config else list(args.caches)
-        locations = list(dict.fromkeys(stored_cache_of(location) for location in given))  # a pack once for its sources
+        stored = {location: stored_cache_of(location) for location in given}
+        locations = list(dict.fromkeys(stored.values()))  # a pack once for its sources
     except (ConfigError, ValueError, FileNotFoundError) as e:
         logger.error("%s", e)
         return 2
@@ -75,7 +77,11 @@ def run(argv: list[str]) -> int:
             with logging_redirect_tqdm():
                 reports.append(verify_cache(location, repair=args.repair, inputs=not args.no_inputs,
                                             config=config if location in given else None))  # a pack: from its ledger
-        except (CacheNotFoundError, CacheDamagedError, RepairError, CacheLockedError, TokenizerLoadError, UnsafeFileError) as e:
+        except CacheNotFoundError as e:
+            member = next((source for source, at in stored.items() if at == location and source != location), None)
+            logger.error("%s", e if member is None else PackNotFoundError(member, location))
+            failed += 1
+        except (CacheDamagedError, RepairError, CacheLockedError, TokenizerLoadError, UnsafeFileError) as e:
             logger.error("%s", e)
             failed += 1
     if args.json:
