@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from helpers import TOKENIZER, cache_bytes, start_builders, write_jsonl
+from helpers import TOKENIZER, cache_bytes, read_jsonl_zst, start_builders, write_jsonl
 
 from tokenmix import BuildOptions, LMDatasetSourceConfig, LMMixtureDatasetConfig, build_caches
 from tokenmix.cache.ledger import ShardChangedError
@@ -299,3 +299,44 @@ def test_small_sources_on_s3_are_packed_only_when_asked_and_read_as_the_local_bu
         assert there.location.startswith("s3://") and type(there).__name__ == "PackedSourceCache"
         rows = list(range(here.num_rows()))
         assert [r.tolist() for r in there.get_rows(rows)] == [r.tolist() for r in here.get_rows(rows)], name
+
+
+def _reads_as_alone(config: LMMixtureDatasetConfig, alone: LMMixtureDatasetConfig, names: Any) -> None:
+    """Each source of ``config`` opens with exactly the rows of the same source built alone under ``alone``."""
+    for name in names:
+        got, want = open_cache(config, name), open_cache(alone, name)
+        rows = list(range(want.num_rows()))
+        assert got.num_rows() == want.num_rows(), name
+        assert [r.tolist() for r in got.get_rows(rows)] == [r.tolist() for r in want.get_rows(rows)], name
+
+
+def test_sources_of_different_formats_in_one_split_are_each_encoded_with_their_own_format(tmp_path, demo_docs):
+    import dataclasses
+
+    from tokenmix import TextLmDatasetFormat
+
+    sources = _sources(tmp_path, demo_docs, 12)
+    keyed = {}
+    for k, (name, urls) in enumerate(sources.items()):
+        if k % 2:  # every other source keeps its text under another key, and says so in its format
+            urls = [write_jsonl(Path(u).with_suffix(".content.jsonl"), [{"content": r["text"]} for r in _read_records(u)]) for u in urls]
+        keyed[name] = urls
+
+    def config(cache_dir: Path, **build: Any) -> LMMixtureDatasetConfig:
+        base = _config(keyed, cache_dir, pack_min_sources=4, **build)
+        return dataclasses.replace(base, configs={
+            name: dataclasses.replace(source, format=TextLmDatasetFormat(text_key="content")) if k % 2 else source
+            for k, (name, source) in enumerate(base.configs.items())})
+
+    packed, alone = config(tmp_path / "packed"), config(tmp_path / "alone", pack_below_bytes=0)
+    results, reference = build_caches(packed, progress=False), build_caches(alone, progress=False)
+    assert len(list((tmp_path / "packed" / PACKS_DIR).iterdir())) == 2  # a pack per format
+    assert all(_without_build(results[k]) == _without_build(reference[k]) for k in reference)
+    _reads_as_alone(packed, alone, keyed)
+    assert all(s["already_built"] for s in build_caches(packed, progress=False).values())
+
+
+def _read_records(url: str) -> list[dict[str, Any]]:
+    path = Path(url)
+    return read_jsonl_zst(path) if path.suffix == ".zst" else [json.loads(line) for line in path.read_text().splitlines()]
+

@@ -224,10 +224,12 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
     """Sort a build's caches: those with a cache of their own, or too large, or too few to pack, are built alone; packed
     sources whose record still matches their inputs are built already; small ones without a record that a finished
     pack holds (a build stopped before writing every record) get theirs from it; the other small ones go into packs, in
-    config order. A stale member record of a source built alone is removed."""
+    config order, those of one encoder identity together (at least ``pack_min_sources`` of them, else built alone). A
+    stale member record of a source built alone is removed."""
     alone: list[CacheTarget] = [t for t in targets if t.pack_root is None]
     read_as_levanter: list[CacheTarget] = []
-    small: dict[tuple[str, str], list[CacheTarget]] = {}
+    small: dict[tuple[str, str, str], list[CacheTarget]] = {}
+    """Small sources to build, by root, split and encoder identity: a pack is encoded with one encoder."""
     built: dict[tuple[str, str], dict[str, Any]] = {}
     recorded: set[int] = set()
     """Small sources holding a stale or damaged record."""
@@ -251,7 +253,7 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
                 continue
             sizes = [shard.size_bytes() for shard in target.shards]
             if below and None not in sizes and sum(sizes) <= below:  # type: ignore[arg-type]
-                small.setdefault((root, target.split), []).append(target)
+                small.setdefault((root, target.split, fingerprint_of(target.identity)), []).append(target)
                 if member is not None:
                     recorded.add(id(target))
                 continue
@@ -260,7 +262,7 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
             alone.append(target)
     packs: list[Pack] = []
     finished: list[Pack] = []
-    for (root, split), members in small.items():
+    for (root, split, _), members in small.items():
         recovered = _finished_packs(root, split, members, layout)
         finished.extend(recovered)
         held = {source for pack in recovered for source in pack.targets}
