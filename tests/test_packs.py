@@ -340,3 +340,22 @@ def _read_records(url: str) -> list[dict[str, Any]]:
     path = Path(url)
     return read_jsonl_zst(path) if path.suffix == ".zst" else [json.loads(line) for line in path.read_text().splitlines()]
 
+
+def test_a_packed_source_whose_shard_could_not_be_read_is_read_as_if_built_alone_and_tried_again_by_the_next_build(tmp_path, demo_docs):
+    sources = _sources(tmp_path, demo_docs)
+    blocked = Path(sources["s010"][0])
+    text = blocked.read_bytes()
+    blocked.unlink()
+    blocked.mkdir()  # a shard that cannot be read for now: under on_error: skip, the next build tries it again
+    first = build_caches(_config(sources, tmp_path / "cache"), progress=False)
+    alone = build_caches(_config({"s010": sources["s010"]}, tmp_path / "alone"), progress=False)
+    assert _without_build(first[("s010", "train")]) == _without_build(alone[("s010", "train")])
+    assert open_cache(_config(sources, tmp_path / "cache"), "s010").num_rows() == 0
+    blocked.rmdir()
+    blocked.write_bytes(text)
+    again = build_caches(_config(sources, tmp_path / "cache"), progress=False)
+    reference = build_caches(_config({"s010": sources["s010"]}, tmp_path / "reference"), progress=False)
+    assert _without_build(again[("s010", "train")]) == _without_build(reference[("s010", "train")])
+    assert reference[("s010", "train")]["documents"] > 0
+    _reads_as_alone(_config(sources, tmp_path / "cache"), _config(sources, tmp_path / "reference"), ["s010"])
+    assert all(stats["already_built"] for key, stats in again.items() if key != ("s010", "train"))

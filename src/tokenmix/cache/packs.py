@@ -17,8 +17,9 @@ their shard names), so a re-run of the same build finds the same pack: a pack ki
 ledger, and a pack finished before its member records were all written gets the missing ones. A source whose inputs
 changed (a shard appended, another list) no longer matches its record: it is built again (in a new pack with the other
 sources left to build, or alone) and its record replaced or removed; the old pack stays for its other members. A source
-whose rows in the pack are not one run (a shard skipped for a passing failure and read again after the others) gets no
-record, and is built again by the next build.
+with a shard skipped for a passing failure (to be tried again), or whose rows in the pack are not one run (such a shard
+read again after the others), gets no record: the same build builds it alone, where its shard is tried again as a cache
+of its own tries it.
 """
 
 from __future__ import annotations
@@ -403,7 +404,7 @@ def member_records(pack: Pack, ledger: CacheLedger, row_bounds: np.ndarray, pack
             continue
         one_run = all(a.stop_row == b.row for a, b in zip(runs, runs[1:])) and [r.shard for r in runs] == sorted(r.shard for r in runs)
         if not one_run or rows[1] - rows[0] != sum(s.rows for s in shards) or any(s.retry for s in shards):
-            logger.info("%s: its rows in the pack %s are not one run of its shards; it is built again by the next build",
+            logger.info("%s: its rows in the pack %s are not one run of its shards; it is built alone",
                         target.location, pack.location)
             continue
         tokens = (int(row_bounds[rows[0]]), int(row_bounds[rows[1]]))
