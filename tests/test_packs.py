@@ -359,3 +359,20 @@ def test_a_packed_source_whose_shard_could_not_be_read_is_read_as_if_built_alone
     assert reference[("s010", "train")]["documents"] > 0
     _reads_as_alone(_config(sources, tmp_path / "cache"), _config(sources, tmp_path / "reference"), ["s010"])
     assert all(stats["already_built"] for key, stats in again.items() if key != ("s010", "train"))
+
+
+
+def test_packed_sources_whose_pack_was_deleted_are_built_again_rather_than_taken_as_built(tmp_path, demo_docs):
+    import shutil
+
+    sources = _sources(tmp_path, demo_docs)
+    config, alone = _config(sources, tmp_path / "cache"), _config(sources, tmp_path / "alone", pack_below_bytes=0)
+    build_caches(config, progress=False)
+    reference = build_caches(alone, progress=False)
+    shutil.rmtree(tmp_path / "cache" / PACKS_DIR)  # to free the space, or to build it anew: its members' records remain
+    again = build_caches(config, progress=False)
+    assert not any(stats.get("already_built") for stats in again.values())
+    assert all(_without_build(again[k]) == _without_build(reference[k]) for k in reference)
+    _reads_as_alone(config, alone, sources)
+    assert all(stats["already_built"] for stats in build_caches(config, progress=False).values())
+

@@ -240,6 +240,8 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
         docs = JsonDocuments(root)
         members = [t for t in targets if t.pack_root == root]
         found = docs.read_many([f"{_key(t)}/{name}" for t in members for name in (LEDGER_FILE, LEVANTER_LEDGER, MEMBER_FILE)])
+        records = {k: _record_or_none(found[3 * k + 2], t.location) for k, t in enumerate(members) if found[3 * k : 3 * k + 2] == [None, None]}
+        packs_there = _finished_pack_fingerprints(root, docs, [r.pack_location(members[k].location) for k, r in records.items() if r])
         for k, target in enumerate(members):
             ledger, levanter, member = found[3 * k : 3 * k + 3]
             if built_by_levanter(ledger, levanter, target.location):
@@ -248,8 +250,9 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
             if ledger is not None:
                 alone.append(target)
                 continue
-            record = _record_or_none(member, target.location)
-            if record is not None and _still_matches(record, target, {**target.identity, **layout}, options, docs):
+            record = records.get(k)
+            if (record is not None and packs_there[record.pack_location(target.location)] == record.pack_fingerprint
+                    and _still_matches(record, target, {**target.identity, **layout}, options, docs)):
                 built[(target.source, target.split)] = {**record.stats, ALREADY_BUILT: True}
                 continue
             sizes = [shard.size_bytes() for shard in target.shards]
@@ -303,6 +306,14 @@ def _record_or_none(doc: dict[str, Any] | None, location: str) -> MemberRecord |
     except (MemberDamagedError, KeyError, TypeError) as e:
         logger.warning("%s; building the source again", e)
         return None
+
+
+def _finished_pack_fingerprints(root: str, docs: JsonDocuments, packs: list[str]) -> dict[str, str | None]:
+    """The fingerprint of each finished pack at ``packs`` (locations under ``root``, read together); None for one that is
+    not there (deleted) or not finished (being built again): its members' records are stale."""
+    where = list(dict.fromkeys(packs))
+    found = docs.read_many([f"{_relative(root, pack)}/{LEDGER_FILE}" for pack in where])
+    return {pack: doc["fingerprint"] if doc is not None and doc.get("finished") else None for pack, doc in zip(where, found)}
 
 
 def _remove_record(target: CacheTarget) -> None:
