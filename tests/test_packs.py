@@ -376,3 +376,14 @@ def test_packed_sources_whose_pack_was_deleted_are_built_again_rather_than_taken
     _reads_as_alone(config, alone, sources)
     assert all(stats["already_built"] for stats in build_caches(config, progress=False).values())
 
+
+def test_a_source_whose_input_changed_after_its_pack_finished_and_before_its_record_was_written_is_refused(tmp_path, demo_docs):
+    sources = _sources(tmp_path, demo_docs)
+    config = _config(sources, tmp_path / "cache")
+    build_caches(config, progress=False)
+    (tmp_path / "cache" / "s002" / "train" / MEMBER_FILE).unlink()  # as a build killed before writing it leaves it
+    changed = Path(sources["s002"][0])
+    changed.write_text(changed.read_text().replace("a", "b", 1))
+    with pytest.raises(ShardChangedError, match="s002.jsonl changed since the cache"):
+        build_caches(config, progress=False)
+    assert not (tmp_path / "cache" / "s002" / "train" / MEMBER_FILE).exists()

@@ -427,15 +427,21 @@ def member_records(pack: Pack, ledger: CacheLedger, row_bounds: np.ndarray, pack
     return records
 
 
-def write_member_records(pack: Pack, pack_stats: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+def write_member_records(pack: Pack, pack_stats: dict[str, Any], chunk_bytes: int) -> dict[tuple[str, str], dict[str, Any]]:
     """Once a pack is finished (and durable): write each member's record at its location, durable when this returns;
     returns the members' statistics by (source, split). A member left without a record (``member_records``) is not in
-    them."""
+    them. The members of a pack finished by an earlier build have their shards checked first, as ``plan_packs`` checks
+    a record's (``SourceChecks``: one whose records changed since raises ``ShardChangedError``)."""
     from tokenmix.cache.reader import TokenCache
 
     ledger = CacheLedger.from_json(JsonDocuments(pack.location).read(LEDGER_FILE) or {})
     row_bounds = TokenCache(pack.location).row_bounds(0, ledger.rows)
     records = member_records(pack, ledger, row_bounds, pack_stats)
+    if pack.stats is not None:
+        for source, record in records.items():
+            member = record.ledger()
+            if SourceChecks(pack.targets[source].location, pack.targets[source].shards, chunk_bytes).check_begun(member):
+                records[source] = dataclasses.replace(record, shards=member.shards)
     write_rebuildable(pack.root, {f"{_key(pack.targets[source])}/{MEMBER_FILE}": record.document() for source, record in records.items()})
     already = {ALREADY_BUILT: True} if pack_stats.get(ALREADY_BUILT) else {}
     return {(source, pack.split): {**record.stats, **already} for source, record in records.items()}

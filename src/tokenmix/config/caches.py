@@ -124,7 +124,7 @@ def build_caches(config: DataConfigBase, sources: list[str] | None = None, progr
         built = {**plan.built, **dict(zip(keys, results))}
         for pack, pack_stats in [*zip(plan.packs, results[len(keys) :]),
                                  *((pack, {**pack.stats, ALREADY_BUILT: True}) for pack in plan.finished)]:
-            built.update(write_member_records(pack, pack_stats))
+            built.update(write_member_records(pack, pack_stats, config.build.chunk_bytes))
         # members left without a record (a shard to try again, rows not one run of the pack) are built alone, as they
         # would have been without packs
         unrecorded = [t for pack in [*plan.packs, *plan.finished] for t in pack.targets.values() if (t.source, t.split) not in built]
