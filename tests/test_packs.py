@@ -387,3 +387,76 @@ def test_a_source_whose_input_changed_after_its_pack_finished_and_before_its_rec
     with pytest.raises(ShardChangedError, match="s002.jsonl changed since the cache"):
         build_caches(config, progress=False)
     assert not (tmp_path / "cache" / "s002" / "train" / MEMBER_FILE).exists()
+
+
+
+
+def test_builds_of_a_subset_then_the_whole_config_then_reordered_or_shrunk_read_each_source_and_rebuild_nothing(tmp_path, demo_docs):
+    import dataclasses
+
+    sources = _sources(tmp_path, demo_docs, 80)
+    names = list(sources)
+    config, alone = _config(sources, tmp_path / "cache"), _config(sources, tmp_path / "alone", pack_below_bytes=0)
+    build_caches(alone, progress=False)
+    build_caches(config, sources=names[10:50], progress=False)
+    _reads_as_alone(config, alone, names[10:50])
+    whole = build_caches(config, progress=False)
+    assert {k[0] for k, stats in whole.items() if stats.get("already_built")} == set(names[10:50])
+    assert len(list((tmp_path / "cache" / PACKS_DIR).iterdir())) == 2  # the subset's, then the other 40's
+    _reads_as_alone(config, alone, names)
+    reordered = dataclasses.replace(config, configs=dict(reversed(list(config.configs.items()))))
+    shrunk = dataclasses.replace(config, configs={n: c for n, c in config.configs.items() if n != "s020"})
+    for again in (build_caches(config, sources=names[10:50], progress=False), build_caches(reordered, progress=False),
+                  build_caches(shrunk, progress=False)):
+        assert again and all(stats["already_built"] for stats in again.values())
+    _reads_as_alone(shrunk, alone, [n for n in names if n != "s020"])
+    # each source gains a validation split: packed apart from the train split's, which stays as it is
+    validated = {n: dataclasses.replace(c, validation_urls=sources[names[(k + 1) % len(names)]]) for k, (n, c) in enumerate(config.configs.items())}
+    config, alone = dataclasses.replace(config, configs=validated), dataclasses.replace(alone, configs=validated)
+    results, reference = build_caches(config, progress=False), build_caches(alone, progress=False)
+    assert all(stats["already_built"] for (_, split), stats in results.items() if split == "train")
+    assert len([p for p in (tmp_path / "cache" / PACKS_DIR).iterdir() if p.name.startswith("validation-")]) == 1
+    assert all(_without_build(results[k]) == _without_build(reference[k]) for k in reference)
+    for name in names[::7]:
+        got, want = open_cache(config, name, "validation"), open_cache(alone, name, "validation")
+        rows = list(range(want.num_rows()))
+        assert [r.tolist() for r in got.get_rows(rows)] == [r.tolist() for r in want.get_rows(rows)], name
+
+
+def test_sources_built_alone_earlier_stay_untouched_and_bad_records_are_counted_as_in_a_cache_of_their_own(tmp_path, demo_docs):
+    sources = _sources(tmp_path, demo_docs, 50)
+    (tmp_path / "inputs" / "empty.jsonl").write_bytes(b"")
+    sources["s011"] = [str(tmp_path / "inputs" / "empty.jsonl"), *sources["s011"]]
+    malformed = Path(sources["s013"][0])
+    malformed.write_text(malformed.read_text() + "{not json\n" + malformed.read_text())
+    names = list(sources)
+    build_caches(_config({n: sources[n] for n in names[:10]}, tmp_path / "cache", pack_below_bytes=0), progress=False)
+    earlier = {p: p.stat().st_mtime_ns for n in names[:10] for p in (tmp_path / "cache" / n).rglob("*") if p.is_file()}
+    config, alone = _config(sources, tmp_path / "cache"), _config(sources, tmp_path / "alone", pack_below_bytes=0)
+    results, reference = build_caches(config, progress=False), build_caches(alone, progress=False)
+    assert {p: p.stat().st_mtime_ns for n in names[:10] for p in (tmp_path / "cache" / n).rglob("*") if p.is_file()} == earlier
+    assert not any((tmp_path / "cache" / n / "train" / MEMBER_FILE).exists() for n in names[:10])
+    assert len(list((tmp_path / "cache" / PACKS_DIR).iterdir())) == 1
+    assert reference[("s011", "train")]["skipped_by_reason"] and reference[("s013", "train")]["skipped_by_reason"]
+    assert all(_without_build(results[k]) == _without_build(reference[k]) for k in reference)
+    _reads_as_alone(config, alone, names)
+
+
+def test_two_processes_building_one_packed_config_at_once_end_with_one_pack_and_the_records_of_a_single_build(tmp_path, demo_docs):
+    sources = _sources(tmp_path, demo_docs, 48)
+    reference = build_caches(_config(sources, tmp_path / "reference"), progress=False)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "cache"),
+                                    "configs": {name: {"train_urls": urls} for name, urls in sources.items()},
+                                    "build": {"commit_interval_s": 0, "chunk_bytes": 256, "on_error": "skip"}}))
+    procs = start_builders([path, path], tmp_path / "go")
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    (packed,), (uninterrupted,) = (list((tmp_path / d / PACKS_DIR).iterdir()) for d in ("cache", "reference"))
+    assert cache_bytes(str(packed)) == cache_bytes(str(uninterrupted))
+    for name in sources:
+        got, want = (read_member(str(tmp_path / d / name / "train")) for d in ("cache", "reference"))
+        assert got is not None and want is not None
+        assert (got.rows, got.tokens, got.pack, got.pack_fingerprint) == (want.rows, want.tokens, want.pack, want.pack_fingerprint)
+        assert _without_build(got.stats) == _without_build(reference[(name, "train")]), name
+    assert all(s["already_built"] for s in build_caches(_config(sources, tmp_path / "cache"), progress=False).values())
