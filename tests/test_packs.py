@@ -483,3 +483,22 @@ def test_two_processes_building_one_packed_config_at_once_end_with_one_pack_and_
         assert (got.rows, got.tokens, got.pack, got.pack_fingerprint) == (want.rows, want.tokens, want.pack, want.pack_fingerprint)
         assert _without_build(got.stats) == _without_build(reference[(name, "train")]), name
     assert all(s["already_built"] for s in build_caches(_config(sources, tmp_path / "cache"), progress=False).values())
+
+
+
+def test_a_packed_sources_truncated_or_junk_ended_shard_is_taken_back_between_small_commits_as_in_a_cache_of_its_own(tmp_path, demo_docs):
+    sources = _sources(tmp_path, demo_docs)
+    for name in ("s003", "s007", "s011"):  # compressed: their records are trusted only once the stream's end is checked
+        truncated = Path(sources[name][0])
+        truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size * 2 // 3])
+    junk = Path(sources["s015"][0])
+    junk.write_bytes(junk.read_bytes() + b"\xff\xfe not utf8\n")
+    small_commits = {"chunk_bytes": 256, "commit_interval_s": 0}
+    config, alone = _config(sources, tmp_path / "cache", **small_commits), _config(sources, tmp_path / "alone", pack_below_bytes=0, **small_commits)
+    results, reference = build_caches(config, progress=False), build_caches(alone, progress=False)
+    assert len(list((tmp_path / "cache" / PACKS_DIR).iterdir())) == 1
+    assert {k[0]: v["skipped_by_reason"] for k, v in reference.items() if v["skipped_by_reason"]} == {
+        "s003": {"truncated_file": 1}, "s005": {"empty_document": 1}, "s007": {"truncated_file": 1}, "s011": {"truncated_file": 1},
+        "s015": {"trailing_junk": 1}}
+    assert all(_without_build(results[k]) == _without_build(reference[k]) for k in reference)
+    _reads_as_alone(config, alone, sources)
