@@ -4,6 +4,7 @@ had built alone, resumable, re-run for free, rebuilt where its inputs change, an
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -404,7 +405,13 @@ def test_a_source_whose_input_changed_after_its_pack_finished_and_before_its_rec
     sources = _sources(tmp_path, demo_docs)
     config = _config(sources, tmp_path / "cache")
     build_caches(config, progress=False)
-    (tmp_path / "cache" / "s002" / "train" / MEMBER_FILE).unlink()  # as a build killed before writing it leaves it
+    record = tmp_path / "cache" / "s002" / "train" / MEMBER_FILE
+    record.unlink()  # as a build killed before writing it leaves it
+    os.utime(sources["s002"][0], ns=(1, 10**18))  # touched, its records the same: taken, and the record says what it is now
+    assert all(stats["already_built"] for stats in build_caches(config, progress=False).values())
+    written = read_member(str(record.parent))
+    assert written is not None and written.shards[0].source == {"mtime_ns": 10**18, "size": Path(sources["s002"][0]).stat().st_size}
+    record.unlink()
     changed = Path(sources["s002"][0])
     changed.write_text(changed.read_text().replace("a", "b", 1))
     with pytest.raises(ShardChangedError, match="s002.jsonl changed since the cache"):
@@ -502,3 +509,4 @@ def test_a_packed_sources_truncated_or_junk_ended_shard_is_taken_back_between_sm
         "s015": {"trailing_junk": 1}}
     assert all(_without_build(results[k]) == _without_build(reference[k]) for k in reference)
     _reads_as_alone(config, alone, sources)
+
