@@ -509,4 +509,3 @@ def test_a_packed_sources_truncated_or_junk_ended_shard_is_taken_back_between_sm
         "s015": {"trailing_junk": 1}}
     assert all(_without_build(results[k]) == _without_build(reference[k]) for k in reference)
     _reads_as_alone(config, alone, sources)
-
