@@ -378,29 +378,6 @@ def test_packed_sources_whose_pack_was_deleted_are_built_again_rather_than_taken
     assert all(stats["already_built"] for stats in build_caches(config, progress=False).values())
 
 
-
-def test_verify_of_members_whose_pack_was_deleted_names_a_member_and_the_fix_and_passes_once_built_again(tmp_path, demo_docs):
-    import shutil
-
-    from test_damaged_caches import tokenmix_cli
-
-    sources = _sources(tmp_path, demo_docs)
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "cache"), "build": {"on_error": "skip"},
-                                      "configs": {name: {"train_urls": urls} for name, urls in sources.items()}}))
-    build_caches(tokenmix_config(config), progress=False)
-    shutil.rmtree(tmp_path / "cache" / PACKS_DIR)
-    for args in (["--config_path", str(config)], [str(tmp_path / "cache" / "s003" / "train")]):
-        found = tokenmix_cli("verify", *args)
-        member = tmp_path / "cache" / ("s000" if args[0] == "--config_path" else "s003") / "train"
-        assert found.returncode == 1, found.stdout + found.stderr
-        assert f"{member} is a source built in the pack" in found.stderr and "build the caches again" in found.stderr, found.stderr
-        assert "Levanter" not in found.stderr
-    build_caches(tokenmix_config(config), progress=False)
-    clean = tokenmix_cli("verify", "--config_path", str(config), "--json")
-    assert clean.returncode == 0, clean.stdout + clean.stderr
-
-
 def test_a_source_whose_input_changed_after_its_pack_finished_and_before_its_record_was_written_is_refused(tmp_path, demo_docs):
     sources = _sources(tmp_path, demo_docs)
     config = _config(sources, tmp_path / "cache")

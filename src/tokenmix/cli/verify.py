@@ -65,17 +65,16 @@ def run(argv: list[str]) -> int:
     try:
         config = load_data_config(args.config_path, overrides) if args.config_path else None
         given = [t.location for t in cache_targets(config, args.source)] if config else list(args.caches)
-        first_given: dict[str, str] = {}  # each stored cache once (a pack once for its sources), by the first location it stores
-        for location in given:
-            first_given.setdefault(stored_cache_of(location), location)
+        locations = list(dict.fromkeys(stored_cache_of(location) for location in given))  # a pack once for its sources
     except (ConfigError, ValueError, FileNotFoundError) as e:
         logger.error("%s", e)
         return 2
     reports, failed = [], 0
-    for location in first_given.values():
+    for location in locations:
         try:
-            with logging_redirect_tqdm():  # (verify_cache checks a source's pack from the pack's ledger)
-                reports.append(verify_cache(location, repair=args.repair, inputs=not args.no_inputs, config=config))
+            with logging_redirect_tqdm():
+                reports.append(verify_cache(location, repair=args.repair, inputs=not args.no_inputs,
+                                            config=config if location in given else None))  # a pack: from its ledger
         except (CacheNotFoundError, CacheDamagedError, RepairError, CacheLockedError, TokenizerLoadError, UnsafeFileError) as e:
             logger.error("%s", e)
             failed += 1

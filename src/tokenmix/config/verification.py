@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 import draccus
 
 from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, CacheMismatchError
-from tokenmix.cache.packs import MEMBER_FILE, stored_cache_of
-from tokenmix.cache.reader import CacheNotFoundError
+from tokenmix.cache.packs import stored_cache_of
 from tokenmix.cache.repair import RepairError
 from tokenmix.cache.repair import repair as repair_from_inputs
 from tokenmix.cache.scrub import CacheReport, ledger_shards, scrub
@@ -34,15 +33,10 @@ def verify_cache(location: str, repair: bool = False, inputs: bool = True, confi
     inputs against the digests of the records it read; with ``repair``, rewrites the damaged rows from those inputs when
     they are unchanged, and checks again. ``config``: the data config that built the cache
     (its shards and encoder); without one they are taken from the cache's ledger. A source built in a pack
-    (``cache/packs.py``) is checked by checking its pack, whose shards and encoder its ledger gives; a pack gone is a
-    ``CacheNotFoundError`` naming the source. Raises ``RepairError`` when a repair cannot be done exactly; never writes
-    anything otherwise."""
+    (``cache/packs.py``) is checked by checking its pack, whose shards and encoder its ledger gives. Raises ``RepairError`` when a repair
+    cannot be done exactly; never writes anything otherwise."""
     stored = stored_cache_of(location)
     if stored != location:  # a source in a pack: the pack is what is stored, checked and repaired, from its own ledger
-        if JsonDocuments(stored).read(LEDGER_FILE) is None:
-            raise CacheNotFoundError(f"{location} is a source built in the pack {stored} (its {MEMBER_FILE} says so), and that pack "
-                                     "holds no cache (deleted?): build the caches again (build_caches, `tokenmix build-cache`), "
-                                     "which builds its sources anew")
         location, config = stored, None
     shards, spec = _inputs_and_encoder(location, config, need_encoder=False)
     report = scrub(location, shards, inputs=inputs or repair, progress=progress)
