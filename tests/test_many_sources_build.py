@@ -232,3 +232,31 @@ def test_a_build_of_local_inputs_without_bars_imports_neither_fsspec_nor_tqdm(tm
     run = subprocess.run([sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().split(maxsplit=1) == [str(2 * DOCS_PER_SOURCE), "[]"], run.stdout
+
+
+def test_two_processes_building_the_same_caches_listed_in_opposite_orders_both_finish(tmp_path, demo_docs):
+    """Before, both waited for ever (2 tries of 3 with 24 sources): each run took the locks of the caches it opened
+    ahead in its config's order, and a driver waiting for the next cache's lock held the caches whose chunks were still
+    in its stream, unfinished (in one order too: 1 try of 1 with the orders alike but that)."""
+    import subprocess
+
+    sources = _sources(tmp_path, demo_docs, 32)
+    build_caches(_config(sources, tmp_path / "reference"), progress=False)
+    for attempt in range(3):
+        configs = []
+        for k, names in enumerate((list(sources), list(sources)[::-1])):
+            configs.append(tmp_path / f"{attempt}-{k}.yaml")
+            configs[-1].write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / f"try{attempt}"),
+                                                   "configs": {name: {"train_urls": [sources[name]]} for name in names},
+                                                   "build": {"pack_below_bytes": 0}}))
+        procs = start_builders(configs, tmp_path / f"go{attempt}")
+        try:
+            outputs = [p.communicate(timeout=120)[0] for p in procs]
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+                p.wait()
+            raise AssertionError(f"try {attempt}: the two builds were still waiting for each other's locks after 120 s") from None
+        assert [p.returncode for p in procs] == [0, 0], outputs
+        for name in sources:
+            assert cache_bytes(str(tmp_path / f"try{attempt}" / name)) == cache_bytes(str(tmp_path / "reference" / name)), name

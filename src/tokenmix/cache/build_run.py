@@ -6,14 +6,25 @@ cache after another they add up (a thousand small sources: about 50 ms each, mor
 machine's encoding pool the run does them beside the encoding:
 
 - a few threads (``SETUP_THREADS``) open the next caches ahead of the one whose chunks the driver reads, at most
-  ``OPEN_AHEAD`` at a time, and finish each cache once its last chunk was appended;
+  ``OPEN_AHEAD`` at a time, and as many others finish each cache once its last chunk was appended;
 - the driver reads every cache's chunks in one stream (``local_build.build_on_pool``), so the pool's workers, each
   holding its tokenizer once for the whole run, never wait at a cache's boundary;
 - the tokenizer backend is chosen once per encoder spec (``backend_choice.BackendChoices``).
 
 So the locks, open files and threads of a run are bounded by ``OPEN_AHEAD`` and the pool's in-flight chunks, whatever
-the number of caches. Each cache is written exactly as a build of it alone writes it (its own ledger, commits and lock),
-so its bytes do not depend on the others. On a cluster executor (Ray, Dask), whose unit of work is already a shard of
+the number of caches. Two runs sharing caches (two processes building one config, or configs listing its sources in
+other orders) must never each wait for a lock the other holds. A run holds the locks of the caches it opened ahead, and
+of those whose chunks are in the stream, while it waits for the next cache's; so:
+
+- the caches are built in the order of their locations, whatever the order given: both runs take locks in one order;
+- before waiting for a cache's opening, the driver lets the stream end the caches in it (``None`` to
+  ``build_on_pool``), whose chunks would otherwise wait for it; and caches are finished on threads of their own
+  (``FINISH_THREADS``), never queued behind openings that wait for a lock.
+
+A run then waits only for a cache the other is building, or finishing, or holds ahead of one it is waiting for, which
+the first run has passed, ended and given back (``tests/test_many_sources_build.py``: two processes, one config and
+its reverse). Each cache is written exactly as a build of it alone writes it (its own ledger, commits and lock), so its
+bytes do not depend on the others. On a cluster executor (Ray, Dask), whose unit of work is already a shard of
 any cache, the caches are built one after another.
 """
 
@@ -32,9 +43,12 @@ from tokenmix.cache.local_build import PoolBuild, build_on_pool
 from tokenmix.execution.task_executor import TaskExecutor
 
 SETUP_THREADS = 8
-"""Threads that open and finish caches beside the encoding. Their work is mostly waiting on storage (each cache's
+"""Threads that open caches beside the encoding (and as many finish them: ``FINISH_THREADS``). Their work is mostly waiting on storage (each cache's
 lock, ledger, array creations and publications end in an fsync, or a request on an object store), so they are more
 than the cores; 4 left the driver waiting for the next cache's opening on a loaded 2-core machine."""
+FINISH_THREADS = SETUP_THREADS
+"""Threads that finish caches (final commit, statistics, lock given back): as many as opened and finished them when both
+shared ``SETUP_THREADS``, apart so that a finish never waits behind openings waiting for another process's lock."""
 OPEN_AHEAD = 32
 """Caches opened (lock held, ledger and arrays open) ahead of the stream, at most: enough to keep ``SETUP_THREADS``
 busy while the driver appends."""
@@ -43,11 +57,14 @@ busy while the driver appends."""
 def build_all(builders: Sequence[CacheBuilder], executor: EncoderPool | TaskExecutor) -> list[dict[str, Any]]:
     """Build every cache on ``executor``; returns their statistics in the order given.
 
-    The first error stops the run: the caches being built keep what they committed and give their locks back, and a
-    re-run resumes each of them."""
+    On this machine's pool the caches are built in the order of their locations, so that runs sharing caches take their
+    locks in one order (above). The first error stops the run: the caches being built keep what they committed and give
+    their locks back, and a re-run resumes each of them."""
     if isinstance(executor, TaskExecutor):
         return [builder.build() for builder in builders]
-    return _PoolRun(builders, executor).run()
+    order = sorted(range(len(builders)), key=lambda k: builders[k].location)
+    results = _PoolRun([builders[k] for k in order], executor).run()
+    return [stats for _, stats in sorted(zip(order, results), key=lambda pair: pair[0])]
 
 
 class _PoolRun:
@@ -67,7 +84,8 @@ class _PoolRun:
         """The next builder to open."""
 
     def run(self) -> list[dict[str, Any]]:
-        with ThreadPoolExecutor(SETUP_THREADS, thread_name_prefix="tokenmix-cache-setup") as self._setup:
+        with (ThreadPoolExecutor(SETUP_THREADS, thread_name_prefix="tokenmix-cache-setup") as self._setup,
+              ThreadPoolExecutor(FINISH_THREADS, thread_name_prefix="tokenmix-cache-finish") as self._finisher):
             try:
                 build_on_pool(self.pool, self._builds())
                 for future in self._finishing:
@@ -78,10 +96,13 @@ class _PoolRun:
         assert all(stats is not None for stats in self.results)
         return self.results  # type: ignore[return-value]
 
-    def _builds(self) -> Iterator[PoolBuild]:
-        """The caches to build, in order, each opened by the time it is reached (finished ones are only recorded)."""
+    def _builds(self) -> Iterator[PoolBuild | None]:
+        """The caches to build, in order, each opened by the time it is reached (finished ones are only recorded); None
+        before waiting for an opening, so that the caches in the stream end (and give their locks back) first."""
         for position in range(len(self.builders)):
             self._open_ahead(position)
+            if not self._opening[0].done():
+                yield None
             opened = self._opening.popleft().result()
             if isinstance(opened, dict):
                 self.results[position] = opened
@@ -112,7 +133,7 @@ class _PoolRun:
 
     def _finish_later(self, position: int, opened: OpenBuild) -> None:
         opened.close_progress()
-        self._finishing.append(self._setup.submit(self._finish_one, position, opened))
+        self._finishing.append(self._finisher.submit(self._finish_one, position, opened))
 
     def _finish_one(self, position: int, opened: OpenBuild) -> None:
         try:

@@ -42,10 +42,12 @@ class _CacheEnd:
     build: PoolBuild
 
 
-def build_on_pool(pool: EncoderPool, builds: Iterable[PoolBuild]) -> None:
+def build_on_pool(pool: EncoderPool, builds: Iterable[PoolBuild | None]) -> None:
     """Encode every unfinished shard of each build on ``pool`` and append it, committing as each build goes.
 
-    ``builds`` is taken lazily, one build at a time, as the stream reaches it. A build's final commit is its ``end``'s."""
+    ``builds`` is taken lazily, one build at a time, as the stream reaches it; None in it: the next build is not ready
+    (its cache still being opened, maybe waiting for a lock another process holds), so every chunk in flight is appended
+    and its build ended first, none held unfinished meanwhile. A build's final commit is its ``end``'s."""
     try:
         _run(pool, builds)
     except BrokenProcessPool as e:
@@ -56,7 +58,7 @@ def build_on_pool(pool: EncoderPool, builds: Iterable[PoolBuild]) -> None:
         ) from e
 
 
-def _run(pool: EncoderPool, builds: Iterable[PoolBuild]) -> None:
+def _run(pool: EncoderPool, builds: Iterable[PoolBuild | None]) -> None:
     max_in_flight = 2 * max(pool.num_workers, 1) + 2
     in_flight: deque[tuple[PoolBuild, int, Future[EncodedChunk] | ShardEnd | _CacheEnd]] = deque()
     chunks = 0
@@ -79,6 +81,9 @@ def _run(pool: EncoderPool, builds: Iterable[PoolBuild]) -> None:
             build.appender.commits.maybe_commit()
 
     for build in builds:
+        if build is None:
+            drain(0)
+            continue
         if build.begin is not None:
             build.begin()
         events = _read(build.appender)

@@ -17,8 +17,9 @@ their shard names), so a re-run of the same build finds the same pack: a pack ki
 ledger, and a pack finished before its member records were all written gets the missing ones. A source whose inputs
 changed (a shard appended, another list) no longer matches its record: it is built again (in a new pack with the other
 sources left to build, or alone) and its record replaced or removed; the old pack stays for its other members. A source
-whose rows in the pack are not one run (a shard skipped for a passing failure and read again after the others) gets no
-record, and is built again by the next build.
+with a shard skipped for a passing failure (to be tried again), or whose rows in the pack are not one run (such a shard
+read again after the others), gets no record: the same build builds it alone, where its shard is tried again as a cache
+of its own tries it.
 """
 
 from __future__ import annotations
@@ -224,10 +225,12 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
     """Sort a build's caches: those with a cache of their own, or too large, or too few to pack, are built alone; packed
     sources whose record still matches their inputs are built already; small ones without a record that a finished
     pack holds (a build stopped before writing every record) get theirs from it; the other small ones go into packs, in
-    config order. A stale member record of a source built alone is removed."""
+    config order, those of one encoder identity together (at least ``pack_min_sources`` of them, else built alone). A
+    stale member record of a source built alone is removed."""
     alone: list[CacheTarget] = [t for t in targets if t.pack_root is None]
     read_as_levanter: list[CacheTarget] = []
-    small: dict[tuple[str, str], list[CacheTarget]] = {}
+    small: dict[tuple[str, str, str], list[CacheTarget]] = {}
+    """Small sources to build, by root, split and encoder identity: a pack is encoded with one encoder."""
     built: dict[tuple[str, str], dict[str, Any]] = {}
     recorded: set[int] = set()
     """Small sources holding a stale or damaged record."""
@@ -237,6 +240,8 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
         docs = JsonDocuments(root)
         members = [t for t in targets if t.pack_root == root]
         found = docs.read_many([f"{_key(t)}/{name}" for t in members for name in (LEDGER_FILE, LEVANTER_LEDGER, MEMBER_FILE)])
+        records = {k: _record_or_none(found[3 * k + 2], t.location) for k, t in enumerate(members) if found[3 * k : 3 * k + 2] == [None, None]}
+        packs_there = _finished_pack_fingerprints(root, docs, [r.pack_location(members[k].location) for k, r in records.items() if r])
         for k, target in enumerate(members):
             ledger, levanter, member = found[3 * k : 3 * k + 3]
             if built_by_levanter(ledger, levanter, target.location):
@@ -245,13 +250,14 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
             if ledger is not None:
                 alone.append(target)
                 continue
-            record = _record_or_none(member, target.location)
-            if record is not None and _still_matches(record, target, {**target.identity, **layout}, options, docs):
+            record = records.get(k)
+            if (record is not None and packs_there[record.pack_location(target.location)] == record.pack_fingerprint
+                    and _still_matches(record, target, {**target.identity, **layout}, options, docs)):
                 built[(target.source, target.split)] = {**record.stats, ALREADY_BUILT: True}
                 continue
             sizes = [shard.size_bytes() for shard in target.shards]
             if below and None not in sizes and sum(sizes) <= below:  # type: ignore[arg-type]
-                small.setdefault((root, target.split), []).append(target)
+                small.setdefault((root, target.split, fingerprint_of(target.identity)), []).append(target)
                 if member is not None:
                     recorded.add(id(target))
                 continue
@@ -260,7 +266,7 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
             alone.append(target)
     packs: list[Pack] = []
     finished: list[Pack] = []
-    for (root, split), members in small.items():
+    for (root, split, _), members in small.items():
         recovered = _finished_packs(root, split, members, layout)
         finished.extend(recovered)
         held = {source for pack in recovered for source in pack.targets}
@@ -300,6 +306,14 @@ def _record_or_none(doc: dict[str, Any] | None, location: str) -> MemberRecord |
     except (MemberDamagedError, KeyError, TypeError) as e:
         logger.warning("%s; building the source again", e)
         return None
+
+
+def _finished_pack_fingerprints(root: str, docs: JsonDocuments, packs: list[str]) -> dict[str, str | None]:
+    """The fingerprint of each finished pack at ``packs`` (locations under ``root``, read together); None for one that is
+    not there (deleted) or not finished (being built again): its members' records are stale."""
+    where = list(dict.fromkeys(packs))
+    found = docs.read_many([f"{_relative(root, pack)}/{LEDGER_FILE}" for pack in where])
+    return {pack: doc["fingerprint"] if doc is not None and doc.get("finished") else None for pack, doc in zip(where, found)}
 
 
 def _remove_record(target: CacheTarget) -> None:
@@ -401,7 +415,7 @@ def member_records(pack: Pack, ledger: CacheLedger, row_bounds: np.ndarray, pack
             continue
         one_run = all(a.stop_row == b.row for a, b in zip(runs, runs[1:])) and [r.shard for r in runs] == sorted(r.shard for r in runs)
         if not one_run or rows[1] - rows[0] != sum(s.rows for s in shards) or any(s.retry for s in shards):
-            logger.info("%s: its rows in the pack %s are not one run of its shards; it is built again by the next build",
+            logger.info("%s: its rows in the pack %s are not one run of its shards; it is built alone",
                         target.location, pack.location)
             continue
         tokens = (int(row_bounds[rows[0]]), int(row_bounds[rows[1]]))
@@ -413,15 +427,21 @@ def member_records(pack: Pack, ledger: CacheLedger, row_bounds: np.ndarray, pack
     return records
 
 
-def write_member_records(pack: Pack, pack_stats: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+def write_member_records(pack: Pack, pack_stats: dict[str, Any], chunk_bytes: int) -> dict[tuple[str, str], dict[str, Any]]:
     """Once a pack is finished (and durable): write each member's record at its location, durable when this returns;
     returns the members' statistics by (source, split). A member left without a record (``member_records``) is not in
-    them."""
+    them. The members of a pack finished by an earlier build have their shards checked first, as ``plan_packs`` checks
+    a record's (``SourceChecks``: one whose records changed since raises ``ShardChangedError``)."""
     from tokenmix.cache.reader import TokenCache
 
     ledger = CacheLedger.from_json(JsonDocuments(pack.location).read(LEDGER_FILE) or {})
     row_bounds = TokenCache(pack.location).row_bounds(0, ledger.rows)
     records = member_records(pack, ledger, row_bounds, pack_stats)
+    if pack.stats is not None:
+        for source, record in records.items():
+            member = record.ledger()
+            if SourceChecks(pack.targets[source].location, pack.targets[source].shards, chunk_bytes).check_begun(member):
+                records[source] = dataclasses.replace(record, shards=member.shards)
     write_rebuildable(pack.root, {f"{_key(pack.targets[source])}/{MEMBER_FILE}": record.document() for source, record in records.items()})
     already = {ALREADY_BUILT: True} if pack_stats.get(ALREADY_BUILT) else {}
     return {(source, pack.split): {**record.stats, **already} for source, record in records.items()}

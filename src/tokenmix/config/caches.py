@@ -100,6 +100,11 @@ def build_caches(config: DataConfigBase, sources: list[str] | None = None, progr
     from tokenmix.cache.progress import TqdmProgress
     from tokenmix.cache.stats import ALREADY_BUILT
 
+    def alone(target: CacheTarget) -> CacheBuilder:
+        bar = TqdmProgress(f"{target.source}/{target.split}") if progress else None
+        info = {"tokenizer": config.tokenizer, "source": target.source, "split": target.split}
+        return CacheBuilder(target.location, target.shards, target.spec, target.identity, config.build, bar, info, executor)
+
     plan = plan_packs(targets, config.build)
     with open_build_executor(config.build) as executor:
         builders, keys = [], []
@@ -109,18 +114,21 @@ def build_caches(config: DataConfigBase, sources: list[str] | None = None, progr
             if target.pack_root is None and _built_by_levanter(target.location):  # (the others' ledgers plan_packs read)
                 logger.info("%s/%s: %s holds a cache Levanter built; it is read as it is", target.source, target.split, target.location)
                 continue
-            bar = TqdmProgress(f"{target.source}/{target.split}") if progress else None
-            info = {"tokenizer": config.tokenizer, "source": target.source, "split": target.split}
-            builders.append(CacheBuilder(target.location, target.shards, target.spec, target.identity, config.build, bar, info, executor))
+            builders.append(alone(target))
             keys.append((target.source, target.split))
         for pack in plan.packs:
             bar = TqdmProgress(f"{len(pack.sources)} sources/{pack.split}") if progress else None
             builders.append(CacheBuilder(pack.location, pack.shards, pack.targets[pack.sources[0]].spec, pack.identity, config.build, bar,
                                          pack.info(config.tokenizer), executor))
         results = build_all(builders, executor)
-    built = {**plan.built, **dict(zip(keys, results))}
-    for pack, pack_stats in [*zip(plan.packs, results[len(keys) :]), *((pack, {**pack.stats, ALREADY_BUILT: True}) for pack in plan.finished)]:
-        built.update(write_member_records(pack, pack_stats))
+        built = {**plan.built, **dict(zip(keys, results))}
+        for pack, pack_stats in [*zip(plan.packs, results[len(keys) :]),
+                                 *((pack, {**pack.stats, ALREADY_BUILT: True}) for pack in plan.finished)]:
+            built.update(write_member_records(pack, pack_stats, config.build.chunk_bytes))
+        # members left without a record (a shard to try again, rows not one run of the pack) are built alone, as they
+        # would have been without packs
+        unrecorded = [t for pack in [*plan.packs, *plan.finished] for t in pack.targets.values() if (t.source, t.split) not in built]
+        built.update(zip([(t.source, t.split) for t in unrecorded], build_all([alone(t) for t in unrecorded], executor)))
     return {(t.source, t.split): built[(t.source, t.split)] for t in targets if (t.source, t.split) in built}
 
 
