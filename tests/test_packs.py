@@ -18,6 +18,7 @@ from tokenmix import BuildOptions, LMDatasetSourceConfig, LMMixtureDatasetConfig
 from tokenmix.cache.ledger import ShardChangedError
 from tokenmix.cache.packs import MEMBER_FILE, PACKS_DIR, MemberDamagedError, read_member
 from tokenmix.cache.reader import CacheNotFoundError, TokenCache
+from tokenmix.cache.store import DocumentDamagedError
 from tokenmix.config.caches import open_cache
 
 SOURCES = 40
@@ -148,6 +149,21 @@ def test_a_damaged_member_record_is_refused_naming_it_and_a_build_writes_it_agai
         open_cache(_config(sources, cache_dir), "s003")
     build_caches(_config(sources, cache_dir), progress=False)
     assert record.read_bytes() == original
+    record.write_bytes(original[: len(original) // 2])  # cut short: no longer JSON
+    with pytest.raises(MemberDamagedError, match=f"{cache_dir / 's003' / 'train'}.*{MEMBER_FILE}.*not a JSON document.*Delete {MEMBER_FILE}"):
+        open_cache(_config(sources, cache_dir), "s003")
+    assert all(stats["already_built"] for stats in build_caches(_config(sources, cache_dir), progress=False).values())
+    assert record.read_bytes() == original
+
+
+def test_a_ledger_that_is_not_json_is_refused_naming_it_and_the_fix(tmp_path, demo_docs):
+    sources = _sources(tmp_path, demo_docs, 8)  # too few to pack: a cache each
+    cache_dir = tmp_path / "cache"
+    build_caches(_config(sources, cache_dir), progress=False)
+    ledger = cache_dir / "s001" / "train" / "ledger.json"
+    ledger.write_bytes(ledger.read_bytes()[:100])
+    with pytest.raises(DocumentDamagedError, match=f"{ledger} is damaged: not a JSON document.*Delete the cache and build it again"):
+        build_caches(_config(sources, cache_dir), progress=False)
 
 
 def test_a_pack_build_killed_midway_resumes_to_the_bytes_and_records_of_an_uninterrupted_one(tmp_path, demo_docs):

@@ -41,7 +41,7 @@ from tokenmix.cache.levanter import LEVANTER_LEDGER, built_by_levanter
 from tokenmix.cache.options import PACK_BELOW_BYTES, BuildOptions
 from tokenmix.cache.source_checks import SourceChecks
 from tokenmix.cache.stats import ALREADY_BUILT, STATS_FILE, stats_document
-from tokenmix.cache.store import JsonDocuments, write_rebuildable
+from tokenmix.cache.store import DocumentDamagedError, JsonDocuments, write_rebuildable
 from tokenmix.sources.urls import join_location, local_path
 
 if TYPE_CHECKING:
@@ -135,8 +135,19 @@ def _relative(location: str, target: str) -> str:
 
 def read_member(location: str, docs: JsonDocuments | None = None) -> MemberRecord | None:
     """The member record at a source's cache location, or None where there is none."""
-    doc = (docs or JsonDocuments(location)).read(MEMBER_FILE)
-    return None if doc is None else MemberRecord.from_json(doc, location)
+    docs = docs or JsonDocuments(location)
+    raw = docs.read_bytes([MEMBER_FILE])[0]
+    return None if raw is None else _member_record(docs, MEMBER_FILE, raw, location)
+
+
+def _member_record(docs: JsonDocuments, key: str, raw: bytes, location: str) -> MemberRecord:
+    """The member record stored as ``raw`` at ``key`` of ``docs``, the record of the source at ``location``:
+    ``MemberDamagedError`` where it is not one (not JSON, cut short, its checksum failed)."""
+    try:
+        doc = docs.parse(key, raw)
+    except DocumentDamagedError as e:
+        raise MemberDamagedError(location, e.problem) from None
+    return MemberRecord.from_json(doc, location)
 
 
 def open_member(location: str, record: MemberRecord, identity: dict[str, Any]) -> PackedSourceCache:
@@ -239,8 +250,11 @@ def plan_packs(targets: Sequence[CacheTarget], options: BuildOptions) -> PackPla
         below = pack_below_bytes(options, root)
         docs = JsonDocuments(root)
         members = [t for t in targets if t.pack_root == root]
-        found = docs.read_many([f"{_key(t)}/{name}" for t in members for name in (LEDGER_FILE, LEVANTER_LEDGER, MEMBER_FILE)])
-        records = {k: _record_or_none(found[3 * k + 2], t.location) for k, t in enumerate(members) if found[3 * k : 3 * k + 2] == [None, None]}
+        keys = [f"{_key(t)}/{name}" for t in members for name in (LEDGER_FILE, LEVANTER_LEDGER, MEMBER_FILE)]
+        stored = docs.read_bytes(keys)  # a damaged ledger raises; a damaged member record is only built again
+        found = [raw if raw is None or k % 3 == 2 else docs.parse(key, raw) for k, (key, raw) in enumerate(zip(keys, stored))]
+        records = {k: _record_or_none(docs, keys[3 * k + 2], found[3 * k + 2], t.location) for k, t in enumerate(members)
+                   if found[3 * k : 3 * k + 2] == [None, None]}
         packs_there = _finished_pack_fingerprints(root, docs, [r.pack_location(members[k].location) for k, r in records.items() if r])
         for k, target in enumerate(members):
             ledger, levanter, member = found[3 * k : 3 * k + 3]
@@ -297,12 +311,13 @@ def pack_below_bytes(options: BuildOptions, root: str) -> int:
     return PACK_BELOW_BYTES if local_path(root) is not None else 0
 
 
-def _record_or_none(doc: dict[str, Any] | None, location: str) -> MemberRecord | None:
-    """The member record in ``doc``; None where there is none, or a damaged one (logged: the source is built again)."""
-    if doc is None:
+def _record_or_none(docs: JsonDocuments, key: str, raw: bytes | None, location: str) -> MemberRecord | None:
+    """The member record stored as ``raw`` at ``key``; None where there is none, or a damaged one (logged: the source is
+    built again)."""
+    if raw is None:
         return None
     try:
-        return MemberRecord.from_json(doc, location)
+        return _member_record(docs, key, raw, location)
     except (MemberDamagedError, KeyError, TypeError) as e:
         logger.warning("%s; building the source again", e)
         return None

@@ -176,6 +176,16 @@ def open_kvstore(location: str, deferred_sync: bool = False) -> ts.KvStore:
     return ts.KvStore.open(kvstore_spec(location), context=_write_context(location, deferred_sync)).result()
 
 
+class DocumentDamagedError(ValueError):
+    """A stored JSON document that is not JSON (cut short, garbled); the message names it and the fix."""
+
+    def __init__(self, location: str, key: str, problem: str):
+        self.location, self.key, self.problem = location, key, problem
+        super().__init__(f"{join_location(location, key)} is damaged: {problem}. Delete the cache and build it again (a "
+                         "cache's stats.json, or a packed source's packed.json: delete that file alone, and a build writes it "
+                         "again)")
+
+
 class JsonDocuments:
     """Small JSON files beside the arrays (ledger, statistics); each write replaces a file atomically."""
 
@@ -188,16 +198,24 @@ class JsonDocuments:
     def read(self, key: str) -> dict[str, Any] | None:
         """The document at ``key``; None where there is none, or only the empty file a power loss leaves of a write whose
         bytes never reached the disk (a build's writes are durable at its barriers; its next run writes it again)."""
-        result = self.kv.read(key).result()
-        if result.state != "value" or not len(result.value):
-            return None
-        return orjson.loads(bytes(result.value))
+        return self.read_many([key])[0]
 
     def read_many(self, keys: Sequence[str]) -> list[dict[str, Any] | None]:
         """``read`` of each key, the reads issued together (a thousand small documents on an object store: one round
-        trip's wait, not a thousand)."""
+        trip's wait, not a thousand). A document that is not JSON raises ``DocumentDamagedError`` naming it."""
+        return [None if raw is None else self.parse(key, raw) for key, raw in zip(keys, self.read_bytes(keys))]
+
+    def read_bytes(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The stored bytes at each key, the reads issued together; None where there are none, or an empty file."""
         pending = [self.kv.read(key) for key in keys]
-        return [orjson.loads(bytes(r.value)) if r.state == "value" and len(r.value) else None for r in (p.result() for p in pending)]
+        return [bytes(r.value) if r.state == "value" and len(r.value) else None for r in (p.result() for p in pending)]
+
+    def parse(self, key: str, raw: bytes) -> dict[str, Any]:
+        """The document stored as ``raw`` at ``key``; ``DocumentDamagedError`` where it is not JSON."""
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise DocumentDamagedError(self.location, key, f"not a JSON document ({e})") from None
 
     def write(self, key: str, doc: dict[str, Any]) -> None:
         """Replace the document at ``key`` (indented, keys sorted: orjson, 25x the standard library's indenting encoder
