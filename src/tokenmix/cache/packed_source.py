@@ -35,7 +35,7 @@ class PackNotFoundError(CacheNotFoundError):
 
     def __init__(self, member: str, location: str):
         super().__init__(f"{member}: its {MEMBER_FILE} reads rows of the pack at {location}, where there is no cache (deleted?); "
-                         f"delete the {MEMBER_FILE} of every source packed there (or the whole cache_dir) and build the caches again")
+                         "build the caches again (tokenmix build-cache): the sources packed there are built anew")
 
 
 def open_pack(location: str, fingerprint: str, member: str, chunk_cache: ChunkCache = SHARED,
