@@ -85,7 +85,7 @@ class ShardAppender:
             position, reason, detail = errors[0]
             raise BadInputError(
                 f"{self.shards[index].position_label(position)}: {reason}: {detail}\n"
-                f"The cache keeps the {self.ledger.rows} rows before {before}. Fix the input, or set "
+                f"The cache at {self.commits.location} keeps the {self.ledger.rows} rows before {before}. Fix the input, or set "
                 "on_error: skip (CLI: --build.on_error skip) to count and skip bad records."
             )
         for position, reason, detail in chunk.skipped:

@@ -10,6 +10,7 @@ so a reader of a thousand packed sources holds one set of tensorstore handles an
 
 from __future__ import annotations
 
+import copy
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -149,8 +150,9 @@ class PackedSourceCache:
         return self._pack.has_loss_spans
 
     def stats(self) -> dict[str, Any] | None:
-        """The source's own statistics, as its member record holds them."""
-        return self._stats
+        """The source's own statistics, as its member record holds them (a copy: a caller's changes stay its own, as with
+        ``TokenCache.stats``, which reads them anew)."""
+        return copy.deepcopy(self._stats)
 
     def num_rows(self) -> int:
         return self._stop_row - self._first_row
