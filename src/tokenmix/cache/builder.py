@@ -209,7 +209,7 @@ class OpenBuild:
 
     def choose_backend(self, choices: BackendChoices) -> ChoosingBackend:
         """The tokenizer backend of this build, from ``choices``: chosen on this cache's sample if it is the first of its
-        encoder spec to ask (a run asks in config order, so which cache is sampled does not depend on timing)."""
+        encoder spec to ask (a run asks in the order of the caches' locations, so which cache is sampled does not depend on timing)."""
         b = self.builder
         self.backend = choices.choose(b.location, b.shards, self.appender.ledger, b.spec, b.options.tokenizer_backend)
         return self.backend
