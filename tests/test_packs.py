@@ -326,13 +326,13 @@ def test_a_member_whose_pack_is_gone_is_refused_naming_it_the_pack_and_the_fix_w
     (pack,) = (tmp_path / "cache" / PACKS_DIR).iterdir()
     shutil.rmtree(pack)
     location = tmp_path / "cache" / "s003" / "train"
-    with pytest.raises(CacheNotFoundError, match=rf"{location}: its {MEMBER_FILE} reads rows of the pack at {pack}, where there is no "
+    with pytest.raises(CacheNotFoundError, match=rf"{location}: its member record reads rows of the pack at {pack}, where there is no "
                                                  r"cache.*build the caches again \(tokenmix build-cache\)"):
         open_cache(config, "s003")
     from test_damaged_caches import tokenmix_cli
 
     checked = tokenmix_cli("verify", str(location))  # what a user runs then: the pack is checked, and found gone
-    assert checked.returncode == 1 and f"{location}: its {MEMBER_FILE} reads rows of the pack at {pack}, where there is no cache" in \
+    assert checked.returncode == 1 and f"{location}: its member record reads rows of the pack at {pack}, where there is no cache" in \
         checked.stderr, checked.stderr
     build_caches(config, progress=False)  # the fix the message gives
     cache = open_cache(config, "s003")

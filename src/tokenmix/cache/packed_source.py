@@ -21,7 +21,6 @@ import numpy as np
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.damage import CacheDamagedError
 from tokenmix.cache.ledger import CacheLedger, CacheMismatchError
-from tokenmix.cache.packs import MEMBER_FILE
 from tokenmix.cache.reader import CacheNotFoundError, TokenCache, chosen_object_reads
 
 _LOCK = threading.Lock()
@@ -35,7 +34,7 @@ class PackNotFoundError(CacheNotFoundError):
     """No cache where a source's member record says its pack is; the message names the source, the pack and the fix."""
 
     def __init__(self, member: str, location: str):
-        super().__init__(f"{member}: its {MEMBER_FILE} reads rows of the pack at {location}, where there is no cache (deleted?); "
+        super().__init__(f"{member}: its member record reads rows of the pack at {location}, where there is no cache (deleted?); "
                          "build the caches again (tokenmix build-cache): the sources packed there are built anew")
 
 
