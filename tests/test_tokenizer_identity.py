@@ -15,7 +15,7 @@ from helpers import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes
 
 from tokenmix import CacheMismatchError, LMDatasetSourceConfig, LMMixtureDatasetConfig, TextLmDatasetFormat, build_caches, open_cache
 from tokenmix.formats.tokenizer import describe_tokenizer
-from tokenmix.formats.tokenizer_identity import descriptions_dir, tokenizer_identity
+from tokenmix.formats.tokenizer_identity import descriptions_dir, tokenizer_identity, tokenizer_info
 
 OPEN_IN_A_FRESH_PROCESS = textwrap.dedent("""
     import json, sys
@@ -89,14 +89,62 @@ def test_a_changed_tokenizer_file_is_noticed_and_its_caches_refused(tmp_path):
     spec = json.loads((tokenizer / "tokenizer.json").read_text())
     spec["added_tokens"].append({**spec["added_tokens"][-1], "id": len(spec["model"]["vocab"]), "content": "<|new|>"})
     (tokenizer / "tokenizer.json").write_text(json.dumps(spec))
-    describe_tokenizer.cache_clear()  # this process loaded the old files; a new process would load the new ones
-    from tokenmix.formats.tokenizer import _from_pretrained
-
-    _from_pretrained.cache_clear()
     after = tokenizer_identity(str(tokenizer))
     assert after.fingerprint != before.fingerprint and after.vocab_size == before.vocab_size + 1
     with pytest.raises(CacheMismatchError):
         open_cache(config, "webster", "train")
+
+
+DESCRIBE_IN_A_FRESH_PROCESS = textwrap.dedent("""
+    import json, sys
+    from tokenmix.formats.tokenizer import describe_tokenizer
+    from tokenmix.formats.tokenizer_identity import tokenizer_info
+    remembered, described = tokenizer_info(sys.argv[1]), describe_tokenizer(sys.argv[1])
+    print(json.dumps([remembered.fingerprint, remembered.vocab_size, described.fingerprint, described.vocab_size]))
+""")
+
+
+def test_a_tokenizer_whose_files_change_while_a_process_runs_is_described_anew_and_remembered_as_it_now_is(tmp_path, monkeypatch):
+    """A process that described a tokenizer, then sees its files change (a token added; a token renamed with the file's
+    size and modification time kept, as ``cp -p`` or ``rsync -t`` leave them; a symbolic link retargeted at a file of the
+    same size and time), describes it anew; and what it remembers is the description of the files as they now are, which
+    a fresh process then reads. Before, the description kept per name in the process was remembered under the changed
+    files' key: every later process on the machine took the old vocabulary for the new files."""
+    monkeypatch.setenv("TOKENMIX_CACHE_DIR", str(tmp_path / "remembered"))
+    tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(TOKENIZER, tokenizer)
+    file = tokenizer / "tokenizer.json"
+    spec = json.loads(file.read_text())
+    seen = [tokenizer_info(str(tokenizer))]
+
+    spec["added_tokens"].append({**spec["added_tokens"][-1], "id": len(spec["model"]["vocab"]), "content": "<|new|>"})
+    file.write_text(json.dumps(spec))
+    seen.append(tokenizer_info(str(tokenizer)))
+    assert seen[-1].vocab_size == seen[0].vocab_size + 1
+
+    kept = file.stat()
+    spec["added_tokens"][-1]["content"] = "<|wen|>"
+    file.write_text(json.dumps(spec))
+    os.utime(file, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    assert (file.stat().st_size, file.stat().st_mtime_ns) == (kept.st_size, kept.st_mtime_ns)
+    seen.append(tokenizer_info(str(tokenizer)))
+
+    file.rename(tmp_path / "first.json")
+    file.symlink_to(tmp_path / "first.json")
+    assert tokenizer_info(str(tokenizer)) == seen[-1]
+    spec["added_tokens"][-1]["content"] = "<|ewn|>"
+    (tmp_path / "second.json").write_text(json.dumps(spec))
+    os.utime(tmp_path / "second.json", ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    file.unlink()
+    file.symlink_to(tmp_path / "second.json")
+    seen.append(tokenizer_info(str(tokenizer)))
+    assert len({info.fingerprint for info in seen}) == len(seen)
+
+    env = {**os.environ, "TOKENMIX_CACHE_DIR": str(tmp_path / "remembered")}
+    out = subprocess.run([sys.executable, "-c", DESCRIBE_IN_A_FRESH_PROCESS, str(tokenizer)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [seen[-1].fingerprint, seen[-1].vocab_size] * 2
 
 
 def test_an_unwritable_description_cache_only_costs_the_description(tmp_path, monkeypatch):

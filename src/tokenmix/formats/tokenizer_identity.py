@@ -22,23 +22,18 @@ import hashlib
 import json
 import logging
 import os
-import re
 import threading
 from dataclasses import asdict
 from importlib.util import find_spec
 from pathlib import Path
 
 from tokenmix._safe_files import create_new
-from tokenmix.formats.tokenizer import TokenizerIdentity, TokenizerInfo, describe_tokenizer
+from tokenmix.formats.tokenizer import TokenizerIdentity, TokenizerInfo, describe_tokenizer, file_state, tokenizer_files
 
 logger = logging.getLogger(__name__)
 
 _FORMAT = 2
 """Version of the remembered description's layout; part of the key."""
-_TOKENIZER_FILES = re.compile(
-    r"(tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab.*|merges\.txt|.*\.model|.*\.tiktoken|chat_template.*|config\.json)"
-)
-"""Files of a tokenizer directory that ``AutoTokenizer`` may read (``config.json`` chooses the tokenizer class)."""
 
 
 def tokenizer_identity(name_or_path: str) -> TokenizerIdentity:
@@ -49,7 +44,7 @@ def tokenizer_identity(name_or_path: str) -> TokenizerIdentity:
         known = _recall(key)
         if known is not None:
             return known
-    return remember(name_or_path, describe_tokenizer(name_or_path))
+    return _described(name_or_path, key).identity()
 
 
 def tokenizer_info(name_or_path: str) -> TokenizerInfo:
@@ -59,20 +54,19 @@ def tokenizer_info(name_or_path: str) -> TokenizerInfo:
     known = _recalled_infos.get((key, name_or_path)) if key is not None else None
     if key is not None and known is None:
         known = _recall_info(key, name_or_path)
-    if known is None:
-        known = describe_tokenizer(name_or_path)
-        remember(name_or_path, known)
-    if key is not None:
-        _recalled_infos[(key, name_or_path)] = known
-    return known
+        if known is not None:
+            _recalled_infos[(key, name_or_path)] = known
+    return known if known is not None else _described(name_or_path, key)
 
 
-def remember(name_or_path: str, info: TokenizerInfo) -> TokenizerIdentity:
-    """Keep a fresh description of a local tokenizer directory for later opens and builds; returns its identity."""
-    key = _files_key(name_or_path)
-    if key is not None:
+def _described(name_or_path: str, key: str | None) -> TokenizerInfo:
+    """A fresh description of a tokenizer whose files had ``key`` before it, remembered under ``key`` only where they
+    still have it after: files that changed meanwhile may have been described in either version."""
+    info = describe_tokenizer(name_or_path)
+    if key is not None and _files_key(name_or_path) == key:
         _store(key, info)
-    return info.identity()
+        _recalled_infos[(key, name_or_path)] = info
+    return info
 
 
 def descriptions_dir() -> Path:
@@ -85,31 +79,21 @@ def _files_key(name_or_path: str) -> str | None:
     """A digest of a local tokenizer directory's files, or of a tokenizer file, and of the libraries that describe them;
     None for a hub id."""
     path = os.path.abspath(os.path.expanduser(name_or_path))
-    if os.path.isfile(path):
-        # a file is described otherwise than a directory holding only it (its special tokens are not configured): keys apart
-        path, names, kind = os.path.dirname(path), [os.path.basename(path)], "file\0"
-    elif os.path.isdir(path):
-        names, kind = [name for name in sorted(os.listdir(path)) if _TOKENIZER_FILES.fullmatch(name)], ""
-    else:
-        return None
-    files = []
-    for name in names:
-        file = os.path.join(path, name)
-        if os.path.isfile(file):
-            stat = os.stat(file)
-            files.append((name, stat.st_size, stat.st_mtime_ns))
+    files = tokenizer_files(path)
     if not files:
         return None
+    # a file is described otherwise than a directory holding only it (its special tokens are not configured): keys apart
+    root, kind = (os.path.dirname(path), "file\0") if os.path.isfile(path) else (path, "")
     digest = hashlib.sha256(f"{kind}{_FORMAT}\0{installed('tokenizers')}\0{installed('transformers')}".encode())
-    for name, size, mtime in files:
-        digest.update(name.encode() + b"\0" + _file_digest(os.path.join(path, name), size, mtime))
+    for file in files:
+        digest.update(os.path.relpath(file, root).encode() + b"\0" + _file_digest(file, file_state(file)))
     return digest.hexdigest()
 
 
 @functools.lru_cache(maxsize=64)
-def _file_digest(path: str, size: int, mtime_ns: int) -> bytes:
-    """SHA-256 of a file's bytes, read again only when its size or modification time changes (a tokenizer.json is
-    megabytes, and every open asks)."""
+def _file_digest(path: str, state: tuple[int, ...]) -> bytes:
+    """SHA-256 of a file's bytes, read again only when its state (``file_state``) changes (a tokenizer.json is megabytes,
+    and every open asks)."""
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).digest()
 
