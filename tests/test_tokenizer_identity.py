@@ -147,6 +147,25 @@ def test_a_tokenizer_whose_files_change_while_a_process_runs_is_described_anew_a
     assert json.loads(out.stdout) == [seen[-1].fingerprint, seen[-1].vocab_size] * 2
 
 
+def test_a_named_chat_template_added_to_a_tokenizer_directory_is_a_changed_tokenizer(tmp_path, monkeypatch):
+    """``AutoTokenizer`` reads ``additional_chat_templates/*.jinja`` as the tokenizer's named chat templates, which its
+    fingerprint hashes: one added (or edited) there is a changed tokenizer, described anew, not the remembered
+    description of the directory without it."""
+    monkeypatch.setenv("TOKENMIX_CACHE_DIR", str(tmp_path / "remembered"))
+    tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(TOKENIZER, tokenizer)
+    before = tokenizer_info(str(tokenizer))
+    (tokenizer / "additional_chat_templates").mkdir()
+    (tokenizer / "additional_chat_templates" / "tool_use.jinja").write_text("{{ messages[0]['content'] }}")
+    after = tokenizer_info(str(tokenizer))
+    assert after.fingerprint != before.fingerprint
+    env = {**os.environ, "TOKENMIX_CACHE_DIR": str(tmp_path / "remembered")}
+    out = subprocess.run([sys.executable, "-c", DESCRIBE_IN_A_FRESH_PROCESS, str(tokenizer)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [after.fingerprint, after.vocab_size] * 2
+
+
 def test_an_unwritable_description_cache_only_costs_the_description(tmp_path, monkeypatch):
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the directory should be")

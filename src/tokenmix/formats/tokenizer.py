@@ -80,16 +80,21 @@ _TOKENIZER_FILES = re.compile(
     r"(tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab.*|merges\.txt|.*\.model|.*\.tiktoken|chat_template.*|config\.json)"
 )
 """Files of a tokenizer directory that ``AutoTokenizer`` may read (``config.json`` chooses the tokenizer class)."""
+_CHAT_TEMPLATES = "additional_chat_templates"
+"""The subdirectory of a tokenizer directory whose ``*.jinja`` files ``AutoTokenizer`` reads as named chat templates."""
 
 
 def tokenizer_files(path: str) -> list[str]:
     """The files a local tokenizer at absolute ``path`` is read from: the file itself, or the files of a directory that
-    ``AutoTokenizer`` may read, in a fixed order; none for a path that is neither."""
+    ``AutoTokenizer`` may read (its named chat templates included), in a fixed order; none for a path that is neither."""
     if os.path.isfile(path):
         return [path]
     if not os.path.isdir(path):
         return []
     files = [os.path.join(path, name) for name in sorted(os.listdir(path)) if _TOKENIZER_FILES.fullmatch(name)]
+    templates = os.path.join(path, _CHAT_TEMPLATES)
+    if os.path.isdir(templates):
+        files += [os.path.join(templates, name) for name in sorted(os.listdir(templates)) if name.endswith(".jinja")]
     return [file for file in files if os.path.isfile(file)]
 
 
