@@ -166,6 +166,59 @@ def test_a_named_chat_template_added_to_a_tokenizer_directory_is_a_changed_token
     assert json.loads(out.stdout) == [after.fingerprint, after.vocab_size] * 2
 
 
+RECALL_IN_A_FRESH_PROCESS = textwrap.dedent("""
+    import dataclasses, json, sys
+    from tokenmix.formats.tokenizer import describe_tokenizer
+    from tokenmix.formats.tokenizer_identity import tokenizer_identity, tokenizer_info
+    identity, info = tokenizer_identity(sys.argv[1]), tokenizer_info(sys.argv[1])
+    print(json.dumps([dataclasses.asdict(identity), dataclasses.asdict(info), dataclasses.asdict(describe_tokenizer(sys.argv[1]))]))
+""")
+
+
+def _damage_backend_empty(remembered):
+    next(remembered.glob("*.backend")).write_bytes(b"")
+
+
+def _damage_backend_vocabulary(remembered):
+    backend = next(remembered.glob("*.backend"))
+    spec = json.loads(backend.read_text())
+    vocab = spec["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[300:302]
+    vocab[first], vocab[second] = vocab[second], vocab[first]  # two ids swapped: still a tokenizer, giving other ids
+    backend.write_text(json.dumps(spec))
+
+
+def _damage_identity_vocab_size(remembered):
+    description = next(remembered.glob("*.backend")).with_suffix(".json")
+    known = json.loads(description.read_text())
+    known["vocab_size"] += 1
+    description.write_text(json.dumps(known))
+
+
+@pytest.mark.parametrize("damage", [_damage_backend_empty, _damage_backend_vocabulary, _damage_identity_vocab_size])
+def test_a_damaged_remembered_description_is_described_again_never_trusted(tmp_path, damage):
+    """A remembered description is checked before it is trusted: a serialization cut short (a crash before the file
+    system wrote it), one that still parses but holds other ids, or an identity whose vocabulary size changed, is
+    refused, and the tokenizer described again and remembered whole. Before, the damaged serialization was what the
+    build's encoders loaded, with the cache's identity still the tokenizer's: other tokens, under the right name."""
+    remembered = tmp_path / "remembered"
+    env = {**os.environ, "TOKENMIX_CACHE_DIR": str(remembered)}
+
+    def fresh_process() -> list:
+        out = subprocess.run([sys.executable, "-c", RECALL_IN_A_FRESH_PROCESS, TOKENIZER], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    identity, info, described = fresh_process()
+    assert info == described
+    damage(remembered / "tokenizers")
+    identity, info, described = fresh_process()
+    assert info == described and identity == {k: described[k] for k in identity}
+    _, info, _ = fresh_process()  # and the description was remembered whole again
+    assert info == described
+
+
 def test_an_unwritable_description_cache_only_costs_the_description(tmp_path, monkeypatch):
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the directory should be")

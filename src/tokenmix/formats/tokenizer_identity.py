@@ -26,13 +26,14 @@ import threading
 from dataclasses import asdict
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 from tokenmix._safe_files import create_new
 from tokenmix.formats.tokenizer import TokenizerIdentity, TokenizerInfo, describe_tokenizer, file_state, tokenizer_files
 
 logger = logging.getLogger(__name__)
 
-_FORMAT = 2
+_FORMAT = 3
 """Version of the remembered description's layout; part of the key."""
 
 
@@ -115,31 +116,48 @@ _IDENTITY_FIELDS = [f.name for f in dataclasses.fields(TokenizerIdentity)]
 
 def _recall(key: str) -> TokenizerIdentity | None:
     try:
-        known = json.loads((descriptions_dir() / f"{key}.json").read_text())
+        known = _read_description(key)
         return TokenizerIdentity(**{name: known[name] for name in _IDENTITY_FIELDS})
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, TypeError, KeyError) as e:  # unreadable or from another layout: describe again
+    except (OSError, ValueError, TypeError, KeyError) as e:  # unreadable, damaged or from another layout: describe again
         logger.debug("ignoring the remembered tokenizer description %s: %s", key, e)
         return None
 
 
 def _recall_info(key: str, name_or_path: str) -> TokenizerInfo | None:
     try:
-        known = json.loads((descriptions_dir() / f"{key}.json").read_text())
+        known = _read_description(key)
         backend_json = (descriptions_dir() / f"{key}.backend").read_text(encoding="utf-8")
+        if _sha256(backend_json) != known["backend_sha256"]:
+            raise ValueError(f"{key}.backend is not the serialization described (damaged)")
         return TokenizerInfo(**{name: known[name] for name in _IDENTITY_FIELDS}, name_or_path=name_or_path, backend_json=backend_json,
                              special_tokens=tuple((k, v) for k, v in known["special_tokens"]), chat_template=known["chat_template"])
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, TypeError, KeyError) as e:  # unreadable or from another layout: describe again
+    except (OSError, ValueError, TypeError, KeyError) as e:  # unreadable, damaged or from another layout: describe again
         logger.debug("ignoring the remembered tokenizer description %s: %s", key, e)
         return None
 
 
+def _read_description(key: str) -> dict[str, Any]:
+    """The small file of the description under ``key``, whose checksum must match it (``ValueError`` where it does not)."""
+    known = json.loads((descriptions_dir() / f"{key}.json").read_text(encoding="utf-8"))
+    if not isinstance(known, dict) or known.pop("sha256", None) != _sha256(json.dumps(known, sort_keys=True)):
+        raise ValueError(f"{key}.json does not match its checksum (damaged)")
+    return known
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def _store(key: str, info: TokenizerInfo) -> None:
-    """The serialization first, then the small file an open reads: a description whose small file exists is whole."""
-    described = {**asdict(info.identity()), "special_tokens": info.special_tokens, "chat_template": info.chat_template}
+    """The serialization first, then the small file an open reads: a description whose small file exists is whole. The
+    small file holds the serialization's checksum and its own, checked before either is trusted."""
+    described = {**asdict(info.identity()), "special_tokens": info.special_tokens, "chat_template": info.chat_template,
+                 "backend_sha256": _sha256(info.backend_json)}
+    described["sha256"] = _sha256(json.dumps(described, sort_keys=True))
     remember_file(descriptions_dir() / f"{key}.backend", info.backend_json.encode("utf-8"))
     remember_file(descriptions_dir() / f"{key}.json", json.dumps(described, sort_keys=True).encode("utf-8"))
 
