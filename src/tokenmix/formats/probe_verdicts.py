@@ -14,7 +14,8 @@ The other half of the check, the sample of a build's own input encoded by both b
 (``cache/backend_choice.py``), costs a cold build loading ``tokenizers`` (its serialization parsed, about 0.06 s of the
 GIL) and encoding the sample twice. Its verdict depends only on the sample's records (bytes, and their positions), the
 encoder spec (the serialization, the format and its settings, special tokens, dtype), the libraries (``numpy`` too,
-which assembles what the cache holds) and the code that encodes (every module of ``tokenmix.formats``, and the module
+which assembles what the cache holds, and those that make the text encoded: ``orjson``, ``ftfy``, ``jinja2``,
+``transformers``) and the code that encodes (every module of ``tokenmix.formats``, and the module
 that runs the check): all of them go into its key (``sample_verdict_key``), so a build whose sample was checked before
 on this machine, with the same code and libraries, takes the verdict and loads no ``tokenizers``; anything else is
 checked again.
