@@ -338,6 +338,34 @@ def test_a_remembered_sample_verdict_is_keyed_by_the_libraries_that_make_the_tex
     assert key(shadow) != key()
 
 
+PROBES_KEY_IN_A_NEW_PROCESS = """
+import sys
+from tokenmix.formats import backends
+from tokenmix.formats.probe_verdicts import verdict_key
+print(verdict_key(open(sys.argv[1]).read(), backends._PROBES, [backends.__file__]))
+"""
+
+
+def test_a_remembered_verdict_is_keyed_by_the_native_code_of_the_backends_not_only_their_init(tmp_path):
+    """A backend rebuilt in place (``maturin develop``, a reinstall of the same version built otherwise) changes its native
+    extension and leaves its ``__init__.py`` as it was: the verdict on the old build must not be taken for the new."""
+    shadow = tmp_path / "site"
+    shutil.copytree(Path(__import__("fastokens").__file__).parent, shadow / "fastokens", ignore=shutil.ignore_patterns("__pycache__"))
+
+    def key() -> str:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])}
+        run = subprocess.run([sys.executable, "-c", PROBES_KEY_IN_A_NEW_PROCESS, str(Path(TOKENIZER, "tokenizer.json"))],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    before = key()
+    native = next((shadow / "fastokens").glob("_native*.so"))
+    with open(native, "ab") as f:
+        f.write(b"\0" * 4096)  # another build of the extension
+    assert key() != before
+
+
 def _choose_in_a_new_process(tokenizer_json: Path, remembered: Path) -> BackendChoice:
     """``choose_backend`` on a serialized tokenizer (the sample agreeing) in a fresh process remembering in ``remembered``."""
     code = ("import sys; from tokenmix.formats.backends import choose_backend; "

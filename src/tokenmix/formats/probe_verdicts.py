@@ -5,8 +5,8 @@ the tokenizer's serialization, and what ``fastokens`` and ``tokenizers`` make of
 the two libraries. Yet every cold build paid for them again: the serialization parsed for its added tokens, the probes
 encoded by both backends, about 50 ms of the GIL on the way to the first chunk encoded. So each verdict (the first
 difference found, or none) is kept in a small file keyed by a SHA-256 of the serialization, of the fixed probe texts
-and of which ``fastokens`` and ``tokenizers`` installations gave it (each package's ``__init__``: path, size and
-modification time, which an upgrade or reinstall changes) and of the module that runs the probes (``backends.py``,
+and of which ``fastokens`` and ``tokenizers`` installations gave it (each package's ``__init__`` and native extensions:
+path, size and modification time, which an upgrade, a reinstall or a rebuild in place changes) and of the module that runs the probes (``backends.py``,
 likewise); a change to any of them is another key, and the probes run again. A tokenizer that encodes at random (a BPE
 with dropout) is never remembered.
 

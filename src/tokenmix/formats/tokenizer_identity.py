@@ -99,14 +99,22 @@ def _file_digest(path: str, state: tuple[int, ...]) -> bytes:
         return hashlib.sha256(f.read()).digest()
 
 
+_NATIVE = (".so", ".pyd")
+"""Endings of the native extensions at the top of a package (``fastokens``' and ``tokenizers``' code is all in one)."""
+
+
 def installed(package: str) -> str:
-    """Which installation of a package this is, without importing it (``importlib.metadata`` costs 30 ms a package):
-    where its ``__init__`` lies, its size and modification time, which an upgrade or reinstall changes."""
+    """Which installation of a package this is, without importing it (``importlib.metadata`` costs 30 ms a package): where
+    its ``__init__`` lies, and the size and modification time of it and of the native extensions beside it, which an
+    upgrade, a reinstall or a rebuild in place changes."""
     spec = find_spec(package)
     if spec is None or spec.origin is None:
         return "absent"
-    stat = os.stat(spec.origin)
-    return f"{spec.origin}:{stat.st_size}:{stat.st_mtime_ns}"
+    files = [spec.origin]
+    if spec.submodule_search_locations:
+        files += sorted(entry.path for entry in os.scandir(os.path.dirname(spec.origin)) if entry.name.endswith(_NATIVE))
+    stats = ((file, os.stat(file)) for file in files)
+    return ";".join(f"{file}:{stat.st_size}:{stat.st_mtime_ns}" for file, stat in stats)
 
 
 _recalled_infos: dict[tuple[str, str], TokenizerInfo] = {}
