@@ -6,9 +6,9 @@ the two libraries. Yet every cold build paid for them again: the serialization p
 encoded by both backends, about 50 ms of the GIL on the way to the first chunk encoded. So each verdict (the first
 difference found, or none) is kept in a small file keyed by a SHA-256 of the serialization, of the fixed probe texts
 and of which ``fastokens`` and ``tokenizers`` installations gave it (each package's ``__init__`` and native extensions:
-path, size and modification time, which an upgrade, a reinstall or a rebuild in place changes) and of the module that runs the probes (``backends.py``,
-likewise); a change to any of them is another key, and the probes run again. A tokenizer that encodes at random (a BPE
-with dropout) is never remembered.
+path, size and modification time, which an upgrade, a reinstall or a rebuild in place changes) and of the module that
+runs the probes (``backends.py``, likewise); a change to any of them is another key, and the probes run again. A
+tokenizer that encodes at random (a BPE with dropout) is never remembered.
 
 The other half of the check, the sample of a build's own input encoded by both backends into what the cache would hold
 (``cache/backend_choice.py``), costs a cold build loading ``tokenizers`` (its serialization parsed, about 0.06 s of the
