@@ -219,6 +219,29 @@ def test_a_damaged_remembered_description_is_described_again_never_trusted(tmp_p
     assert info == described
 
 
+def test_a_tokenizer_described_by_other_code_is_described_again(tmp_path):
+    """The description is made by tokenmix's own code (``formats/tokenizer.py``: which tokens are BOS, EOS and padding,
+    whether the tokenizer adds BOS itself, what the fingerprint hashes), which decides the ids put around each document
+    and a cache's identity: a description remembered by other code (another checkout or release of tokenmix) is not
+    taken, or two machines would build one config into other tokens under other identities."""
+    package = tmp_path / "src" / "tokenmix"
+    shutil.copytree(REPO / "src" / "tokenmix", package, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "TOKENMIX_CACHE_DIR": str(tmp_path / "remembered"), "PYTHONPATH": str(tmp_path / "src")}
+
+    def remembered_pad_id() -> int | None:
+        code = "import sys; from tokenmix.formats.tokenizer_identity import tokenizer_identity; print(tokenizer_identity(sys.argv[1]).pad_id)"
+        out = subprocess.run([sys.executable, "-c", code, TOKENIZER], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().replace("None", "null"))
+
+    assert remembered_pad_id() == describe_tokenizer(TOKENIZER).pad_id is not None
+    describing = package / "formats" / "tokenizer.py"
+    code = describing.read_text()
+    assert "pad_id=tok.pad_token_id," in code
+    describing.write_text(code.replace("pad_id=tok.pad_token_id,", "pad_id=None,"))  # other code: no padding token
+    assert remembered_pad_id() is None
+
+
 def test_an_unwritable_description_cache_only_costs_the_description(tmp_path, monkeypatch):
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the directory should be")

@@ -27,12 +27,11 @@ import functools
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenmix.formats.tokenizer_identity import descriptions_dir, installed, remember_file
+from tokenmix.formats.tokenizer_identity import code_version, descriptions_dir, installed, remember_file
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +55,7 @@ def verdict_key(tokenizer_json: str, checked: Sequence[str | bytes], checkers: S
     for package in ("fastokens", "tokenizers", *libraries):
         digest.update(f"{package}={installed(package)}\0".encode())
     for checker in checkers:
-        stat = os.stat(checker)
-        digest.update(f"{checker}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
+        digest.update(f"{code_version(checker)}\0".encode())
     digest.update(_serialization_digest(tokenizer_json))
     for item in checked:
         data = item if isinstance(item, bytes) else item.encode("utf-8", "surrogatepass")

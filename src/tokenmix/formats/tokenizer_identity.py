@@ -28,6 +28,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+import tokenmix.formats.tokenizer
 from tokenmix._safe_files import create_new
 from tokenmix.formats.tokenizer import TokenizerIdentity, TokenizerInfo, describe_tokenizer, file_state, tokenizer_files
 
@@ -35,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 _FORMAT = 3
 """Version of the remembered description's layout; part of the key."""
+_DESCRIBING_CODE = tokenmix.formats.tokenizer.__file__
+"""The module whose code describes a tokenizer (which tokens are BOS, EOS, padding; the fingerprint): part of the key."""
 
 
 def tokenizer_identity(name_or_path: str) -> TokenizerIdentity:
@@ -77,15 +80,16 @@ def descriptions_dir() -> Path:
 
 
 def _files_key(name_or_path: str) -> str | None:
-    """A digest of a local tokenizer directory's files, or of a tokenizer file, and of the libraries that describe them;
-    None for a hub id."""
+    """A digest of a local tokenizer directory's files, or of a tokenizer file, and of the libraries and the code that
+    describe them; None for a hub id."""
     path = os.path.abspath(os.path.expanduser(name_or_path))
     files = tokenizer_files(path)
     if not files:
         return None
     # a file is described otherwise than a directory holding only it (its special tokens are not configured): keys apart
     root, kind = (os.path.dirname(path), "file\0") if os.path.isfile(path) else (path, "")
-    digest = hashlib.sha256(f"{kind}{_FORMAT}\0{installed('tokenizers')}\0{installed('transformers')}".encode())
+    libraries = f"{installed('tokenizers')}\0{installed('transformers')}\0{code_version(_DESCRIBING_CODE)}"
+    digest = hashlib.sha256(f"{kind}{_FORMAT}\0{libraries}".encode())
     for file in files:
         digest.update(os.path.relpath(file, root).encode() + b"\0" + _file_digest(file, file_state(file)))
     return digest.hexdigest()
@@ -113,8 +117,14 @@ def installed(package: str) -> str:
     files = [spec.origin]
     if spec.submodule_search_locations:
         files += sorted(entry.path for entry in os.scandir(os.path.dirname(spec.origin)) if entry.name.endswith(_NATIVE))
-    stats = ((file, os.stat(file)) for file in files)
-    return ";".join(f"{file}:{stat.st_size}:{stat.st_mtime_ns}" for file, stat in stats)
+    return ";".join(map(code_version, files))
+
+
+def code_version(path: str) -> str:
+    """Which version of a file of code this is: its path, size and modification time, which an edit, a checkout or a
+    reinstall changes."""
+    stat = os.stat(path)
+    return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 _recalled_infos: dict[tuple[str, str], TokenizerInfo] = {}
