@@ -250,6 +250,29 @@ def test_an_unwritable_description_cache_only_costs_the_description(tmp_path, mo
     assert tokenizer_identity(TOKENIZER) == describe_tokenizer(TOKENIZER).identity()
 
 
+DESCRIBE_ON_A_FULL_DISK = textwrap.dedent("""
+    import json, resource, signal, sys
+    from tokenmix.formats.tokenizer_identity import tokenizer_info
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) as one on a full disk does
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+    print(json.dumps([tokenizer_info(sys.argv[1]).vocab_size]))
+""")
+
+
+def test_a_description_that_cannot_be_written_whole_leaves_nothing_behind(tmp_path):
+    """Where the disk fills up while a description is remembered (its serialization is megabytes), nothing is left in
+    the directory: before, every process left its scratch file, hundreds of kilobytes each, filling the disk further, and the small
+    file, written after the serialization failed, said a whole description was there. The description is still given."""
+    remembered = tmp_path / "remembered"
+    env = {**os.environ, "TOKENMIX_CACHE_DIR": str(remembered)}
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", DESCRIBE_ON_A_FULL_DISK, TOKENIZER], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == [describe_tokenizer(TOKENIZER).vocab_size]
+    assert sorted(p.name for p in (remembered / "tokenizers").iterdir()) == []
+
+
 def test_a_hub_id_is_never_looked_up_in_the_description_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENMIX_CACHE_DIR", str(tmp_path / "descriptions"))
     monkeypatch.chdir(tmp_path)

@@ -16,6 +16,7 @@ imports no ``transformers`` either (about 1 s of a build's start-up, more than t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import tokenmix.formats.tokenizer
-from tokenmix._safe_files import create_new
+from tokenmix._safe_files import UnsafeFileError, create_new
 from tokenmix.formats.tokenizer import TokenizerIdentity, TokenizerInfo, describe_tokenizer, file_state, tokenizer_files
 
 logger = logging.getLogger(__name__)
@@ -176,18 +177,24 @@ def _store(key: str, info: TokenizerInfo) -> None:
     described = {**asdict(info.identity()), "special_tokens": info.special_tokens, "chat_template": info.chat_template,
                  "backend_sha256": _sha256(info.backend_json)}
     described["sha256"] = _sha256(json.dumps(described, sort_keys=True))
-    remember_file(descriptions_dir() / f"{key}.backend", info.backend_json.encode("utf-8"))
-    remember_file(descriptions_dir() / f"{key}.json", json.dumps(described, sort_keys=True).encode("utf-8"))
+    if remember_file(descriptions_dir() / f"{key}.backend", info.backend_json.encode("utf-8")):
+        remember_file(descriptions_dir() / f"{key}.json", json.dumps(described, sort_keys=True).encode("utf-8"))
 
 
-def remember_file(target: Path, data: bytes) -> None:
-    """Write ``data`` at ``target`` whole or not at all (a scratch file renamed over it); a directory that cannot be
-    written is only logged: what is remembered is remembered to save time, never needed."""
+def remember_file(target: Path, data: bytes) -> bool:
+    """Write ``data`` at ``target`` whole or not at all (a scratch file renamed over it), and say whether it was; a
+    directory that cannot be written (read-only, full) is only logged, and left as it was: what is remembered is
+    remembered to save time, never needed."""
     scratch = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with create_new(str(scratch), "scratch file of what tokenmix remembers of a tokenizer") as f:
             f.write(data)
         os.replace(scratch, target)
+        return True
     except OSError as e:  # a read-only home: every open describes the tokenizer (and every build checks it), as before
         logger.debug("could not remember %s: %s", target, e)
+        if not isinstance(e, UnsafeFileError):  # a link planted at the scratch path is refused, never removed
+            with contextlib.suppress(OSError):
+                os.remove(scratch)
+        return False
