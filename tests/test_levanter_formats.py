@@ -269,3 +269,14 @@ def test_a_damaged_remembered_passthrough_tokenizer_is_written_again_never_used(
         spec["model"]["vocab"]["7"], spec["model"]["vocab"]["8"] = 8, 7
         written.write_text(json.dumps(spec))
     assert build("second") == expected
+
+
+def test_a_passthrough_tokenizer_that_cannot_be_written_is_an_error_naming_where_and_the_fix(tmp_path, monkeypatch):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where tokenmix's directory should be")
+    monkeypatch.setenv("TOKENMIX_CACHE_DIR", str(blocked))
+    config = tokenmix.load_data_config({"tokenizer": "passthrough", "vocab_size": 100, "cache_dir": str(tmp_path / "cache"),
+                                        "train_urls": [str(tmp_path / "ids.jsonl")]})
+    with pytest.raises(OSError, match=r"the data config: tokenizer: passthrough needs its tokenizer file at .*blocked.*set TOKENMIX_CACHE_DIR"):
+        config.tokenizer_name("the data config")
+    assert not list(tmp_path.glob("**/*.tmp"))

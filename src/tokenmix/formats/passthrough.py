@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import tempfile
 
-from tokenmix.formats.tokenizer_identity import descriptions_dir
+from tokenmix.formats.tokenizer_identity import descriptions_dir, remember_file
 
 logger = logging.getLogger(__name__)
 
@@ -34,16 +32,14 @@ def passthrough_tokenizer_file(vocab_size: int | None, where: str) -> str:
     serialization = _serialization(vocab_size)
     try:
         written = path.read_bytes()
-    except FileNotFoundError:
+    except OSError:  # not written yet, or not readable: written (again), or an error saying where it cannot be
         written = None
     if written != serialization:
         if written is not None:
             logger.warning("%s is not the passthrough tokenizer of %d ids (damaged): writing it again", path, vocab_size)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(serialization)
-        os.replace(tmp, path)  # racing writers write the same bytes
+        if not remember_file(path, serialization):  # racing writers write the same bytes
+            raise OSError(f"{where}: tokenizer: passthrough needs its tokenizer file at {path}, which cannot be written there. Fix: "
+                          "free space there, or set TOKENMIX_CACHE_DIR to a writable directory")
     return str(path)
 
 
