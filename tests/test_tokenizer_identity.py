@@ -273,6 +273,26 @@ def test_a_description_that_cannot_be_written_whole_leaves_nothing_behind(tmp_pa
     assert sorted(p.name for p in (remembered / "tokenizers").iterdir()) == []
 
 
+def test_processes_describing_one_tokenizer_at_once_remember_one_whole_description(tmp_path):
+    """Four processes that find nothing remembered describe the tokenizer at the same time: each gets the description,
+    and what is left is one whole description (its two files, no scratch file), which a later process takes."""
+    remembered = tmp_path / "remembered"
+    env = {**os.environ, "TOKENMIX_CACHE_DIR": str(remembered)}
+    runs = [subprocess.Popen([sys.executable, "-c", RECALL_IN_A_FRESH_PROCESS, TOKENIZER], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = []
+    for run in runs:
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err
+        results.append(json.loads(out))
+    assert all(result == results[0] for result in results) and results[0][1] == results[0][2]
+    assert sorted(p.suffix for p in (remembered / "tokenizers").iterdir()) == [".backend", ".json"]
+    out = subprocess.run([sys.executable, "-c", RECALL_IN_A_FRESH_PROCESS, TOKENIZER], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == results[0]
+
+
 def test_a_hub_id_is_never_looked_up_in_the_description_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENMIX_CACHE_DIR", str(tmp_path / "descriptions"))
     monkeypatch.chdir(tmp_path)
