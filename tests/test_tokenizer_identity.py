@@ -105,11 +105,12 @@ DESCRIBE_IN_A_FRESH_PROCESS = textwrap.dedent("""
 
 
 def test_a_tokenizer_whose_files_change_while_a_process_runs_is_described_anew_and_remembered_as_it_now_is(tmp_path, monkeypatch):
-    """A process that described a tokenizer, then sees its files change (a token added; a token renamed with the file's
-    size and modification time kept, as ``cp -p`` or ``rsync -t`` leave them; a symbolic link retargeted at a file of the
-    same size and time), describes it anew; and what it remembers is the description of the files as they now are, which
-    a fresh process then reads. Before, the description kept per name in the process was remembered under the changed
-    files' key: every later process on the machine took the old vocabulary for the new files."""
+    """A process that described a tokenizer, then sees its files change (a token added; a file added, which sets the
+    padding token; a token renamed with the file's size and modification time kept, as ``cp -p`` or ``rsync -t`` leave
+    them; a symbolic link retargeted at a file of the same size and time), describes it anew; and what it remembers is
+    the description of the files as they now are, which a fresh process then reads. Before, the description kept per
+    name in the process was remembered under the changed files' key: every later process on the machine took the old
+    vocabulary for the new files."""
     monkeypatch.setenv("TOKENMIX_CACHE_DIR", str(tmp_path / "remembered"))
     tokenizer = tmp_path / "tokenizer"
     shutil.copytree(TOKENIZER, tokenizer)
@@ -121,6 +122,10 @@ def test_a_tokenizer_whose_files_change_while_a_process_runs_is_described_anew_a
     file.write_text(json.dumps(spec))
     seen.append(tokenizer_info(str(tokenizer)))
     assert seen[-1].vocab_size == seen[0].vocab_size + 1
+
+    (tokenizer / "special_tokens_map.json").write_text(json.dumps({"pad_token": "<|endoftext|>"}))
+    seen.append(tokenizer_info(str(tokenizer)))
+    assert seen[-1].pad_id == seen[-1].eos_id != seen[0].pad_id
 
     kept = file.stat()
     spec["added_tokens"][-1]["content"] = "<|wen|>"
