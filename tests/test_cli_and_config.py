@@ -221,3 +221,59 @@ def test_a_config_reads_with_libyaml_as_with_draccus_loader_includes_and_merges_
         expected = yaml.load(f, Loader=SafeLoaderWithInclusion)
     assert read_yaml(str(main)) == expected
     assert expected["build"] == {"num_workers": 2, "on_error": "skip", "chunk_bytes": 1024}
+
+
+_YAML_FEATURES = {
+    "anchors_and_merges": "a: &x {p: 1, q: [1, 2]}\nb: *x\nc: {<<: *x, q: 3}\nd: {<<: [*x, {r: 4}], p: 0}\ne: {q: 0, <<: *x}\n",
+    "scalars": "a: 1e3\nb: .inf\nc: 0x10\nd: 010\ne: yes\nf: on\ng: 1_000\nh: 1:30\ni: -.inf\nj: .nan\nk: 0b101\nl: ~\n"
+               "m: 0o17\nn: 'yes'\no: No\np: OFF\nq: y\nr: 1e3.0\ns: 12.\n",
+    "timestamps": "d: 2026-11-27\nt: 2026-11-27T08:30:00Z\nu: 2026-11-27 08:30:00.123+02:00\n",
+    "non_string_keys": "1: a\n2.5: b\ntrue: c\nnull: d\n2026-01-01: e\n[1, 2]: f\n? {x: 1}\n: g\n",
+    "empty": "",
+    "comment_only": "# nothing\n",
+    "empty_document": "---\n...\n",
+    "unicode": "name: \"caf\\u00e9 \\U0001F600\"\nraw: café 😀 中文\n'ключ': значение\n",
+    "duplicate_keys": "a: 1\na: 2\nb: {x: 1, x: 2}\n",
+    "tags": "a: !!str 123\nb: !!int '42'\nc: !!float '1'\nd: !!binary aGVsbG8=\ne: !!set {x, y}\nf: !!omap [{a: 1}, {b: 2}]\n",
+    "block_scalars": "a: |\n  line1\n  line2\nb: >-\n  folded\n  text\n\nc: |+\n  keep\n\n",
+    "line_ends": "a: 1\r\nb: 'x\r\n  y'\r\n",
+    "multi_document": "a: 1\n---\nb: 2\n",
+    "python_tag": "a: !!python/tuple [1, 2]\n",
+    "unknown_alias": "a: *nope\n",
+    "included": "a: !include parts/x.yaml\nb: &i !include parts/x.yaml\nc: {<<: *i, k: 1}\nd:\n  <<: !include parts/dates.yaml\n",
+}
+
+
+def _typed(value):
+    """``value`` with each scalar's type beside it (``True == 1`` and ``nan != nan`` would hide a difference)."""
+    if isinstance(value, dict):
+        return [(_typed(k), _typed(v)) for k, v in value.items()]
+    if isinstance(value, (list, tuple, set)):
+        return (type(value).__name__, [_typed(v) for v in (sorted(value, key=repr) if isinstance(value, set) else value)])
+    return type(value).__name__, repr(value)
+
+
+@pytest.mark.parametrize("feature", sorted(_YAML_FEATURES))
+def test_every_yaml_feature_reads_as_draccus_reads_it(tmp_path, feature):
+    """Anchors, aliases and merges, YAML 1.1's scalars (``010``, ``yes``, ``1:30``, ``.inf``), timestamps, keys that are not
+    strings, empty documents, unicode, duplicate keys, tags and includes read with libyaml's parser as draccus' safe loader
+    with includes (``SafeLoaderWithInclusion``, what tokenmix read configs with before) reads them, types included; what
+    it refuses (several documents, a Python tag, an unknown alias) is refused, naming the file."""
+    from draccus.parsers.yaml_loader import SafeLoaderWithInclusion
+
+    from tokenmix.config.loading import ConfigError, read_yaml
+
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts" / "x.yaml").write_text("p: !include y.yaml\nq: [1, yes]\n")
+    (tmp_path / "parts" / "y.yaml").write_text("010\n")
+    (tmp_path / "parts" / "dates.yaml").write_text("d: 2026-01-01\n1: x\n'2': .inf\nl: [1, {a: ~}]\n")
+    path = tmp_path / "config.yaml"
+    path.write_bytes(_YAML_FEATURES[feature].encode("utf-8"))
+    try:
+        with open(path) as f:
+            expected = yaml.load(f, Loader=SafeLoaderWithInclusion) or {}
+    except yaml.YAMLError:
+        with pytest.raises(ConfigError, match="is not valid YAML"):
+            read_yaml(str(path))
+        return
+    assert _typed(read_yaml(str(path))) == _typed(expected)

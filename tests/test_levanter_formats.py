@@ -240,3 +240,43 @@ def test_the_passthrough_tokenizer_reads_text_of_integers_as_levanter_does(tmp_p
     assert [cache.get_rows([i])[0].tolist() for i in range(cache.num_rows())] == levanter["input_ids"]
     with pytest.raises(ValueError, match="tokenizer: passthrough reads token ids written as text, and needs vocab_size"):
         cache_targets(tokenmix.load_data_config({"tokenizer": "passthrough", "train_urls": [str(data)]}))
+
+
+@pytest.mark.parametrize("damage", ["cut short", "other ids"])
+def test_a_damaged_remembered_passthrough_tokenizer_is_written_again_never_used(tmp_path, monkeypatch, damage):
+    """The passthrough tokenizer's ``tokenizer.json`` is written once per vocabulary size beside tokenmix's remembered
+    descriptions. One cut short (a crash before the file system wrote it) stopped every passthrough build with a message
+    about a tokenizer the user never gave, and one that still parses but maps the texts to other ids gave a cache of other
+    tokens: it is compared with what it must hold, and written again where it differs."""
+    monkeypatch.setenv("TOKENMIX_CACHE_DIR", str(tmp_path / "remembered"))
+    data = tmp_path / "ids.jsonl"
+    data.write_text("".join(json.dumps({"text": " ".join(map(str, range(i, 90, 7)))}) + "\n" for i in range(5)))
+
+    def build(name: str) -> list[list[int]]:
+        config = tokenmix.load_data_config({"tokenizer": "passthrough", "vocab_size": 100, "cache_dir": str(tmp_path / name),
+                                            "train_urls": [str(data)]})
+        tokenmix.build_caches(config, progress=False)
+        cache = tokenmix.open_cache(config, "default")
+        return [cache.get_rows([i])[0].tolist() for i in range(cache.num_rows())]
+
+    expected = [list(range(i, 90, 7)) for i in range(5)]
+    assert build("first") == expected
+    written = next((tmp_path / "remembered" / "passthrough").glob("*.tokenizer.json"))
+    if damage == "cut short":
+        written.write_bytes(written.read_bytes()[:100])
+    else:
+        spec = json.loads(written.read_text())
+        spec["model"]["vocab"]["7"], spec["model"]["vocab"]["8"] = 8, 7
+        written.write_text(json.dumps(spec))
+    assert build("second") == expected
+
+
+def test_a_passthrough_tokenizer_that_cannot_be_written_is_an_error_naming_where_and_the_fix(tmp_path, monkeypatch):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where tokenmix's directory should be")
+    monkeypatch.setenv("TOKENMIX_CACHE_DIR", str(blocked))
+    config = tokenmix.load_data_config({"tokenizer": "passthrough", "vocab_size": 100, "cache_dir": str(tmp_path / "cache"),
+                                        "train_urls": [str(tmp_path / "ids.jsonl")]})
+    with pytest.raises(OSError, match=r"the data config: tokenizer: passthrough needs its tokenizer file at .*blocked.*set TOKENMIX_CACHE_DIR"):
+        config.tokenizer_name("the data config")
+    assert not list(tmp_path.glob("**/*.tmp"))

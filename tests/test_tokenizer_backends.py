@@ -13,6 +13,7 @@ import glob
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -304,6 +305,65 @@ def test_a_remembered_sample_verdict_is_keyed_by_all_that_decides_the_sample_s_e
     assert verdict_key(spec.tokenizer_json, ["text"], [str(checker)], ["numpy"]) != before
     assert verdict_key(spec.tokenizer_json, ["text"], [str(checker)]) != verdict_key(spec.tokenizer_json, ["text"], [str(checker)], ["numpy"])
     assert verdict_key(spec.tokenizer_json, ["ab", "c"], [str(checker)]) != verdict_key(spec.tokenizer_json, ["a", "bc"], [str(checker)])
+
+
+SAMPLE_KEY_IN_A_NEW_PROCESS = """
+import sys
+from tokenmix.cache.backend_choice import sample_verdict_key
+from tokenmix.formats import TextLmDatasetFormat
+from tokenmix.formats.encoder_spec import EncoderSpec
+from tokenmix.sources.shards import RawChunk
+spec = EncoderSpec(open(sys.argv[1]).read(), TextLmDatasetFormat(use_ftfy=True), 32000, None, 0, "uint16")
+print(sample_verdict_key(spec, RawChunk(0, [b'{"text": "a document"}'])))
+"""
+
+
+@pytest.mark.parametrize("library", ["orjson", "ftfy", "jinja2"])
+def test_a_remembered_sample_verdict_is_keyed_by_the_libraries_that_make_the_text_encoded(tmp_path, library):
+    """What the sample's records become before either backend encodes them is made by libraries too: ``orjson`` parses
+    the records, ``ftfy`` repairs their text (``use_ftfy``), ``jinja2`` and ``transformers`` render a chat template. Another
+    installation of one of them may give the backends other text, so it is another key, and the sample is checked again."""
+    shadow = tmp_path / "site"
+    shadow.mkdir()
+    shutil.copytree(Path(__import__(library).__file__).parent, shadow / library)
+
+    def key(*path: Path) -> str:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, path), os.environ.get("PYTHONPATH", "")])}
+        run = subprocess.run([sys.executable, "-c", SAMPLE_KEY_IN_A_NEW_PROCESS, str(Path(TOKENIZER, "tokenizer.json"))],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    assert key() == key(tmp_path / "nothing")
+    assert key(shadow) != key()
+
+
+PROBES_KEY_IN_A_NEW_PROCESS = """
+import sys
+from tokenmix.formats import backends
+from tokenmix.formats.probe_verdicts import verdict_key
+print(verdict_key(open(sys.argv[1]).read(), backends._PROBES, [backends.__file__]))
+"""
+
+
+def test_a_remembered_verdict_is_keyed_by_the_native_code_of_the_backends_not_only_their_init(tmp_path):
+    """A backend rebuilt in place (``maturin develop``, a reinstall of the same version built otherwise) changes its native
+    extension and leaves its ``__init__.py`` as it was: the verdict on the old build must not be taken for the new."""
+    shadow = tmp_path / "site"
+    shutil.copytree(Path(__import__("fastokens").__file__).parent, shadow / "fastokens", ignore=shutil.ignore_patterns("__pycache__"))
+
+    def key() -> str:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])}
+        run = subprocess.run([sys.executable, "-c", PROBES_KEY_IN_A_NEW_PROCESS, str(Path(TOKENIZER, "tokenizer.json"))],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    before = key()
+    native = next((shadow / "fastokens").glob("_native*.so"))
+    with open(native, "ab") as f:
+        f.write(b"\0" * 4096)  # another build of the extension
+    assert key() != before
 
 
 def _choose_in_a_new_process(tokenizer_json: Path, remembered: Path) -> BackendChoice:

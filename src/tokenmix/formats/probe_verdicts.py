@@ -5,16 +5,17 @@ the tokenizer's serialization, and what ``fastokens`` and ``tokenizers`` make of
 the two libraries. Yet every cold build paid for them again: the serialization parsed for its added tokens, the probes
 encoded by both backends, about 50 ms of the GIL on the way to the first chunk encoded. So each verdict (the first
 difference found, or none) is kept in a small file keyed by a SHA-256 of the serialization, of the fixed probe texts
-and of which ``fastokens`` and ``tokenizers`` installations gave it (each package's ``__init__``: path, size and
-modification time, which an upgrade or reinstall changes) and of the module that runs the probes (``backends.py``,
-likewise); a change to any of them is another key, and the probes run again. A tokenizer that encodes at random (a BPE
-with dropout) is never remembered.
+and of which ``fastokens`` and ``tokenizers`` installations gave it (each package's ``__init__`` and native extensions:
+path, size and modification time, which an upgrade, a reinstall or a rebuild in place changes) and of the module that
+runs the probes (``backends.py``, likewise); a change to any of them is another key, and the probes run again. A
+tokenizer that encodes at random (a BPE with dropout) is never remembered.
 
 The other half of the check, the sample of a build's own input encoded by both backends into what the cache would hold
 (``cache/backend_choice.py``), costs a cold build loading ``tokenizers`` (its serialization parsed, about 0.06 s of the
 GIL) and encoding the sample twice. Its verdict depends only on the sample's records (bytes, and their positions), the
 encoder spec (the serialization, the format and its settings, special tokens, dtype), the libraries (``numpy`` too,
-which assembles what the cache holds) and the code that encodes (every module of ``tokenmix.formats``, and the module
+which assembles what the cache holds, and those that make the text encoded: ``orjson``, ``ftfy``, ``jinja2``,
+``transformers``) and the code that encodes (every module of ``tokenmix.formats``, and the module
 that runs the check): all of them go into its key (``sample_verdict_key``), so a build whose sample was checked before
 on this machine, with the same code and libraries, takes the verdict and loads no ``tokenizers``; anything else is
 checked again.
@@ -26,12 +27,11 @@ import functools
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenmix.formats.tokenizer_identity import descriptions_dir, installed, remember_file
+from tokenmix.formats.tokenizer_identity import code_version, descriptions_dir, installed, remember_file
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +55,7 @@ def verdict_key(tokenizer_json: str, checked: Sequence[str | bytes], checkers: S
     for package in ("fastokens", "tokenizers", *libraries):
         digest.update(f"{package}={installed(package)}\0".encode())
     for checker in checkers:
-        stat = os.stat(checker)
-        digest.update(f"{checker}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
+        digest.update(f"{code_version(checker)}\0".encode())
     digest.update(_serialization_digest(tokenizer_json))
     for item in checked:
         data = item if isinstance(item, bytes) else item.encode("utf-8", "surrogatepass")

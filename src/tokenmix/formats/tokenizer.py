@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,42 @@ class TokenizerInfo(TokenizerIdentity):
         return TokenizerIdentity(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TokenizerIdentity)})
 
 
+_TOKENIZER_FILES = re.compile(
+    r"(tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab.*|merges\.txt|.*\.model|.*\.tiktoken|chat_template.*|config\.json)"
+)
+"""Files of a tokenizer directory that ``AutoTokenizer`` may read (``config.json`` chooses the tokenizer class)."""
+_CHAT_TEMPLATES = "additional_chat_templates"
+"""The subdirectory of a tokenizer directory whose ``*.jinja`` files ``AutoTokenizer`` reads as named chat templates."""
+
+
+def tokenizer_files(path: str) -> list[str]:
+    """The files a local tokenizer at absolute ``path`` is read from: the file itself, or the files of a directory that
+    ``AutoTokenizer`` may read (its named chat templates included), in a fixed order; none for a path that is neither."""
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        return []
+    files = [os.path.join(path, name) for name in sorted(os.listdir(path)) if _TOKENIZER_FILES.fullmatch(name)]
+    templates = os.path.join(path, _CHAT_TEMPLATES)
+    if os.path.isdir(templates):
+        files += [os.path.join(templates, name) for name in sorted(os.listdir(templates)) if name.endswith(".jinja")]
+    return [file for file in files if os.path.isfile(file)]
+
+
+def file_state(path: str) -> tuple[int, ...]:
+    """What the file system says of a file's version (size, modification and change times, device and inode, the link
+    followed): a rewrite changes it even where the size and modification time are put back, as only a file's change
+    time cannot be."""
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_dev, stat.st_ino
+
+
+def _files_state(path: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The state of every file of the local tokenizer at ``path`` (empty for a hub id): what a tokenizer loaded or described
+    in this process is kept under beside its name, so that one whose files change is loaded anew."""
+    return tuple((file, file_state(file)) for file in tokenizer_files(path))
+
+
 _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 _TRUE = ("1", "ON", "YES", "TRUE")  # the values huggingface_hub reads as set
 GPT2_SPECIAL_TOKEN = "<|endoftext|>"
@@ -87,8 +124,9 @@ def load_tokenizer(name_or_path: str) -> Any:
     A name that exists locally is loaded from there, never from the hub. Any other name goes to the hub only if it
     could be a hub id (see ``_is_local_path``), and then to the local hub cache alone when HF_HUB_OFFLINE or
     TRANSFORMERS_OFFLINE is set; a local path that does not exist is refused at once, instead of after the hub's
-    retries (about 46 s without a network). Tokenizers are kept by absolute path or hub id, so a relative path
-    means what it means in the current directory; a failure is never kept.
+    retries (about 46 s without a network). Tokenizers are kept by absolute path or hub id and the state of their
+    local files (``_files_state``), so a relative path means what it means in the current directory and a tokenizer
+    whose files change is loaded anew; a failure is never kept.
     """
     path = os.path.abspath(os.path.expanduser(name_or_path))
     local = os.path.exists(path)
@@ -97,7 +135,7 @@ def load_tokenizer(name_or_path: str) -> Any:
                                  "or give a Hugging Face hub id such as 'gpt2' or 'org/name' to download the tokenizer")
     offline = None if local else next((v for v in _OFFLINE_VARIABLES if os.environ.get(v, "").strip().upper() in _TRUE), None)
     try:
-        return _from_local(path) if local else _from_pretrained(name_or_path, local_files_only=offline is not None)
+        return _load(path if local else name_or_path, local, offline is not None, _files_state(path) if local else ())
     except (OSError, ValueError) as e:
         if local:
             problem = (f"{path} exists but holds no tokenizer transformers can load. Fix: give a directory holding tokenizer.json "
@@ -112,6 +150,13 @@ def load_tokenizer(name_or_path: str) -> Any:
         raise TokenizerLoadError(f"tokenizer {name_or_path!r} could not be loaded: {problem} ({e})") from e
 
 
+@functools.lru_cache(maxsize=8)
+def _load(source: str, local: bool, offline: bool, state: tuple[tuple[str, tuple[int, ...]], ...]) -> Any:
+    """A local tokenizer (``_from_local``) or a hub id's, kept per absolute path or hub id and ``state`` of its files (a
+    call that raises keeps nothing)."""
+    return _from_local(source) if local else _from_pretrained(source, local_files_only=offline)
+
+
 def _from_local(path: str) -> Any:
     """A local tokenizer: a ``tokenizer.json`` file; a directory holding ``vocab.json`` and ``merges.txt`` but neither
     ``tokenizer.json`` nor ``tokenizer_config.json`` (GPT-2's files, which ``AutoTokenizer`` cannot place); else a Hugging
@@ -124,16 +169,14 @@ def _from_local(path: str) -> Any:
     return _from_pretrained(path, local_files_only=True)
 
 
-@functools.lru_cache(maxsize=8)
 def _from_pretrained(source: str, local_files_only: bool) -> Any:
-    """``AutoTokenizer.from_pretrained``, kept per absolute path or hub id (a call that raises keeps nothing)."""
+    """``AutoTokenizer.from_pretrained``."""
     import_transformers()
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
 
 
-@functools.lru_cache(maxsize=8)
 def _from_tokenizer_file(path: str) -> Any:
     """A fast tokenizer over a ``tokenizer.json`` file (a NeoX-style ``encoder_file``), with ``<|endoftext|>`` as BOS, EOS
     and unknown token when it has that token (as GPT-NeoX's own configuration sets them), else no special tokens."""
@@ -149,7 +192,6 @@ def _from_tokenizer_file(path: str) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=special, eos_token=special, unk_token=special)
 
 
-@functools.lru_cache(maxsize=8)
 def _from_vocab_and_merges(directory: str) -> Any:
     """GPT-2's byte-level BPE over a directory's ``vocab.json`` and ``merges.txt``, with ``<|endoftext|>`` as BOS, EOS and
     unknown token when the vocabulary has it; without it, no special tokens (GPT-2's defaults would add it as a new id)."""
@@ -193,10 +235,14 @@ def _missing(name: str, path: str) -> str:
     return f"no such local file or directory {path}{where}; {parent} holds no {part!r}{near}"
 
 
-@functools.lru_cache(maxsize=8)
 def describe_tokenizer(name_or_path: str) -> TokenizerInfo:
     """Load a tokenizer and describe it (fingerprint, vocabulary size, special ids, BOS/EOS habits); kept, as the
-    tokenizer itself is, per name."""
+    tokenizer itself is, per name and state of its local files."""
+    return _describe(name_or_path, _files_state(os.path.abspath(os.path.expanduser(name_or_path))))
+
+
+@functools.lru_cache(maxsize=8)
+def _describe(name_or_path: str, state: tuple[tuple[str, tuple[int, ...]], ...]) -> TokenizerInfo:
     tok = load_tokenizer(name_or_path)
     backend = tok.backend_tokenizer
     backend_json = backend.to_str()
