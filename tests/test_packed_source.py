@@ -277,7 +277,8 @@ def test_a_member_per_row_opens_no_cache_thread_or_file_per_member(text_pack):
     first = read(range(1))
     one = held()
     rest = read(range(1, len(bounds) - 1))
-    assert held() == one and len(kept) == len(bounds) - 1 > 100
+    caches, threads, files = held()  # none more than for one member (fewer where another test's thread has ended since)
+    assert caches == one[0] and threads <= one[1] and files <= one[2] and len(kept) == len(bounds) - 1 > 100
     whole = TokenCache(text_pack.pack)
     assert first + rest == [r.tolist() for r in whole.get_rows(range(len(bounds) - 1))]
 
