@@ -242,3 +242,26 @@ def test_under_a_batch_size_ramp_updates_start_where_the_ramp_puts_step_s_plus_d
         assert [loader.batch(r["step"]).fingerprint for r in steps] == [r["fingerprint"] for r in steps]
     if stop_strategy == "first_exhausted":  # a finite mixture's end moves with the weights
         assert len(mixture) != len(config.data.train_set(config.trainer.seq_len)) and len(mixture) > log[-1].start
+
+
+@pytest.mark.slow
+def test_a_run_with_delay_unset_resumed_with_another_prefetch_keeps_its_update_starts_and_batches(tmp_path, caches):
+    """Unset, ``adaptive.delay`` is the loader's read-ahead, which ``trainer.prefetch`` and ``trainer.loader_workers`` set:
+    neither is data, so a resume may change them. The resume goes on with the delay the run so far used (4 steps), not
+    its own loader's (2, prefetching nothing), so its updates start where the uninterrupted run's do; a resume reading
+    further ahead than that delay (6 steps, with a reader process) is refused naming adaptive.delay."""
+    paths = {run: write_train_config(tmp_path, run, TRAINER, MODEL, caches, adaptive=ODM, mixture_block_size=8)
+             for run in ("whole", "resumed")}
+    train(load_train_config(paths["whole"]))
+    assert train(load_train_config(paths["resumed"]), stop_after=6).first_step == 0
+    workers = write_train_config(tmp_path, "resumed", {**TRAINER, "loader_workers": 1}, MODEL, caches, config_name="workers",
+                                 adaptive=ODM, mixture_block_size=8)
+    with pytest.raises(ValueError, match=r"adaptive.delay is unset, and the run so far applied each update 4 steps .* now read 6 steps"):
+        train(load_train_config(workers))
+    no_prefetch = write_train_config(tmp_path, "resumed", {**TRAINER, "prefetch": 0}, MODEL, caches, config_name="no-prefetch",
+                                     adaptive=ODM, mixture_block_size=8)
+    assert train(load_train_config(no_prefetch)).first_step == 6
+    whole, resumed = (read_metrics(str(tmp_path / run))[0] for run in ("whole", "resumed"))
+    assert {r["step"]: r["fingerprint"] for r in resumed} == {r["step"]: r["fingerprint"] for r in whole}
+    assert (tmp_path / "resumed" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()
+    assert [(s.decided_at_step, s.step) for s in read_log(str(tmp_path / "whole"))[1:]] == [(2, 6), (5, 9), (8, 12), (11, 15)]
