@@ -84,6 +84,10 @@ def test_adaptive_settings_are_checked_naming_the_field(tmp_path, caches):
     with pytest.raises(ValueError, match=r"adaptive.delay 5 is less than the 6 steps .* trainer.loader_workers 1 x the prefetch"):
         train(load_train_config(write_train_config(tmp_path, "workers", {**TRAINER, "loader_workers": 1}, MODEL, caches,
                                                    adaptive={**ODM, "delay": 5})))
+    schedule = [[0, {"linux_doc": 0.5, "python_doc": 0.5}], [100, {"webster": 1.0}]]
+    with pytest.raises(ValueError, match=r"adaptive: train_weights is a schedule of 2 stages, .* before the last stage starts \(at step "
+                                         r"100\): give train_weights one mapping"):
+        load_train_config(write_train_config(tmp_path, "staged", TRAINER, MODEL, adaptive=ODM, train_weights=schedule))
     with pytest.raises(ValueError, match="stop_strategy all_exhausted .* set adaptive.floor above 0"):
         load_train_config(write_train_config(tmp_path, "finite", TRAINER, MODEL, adaptive={**ODM, "floor": 0}, stop_strategy="all_exhausted"))
 
