@@ -26,10 +26,12 @@ from tokenmix.loader.batch_schedule import BatchSchedule
 from tokenmix.loader.loader import DataLoader
 from tokenmix.mixing.source_stats import SourceStats
 from tokenmix.mixing.weight_updaters import DoReMiUpdater, OdmUpdater, floored
+from tokenmix.train.checkpoint import latest_checkpoint
 from tokenmix.train.config import load_train_config
 from tokenmix.train.loop import make_mesh, train
+from tokenmix.train.online_mixing import OnlineMixing
 from tokenmix.train.plots import plot_run, read_metrics
-from tokenmix.train.weight_log import WEIGHT_LOG, read_log, stages
+from tokenmix.train.weight_log import WEIGHT_LOG, from_records, read_log, stages
 
 TRAINER = {"num_train_steps": 12, "train_batch_size": 8, "seq_len": 64, "mesh": {"data": 1, "model": 1}, "learning_rate": 0.01,
            "warmup_steps": 2, "steps_per_eval": 12, "max_eval_batches": 1, "steps_per_checkpoint": 4, "keep_checkpoints": 1}
@@ -68,6 +70,32 @@ def test_an_updaters_state_restored_decides_what_the_uninterrupted_one_decides(t
         again.restore(json.loads(json.dumps(resumed.state())))
         assert [again.update(w) for w in windows[1:]] == decided[1:]
         assert decided[0] != decided[-1]  # (ODM explores uniformly while eps_t = 1/K: its first 3 updates for 3 sources)
+
+
+def test_the_order_the_sources_are_listed_in_changes_no_decision_and_no_restored_state(tmp_path):
+    """The mixture's layout sorts its sources by name, so listing them in another order changes no batch; an updater's
+    decisions must not change either: not in the floor's ties (ODM's first updates are uniform, 2833.33 units each) nor
+    in a state saved by a run listing them in one order and restored by a resume listing them in another."""
+    metrics = tmp_path / "reference.jsonl"
+    metrics.write_text(json.dumps({"kind": "eval", "step": 9, "loss": {"a": 3.0, "b": 5.0, "c": 1.0}}) + "\n")
+    losses = {"a": [9.0, 6.0, 5.0, 4.0], "b": [8.0, 7.5, 7.0, 7.2], "c": [7.0, 2.0, 1.5, 1.4]}
+    tokens = {"a": [100, 80, 0, 70], "b": [50, 60, 60, 55], "c": [10, 20, 20, 30]}
+
+    def window(order: str, i: int) -> SourceStats:
+        return SourceStats(tuple(order), np.array([losses[n][i] * tokens[n][i] for n in order]),
+                           np.array([tokens[n][i] for n in order], np.float64))
+
+    for make in (lambda order: OdmUpdater(AdaptiveMixing("odm", floor=0.05), order),
+                 lambda order: DoReMiUpdater(AdaptiveMixing("doremi", floor=0.05, reference_metrics=str(metrics)), order,
+                                             {"a": 0.5, "b": 0.3, "c": 0.2})):
+        listed = make("abc")
+        decided = [listed.update(window("abc", i)) for i in range(4)]
+        assert make("cab").update(window("cab", 0)) == decided[0]
+        saved = make("abc")
+        saved.update(window("abc", 0))
+        resumed = make("cab")
+        resumed.restore(json.loads(json.dumps(saved.state())))
+        assert [resumed.update(window("cab", i)) for i in range(1, 4)] == decided[1:]
 
 
 def test_adaptive_settings_are_checked_naming_the_field(tmp_path, caches):
@@ -269,3 +297,29 @@ def test_a_run_with_delay_unset_resumed_with_another_prefetch_keeps_its_update_s
     assert {r["step"]: r["fingerprint"] for r in resumed} == {r["step"]: r["fingerprint"] for r in whole}
     assert (tmp_path / "resumed" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()
     assert [(s.decided_at_step, s.step) for s in read_log(str(tmp_path / "whole"))[1:]] == [(2, 6), (5, 9), (8, 12), (11, 15)]
+
+
+@pytest.mark.slow
+def test_a_run_resumed_with_its_sources_listed_in_another_order_decides_the_uninterrupted_runs_weights(tmp_path, caches):
+    """Listing the sources in another order renumbers them (a batch's source ids, hence its fingerprint: allowed as a data
+    change) but changes no example; the resume restores the updater's state and its window's sums by source name, so it
+    decides the weights the uninterrupted run decides."""
+    paths = {run: write_train_config(tmp_path, run, TRAINER, MODEL, caches, adaptive=ODM, mixture_block_size=8)
+             for run in ("whole", "resumed")}
+    train(load_train_config(paths["whole"]))
+    train(load_train_config(paths["resumed"]), stop_after=7)  # its last checkpoint holds step 6's statistics, a window under way
+    doc = yaml.safe_load(Path(paths["resumed"]).read_text())
+    doc["data"]["configs"] = dict(reversed(doc["data"]["configs"].items()))
+    doc["trainer"]["allow_data_change"] = True
+    reordered = tmp_path / "reordered.yaml"
+    reordered.write_text(yaml.safe_dump(doc, sort_keys=False))
+    config = load_train_config(str(reordered))
+    train_set = config.data.train_set(64)
+    assert train_set.names == ["webster", "python_doc", "linux_doc"]
+    checkpoint = latest_checkpoint(str(tmp_path / "resumed"))
+    saved = checkpoint.record["mixing"]["window"]
+    under_way = OnlineMixing.start(config, train_set, from_records(checkpoint.record["weight_log"], "checkpoint"), checkpoint).window
+    assert under_way.names == tuple(train_set.names) and min(saved["tokens"]) > 0
+    assert under_way.mean_losses() == {n: s / t for n, s, t in zip(sorted(train_set.names), saved["loss_sums"], saved["tokens"])}
+    assert train(config).first_step == 7
+    assert (tmp_path / "resumed" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()

@@ -72,9 +72,15 @@ class OnlineMixing:
         if saved is not None and saved.get("algorithm") != adaptive.algorithm:
             logger.warning("%s: its online mixing was %s, now %s (allowed as a data change): %s starts afresh from the log's "
                            "weights so far", checkpoint.path, saved.get("algorithm"), adaptive.algorithm, adaptive.algorithm)  # type: ignore[union-attr]
+        elif saved is not None and sorted(saved["window"].get("names", names)) != sorted(names):
+            logger.warning("%s: its online mixing was over the sources %s, now %s (allowed as a data change): %s starts afresh "
+                           "from the log's weights so far", checkpoint.path, sorted(saved["window"]["names"]), sorted(names),  # type: ignore[union-attr]
+                           adaptive.algorithm)
         elif saved is not None:
             updater.restore(saved["updater"])
-            mixing.window = SourceStats(tuple(names), np.asarray(saved["window"]["loss_sums"]), np.asarray(saved["window"]["tokens"]))
+            window = saved["window"]
+            mixing.window = SourceStats(tuple(window.get("names", names)), np.asarray(window["loss_sums"], np.float64),
+                                        np.asarray(window["tokens"], np.float64)).in_order(names)
         return mixing
 
     def observe(self, step: int, stats: SourceStats) -> LoggedStage | None:
@@ -98,4 +104,5 @@ class OnlineMixing:
     def state(self) -> dict[str, Any]:
         """The updater's state and the statistics of the window under way (a checkpoint's ``mixing``)."""
         return {"algorithm": self.config.algorithm, "delay": self.delay, "updater": self.updater.state(),
-                "window": {"loss_sums": self.window.loss_sums.tolist(), "tokens": self.window.tokens.tolist()}}
+                "window": {"names": list(self.window.names), "loss_sums": self.window.loss_sums.tolist(),
+                           "tokens": self.window.tokens.tolist()}}
