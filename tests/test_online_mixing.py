@@ -98,6 +98,20 @@ def test_the_order_the_sources_are_listed_in_changes_no_decision_and_no_restored
         assert [resumed.update(window("cab", i)) for i in range(1, 4)] == decided[1:]
 
 
+@pytest.mark.parametrize("loss", [float("nan"), float("inf")])
+def test_a_loss_that_is_not_a_finite_number_is_refused_naming_the_source_not_turned_into_weights(tmp_path, loss):
+    """A diverged step's loss used to go through the floor's integer rounding as -2^63 units, and the run stopped on a
+    stage of weight -9.2e14 blamed on train_weights."""
+    metrics = tmp_path / "reference.jsonl"
+    metrics.write_text(json.dumps({"kind": "eval", "step": 9, "loss": {"a": 3.0, "b": 5.0, "c": 1.0}}) + "\n")
+    for updater in (OdmUpdater(AdaptiveMixing("odm"), "abc"),
+                    DoReMiUpdater(AdaptiveMixing("doremi", reference_metrics=str(metrics)), "abc", {"a": 0.5, "b": 0.3, "c": 0.2})):
+        with pytest.raises(ValueError, match=r"adaptive \((odm|doremi)\): the training loss of \['b'\] .* is not a finite number .* "
+                                             r"the model diverged. Resume from an earlier checkpoint"):
+            updater.update(_stats([2.0, loss, 3.0], [10, 10, 10]))
+        assert updater.updates == 0
+
+
 def test_adaptive_settings_are_checked_naming_the_field(tmp_path, caches):
     with pytest.raises(ValueError, match="adaptive.algorithm must be one of"):
         AdaptiveMixing("exp3")

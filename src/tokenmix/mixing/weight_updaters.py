@@ -47,7 +47,13 @@ class WeightUpdater(ABC):
         self.updates = 0
 
     def update(self, stats: SourceStats) -> dict[str, float]:
-        """The next weights, from the statistics of the steps since the last update (its sources in any order)."""
+        """The next weights, from the statistics of the steps since the last update (its sources in any order); refuses
+        statistics that are not finite numbers, from which no weight can be decided."""
+        broken = [n for n, s, t in zip(stats.names, stats.loss_sums, stats.tokens) if not (math.isfinite(s) and math.isfinite(t))]
+        if broken:
+            raise ValueError(f"adaptive ({self.config.algorithm}): the training loss of {broken} over the steps since the last "
+                             f"update is not a finite number ({stats.mean_losses()}), so no weights can be decided from it: the "
+                             "model diverged. Resume from an earlier checkpoint with a lower trainer.learning_rate")
         self.updates += 1
         units = floored(self._propose(stats.in_order(self.names)), self.config.floor_units())
         return {name: int(u) / WEIGHT_QUANTUM for name, u in zip(self.names, units)}
