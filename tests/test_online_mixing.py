@@ -26,10 +26,12 @@ from tokenmix.loader.batch_schedule import BatchSchedule
 from tokenmix.loader.loader import DataLoader
 from tokenmix.mixing.source_stats import SourceStats
 from tokenmix.mixing.weight_updaters import DoReMiUpdater, OdmUpdater, floored
+from tokenmix.train.checkpoint import latest_checkpoint
 from tokenmix.train.config import load_train_config
 from tokenmix.train.loop import make_mesh, train
+from tokenmix.train.online_mixing import OnlineMixing
 from tokenmix.train.plots import plot_run, read_metrics
-from tokenmix.train.weight_log import WEIGHT_LOG, read_log, stages
+from tokenmix.train.weight_log import WEIGHT_LOG, from_records, read_log, stages
 
 TRAINER = {"num_train_steps": 12, "train_batch_size": 8, "seq_len": 64, "mesh": {"data": 1, "model": 1}, "learning_rate": 0.01,
            "warmup_steps": 2, "steps_per_eval": 12, "max_eval_batches": 1, "steps_per_checkpoint": 4, "keep_checkpoints": 1}
@@ -70,6 +72,46 @@ def test_an_updaters_state_restored_decides_what_the_uninterrupted_one_decides(t
         assert decided[0] != decided[-1]  # (ODM explores uniformly while eps_t = 1/K: its first 3 updates for 3 sources)
 
 
+def test_the_order_the_sources_are_listed_in_changes_no_decision_and_no_restored_state(tmp_path):
+    """The mixture's layout sorts its sources by name, so listing them in another order changes no batch; an updater's
+    decisions must not change either: not in the floor's ties (ODM's first updates are uniform, 2833.33 units each) nor
+    in a state saved by a run listing them in one order and restored by a resume listing them in another."""
+    metrics = tmp_path / "reference.jsonl"
+    metrics.write_text(json.dumps({"kind": "eval", "step": 9, "loss": {"a": 3.0, "b": 5.0, "c": 1.0}}) + "\n")
+    losses = {"a": [9.0, 6.0, 5.0, 4.0], "b": [8.0, 7.5, 7.0, 7.2], "c": [7.0, 2.0, 1.5, 1.4]}
+    tokens = {"a": [100, 80, 0, 70], "b": [50, 60, 60, 55], "c": [10, 20, 20, 30]}
+
+    def window(order: str, i: int) -> SourceStats:
+        return SourceStats(tuple(order), np.array([losses[n][i] * tokens[n][i] for n in order]),
+                           np.array([tokens[n][i] for n in order], np.float64))
+
+    for make in (lambda order: OdmUpdater(AdaptiveMixing("odm", floor=0.05), order),
+                 lambda order: DoReMiUpdater(AdaptiveMixing("doremi", floor=0.05, reference_metrics=str(metrics)), order,
+                                             {"a": 0.5, "b": 0.3, "c": 0.2})):
+        listed = make("abc")
+        decided = [listed.update(window("abc", i)) for i in range(4)]
+        assert make("cab").update(window("cab", 0)) == decided[0]
+        saved = make("abc")
+        saved.update(window("abc", 0))
+        resumed = make("cab")
+        resumed.restore(json.loads(json.dumps(saved.state())))
+        assert [resumed.update(window("cab", i)) for i in range(1, 4)] == decided[1:]
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf")])
+def test_a_loss_that_is_not_a_finite_number_is_refused_naming_the_source_not_turned_into_weights(tmp_path, loss):
+    """A diverged step's loss used to go through the floor's integer rounding as -2^63 units, and the run stopped on a
+    stage of weight -9.2e14 blamed on train_weights."""
+    metrics = tmp_path / "reference.jsonl"
+    metrics.write_text(json.dumps({"kind": "eval", "step": 9, "loss": {"a": 3.0, "b": 5.0, "c": 1.0}}) + "\n")
+    for updater in (OdmUpdater(AdaptiveMixing("odm"), "abc"),
+                    DoReMiUpdater(AdaptiveMixing("doremi", reference_metrics=str(metrics)), "abc", {"a": 0.5, "b": 0.3, "c": 0.2})):
+        with pytest.raises(ValueError, match=r"adaptive \((odm|doremi)\): the training loss of \['b'\] .* is not a finite number .* "
+                                             r"the model diverged. Resume from an earlier checkpoint"):
+            updater.update(_stats([2.0, loss, 3.0], [10, 10, 10]))
+        assert updater.updates == 0
+
+
 def test_adaptive_settings_are_checked_naming_the_field(tmp_path, caches):
     with pytest.raises(ValueError, match="adaptive.algorithm must be one of"):
         AdaptiveMixing("exp3")
@@ -84,6 +126,10 @@ def test_adaptive_settings_are_checked_naming_the_field(tmp_path, caches):
     with pytest.raises(ValueError, match=r"adaptive.delay 5 is less than the 6 steps .* trainer.loader_workers 1 x the prefetch"):
         train(load_train_config(write_train_config(tmp_path, "workers", {**TRAINER, "loader_workers": 1}, MODEL, caches,
                                                    adaptive={**ODM, "delay": 5})))
+    schedule = [[0, {"linux_doc": 0.5, "python_doc": 0.5}], [100, {"webster": 1.0}]]
+    with pytest.raises(ValueError, match=r"adaptive: train_weights is a schedule of 2 stages, .* before the last stage starts \(at step "
+                                         r"100\): give train_weights one mapping"):
+        load_train_config(write_train_config(tmp_path, "staged", TRAINER, MODEL, adaptive=ODM, train_weights=schedule))
     with pytest.raises(ValueError, match="stop_strategy all_exhausted .* set adaptive.floor above 0"):
         load_train_config(write_train_config(tmp_path, "finite", TRAINER, MODEL, adaptive={**ODM, "floor": 0}, stop_strategy="all_exhausted"))
 
@@ -242,3 +288,52 @@ def test_under_a_batch_size_ramp_updates_start_where_the_ramp_puts_step_s_plus_d
         assert [loader.batch(r["step"]).fingerprint for r in steps] == [r["fingerprint"] for r in steps]
     if stop_strategy == "first_exhausted":  # a finite mixture's end moves with the weights
         assert len(mixture) != len(config.data.train_set(config.trainer.seq_len)) and len(mixture) > log[-1].start
+
+
+@pytest.mark.slow
+def test_a_run_with_delay_unset_resumed_with_another_prefetch_keeps_its_update_starts_and_batches(tmp_path, caches):
+    """Unset, ``adaptive.delay`` is the loader's read-ahead, which ``trainer.prefetch`` and ``trainer.loader_workers`` set:
+    neither is data, so a resume may change them. The resume goes on with the delay the run so far used (4 steps), not
+    its own loader's (2, prefetching nothing), so its updates start where the uninterrupted run's do; a resume reading
+    further ahead than that delay (6 steps, with a reader process) is refused naming adaptive.delay."""
+    paths = {run: write_train_config(tmp_path, run, TRAINER, MODEL, caches, adaptive=ODM, mixture_block_size=8)
+             for run in ("whole", "resumed")}
+    train(load_train_config(paths["whole"]))
+    assert train(load_train_config(paths["resumed"]), stop_after=6).first_step == 0
+    workers = write_train_config(tmp_path, "resumed", {**TRAINER, "loader_workers": 1}, MODEL, caches, config_name="workers",
+                                 adaptive=ODM, mixture_block_size=8)
+    with pytest.raises(ValueError, match=r"adaptive.delay is unset, and the run so far applied each update 4 steps .* now read 6 steps"):
+        train(load_train_config(workers))
+    no_prefetch = write_train_config(tmp_path, "resumed", {**TRAINER, "prefetch": 0}, MODEL, caches, config_name="no-prefetch",
+                                     adaptive=ODM, mixture_block_size=8)
+    assert train(load_train_config(no_prefetch)).first_step == 6
+    whole, resumed = (read_metrics(str(tmp_path / run))[0] for run in ("whole", "resumed"))
+    assert {r["step"]: r["fingerprint"] for r in resumed} == {r["step"]: r["fingerprint"] for r in whole}
+    assert (tmp_path / "resumed" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()
+    assert [(s.decided_at_step, s.step) for s in read_log(str(tmp_path / "whole"))[1:]] == [(2, 6), (5, 9), (8, 12), (11, 15)]
+
+
+@pytest.mark.slow
+def test_a_run_resumed_with_its_sources_listed_in_another_order_decides_the_uninterrupted_runs_weights(tmp_path, caches):
+    """Listing the sources in another order renumbers them (a batch's source ids, hence its fingerprint: allowed as a data
+    change) but changes no example; the resume restores the updater's state and its window's sums by source name, so it
+    decides the weights the uninterrupted run decides."""
+    paths = {run: write_train_config(tmp_path, run, TRAINER, MODEL, caches, adaptive=ODM, mixture_block_size=8)
+             for run in ("whole", "resumed")}
+    train(load_train_config(paths["whole"]))
+    train(load_train_config(paths["resumed"]), stop_after=7)  # its last checkpoint holds step 6's statistics, a window under way
+    doc = yaml.safe_load(Path(paths["resumed"]).read_text())
+    doc["data"]["configs"] = dict(reversed(doc["data"]["configs"].items()))
+    doc["trainer"]["allow_data_change"] = True
+    reordered = tmp_path / "reordered.yaml"
+    reordered.write_text(yaml.safe_dump(doc, sort_keys=False))
+    config = load_train_config(str(reordered))
+    train_set = config.data.train_set(64)
+    assert train_set.names == ["webster", "python_doc", "linux_doc"]
+    checkpoint = latest_checkpoint(str(tmp_path / "resumed"))
+    saved = checkpoint.record["mixing"]["window"]
+    under_way = OnlineMixing.start(config, train_set, from_records(checkpoint.record["weight_log"], "checkpoint"), checkpoint).window
+    assert under_way.names == tuple(train_set.names) and min(saved["tokens"]) > 0
+    assert under_way.mean_losses() == {n: s / t for n, s, t in zip(sorted(train_set.names), saved["loss_sums"], saved["tokens"])}
+    assert train(config).first_step == 7
+    assert (tmp_path / "resumed" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()

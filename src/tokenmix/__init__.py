@@ -54,7 +54,7 @@ Datasets
 
 Online mixing (weights an algorithm sets during a run; ``MixtureDataset.append_stage`` applies them: ``tokenmix.mixing``)
     AdaptiveMixing              An online weight algorithm and when its updates apply. ``train_weights`` is the first stage.
-    WeightUpdater               An online weight algorithm over the mixture's sources (``names``, in mixture order).
+    WeightUpdater               An online weight algorithm over the mixture's sources (``names``, sorted by name).
     OdmUpdater                  ODM (Albalak, Pan, Raffel, Wang 2023, arXiv:2312.02406): EXP3 over the sources, the training loss as reward.
     DoReMiUpdater               DoReMi's online form (Xie et al. 2023, arXiv:2305.10429, Algorithm 1): exponentiated gradient on the excess loss.
     make_updater                The updater ``config.algorithm`` names, over ``names``, starting from the weights in effect ``initial``.

@@ -159,6 +159,11 @@ class LMMixtureDatasetConfig(DataConfigBase):
         if self.adaptive is not None and self.example_order != "tokenmix":
             raise ValueError(f"adaptive mixing appends stages to tokenmix's own mixture: set example_order: tokenmix (not "
                              f"{self.example_order}), or remove adaptive")
+        if self.adaptive is not None and isinstance(self.train_weights, list) and len(self.train_weights) > 1:
+            raise ValueError(f"adaptive: train_weights is a schedule of {len(self.train_weights)} stages, and an online update applies "
+                             "from a block of the last stage, so none would apply before the last stage starts (at step "
+                             f"{self.train_weights[-1][0]}): give train_weights one mapping of weights, the first stage, or remove "
+                             "adaptive")
         if self.adaptive is not None and self.stop_strategy == "all_exhausted" and self.adaptive.floor <= 0:
             raise ValueError("stop_strategy all_exhausted ends once every source is read through, and adaptive.floor 0 lets an "
                              "update give a source weight 0, so the mixture might never end: set adaptive.floor above 0")

@@ -27,6 +27,11 @@ class SourceStats:
     def __add__(self, other: SourceStats) -> SourceStats:
         return SourceStats(self.names, self.loss_sums + other.loss_sums, self.tokens + other.tokens)
 
+    def in_order(self, names: Sequence[str]) -> SourceStats:
+        """The same statistics over ``names``, the same sources in another order."""
+        order = [self.names.index(name) for name in names]
+        return SourceStats(tuple(names), self.loss_sums[order], self.tokens[order])
+
     def mean_losses(self) -> dict[str, float | None]:
         """Per source, its mean loss per trained token (None for a source not trained on)."""
         return {n: float(s / t) if t > 0 else None for n, s, t in zip(self.names, self.loss_sums, self.tokens)}

@@ -33,18 +33,29 @@ def floored(weights: np.ndarray, floor_units: int) -> np.ndarray:
 
 
 class WeightUpdater(ABC):
-    """An online weight algorithm over the mixture's sources (``names``, in mixture order)."""
+    """An online weight algorithm over the mixture's sources (``names``, sorted by name).
+
+    Sorted as the mixture's layout sorts them, so that the order a config lists its sources in changes no decision: the
+    floor's largest remainders break ties by position, and sums in another order may round otherwise."""
 
     def __init__(self, config: AdaptiveMixing, names: Sequence[str]):
         config.check_sources(list(names))
         self.config = config
-        self.names = tuple(names)
+        self.names = tuple(sorted(names))
+        self._listed = tuple(names)
+        """The order a state saved without names (before they were saved) holds its sources in."""
         self.updates = 0
 
     def update(self, stats: SourceStats) -> dict[str, float]:
-        """The next weights, from the statistics of the steps since the last update."""
+        """The next weights, from the statistics of the steps since the last update (its sources in any order); refuses
+        statistics that are not finite numbers, from which no weight can be decided."""
+        broken = [n for n, s, t in zip(stats.names, stats.loss_sums, stats.tokens) if not (math.isfinite(s) and math.isfinite(t))]
+        if broken:
+            raise ValueError(f"adaptive ({self.config.algorithm}): the training loss of {broken} over the steps since the last "
+                             f"update is not a finite number ({stats.mean_losses()}), so no weights can be decided from it: the "
+                             "model diverged. Resume from an earlier checkpoint with a lower trainer.learning_rate")
         self.updates += 1
-        units = floored(self._propose(stats), self.config.floor_units())
+        units = floored(self._propose(stats.in_order(self.names)), self.config.floor_units())
         return {name: int(u) / WEIGHT_QUANTUM for name, u in zip(self.names, units)}
 
     @abstractmethod
@@ -53,10 +64,15 @@ class WeightUpdater(ABC):
 
     def state(self) -> dict[str, Any]:
         """What a resume needs to go on deciding as the uninterrupted run would (JSON)."""
-        return {"updates": self.updates}
+        return {"updates": self.updates, "names": list(self.names)}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.updates = int(state["updates"])
+
+    def _saved(self, state: dict[str, Any], key: str) -> np.ndarray:
+        """The per-source values ``state[key]``, in ``names`` order, whatever order the state lists its sources in."""
+        saved = list(state.get("names", self._listed))
+        return np.asarray(state[key], np.float64)[[saved.index(name) for name in self.names]]
 
 
 class OdmUpdater(WeightUpdater):
@@ -95,7 +111,7 @@ class OdmUpdater(WeightUpdater):
 
     def restore(self, state: dict[str, Any]) -> None:
         super().restore(state)
-        self.rewards = np.asarray(state["rewards"], np.float64)
+        self.rewards = self._saved(state, "rewards")
 
 
 class DoReMiUpdater(WeightUpdater):
@@ -110,8 +126,8 @@ class DoReMiUpdater(WeightUpdater):
 
     def __init__(self, config: AdaptiveMixing, names: Sequence[str], initial: dict[str, float]):
         super().__init__(config, names)
-        self.reference = reference_losses(config.reference_metrics or "", names)
-        start = np.array([initial.get(n, 0.0) for n in names], np.float64)
+        self.reference = reference_losses(config.reference_metrics or "", self.names)
+        start = np.array([initial.get(n, 0.0) for n in self.names], np.float64)
         self.alpha = start / start.sum()
 
     def _propose(self, stats: SourceStats) -> np.ndarray:
@@ -129,7 +145,7 @@ class DoReMiUpdater(WeightUpdater):
 
     def restore(self, state: dict[str, Any]) -> None:
         super().restore(state)
-        self.alpha = np.asarray(state["alpha"], np.float64)
+        self.alpha = self._saved(state, "alpha")
 
 
 def reference_losses(path: str, names: Sequence[str]) -> np.ndarray:

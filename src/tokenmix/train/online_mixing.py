@@ -26,6 +26,7 @@ from tokenmix.mixing.source_stats import SourceStats
 from tokenmix.mixing.weight_updaters import WeightUpdater, make_updater
 from tokenmix.train.checkpoint import Checkpoint
 from tokenmix.train.config import TrainLmConfig
+from tokenmix.train.data_identity import ALLOW_FLAG
 from tokenmix.train.weight_log import LoggedStage
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,16 @@ class OnlineMixing:
         adaptive, trainer = config.data.adaptive, config.trainer
         assert adaptive is not None
         ahead = 1 + steps_read_ahead(trainer.prefetch, trainer.loader_workers, 0)
-        delay = ahead if adaptive.delay is None else adaptive.delay
+        saved = None if checkpoint is None else checkpoint.record.get("mixing")
+        recorded = None if saved is None else saved.get("delay")
+        delay = adaptive.delay if adaptive.delay is not None else ahead if recorded is None else int(recorded)
+        if adaptive.delay is None and recorded is not None and delay < ahead:
+            raise ValueError(f"{checkpoint.path}: adaptive.delay is unset, and the run so far applied each update {delay} steps "  # type: ignore[union-attr]
+                             f"after deciding it (its loader's read-ahead then); trainer.prefetch {trainer.prefetch} and "
+                             f"trainer.loader_workers {trainer.loader_workers} now read {ahead} steps ahead, so the updates "
+                             f"would change batches already read. Go back to settings that read at most {delay} steps ahead, "
+                             f"or set adaptive.delay to at least {ahead} with {ALLOW_FLAG} (the updates from this resume on "
+                             "then start later than in the run so far)")
         if delay < ahead:
             raise ValueError(f"adaptive.delay {delay} is less than the {ahead} steps the loader may have read ahead when an update "
                              f"is decided (the step after it, trainer.prefetch {trainer.prefetch} + 1, and trainer.loader_workers "
@@ -59,13 +69,18 @@ class OnlineMixing:
         updater = make_updater(adaptive, names, log[-1].weights)
         zero = np.zeros(len(names))
         mixing = OnlineMixing(adaptive, updater, SourceStats(tuple(names), zero, zero), train_set, BatchSchedule.of(trainer.train_batch_size), delay)
-        saved = None if checkpoint is None else checkpoint.record.get("mixing")
         if saved is not None and saved.get("algorithm") != adaptive.algorithm:
             logger.warning("%s: its online mixing was %s, now %s (allowed as a data change): %s starts afresh from the log's "
                            "weights so far", checkpoint.path, saved.get("algorithm"), adaptive.algorithm, adaptive.algorithm)  # type: ignore[union-attr]
+        elif saved is not None and sorted(saved["window"].get("names", names)) != sorted(names):
+            logger.warning("%s: its online mixing was over the sources %s, now %s (allowed as a data change): %s starts afresh "
+                           "from the log's weights so far", checkpoint.path, sorted(saved["window"]["names"]), sorted(names),  # type: ignore[union-attr]
+                           adaptive.algorithm)
         elif saved is not None:
             updater.restore(saved["updater"])
-            mixing.window = SourceStats(tuple(names), np.asarray(saved["window"]["loss_sums"]), np.asarray(saved["window"]["tokens"]))
+            window = saved["window"]
+            mixing.window = SourceStats(tuple(window.get("names", names)), np.asarray(window["loss_sums"], np.float64),
+                                        np.asarray(window["tokens"], np.float64)).in_order(names)
         return mixing
 
     def observe(self, step: int, stats: SourceStats) -> LoggedStage | None:
@@ -88,5 +103,6 @@ class OnlineMixing:
 
     def state(self) -> dict[str, Any]:
         """The updater's state and the statistics of the window under way (a checkpoint's ``mixing``)."""
-        return {"algorithm": self.config.algorithm, "updater": self.updater.state(),
-                "window": {"loss_sums": self.window.loss_sums.tolist(), "tokens": self.window.tokens.tolist()}}
+        return {"algorithm": self.config.algorithm, "delay": self.delay, "updater": self.updater.state(),
+                "window": {"names": list(self.window.names), "loss_sums": self.window.loss_sums.tolist(),
+                           "tokens": self.window.tokens.tolist()}}
