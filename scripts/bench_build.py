@@ -321,10 +321,10 @@ def _print_cold(cold: dict, limit: dict) -> None:
           f"{cold['seconds'] - cold['started_seconds']:.2f} s; process CPU {cold['cpu_seconds']:.2f} s (all threads, interpreter start included)")
 
 
-_COLD_CALL = """
+COLD_START = """
 import time
 began = time.perf_counter()
-import json, logging, sys
+import json, logging, os, sys
 class StartedAt(logging.Handler):
     time = None
     def emit(self, record):
@@ -332,6 +332,11 @@ class StartedAt(logging.Handler):
             StartedAt.time = time.perf_counter()
 logging.getLogger("tokenmix.cache.backend_choice").addHandler(StartedAt())
 logging.getLogger("tokenmix.cache.backend_choice").setLevel(logging.INFO)
+"""
+"""The start of a cold call's code, before ``import tokenmix``: the clock, and ``StartedAt.time`` set when the first
+backend choice is logged ("once started" counts from there)."""
+
+_COLD_CALL = COLD_START + """
 import tokenmix
 results = tokenmix.build_caches(tokenmix.load_data_config(sys.argv[1]), progress=False)
 ended = time.perf_counter()

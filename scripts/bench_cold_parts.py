@@ -34,20 +34,10 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_build import REPO, bench_fast_limit, corpus_sources  # noqa: E402 - the build benchmark's own limit and corpus
+from bench_build import COLD_START, REPO, bench_fast_limit, corpus_sources  # noqa: E402 - the build benchmark's own cold call, limit and corpus
 
-_CALL = """
-import time
-began = time.perf_counter()
-import logging, os, sys
+_CALL = COLD_START + """
 parts = os.environ.get("TOKENMIX_BENCH_PARTS", "")
-class StartedAt(logging.Handler):
-    time = None
-    def emit(self, record):
-        if StartedAt.time is None and "encoding with" in record.getMessage():
-            StartedAt.time = time.perf_counter()
-logging.getLogger("tokenmix.cache.backend_choice").addHandler(StartedAt())
-logging.getLogger("tokenmix.cache.backend_choice").setLevel(logging.INFO)
 if "nogc" in parts:
     import gc
     gc.disable()
