@@ -113,6 +113,21 @@ def test_datatrove_export_keeps_loss_masks_and_reads_back_as_loss_spans(tmp_path
     assert np.array_equal(a.loss_mask, b.loss_mask) and np.array_equal(a.tokens, b.tokens)
 
 
+def test_a_datatrove_export_over_a_masked_one_leaves_no_loss_file_of_the_older_export(tmp_path, supervised_cache):
+    """Before, the older export's .loss stayed beside the new .ds and was read back as its loss mask."""
+    path = str(tmp_path / "out" / "00000.ds")
+    export_datatrove(supervised_cache, path, progress=False)
+    write_megatron_by_hand(str(tmp_path / "plain"), rows_of(supervised_cache), np.uint16, 8)
+    plain = tokenmix.open_cache(mixture(tmp_path, {"m": {"train_urls": [str(tmp_path / "plain.bin")], "token_files": {"kind": "megatron"}}}), "m")
+    assert not plain.has_loss_spans and plain.num_tokens() == supervised_cache.num_tokens()
+    stats = export_datatrove(plain, path, progress=False)
+    assert stats["loss"] is False and not os.path.exists(path + ".loss")
+    config = mixture(tmp_path, {"d": {"train_urls": [path], "token_files": {"kind": "datatrove"}}})
+    opened = tokenmix.open_cache(config, "d")
+    assert not opened.has_loss_spans
+    assert all(np.array_equal(a, b) for a, b in zip(rows_of(opened), rows_of(plain)))
+
+
 @pytest.mark.parametrize("dtype,code", [(np.uint16, 8), (np.int32, 4), (np.int64, 5), (np.uint8, 1)])
 def test_megatron_files_written_by_the_documented_layout_are_read_in_every_dtype(tmp_path, dtype, code):
     rng = np.random.default_rng(code)

@@ -3,7 +3,7 @@
 65,536, else 4, as datatrove picks.
 
 The cache is streamed a bounded batch of rows at a time (``streaming.py``) under temporary names, renamed when
-complete, the metadata last.
+complete, the metadata last; a ``.loss`` an older export left beside ``name.ds`` is removed when this cache has none.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ def export_datatrove(cache: TokenSource, path: str, tokenizer: str | None = None
             if batch.trained is not None:
                 files[2].write(batch.trained.astype(np.uint8).tobytes())
             total += int(batch.lengths.sum())
+    if not cache.has_loss_spans and os.path.lexists(path + ".loss"):  # an older export's, which readers would take for this one's
+        os.remove(path + ".loss")
     name = tokenizer or cache.identity.get("tokenizer_fingerprint", "unknown")
     with atomic_files(path + ".metadata") as (meta,):
         meta.write(f"{name}|{size}\n{total}\n{total / 1e9:.1f}GT".encode())
