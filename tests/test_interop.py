@@ -267,6 +267,15 @@ def test_levanter_export_refuses_a_cache_that_masks_the_loss(tmp_path, supervise
         export_levanter(supervised_cache, str(tmp_path / "lev"), tokenizer=TOKENIZER, progress=False)
 
 
+@pytest.mark.parametrize("kind", ["megatron", "nanoset"])
+def test_megatron_and_nanoset_exports_refuse_a_cache_that_masks_the_loss(tmp_path, supervised_cache, kind):
+    """Before, the loss spans were dropped: read back, the export trained on the prompts the cache masks."""
+    export = {"megatron": export_megatron, "nanoset": export_nanoset}[kind]
+    with pytest.raises(ValueError, match=r"hold ids only, and this cache's format masks the loss; export it to datatrove"):
+        export(supervised_cache, str(tmp_path / "out" / "sup"), progress=False)
+    assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
+
+
 def test_an_export_that_fails_part_way_leaves_no_file(tmp_path, text_cache):
     class Failing:
         def __init__(self, cache):

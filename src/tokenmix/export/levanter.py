@@ -28,7 +28,7 @@ import tensorstore as ts
 
 from tokenmix.cache.levanter import LEVANTER_LEDGER
 from tokenmix.cache.store import TOKENS_ARRAY, JsonDocuments, kvstore_spec, open_kvstore
-from tokenmix.export.streaming import TokenSource, row_batches
+from tokenmix.export.streaming import TokenSource, refuse_loss_spans, row_batches
 from tokenmix.formats.tokenizer import describe_tokenizer, load_tokenizer
 from tokenmix.sources.urls import join_location
 
@@ -136,9 +136,7 @@ def export_levanter(cache: TokenSource, location: str, tokenizer: str, progress:
     """Write ``location`` (a path or URL) as a finished Levanter token cache of the cache's rows, opened by Levanter's
     ``load_lm_dataset_cache`` with ``tokenizer`` (a name or path Levanter loads; it is recorded in the metadata) and
     the text format. Levanter's ``enforce_eos`` must match whether the cache's rows end with EOS, as always."""
-    if cache.has_loss_spans:
-        raise ValueError(f"{cache.location}: Levanter's token caches hold ids only, and this cache's format masks the loss; export "
-                         "it to datatrove (.ds with .loss) or Cerebras HDF5 instead")
+    refuse_loss_spans(cache, "Levanter's token caches")
     layout = levanter_layout(tokenizer, enforce_eos=cache.identity.get("eos_id", 0) is not None)
     _check_rows(cache, tokenizer, layout)
     open_kvstore(location).write(LEVANTER_LEDGER, None).result()  # an earlier export's ledger must not vouch for this one's arrays

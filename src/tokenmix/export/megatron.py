@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmix.export.streaming import TokenSource, atomic_files, row_batches
+from tokenmix.export.streaming import TokenSource, atomic_files, refuse_loss_spans, row_batches
 from tokenmix.sources.megatron import HEADER, MAGIC, VERSION, dtype_code
 
 
@@ -23,7 +23,9 @@ def megatron_dtype(vocab_size: int) -> np.dtype:
 
 
 def export_megatron(cache: TokenSource, prefix: str, progress: bool = True) -> dict[str, Any]:
-    """Write ``prefix.bin`` and ``prefix.idx``: one Megatron sequence (and document) per row of the cache."""
+    """Write ``prefix.bin`` and ``prefix.idx``: one Megatron sequence (and document) per row of the cache. A cache that
+    masks the loss is refused (the files hold ids only)."""
+    refuse_loss_spans(cache, "Megatron's indexed datasets")
     dtype = megatron_dtype(cache.identity["vocab_size"])
     lengths: list[np.ndarray] = []
     with atomic_files(prefix + ".bin", prefix + ".idx") as (bin_file, idx_file):

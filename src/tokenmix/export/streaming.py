@@ -78,6 +78,14 @@ def row_batches(cache: TokenSource, batch_tokens: int | None = None, description
             start = stop
 
 
+def refuse_loss_spans(cache: TokenSource, target: str) -> None:
+    """Refuse a cache whose format masks the loss for a ``target`` that holds ids only: its export would train on what
+    the cache masks."""
+    if cache.has_loss_spans:
+        raise ValueError(f"{cache.location}: {target} hold ids only, and this cache's format masks the loss; export it to "
+                         "datatrove (.ds with .loss) or Cerebras HDF5 (mode summarization) instead")
+
+
 def span_mask(begins: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
     """A boolean mask of ``size`` positions, true inside the disjoint ranges ``[begins[i], ends[i])``."""
     change = np.zeros(size + 1, np.int64)
