@@ -331,3 +331,23 @@ def start_builders(configs: Sequence[Path], go: Path | None, *overrides: str) ->
             assert said == "ready\n", said + proc.stdout.read()
         go.touch()
     return procs
+
+
+class ReadLogDataset(Wrapped):
+    """A mixture that appends the first index of every ``read`` to the file ``log`` (one line each), from whichever
+    process reads it (a loader's reader processes included), and takes appended weight stages."""
+
+    def __init__(self, base: Dataset, log: Path):
+        super().__init__(base)
+        self.log = log
+
+    def append_stage(self, start: int, weights: dict[str, float]) -> None:
+        self.base.append_stage(start, weights)  # type: ignore[attr-defined]
+
+    def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
+        with open(self.log, "a") as f:
+            f.write(f"{int(np.min(indices))}\n")
+        return self.base.read(indices)
+
+    def first_indices_read(self) -> list[int]:
+        return [int(line) for line in self.log.read_text().split()] if self.log.exists() else []

@@ -28,7 +28,7 @@ import loader_worker
 import numpy as np
 import pytest
 import yaml
-from helpers import SEQ_LEN, CountingDataset, FailingDataset, SlowDataset, Wrapped, demo_urls, mixture_yaml
+from helpers import SEQ_LEN, CountingDataset, FailingDataset, ReadLogDataset, SlowDataset, Wrapped, demo_urls, mixture_yaml
 from jax.sharding import NamedSharding, PartitionSpec
 from s3_server import free_port
 
@@ -503,6 +503,33 @@ def test_a_stage_appended_while_iterating_reaches_the_reader_processes_and_gives
     old = mixture_config(config_path).train_set(SEQ_LEN)
     with DataLoader(old, 16, mesh, {"batch": "data"}, fingerprint=True, prefetch=0) as loader:
         assert got[-1] != loader.batch(len(got) - 1).fingerprint  # the stage changed the batches after its start
+
+
+@pytest.mark.timeout(120)
+def test_steps_read_ahead_covers_each_readers_read_ahead_so_a_stage_past_it_gives_the_logs_batches(config_path, tmp_path):
+    """With reader processes, each reader starts the reads of its next ``read_ahead`` steps (every ``workers``-th step)
+    past the last step in its slots: ``steps_read_ahead()`` must count them, or a stage appended past it changes batches
+    already read."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    workers, prefetch, read_ahead, taken = 2, 1, 2, 2
+    grown = mixture_config(config_path).train_set(SEQ_LEN)
+    dataset = ReadLogDataset(grown, tmp_path / "reads.log")
+    with DataLoader(dataset, 16, mesh, {"batch": "data"}, fingerprint=True, workers=workers, prefetch=prefetch, read_ahead=read_ahead) as loader:
+        it = loader.iter_from_step(0)
+        got = [next(it).fingerprint for _ in range(taken)]
+        # the queue, the step its thread holds, each reader's slots, then the read-ahead of the last step in a slot
+        furthest = taken + prefetch + workers * (prefetch + read_ahead)
+        deadline = time.monotonic() + 60
+        while 16 * furthest not in dataset.first_indices_read() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert max(dataset.first_indices_read()) // 16 == furthest
+        assert furthest <= taken - 1 + loader.steps_read_ahead()
+        start = grown.next_boundary(16 * (taken + loader.steps_read_ahead()))
+        loader.append_stage(start, {"linux_doc": 0.1, "webster": 0.9})
+        got += [next(it).fingerprint for _ in range(start // 16 + 4 - taken)]
+    whole = mixture_config(config_path).train_set(SEQ_LEN, weight_log=grown.stages)
+    with DataLoader(whole, 16, mesh, {"batch": "data"}, fingerprint=True, prefetch=0) as loader:
+        assert got == [loader.batch(step).fingerprint for step in range(len(got))]
 
 
 @pytest.mark.timeout(120)

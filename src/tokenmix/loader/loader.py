@@ -320,6 +320,7 @@ class _WithProcesses:
 
 def steps_read_ahead(prefetch: int, workers: int, read_ahead: int) -> int:
     """How many steps past the last one taken a loader with these settings may already have read: the ``prefetch`` queue,
-    the step its thread is reading and the ``read_ahead`` steps started after it, and with ``workers`` reader processes
-    their ``prefetch`` slots each."""
-    return prefetch + 1 + read_ahead + workers * prefetch
+    the step its thread is reading and the ``read_ahead`` steps started after it; with ``workers`` reader processes, the
+    step its thread takes, then their ``prefetch`` slots each and each reader's ``read_ahead`` steps (every
+    ``workers``-th) started after the last step in its slots."""
+    return prefetch + 1 + workers * prefetch + max(workers, 1) * read_ahead
