@@ -318,6 +318,23 @@ def test_prebuilt_records_that_cannot_be_stored_are_bad_records(tmp_path, record
         build(str(tmp_path / "c"), [url], PrebuiltLmDatasetFormat(input_ids_key="ids", loss_weights_key="w"))
 
 
+@pytest.mark.parametrize("weights", [["a", 1], ["1", "0"], [{"w": 1}, 0], [[1], [0]]])
+def test_prebuilt_loss_weights_that_are_not_numbers_are_skipped_as_bad_records_naming_the_field(tmp_path, weights):
+    fmt = PrebuiltLmDatasetFormat(input_ids_key="ids", loss_weights_key="w")
+    cache, stats = built(tmp_path, fmt, [{"ids": [5, 6], "w": weights}, {"ids": [7, 8], "w": [1, 1]}], on_error="skip")
+    assert stats["skipped_by_reason"] == {"wrong_type": 1} and cache.num_rows() == 1 and cache[0].tolist() == [7, 8]
+    url = write_jsonl(tmp_path / "bad.jsonl", [{"ids": [5, 6], "w": weights}])
+    with pytest.raises(Exception, match="'w' must be a list of 0s and 1s"):
+        build(str(tmp_path / "raise"), [url], fmt)
+
+
+@pytest.mark.parametrize("fmt", [TextLmDatasetFormat(), PrebuiltLmDatasetFormat()])
+@pytest.mark.parametrize("huge", [2**63, 2**64 - 1])
+def test_token_ids_too_large_for_64_bits_are_skipped_as_out_of_range(tmp_path, fmt, huge):
+    cache, stats = built(tmp_path, fmt, [{"input_ids": [5, huge]}, {"input_ids": [7, 8]}], on_error="skip")
+    assert stats["skipped_by_reason"] == {"token_out_of_range": 1} and cache.num_rows() == 1 and cache[0].tolist() == [7, 8]
+
+
 def test_a_prebuilt_source_makes_one_example_per_record_unless_it_packs(tmp_path):
     url = write_jsonl(tmp_path / "p.jsonl", [{"input_ids": list(range(2, 2 + n))} for n in (5, 3, 7)])
     config = tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "c"),

@@ -225,6 +225,16 @@ def test_ul2r_examples_lay_out_task_token_inputs_then_targets_trained_on_alone(t
         cache_targets(tokenmix.load_data_config({**doc, "format": {**doc["format"], "sentinel_token_id_start": 40000}}))
 
 
+@pytest.mark.parametrize("count", [0, -3])
+def test_ul2r_without_sentinels_is_refused_when_the_config_is_read(tmp_path, count):
+    """No sentinel ids passed every check, built the cache, and failed reading the first batch (an IndexError)."""
+    fmt = {"type": "ul2r", "task_configs": UL2R_TASKS, "task_probs": {"r": 0.5, "x": 0.25, "s": 0.25},
+           "sentinel_token_id_start": 31900, "sentinel_token_id_count": count}
+    with pytest.raises(ConfigError, match=f"sentinel_token_id_count must be at least 1, got {count}"):
+        tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "cache"),
+                                   "train_urls": [str(LEVANTER_DATA / "ul2r_docs.jsonl")], "format": fmt})
+
+
 def test_the_passthrough_tokenizer_reads_text_of_integers_as_levanter_does(tmp_path):
     """``tests/data/levanter/passthrough_levanter.json`` is what Levanter 1.2.dev1644's own ``BatchTokenizer`` over its
     ``PassthroughTokenizer(55028)`` made of four texts (enforce_bos/enforce_eos true), run in the side venv

@@ -134,10 +134,10 @@ def token_ids(value: Any, key: str, vocab_size: int) -> np.ndarray:
         raise BadRecordError("wrong_type", f"{key!r} must be a non-empty list of integers")
     if not value:
         raise BadRecordError("empty_document", f"{key!r} is empty: it must be a non-empty list of integers")
-    ids = np.asarray(value, dtype=np.int64)
-    if ids.min() < 0 or ids.max() >= vocab_size:
-        raise BadRecordError("token_out_of_range", f"{key!r} holds ids outside [0, {vocab_size}): min {ids.min()}, max {ids.max()}")
-    return ids
+    low, high = min(value), max(value)  # checked before the int64 array, which an id past 2**63 would overflow
+    if low < 0 or high >= vocab_size:
+        raise BadRecordError("token_out_of_range", f"{key!r} holds ids outside [0, {vocab_size}): min {low}, max {high}")
+    return np.asarray(value, dtype=np.int64)
 
 
 def record_field(record: dict[str, Any], key: str, option: str) -> Any:

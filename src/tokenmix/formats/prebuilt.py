@@ -45,7 +45,11 @@ class PrebuiltLmDatasetFormat(LmDatasetFormatBase):
             ids = token_ids(record_field(record, self.input_ids_key, "input_ids_key"), self.input_ids_key, vocab)
             if self.loss_weights_key is None:
                 return Rendered([ids.tolist()])
-            weights = np.asarray(record_field(record, self.loss_weights_key, "loss_weights_key"), dtype=np.float64)
+            weights = record_field(record, self.loss_weights_key, "loss_weights_key")
+            if not isinstance(weights, list) or not all(isinstance(w, int | float) for w in weights):
+                raise BadRecordError("wrong_type", f"{self.loss_weights_key!r} must be a list of 0s and 1s (JSON numbers), one per "
+                                                   f"token of {self.input_ids_key!r}")
+            weights = np.asarray(weights, dtype=np.float64)
             if weights.shape != ids.shape:
                 raise BadRecordError("wrong_type", f"{self.loss_weights_key!r} has {weights.size} weights for {ids.size} tokens")
             odd = np.flatnonzero((weights != 0) & (weights != 1))

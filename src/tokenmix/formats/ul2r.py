@@ -82,6 +82,9 @@ class Ul2rLmDatasetFormat(TextLmDatasetFormat):
                 raise ValueError(f"format ul2r: task_configs.{name}: mask_prob must be in (0, 1) and mean_span_length positive")
         if self.sentinel_token_id_start is None:
             raise ValueError("format ul2r: sentinel_token_id_start is not set; give the first of the sentinel token ids")
+        if self.sentinel_token_id_count < 1:
+            raise ValueError(f"format ul2r: sentinel_token_id_count must be at least 1, got {self.sentinel_token_id_count}: noise "
+                             "spans are replaced by sentinels; give how many sentinel ids follow sentinel_token_id_start")
 
     def task_table(self) -> list[tuple[str, int, float, float, bool]]:
         """Each task in ``task_configs`` order as (kind, task token id, mask_prob, mean_span_length, random_roll)."""
