@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from helpers import TOKENIZER, cache_bytes, read_jsonl_zst, start_builders, write_jsonl
-from test_packs import _config, _sources, _without_build
+from helpers import cache_bytes, read_jsonl_zst, start_builders, write_jsonl
+from test_packs import _config, _config_file, _sources, _without_build
 
 from tokenmix import LMMixtureDatasetConfig, build_caches
 from tokenmix.cache.ledger import ShardChangedError
@@ -171,10 +170,7 @@ def test_sources_built_alone_earlier_stay_untouched_and_bad_records_are_counted_
 def test_two_processes_building_one_packed_config_at_once_end_with_one_pack_and_the_records_of_a_single_build(tmp_path, demo_docs):
     sources = _sources(tmp_path, demo_docs, 48)
     reference = build_caches(_config(sources, tmp_path / "reference"), progress=False)
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "cache"),
-                                    "configs": {name: {"train_urls": urls} for name, urls in sources.items()},
-                                    "build": {"commit_interval_s": 0, "chunk_bytes": 256, "on_error": "skip"}}))
+    path = _config_file(sources, tmp_path / "cache", tmp_path / "config.yaml")
     procs = start_builders([path, path], tmp_path / "go")
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs

@@ -47,6 +47,15 @@ def _config(sources: dict[str, list[str]], cache_dir: Path, **build: Any) -> LMM
                                   build=BuildOptions(**{"on_error": "skip", **build}))
 
 
+def _config_file(sources: dict[str, list[str]], cache_dir: Path, path: Path) -> Path:
+    """The mixture of ``sources`` as a config file at ``path``, for a builder process: a commit after every chunk of 256
+    bytes (so that a process stopped midway has committed some), bad records skipped."""
+    path.write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": str(cache_dir),
+                                    "configs": {name: {"train_urls": urls} for name, urls in sources.items()},
+                                    "build": {"commit_interval_s": 0, "chunk_bytes": 256, "on_error": "skip"}}))
+    return path
+
+
 def _rows_in_pack(cache_dir: Path, name: str) -> list[np.ndarray]:
     location = str(cache_dir / name / "train")
     record = read_member(location)
@@ -169,10 +178,7 @@ def test_a_ledger_that_is_not_json_is_refused_naming_it_and_the_fix(tmp_path, de
 def test_a_pack_build_killed_midway_resumes_to_the_bytes_and_records_of_an_uninterrupted_one(tmp_path, demo_docs):
     sources = _sources(tmp_path, demo_docs, 48)
     reference = build_caches(_config(sources, tmp_path / "reference"), progress=False)
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "killed"),
-                                    "configs": {name: {"train_urls": urls} for name, urls in sources.items()},
-                                    "build": {"commit_interval_s": 0, "chunk_bytes": 256, "on_error": "skip"}}))
+    path = _config_file(sources, tmp_path / "killed", tmp_path / "config.yaml")
     builder = start_builders([path], None)[0]
     try:
         _poll_until_committed(tmp_path / "killed", builder)
