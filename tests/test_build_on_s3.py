@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 from helpers import TOKENIZER, check_lease_lifecycle, demo_urls, start_builders
-from s3_server import BUCKET
+from s3_server import BUCKET, LatencyProxy
 
 import tokenmix
 
@@ -81,3 +81,35 @@ def test_a_levanter_cache_on_object_storage_is_read_in_place_by_a_mixture(s3, tm
     assert all(np.array_equal(a, b) for a, b in zip(opened.get_rows(rows), built.get_rows(rows)))
     seq = tokenmix.TokenSeqDataset(opened, 256)
     assert np.array_equal(seq.get_batch(range(8)).tokens, tokenmix.TokenSeqDataset(built, 256).get_batch(range(8)).tokens)
+
+
+def test_fsspec_reaches_the_endpoint_the_environment_names_now_as_tensorstore_does(s3, tmp_path, monkeypatch):
+    """fsspec keeps a filesystem, and its client, for each set of arguments it is given: a process that read through it
+    once, then was pointed at another endpoint (a test's next server, a job moved to another store), reached the first
+    one still. Inputs, and caches read with ``object_reads="fsspec"``, go where the environment says at each open,
+    as caches read through tensorstore do."""
+    import s3fs
+    from helpers import build
+
+    from tokenmix.sources.shards import FileShard
+
+    remote = f"s3://{BUCKET}/endpoint-{time.time_ns()}"
+    text = tmp_path / "docs.jsonl"
+    text.write_text("".join(f'{{"text": "document {i} of a few words"}}\n' for i in range(50)))
+    s3fs.S3FileSystem(skip_instance_cache=True, endpoint_url=s3.endpoint).put(str(text), f"{remote}/docs.jsonl".removeprefix("s3://"))
+    for location in (f"{remote}/cache", str(tmp_path / "local")):
+        build(location, [str(text)])
+    local = tokenmix.TokenCache(str(tmp_path / "local"))
+
+    def read_both() -> tuple[list[list[int]], int | None, int]:
+        cache = tokenmix.TokenCache(f"{remote}/cache", object_reads="fsspec")
+        shard = FileShard(f"{remote}/docs.jsonl")
+        return [r.tolist() for r in cache.get_rows(range(cache.num_rows()))], shard.size_bytes(), sum(len(c.records) for c in shard.read())
+
+    proxies = [LatencyProxy(s3.port, 0.0) for _ in range(2)]
+    expected = ([r.tolist() for r in local.get_rows(range(local.num_rows()))], text.stat().st_size, 50)
+    for now in (0, 1, 0):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxies[now].endpoint)
+        before = [p.requests for p in proxies]
+        assert read_both() == expected
+        assert proxies[now].requests > before[now] and proxies[1 - now].requests == before[1 - now], now

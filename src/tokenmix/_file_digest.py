@@ -6,6 +6,8 @@ from __future__ import annotations
 import fsspec
 import xxhash
 
+from tokenmix.sources.urls import storage_options
+
 _READ_BYTES = 8 << 20
 
 
@@ -13,7 +15,7 @@ def file_digest(url: str) -> tuple[int, str]:
     """The size of the file at ``url`` (a path or an fsspec URL) and its XXH3-128 digest in hex, from one read of it."""
     digest = xxhash.xxh3_128()
     size = 0
-    with fsspec.open(url, "rb") as f:
+    with fsspec.open(url, "rb", **storage_options(url)) as f:
         while block := f.read(_READ_BYTES):
             digest.update(block)
             size += len(block)

@@ -34,7 +34,7 @@ import numpy as np
 import zstandard
 
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk
-from tokenmix.sources.urls import local_path
+from tokenmix.sources.urls import local_path, url_to_fs
 
 Fetch = list[tuple[str, int, "int | None"]]
 """Byte ranges of stored objects to fetch: ``(key, start, stop)``, ``stop`` None to the object's end."""
@@ -199,9 +199,7 @@ class RemoteShards:
     ``cat_ranges`` call."""
 
     def __init__(self, url: str):
-        import fsspec
-
-        self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.fs, self.root = url_to_fs(url)
 
     def read_ranges(self, requests: Sequence[tuple[str, int, int | None]]) -> list[bytes]:
         """The bytes ``[start, stop)`` of each ``(key, start, stop)``; ``stop`` None reads to the object's end."""

@@ -26,7 +26,7 @@ import tensorstore as ts
 
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk, locate, problem_of
 from tokenmix.cache.durability import barriers_hold, can_sync_filesystem, sync_filesystem
-from tokenmix.sources.urls import join_location
+from tokenmix.sources.urls import join_location, s3_endpoint
 
 TOKENS_ARRAY = "input_ids"
 LOSS_SPANS_ARRAY = "loss_spans"
@@ -96,7 +96,7 @@ def _s3_options() -> dict[str, Any]:
     server) from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, keys from ``AWS_ACCESS_KEY_ID`` when it is set, and
     the bucket's region from ``AWS_REGION`` or ``AWS_DEFAULT_REGION``."""
     options: dict[str, Any] = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = s3_endpoint()
     if endpoint:
         options["endpoint"] = endpoint
     if os.environ.get("AWS_ACCESS_KEY_ID"):

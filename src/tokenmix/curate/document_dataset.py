@@ -28,7 +28,7 @@ from tokenmix.curate.records import user_table
 from tokenmix.curate.shard_io import ShardBatches, read_batches
 from tokenmix.curate.stages import ExactDedup, ShardContext, Stage, apply_stages
 from tokenmix.execution.configs import ExecutorConfig, LocalExecutorConfig
-from tokenmix.sources.urls import expand_urls
+from tokenmix.sources.urls import expand_urls, url_to_fs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,9 +148,7 @@ class Shuffle:
 
 
 def _is_directory(url: str) -> bool:
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = url_to_fs(url)
     return not any(c in url for c in "*?[{") and fs.isdir(path)
 
 
@@ -158,9 +156,7 @@ def _shards_in(directory: str, suffixes: tuple[str, ...]) -> list[str]:
     """The files of ``directory`` ending in each of ``suffixes`` in turn, each group in name order, less what an earlier
     curation kept there (``listing.is_curation_bookkeeping``: ``curation_stats.json`` is no shard): a step reads the
     directory the step before it wrote."""
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(directory)
+    fs, path = url_to_fs(directory)
     found = [name for suffix in suffixes for name in sorted(fs.glob(posixpath.join(path, f"*{suffix}")))
              if not is_curation_bookkeeping(posixpath.basename(name))]
     return [fs.unstrip_protocol(name) for name in found] if "://" in directory else found

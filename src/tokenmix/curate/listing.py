@@ -13,7 +13,7 @@ import logging
 import os
 import posixpath
 
-import fsspec
+from tokenmix.sources.urls import url_to_fs
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def get_all_files_paths_under(root: str, recurse_subdirectories: bool = True, fo
     ``root`` may be an fsspec URL (``s3://bucket/dir``); ``followlinks`` follows symbolic links to directories on a
     local filesystem."""
     if "://" in root:
-        fs, path = fsspec.core.url_to_fs(root)
+        fs, path = url_to_fs(root)
         found = fs.find(path, maxdepth=None if recurse_subdirectories else 1)
         files = [(fs.unstrip_protocol(p), posixpath.relpath(p, path)) for p in found]
     elif recurse_subdirectories:

@@ -20,6 +20,7 @@ from tokenmix.curate.dedup_policy import pack, unpack
 from tokenmix.curate.minhash import MinHashConfig, set_jaccard, shingle_sets
 from tokenmix.curate.pipeline_config import CurationError
 from tokenmix.curate.records import column_name
+from tokenmix.sources.urls import storage_options
 
 SHINGLE_BATCH = 256
 """Texts shingled together: one vectorized hashing per batch."""
@@ -116,7 +117,7 @@ def _texts(docs: np.ndarray, check: PairCheck) -> Iterator[tuple[int, str]]:
     tasks, rows = unpack(docs)
     for task in np.unique(tasks).tolist():
         wanted = rows[tasks == task]
-        with fsspec.open(check.intermediate_urls[task], "rb") as raw:
+        with fsspec.open(check.intermediate_urls[task], "rb", **storage_options(check.intermediate_urls[task])) as raw:
             parquet = pq.ParquetFile(raw)
             starts = np.cumsum([0] + [parquet.metadata.row_group(g).num_rows for g in range(parquet.metadata.num_row_groups)])
             group_of = np.searchsorted(starts, wanted, side="right") - 1

@@ -23,6 +23,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from tokenmix._file_digest import file_digest
 from tokenmix._safe_files import create_new
+from tokenmix.sources.urls import url_to_fs
 
 
 class PartialFile:
@@ -87,7 +88,7 @@ def _open_new(fs: fsspec.AbstractFileSystem, path: str) -> Any:
 def damage(url: str, record: dict[str, Any], check_digest: bool) -> str | None:
     """What is wrong with the file at ``url`` against ``record`` (its size and digest when written), or ``None`` when
     it is still that file. ``check_digest`` reads the whole file; without it only the size is compared."""
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = url_to_fs(url)
     try:
         size = fs.size(path)
         if size != record["bytes"]:

@@ -38,7 +38,6 @@ import time
 from typing import Any
 
 import draccus
-import fsspec
 import xxhash
 from tqdm.auto import tqdm
 
@@ -56,6 +55,7 @@ from tokenmix.curate.stages import ExactDedup
 from tokenmix.execution.configs import LocalExecutorConfig
 from tokenmix.execution.retrying import run_tasks
 from tokenmix.sources.shards import FileShard
+from tokenmix.sources.urls import url_to_fs
 
 logger = logging.getLogger(__name__)
 
@@ -285,7 +285,7 @@ def _write_partitions(config: CurationConfig, executor: Any, shards: list[ShardR
 def _remove_intermediates(work: str) -> None:
     """Remove the records passed between passes and the fuzzy decision's shuffles; statistics and dedup decisions
     (clusters, removals) stay, so that a rerun after a damaged output redoes no decision."""
-    fs, path = fsspec.core.url_to_fs(work)
+    fs, path = url_to_fs(work)
     for pattern in ("pass-*/data", "pass-*/artifacts", "pass-*/fuzzy/lsh/buckets", "pass-*/fuzzy/edges/*.parquet",
                     "pass-*/fuzzy/components/round-*/labels", "pass-*/fuzzy/components/round-*/messages",
                     "pass-*/fuzzy/components/members/*.parquet", "pass-*/fuzzy/removed/scatter", "scatter/data"):

@@ -10,14 +10,13 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterator
 
-import fsspec
-
 from tokenmix.curate.shard_io import shard_stem
+from tokenmix.sources.urls import url_to_fs
 
 
 def shards_in(directory: str, file_type: str) -> list[str]:
     """The files of ``directory`` (local or fsspec URL) ending in ``.<file_type>``, sorted; hidden files left out."""
-    fs, path = fsspec.core.url_to_fs(directory)
+    fs, path = url_to_fs(directory)
     if not fs.exists(path):
         return []
     suffix = "." + file_type.lstrip(".")

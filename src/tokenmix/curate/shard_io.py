@@ -43,6 +43,7 @@ from tokenmix.curate.records import (
 )
 from tokenmix.execution.retrying import TaskInputError
 from tokenmix.sources.shards import FileShard, PlainText, ShardReadError
+from tokenmix.sources.urls import storage_options, url_to_fs
 
 OutputFormat = Literal["jsonl", "jsonl.gz", "jsonl.zst", "parquet"]
 OUTPUT_FORMATS: tuple[str, ...] = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet")
@@ -153,7 +154,7 @@ def _parse(raw: Any, text_field: str) -> tuple[dict[str, Any] | None, str | None
 
 def row_groups(url: str) -> Iterator[pa.Table]:
     """A Parquet file (local or fsspec URL) a row group at a time, so memory holds one group, not the file."""
-    with fsspec.open(url, "rb") as raw:
+    with fsspec.open(url, "rb", **storage_options(url)) as raw:
         parquet = pq.ParquetFile(raw)
         for group in range(parquet.metadata.num_row_groups):
             yield parquet.read_row_group(group)
@@ -203,7 +204,7 @@ class ShardWriter:
         if fmt not in OUTPUT_FORMATS:
             raise ValueError(f"output format {fmt!r} is not one of {list(OUTPUT_FORMATS)}")
         self.url, self.fmt, self.keep_hidden = url, fmt, keep_hidden
-        self.fs, self.path = fsspec.core.url_to_fs(url)
+        self.fs, self.path = url_to_fs(url)
         parent, name = posixpath.split(self.path)
         self.tmp_path = posixpath.join(parent, f".{name}.partial")
         self.fs.makedirs(parent, exist_ok=True)
@@ -272,7 +273,7 @@ class ShardWriter:
 def write_whole(url: str, write: Any) -> None:
     """Write a small file whole: ``write(f)`` fills ``<url>.partial`` (``partial_files``), which is then renamed to
     ``url``, so the name only ever holds a complete file (statistics, decisions, artifacts)."""
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = url_to_fs(url)
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
     partial = PartialFile(fs, path + ".partial")
     try:
@@ -290,7 +291,7 @@ def write_table(url: str, table: pa.Table, statistics: bool = False) -> None:
 
 def read_table(url: str, **kwargs: Any) -> pa.Table:
     """A Parquet file (local or fsspec URL) as a table; ``kwargs`` go to ``pyarrow.parquet.read_table``."""
-    with fsspec.open(url, "rb") as f:
+    with fsspec.open(url, "rb", **storage_options(url)) as f:
         return pq.read_table(f, **kwargs)
 
 
@@ -301,7 +302,7 @@ def write_json(url: str, value: Any) -> None:
 
 def read_json(url: str) -> Any | None:
     """A JSON file's value, or ``None`` when it is not there."""
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = url_to_fs(url)
     if not fs.exists(path):
         return None
     with fs.open(path, "rb") as f:
@@ -310,7 +311,7 @@ def read_json(url: str) -> Any | None:
 
 def exists(url: str) -> bool:
     """Whether a file is there (local path or fsspec URL)."""
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = url_to_fs(url)
     return bool(fs.exists(path))
 
 

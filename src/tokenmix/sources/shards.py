@@ -37,7 +37,7 @@ from tokenmix.sources.compression import (
     decompressing_reader,
     strip_compression_suffix,
 )
-from tokenmix.sources.urls import local_path
+from tokenmix.sources.urls import local_path, storage_options, url_to_fs
 
 logger = logging.getLogger(__name__)
 
@@ -180,9 +180,7 @@ class FileShard:
         try:
             if local is not None:
                 return os.path.getsize(local)
-            import fsspec  # here, not at the top: its import scans every installed package's entry points (30-50 ms)
-
-            fs, path = fsspec.core.url_to_fs(self.name)
+            fs, path = url_to_fs(self.name)
             return int(fs.size(path))
         except (OSError, ValueError):
             return None
@@ -192,10 +190,9 @@ class FileShard:
         time that an object store reports. ``FileNotFoundError`` when the input is missing."""
         local = local_path(self.name)
         if local is None:
-            import fsspec
             from fsspec.implementations.local import LocalFileSystem
 
-            fs, local = fsspec.core.url_to_fs(self.name)
+            fs, local = url_to_fs(self.name)
             if not isinstance(fs, LocalFileSystem):
                 info = fs.info(local)
                 version = next(((key, str(info[key])) for key in _VERSION_KEYS if info.get(key) not in (None, "")), None)
@@ -392,7 +389,7 @@ def _open_input(url: str) -> Any:
         return open(local, "rb")
     import fsspec
 
-    return fsspec.open(url, "rb")
+    return fsspec.open(url, "rb", **storage_options(url))
 
 
 def _files_of(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:

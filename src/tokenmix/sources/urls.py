@@ -18,6 +18,7 @@ import logging
 import os
 import posixpath
 from collections.abc import Iterable
+from typing import Any
 
 import braceexpand
 
@@ -38,6 +39,29 @@ def local_path(url: str) -> str | None:
     if url.startswith("file://"):
         return url.removeprefix("file://")
     return None if "://" in url or "::" in url else os.path.expanduser(url)
+
+
+def s3_endpoint() -> str | None:
+    """The S3-compatible endpoint (MinIO, R2, a local server) the environment names, as the AWS tools read it:
+    ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``; None for AWS itself."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def storage_options(url: str) -> dict[str, Any]:
+    """What fsspec is given besides ``url`` to open it: for ``s3://``, the endpoint of ``s3_endpoint``.
+
+    fsspec keeps one filesystem, and its open client, for each set of arguments: given only the URL, a process would
+    reach the endpoint its environment named the first time, even after the environment names another, while the
+    caches tensorstore opens follow the environment. Passed explicitly, the endpoint picks the filesystem."""
+    endpoint = s3_endpoint() if url.startswith("s3://") else None
+    return {"endpoint_url": endpoint} if endpoint else {}
+
+
+def url_to_fs(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem holding ``url`` (with ``storage_options``) and the path in it."""
+    import fsspec  # here: its import scans every installed package's entry points, which a reading process never needs
+
+    return fsspec.core.url_to_fs(url, **storage_options(url))
 
 
 def join_location(location: str, *parts: str) -> str:
@@ -73,9 +97,8 @@ def _expand_glob(url: str) -> list[str]:
     path_part = url.split("://", 1)[-1]
     if not any(c in path_part for c in _GLOB_CHARS):
         return [url]
-    import fsspec  # here: its import scans every installed package's entry points, which a reading process never needs
 
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = url_to_fs(url)
     paths = fs.glob(path)
     if not paths:
         raise NoShardsError(f"URL pattern {url!r} matched no files; check the path or the glob")
@@ -94,12 +117,11 @@ def urls_from_metadata_files(paths: list[str]) -> list[str]:
     Every entry is checked to exist (one ``exists`` call each, so a missing input is named with its listing file and
     line before any building starts); a missing or empty listing file, or a missing entry, raises ``NoShardsError``.
     """
-    import fsspec
 
     out: list[str] = []
     seen: set[str] = set()
     for listing in paths:
-        fs, path = fsspec.core.url_to_fs(listing)
+        fs, path = url_to_fs(listing)
         try:
             text = fs.cat_file(path).decode("utf-8")
         except FileNotFoundError:
@@ -112,7 +134,7 @@ def urls_from_metadata_files(paths: list[str]) -> list[str]:
             if not entry or entry.startswith("#"):
                 continue
             url = _beside(listing, entry)
-            entry_fs, entry_path = fsspec.core.url_to_fs(url)
+            entry_fs, entry_path = url_to_fs(url)
             if not entry_fs.exists(entry_path):
                 resolved = "" if url == entry else f" (resolved against the listing's directory: {url})"
                 raise NoShardsError(f"{listing}, line {number}: input {entry!r} does not exist{resolved}; fix the path or remove the line")
