@@ -6,7 +6,7 @@ from __future__ import annotations
 import fsspec
 import xxhash
 
-from tokenmix.sources.urls import storage_options
+from tokenmix._object_stores import storage_options
 
 _READ_BYTES = 8 << 20
 

@@ -33,8 +33,9 @@ import google_crc32c
 import numpy as np
 import zstandard
 
+from tokenmix._object_stores import url_to_fs
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk
-from tokenmix.sources.urls import local_path, url_to_fs
+from tokenmix.sources.urls import local_path
 
 Fetch = list[tuple[str, int, "int | None"]]
 """Byte ranges of stored objects to fetch: ``(key, start, stop)``, ``stop`` None to the object's end."""

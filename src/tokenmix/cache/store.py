@@ -24,9 +24,10 @@ import numpy as np
 import orjson
 import tensorstore as ts
 
+from tokenmix._object_stores import s3_endpoint
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk, locate, problem_of
 from tokenmix.cache.durability import barriers_hold, can_sync_filesystem, sync_filesystem
-from tokenmix.sources.urls import join_location, s3_endpoint
+from tokenmix.sources.urls import join_location
 
 TOKENS_ARRAY = "input_ids"
 LOSS_SPANS_ARRAY = "loss_spans"

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from tokenmix._object_stores import url_to_fs
 from tokenmix.curate.listing import is_curation_bookkeeping
 from tokenmix.curate.pipeline import run_curation
 from tokenmix.curate.pipeline_config import BlendConfig, CurationConfig, CurationOutput, CurationSource, ShuffleConfig
@@ -28,7 +29,7 @@ from tokenmix.curate.records import user_table
 from tokenmix.curate.shard_io import ShardBatches, read_batches
 from tokenmix.curate.stages import ExactDedup, ShardContext, Stage, apply_stages
 from tokenmix.execution.configs import ExecutorConfig, LocalExecutorConfig
-from tokenmix.sources.urls import expand_urls, url_to_fs
+from tokenmix.sources.urls import expand_urls
 
 
 @dataclasses.dataclass(frozen=True)

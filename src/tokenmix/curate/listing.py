@@ -13,7 +13,7 @@ import logging
 import os
 import posixpath
 
-from tokenmix.sources.urls import url_to_fs
+from tokenmix._object_stores import url_to_fs
 
 logger = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ import fsspec
 import numpy as np
 import pyarrow.parquet as pq
 
+from tokenmix._object_stores import storage_options
 from tokenmix.curate.dedup_policy import pack, unpack
 from tokenmix.curate.minhash import MinHashConfig, set_jaccard, shingle_sets
 from tokenmix.curate.pipeline_config import CurationError
 from tokenmix.curate.records import column_name
-from tokenmix.sources.urls import storage_options
 
 SHINGLE_BATCH = 256
 """Texts shingled together: one vectorized hashing per batch."""

@@ -22,8 +22,8 @@ import xxhash
 from fsspec.implementations.local import LocalFileSystem
 
 from tokenmix._file_digest import file_digest
+from tokenmix._object_stores import url_to_fs
 from tokenmix._safe_files import create_new
-from tokenmix.sources.urls import url_to_fs
 
 
 class PartialFile:

@@ -42,6 +42,7 @@ import xxhash
 from tqdm.auto import tqdm
 
 import tokenmix.curate.quality  # noqa: F401  (registers the quality stage as a choice of Stage)
+from tokenmix._object_stores import url_to_fs
 from tokenmix.curate import blend as blending
 from tokenmix.curate import exact_dedup, fuzzy_dedup, scatter
 from tokenmix.curate.listing import STATS_FILE, WORK_DIR
@@ -55,7 +56,6 @@ from tokenmix.curate.stages import ExactDedup
 from tokenmix.execution.configs import LocalExecutorConfig
 from tokenmix.execution.retrying import run_tasks
 from tokenmix.sources.shards import FileShard
-from tokenmix.sources.urls import url_to_fs
 
 logger = logging.getLogger(__name__)
 

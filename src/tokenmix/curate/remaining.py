@@ -10,8 +10,8 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterator
 
+from tokenmix._object_stores import url_to_fs
 from tokenmix.curate.shard_io import shard_stem
-from tokenmix.sources.urls import url_to_fs
 
 
 def shards_in(directory: str, file_type: str) -> list[str]:

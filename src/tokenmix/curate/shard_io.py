@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
+from tokenmix._object_stores import storage_options, url_to_fs
 from tokenmix.curate.partial_files import PartialFile
 from tokenmix.curate.records import (
     POSITION,
@@ -43,7 +44,6 @@ from tokenmix.curate.records import (
 )
 from tokenmix.execution.retrying import TaskInputError
 from tokenmix.sources.shards import FileShard, PlainText, ShardReadError
-from tokenmix.sources.urls import storage_options, url_to_fs
 
 OutputFormat = Literal["jsonl", "jsonl.gz", "jsonl.zst", "parquet"]
 OUTPUT_FORMATS: tuple[str, ...] = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet")

@@ -29,6 +29,7 @@ import ijson
 import orjson
 import xxhash
 
+from tokenmix._object_stores import storage_options, url_to_fs
 from tokenmix.sources.compression import (
     CorruptInputError,
     TrailingDataError,
@@ -37,7 +38,7 @@ from tokenmix.sources.compression import (
     decompressing_reader,
     strip_compression_suffix,
 )
-from tokenmix.sources.urls import local_path, storage_options, url_to_fs
+from tokenmix.sources.urls import local_path
 
 logger = logging.getLogger(__name__)
 

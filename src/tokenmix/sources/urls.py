@@ -18,9 +18,10 @@ import logging
 import os
 import posixpath
 from collections.abc import Iterable
-from typing import Any
 
 import braceexpand
+
+from tokenmix._object_stores import url_to_fs
 
 logger = logging.getLogger(__name__)
 
@@ -39,29 +40,6 @@ def local_path(url: str) -> str | None:
     if url.startswith("file://"):
         return url.removeprefix("file://")
     return None if "://" in url or "::" in url else os.path.expanduser(url)
-
-
-def s3_endpoint() -> str | None:
-    """The S3-compatible endpoint (MinIO, R2, a local server) the environment names, as the AWS tools read it:
-    ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``; None for AWS itself."""
-    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
-
-
-def storage_options(url: str) -> dict[str, Any]:
-    """What fsspec is given besides ``url`` to open it: for ``s3://``, the endpoint of ``s3_endpoint``.
-
-    fsspec keeps one filesystem, and its open client, for each set of arguments: given only the URL, a process would
-    reach the endpoint its environment named the first time, even after the environment names another, while the
-    caches tensorstore opens follow the environment. Passed explicitly, the endpoint picks the filesystem."""
-    endpoint = s3_endpoint() if url.startswith("s3://") else None
-    return {"endpoint_url": endpoint} if endpoint else {}
-
-
-def url_to_fs(url: str) -> tuple[Any, str]:
-    """The fsspec filesystem holding ``url`` (with ``storage_options``) and the path in it."""
-    import fsspec  # here: its import scans every installed package's entry points, which a reading process never needs
-
-    return fsspec.core.url_to_fs(url, **storage_options(url))
 
 
 def join_location(location: str, *parts: str) -> str:
