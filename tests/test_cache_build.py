@@ -5,6 +5,8 @@ import json
 import numpy as np
 import pytest
 from helpers import TOKENIZER, build, cache_bytes, demo_urls, encoder_for, write_jsonl
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tokenmix import CacheMismatchError, ShardListMismatchError, TextLmDatasetFormat, TokenCache
 from tokenmix.cache.builder import CacheBuilder
@@ -207,3 +209,11 @@ def test_cache_locations_map_to_tensorstore_kvstores(tmp_path):
     assert join_location("gs://b/c/", "web", "train") == "gs://b/c/web/train"
     with pytest.raises(ValueError, match="not supported"):
         kvstore_spec("ftp://host/c")
+
+
+@given(st.lists(st.integers(0, 2**40), min_size=1, max_size=300))
+def test_length_percentiles_are_numpys_to_the_bit(lengths):
+    from tokenmix.cache.stats import _PERCENTILES, length_percentiles
+
+    array = np.array(lengths, np.int64)
+    assert length_percentiles(array.copy()) == np.percentile(array, _PERCENTILES).tolist()
