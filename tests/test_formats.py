@@ -442,3 +442,20 @@ configs:
     open_cache(with_format(config, "sft", pack=False), "sft")
     with pytest.raises(CacheMismatchError):
         open_cache(with_format(config, "code", TextLmDatasetFormat()), "code")
+
+
+@pytest.mark.parametrize("written", ["false", "true"])
+def test_a_boolean_separate_with_is_refused_not_read_as_token_id_0_or_1(tmp_path, written):
+    """draccus reads a YAML boolean as the int it is: ``separate_with: false`` meant no separator and put token id 0
+    (EOS here) between every prompt and completion."""
+    config = tmp_path / "sft.yaml"
+    config.write_text(f"""tokenizer: {TOKENIZER}
+cache_dir: {tmp_path / 'caches'}
+configs:
+  sft:
+    train_urls: ["{write_jsonl(tmp_path / 'sft.jsonl', GOOD['supervised'])}"]
+    format: {{type: supervised, separate_with: {written}}}
+""")
+    with pytest.raises(tokenmix.ConfigError, match=rf"{config}.*separate_with is {written}, not a separator; leave it out"):
+        tokenmix.load_data_config(config)
+    assert SupervisedLmDatasetFormat(separate_with=0).separate_with == 0  # a token id 0 given as a number stays one

@@ -30,8 +30,10 @@ class SupervisedLmDatasetFormat(LmDatasetFormatBase):
     """Field holding the prompt (Levanter's canonical name)."""
     output_field: str = "response"
     """Field holding the completion."""
-    separate_with: int | str | None = None
-    """Put between prompt and completion, counted as prompt: a text (tokenized on its own) or a token id."""
+    separate_with: bool | int | str | None = None
+    """Put between prompt and completion, counted as prompt: a text (tokenized on its own) or a token id. A boolean is
+    refused: YAML's ``false`` would otherwise be read as token id 0 and ``true`` as id 1 (draccus reads a boolean as the
+    int it is), a token put into every example where the user meant none."""
     mask_inputs: bool = True
     """Train only on the completion and its EOS; false trains on every token."""
     max_seq_length: int | None = None
@@ -53,6 +55,9 @@ class SupervisedLmDatasetFormat(LmDatasetFormatBase):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ftfy_normalizer", normal_form(self.ftfy_normalizer, "format supervised: ftfy_normalizer"))
+        if isinstance(self.separate_with, bool):
+            raise ValueError(f"format supervised: separate_with is {str(self.separate_with).lower()}, not a separator; leave it "
+                             "out (or null) for none, or give a separator text or a token id")
         for name in ("max_seq_length", "min_sequence_len"):
             value = getattr(self, name)
             if value is not None and value < 1:
