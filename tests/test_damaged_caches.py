@@ -347,3 +347,21 @@ def test_a_repair_with_a_config_that_encodes_otherwise_is_refused_writing_nothin
         tokenmix.verify_cache(str(location), repair=True, config=other, progress=False)
     assert cache_bytes(str(location)) == before
     assert tokenmix.verify_cache(str(location), repair=True, config=tokenmix.load_data_config(doc), progress=False).ok
+
+
+@pytest.mark.parametrize("kept", [0, 100])
+def test_verify_finds_a_last_partial_object_cut_short_and_repair_restores_it(tmp_path, built, kept):
+    """The last, partial object of the tokens, cut to nothing or to less than its index (which the open object holds a
+    copy of): verify lists it instead of stopping on the short read of its index, and repair writes it back."""
+    _, location = fresh(built, "zstd", tmp_path)
+    pristine = cache_bytes(str(location))
+    objects = location / "input_ids" / "data" / "c"
+    last = objects / str(max(int(p.name) for p in objects.iterdir()))
+    last.write_bytes(last.read_bytes()[:kept])
+    found = tokenmix_cli("verify", str(location), "--json")
+    assert found.returncode == 1, found.stdout + found.stderr
+    (report,) = json.loads(found.stdout)
+    assert {(d["array"], d["stored"].split(",")[0]) for d in report["damaged"]} == {("input_ids/data", f"c/{last.name}")}, report
+    repaired = tokenmix_cli("verify", str(location), "--repair")
+    assert repaired.returncode == 0 and f"repaired: input_ids/data c/{last.name}" in repaired.stdout, repaired.stdout + repaired.stderr
+    assert cache_bytes(str(location)) == pristine
