@@ -365,3 +365,28 @@ def test_verify_finds_a_last_partial_object_cut_short_and_repair_restores_it(tmp
     repaired = tokenmix_cli("verify", str(location), "--repair")
     assert repaired.returncode == 0 and f"repaired: input_ids/data c/{last.name}" in repaired.stdout, repaired.stdout + repaired.stderr
     assert cache_bytes(str(location)) == pristine
+
+
+@pytest.mark.parametrize("damage", ["cut", "garbled", "other dtype"])
+@pytest.mark.parametrize("array", ["input_ids/data", "input_ids/offsets", "loss_spans/data"])
+def test_a_damaged_zarr_json_is_named_with_the_fix_by_readers_and_by_verify(tmp_path, built, damage, array):
+    """An array's zarr.json cut short, garbled or edited: a reader that opens the cache from its parts (no open.bin)
+    names the file and the fix, never tensorstore's spec dump; `tokenmix verify` lists it, with or without open.bin,
+    where it stopped on the same raw error."""
+    from tokenmix.cache.store import DocumentDamagedError
+
+    _, location = fresh(built, "spans" if array.startswith("loss_spans") else "zstd", tmp_path)
+    metadata = location / array / "zarr.json"
+    stored = metadata.read_bytes()
+    dtype = json.loads(stored)["data_type"]
+    metadata.write_bytes({"cut": stored[:50], "garbled": b'{"zarr_format": 3, "codecs": 7}',
+                          "other dtype": stored.replace(f'"{dtype}"'.encode(), b'"float32"')}[damage])
+    for opened_from in ("open.bin", "its parts"):
+        found = tokenmix_cli("verify", str(location), "--json", "--no_inputs")
+        assert found.returncode == 1, (opened_from, found.stdout + found.stderr)
+        (report,) = json.loads(found.stdout)
+        assert any(p.startswith(f"{array}/zarr.json") for p in report["problems"]), (opened_from, report)
+        (location / "open.bin").unlink(missing_ok=True)
+    with pytest.raises(DocumentDamagedError, match=rf"{metadata} is damaged: .*Delete the cache and build it again") as info:
+        TokenCache(str(location)).get_rows([0])
+    assert "tensorstore_spec" not in str(info.value)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlparse
@@ -298,16 +299,25 @@ def _open_array(location: str, sub: str, dtype: str | None, shard: int, inner: i
         else:
             array = ts.open({"driver": "zarr3", "kvstore": _subspec(location, sub), **options}, context=context, open=True).result()
     except ValueError as e:
+        unreadable = _METADATA_UNREADABLE.search(str(e))
+        if unreadable is not None:
+            raise DocumentDamagedError(location, f"{sub}/{ZARR_METADATA}", f"not an array's metadata ({unreadable.group(1)})") from None
         if not create or "NOT_FOUND" not in str(e):
             raise
         return ts.open(_array_spec(location, sub, dtype, shard, inner, compression), context=context, create=True).result()
     if dtype is not None and array.dtype.numpy_dtype != np.dtype(dtype):
-        raise ValueError(f"{join_location(location, sub)} holds {array.dtype.numpy_dtype} values, not {dtype}")
+        raise DocumentDamagedError(location, f"{sub}/{ZARR_METADATA}", f"it says the array holds {array.dtype.numpy_dtype} values, "
+                                   f"the cache's are {dtype}")
     return array
+
 
 
 ZARR_METADATA = "zarr.json"
 """Where a zarr3 array stores its metadata, under its prefix."""
+
+_METADATA_UNREADABLE = re.compile(r'^(?:DATA_LOSS|FAILED_PRECONDITION): Error opening "zarr3" driver: Error reading [^"]*"[^"]*/'
+                                  + re.escape(ZARR_METADATA) + r'": (.*?)(?: \[tensorstore_spec=.*)?$', re.DOTALL)
+"""Tensorstore's words for an array's stored metadata that is not JSON, or not a zarr3 array's (cut short, garbled)."""
 
 
 def _new_array(location: str, sub: str, dtype: str, shard: int, inner: int, compression: str,
