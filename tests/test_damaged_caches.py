@@ -390,3 +390,24 @@ def test_a_damaged_zarr_json_is_named_with_the_fix_by_readers_and_by_verify(tmp_
     with pytest.raises(DocumentDamagedError, match=rf"{metadata} is damaged: .*Delete the cache and build it again") as info:
         TokenCache(str(location)).get_rows([0])
     assert "tensorstore_spec" not in str(info.value)
+
+
+def test_verify_names_a_damaged_stats_json_and_the_build_that_writes_it_again(tmp_path, built):
+    """stats.json cut short: verify lists it with its fix (where it said OK), a repair of damaged chunks beside it still
+    rewrites them, and a build writes the statistics again, after which the cache verifies clean."""
+    cache_dir, location = fresh(built, "zstd", tmp_path)
+    stats = location / "stats.json"
+    stats.write_bytes(stats.read_bytes()[:100])
+    tokens = location / "input_ids" / "data" / "c" / "1"
+    flip(tokens, tokens.stat().st_size - 10)
+    found = tokenmix_cli("verify", str(location), "--no_inputs")
+    assert found.returncode == 1 and "inconsistent: stats.json: not a JSON document" in found.stdout, found.stdout + found.stderr
+    assert "delete it, and `tokenmix build-cache` writes it again" in found.stdout
+    repaired = tokenmix_cli("verify", str(location), "--repair")
+    assert repaired.returncode == 1 and "repaired: input_ids/data c/1" in repaired.stdout, repaired.stdout + repaired.stderr
+    assert "inconsistent: stats.json" in repaired.stdout
+    stats.unlink()
+    with pytest.MonkeyPatch.context() as mp:
+        small_layout(mp)
+        tokenmix.build_caches(tokenmix.load_data_config(str(write_config(tmp_path / "c.yaml", cache_dir))), progress=False)
+    assert tokenmix_cli("verify", str(location)).returncode == 0

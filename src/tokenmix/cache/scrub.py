@@ -28,6 +28,7 @@ from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
 from tokenmix.cache.open_object import OPEN_FILE, OpenObjectDamagedError, read_open_object
 from tokenmix.cache.plans import PLAN_ARRAY, plan_location, stored_plans
 from tokenmix.cache.reader import CacheNotFoundError
+from tokenmix.cache.stats import STATS_FILE
 from tokenmix.cache.store import (
     LOSS_SPANS_ARRAY,
     TOKENS_ARRAY,
@@ -148,6 +149,7 @@ def scrub(location: str, shards: Sequence[Shard] | None = None, inputs: bool = T
                 _scan_values(array, values, vocab, report, bar)
     _check_ledger(ledger, report, bounds)
     _check_open_object(location, ledger, tokens, report)
+    _check_stats(location, report)
     if inputs:
         report.inputs = _check_inputs(ledger, shards, chunk_bytes, progress)
     return report
@@ -290,6 +292,18 @@ def _check_open_object(location: str, ledger: CacheLedger, tokens: JaggedArray, 
         if stored is None or stored.state != "value" or bytes(stored.value) != index:
             found.append(f"its index of {TOKENS_ARRAY}/data c/{shard} differs from the stored one")
     report.problems += [f"{OPEN_FILE}: {f}" for f in found]
+
+
+STATS_FIX = "delete it, and `tokenmix build-cache` writes it again from the ledger"
+"""Ends the scrub's words for a damaged statistics document: what mends it (a repair cannot: it holds the build's times)."""
+
+
+def _check_stats(location: str, report: CacheReport) -> None:
+    """The statistics document, where there is one, must be JSON: ``inspect`` and the build's summary read it."""
+    try:
+        JsonDocuments(location).read(STATS_FILE)
+    except DocumentDamagedError as e:
+        report.problems.append(f"{STATS_FILE}: {e.problem}; {STATS_FIX}")
 
 
 def _parsed(raw: bytes) -> Any:
