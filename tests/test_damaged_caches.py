@@ -411,3 +411,22 @@ def test_verify_names_a_damaged_stats_json_and_the_build_that_writes_it_again(tm
         small_layout(mp)
         tokenmix.build_caches(tokenmix.load_data_config(str(write_config(tmp_path / "c.yaml", cache_dir))), progress=False)
     assert tokenmix_cli("verify", str(location)).returncode == 0
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_a_reader_that_met_damage_reads_the_repaired_object_once_repaired(tmp_path, built, compression):
+    """A reader open across a repair (a training process beside `tokenmix verify --repair`): its exact reads fail while
+    the object is damaged and give the build's tokens once it is repaired, where the reader of an uncompressed cache
+    kept the damaged file mapped and failed until it was closed."""
+    cache_dir, location = fresh(built, compression, tmp_path)
+    config = tokenmix.load_data_config(str(write_config(tmp_path / "c.yaml", cache_dir, compression)))
+    dataset = TokenSeqDataset(TokenCache(str(location), chunk_cache=ChunkCache(0)), SEQ_LEN)
+    expected = dataset.get_batch(np.arange(len(dataset))).tokens
+    victim = location / "input_ids" / "data" / "c" / "3"
+    with open(victim, "r+b") as f:  # in place, as bit rot is
+        f.seek(victim.stat().st_size - 20)
+        f.write(bytes([f.read(1)[0] ^ 8]))
+    with pytest.raises(CacheDamagedError, match=r"c/3, chunk 7 of 8\): checksum mismatch"):
+        dataset.get_batch(np.arange(len(dataset)))
+    assert tokenmix.verify_cache(str(location), repair=True, config=config, progress=False).ok
+    assert np.array_equal(dataset.get_batch(np.arange(len(dataset))).tokens, expected)
