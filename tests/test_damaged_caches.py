@@ -430,3 +430,32 @@ def test_a_reader_that_met_damage_reads_the_repaired_object_once_repaired(tmp_pa
         dataset.get_batch(np.arange(len(dataset)))
     assert tokenmix.verify_cache(str(location), repair=True, config=config, progress=False).ok
     assert np.array_equal(dataset.get_batch(np.arange(len(dataset))).tokens, expected)
+
+
+@pytest.mark.parametrize("array", ["input_ids/data", "input_ids/offsets"])
+def test_extending_a_cache_whose_last_object_is_damaged_names_the_damage_and_goes_on_once_repaired(tmp_path, monkeypatch, array):
+    """A build that appends rewrites the last, partial stored object of each array (and the first of the row ends, where
+    it publishes): damage there is named with its repair before anything is written, where the build stopped on
+    tensorstore's error saying to fix the storage (free space, permissions) and re-run, which failed again. Once repaired,
+    the cache extends to the tokens of a build of all its shards."""
+    small_layout(monkeypatch)
+    shards = demo_urls("linux_doc")
+
+    def config(urls: list[str], cache_dir: Path) -> tokenmix.DataConfigBase:
+        return tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(cache_dir), "configs": {"linux": {"train_urls": urls}},
+                                          "build": {"num_workers": 0, "chunk_bytes": 1 << 15}})
+
+    tokenmix.build_caches(config(shards, tmp_path / "whole"), progress=False)
+    tokenmix.build_caches(config(shards[:1], tmp_path / "grown"), progress=False)
+    location = tmp_path / "grown" / "linux" / "train"
+    objects = location / array / "c"
+    last = objects / str(max(int(p.name) for p in objects.iterdir()))
+    flip(last, last.stat().st_size - 3)
+    with pytest.raises(CacheDamagedError, match=rf"cache at {location} is damaged: {array} .*\(c/{last.name}, .*--repair"):
+        tokenmix.build_caches(config(shards, tmp_path / "grown"), progress=False)
+    assert tokenmix.verify_cache(str(location), repair=True, progress=False).ok
+    tokenmix.build_caches(config(shards, tmp_path / "grown"), progress=False)
+    assert tokenmix.verify_cache(str(location), progress=False).ok
+    whole, grown = TokenCache(str(tmp_path / "whole" / "linux" / "train")), TokenCache(str(location))
+    assert np.array_equal(grown.read_tokens(0, grown.num_tokens()), whole.read_tokens(0, whole.num_tokens()))
+    assert np.array_equal(grown.row_bounds(0, grown.num_rows()), whole.row_bounds(0, whole.num_rows()))

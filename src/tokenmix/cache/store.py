@@ -518,6 +518,16 @@ class JaggedArray:
             if appending is not None:
                 appending.rewind(end)
 
+    def check_rewritten(self, rows: int, values: int) -> None:
+        """Raise ``CacheDamagedError`` where a stored object that appending after ``rows`` rows of ``values`` values
+        rewrites in part holds a damaged chunk: the first object of the row ends (each publication writes their count
+        there) and the last, partial object of each array. Tensorstore reads such an object back to write into it, and
+        fails on the damage with an error that is no storage failure a re-run gets past."""
+        for array, stored, first in ((self.offsets, rows + 1 if rows else 0, True), (self.data, values, False)):
+            last = stored - stored % write_unit(array)
+            ranges = sorted({*([(0, min(write_unit(array), stored))] if first and stored else []), *([(last, stored)] if last < stored else [])})
+            self.awaited(array, ranges, [array[start:stop].read() for start, stop in ranges])
+
     def publish(self, rows: int) -> None:
         """Make the first ``rows`` rows visible to readers. Their writes must already be complete (tokens held back
         are written first)."""
