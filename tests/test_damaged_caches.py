@@ -5,6 +5,7 @@ from the cache's inputs to the very bytes the build wrote. Real caches, real fil
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -459,3 +460,23 @@ def test_extending_a_cache_whose_last_object_is_damaged_names_the_damage_and_goe
     whole, grown = TokenCache(str(tmp_path / "whole" / "linux" / "train")), TokenCache(str(location))
     assert np.array_equal(grown.read_tokens(0, grown.num_tokens()), whole.read_tokens(0, whole.num_tokens()))
     assert np.array_equal(grown.row_bounds(0, grown.num_rows()), whole.row_bounds(0, whole.num_rows()))
+
+
+@pytest.mark.parametrize("replaced, by", [("1", "0"), ("2", "1")])
+def test_row_ends_replaced_by_other_valid_ones_are_an_error_never_other_rows(tmp_path, built, replaced, by):
+    """An object of row ends replaced by another whose checksums hold (another cache's, or another object of this one,
+    copied over it) in a cache opened from its parts: every read path names the row ends, where before the rows read
+    were other rows, or the read stopped on tensorstore's or numpy's IndexError."""
+    _, location = fresh(built, "zstd", tmp_path)
+    (location / "open.bin").unlink()
+    paths = read_paths(location)
+    by_position = {name: paths[name]() for name in BY_POSITION}
+    offsets = location / "input_ids" / "offsets" / "c"
+    shutil.copy(offsets / by, offsets / replaced)
+    for name, read in paths.items():
+        try:
+            got = read()
+        except CacheDamagedError as e:
+            assert re.search(rf"cache at {location} is damaged: input_ids/offsets .*other values.*--repair", str(e)), (name, str(e))
+            continue
+        assert name in BY_POSITION and np.array_equal(got, by_position[name]), f"{name} read other rows"  # the ends it read are intact
