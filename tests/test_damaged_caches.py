@@ -480,3 +480,18 @@ def test_row_ends_replaced_by_other_valid_ones_are_an_error_never_other_rows(tmp
             assert re.search(rf"cache at {location} is damaged: input_ids/offsets .*other values.*--repair", str(e)), (name, str(e))
             continue
         assert name in BY_POSITION and np.array_equal(got, by_position[name]), f"{name} read other rows"  # the ends it read are intact
+
+
+def test_loss_span_bounds_replaced_by_other_valid_ones_are_an_error_never_other_masks(tmp_path, built):
+    """An object of loss-span bounds replaced by another whose checksums hold: `loss_spans` and datasets name the
+    bounds, where they stopped on numpy's "repeats may not contain negative values"."""
+    _, location = fresh(built, "spans", tmp_path)
+    offsets = location / "loss_spans" / "offsets" / "c"
+    shutil.copy(offsets / "0", offsets / "1")
+    cache = TokenCache(str(location))
+    reads = {"loss_spans": lambda: cache.loss_spans(0, cache.num_rows()),
+             **{name: read for name, read in read_paths(location).items() if name.startswith("dataset")}}
+    for name, read in reads.items():
+        with pytest.raises(CacheDamagedError, match=rf"cache at {location} is damaged: loss_spans/offsets .*\(c/1\): .*--repair"):
+            read()
+            pytest.fail(f"{name} read other loss masks")

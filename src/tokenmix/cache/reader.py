@@ -10,7 +10,7 @@ import os
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 import numpy as np
@@ -158,6 +158,11 @@ class TokenCache:
             raise ValueError(f"{self.location}: this cache has no loss spans (its format trains on every token)")
         self._check_rows(start, stop)
         bounds = self._spans.row_bounds(start, stop)
+        counts = np.diff(bounds)
+        odd = np.flatnonzero((counts < 0) | (counts % 2 != 0))
+        if len(odd):
+            row = start + int(odd[0])
+            self._raise_bounds(self._spans, row, f"row {row:,} has {int(counts[odd[0]]):,} loss-span values, where they are pairs")
         values = self._spans.read_tokens(int(bounds[0]), int(bounds[-1])) if bounds[-1] > bounds[0] else np.empty(0, np.int64)
         rows = np.repeat(np.arange(start, stop, dtype=np.int64), np.diff(bounds) // 2)
         return rows, values[0::2], values[1::2]
@@ -240,17 +245,18 @@ class TokenCache:
         back = np.flatnonzero(np.diff(ends) < 0)
         if len(back):
             row = start + int(back[0]) + 1
-            return self._raise_bounds(row, f"row {row:,} ends at token {int(ends[row - start]):,}, before the row before it")
+            self._raise_bounds(self._array, row, f"row {row:,} ends at token {int(ends[row - start]):,}, before the row before it")
         if self._finished_counts is not None and len(ends) and start + len(ends) == self._finished_counts[0]:
             if int(ends[-1]) != self._finished_counts[1]:
-                row = start + len(ends) - 1
-                return self._raise_bounds(row, f"the last row ends at token {int(ends[-1]):,}, the ledger says {self._finished_counts[1]:,}")
+                row, tokens = start + len(ends) - 1, self._finished_counts[1]
+                self._raise_bounds(self._array, row, f"the last row ends at token {int(ends[-1]):,}, the ledger says {tokens:,}")
         return ends
 
-    def _raise_bounds(self, row: int, problem: str) -> np.ndarray:
-        """Raise the damage of row ``row``'s stored end, whose checksums held but whose value is not the build's."""
-        unit = write_unit(self._array.offsets)
-        where = DamagedChunk(f"{TOKENS_ARRAY}/offsets", row + 1, row + 2, f"{problem}: it holds other values than the build "
+    def _raise_bounds(self, jagged: JaggedArray, row: int, problem: str) -> NoReturn:
+        """Raise the damage of row ``row``'s stored end in ``jagged`` (the tokens or the loss spans), whose checksums held
+        but whose value is not the build's."""
+        unit = write_unit(jagged.offsets)
+        where = DamagedChunk(f"{jagged.name}/offsets", row + 1, row + 2, f"{problem}: it holds other values than the build "
                              "stored, its checksums intact (another cache's object copied over it?)", f"c/{(row + 1) // unit}")
         raise CacheDamagedError(self.location, [where], (row, row + 1))
 
