@@ -311,7 +311,6 @@ def _open_array(location: str, sub: str, dtype: str | None, shard: int, inner: i
     return array
 
 
-
 ZARR_METADATA = "zarr.json"
 """Where a zarr3 array stores its metadata, under its prefix."""
 
@@ -523,10 +522,12 @@ class JaggedArray:
         rewrites in part holds a damaged chunk: the first object of the row ends (each publication writes their count
         there) and the last, partial object of each array. Tensorstore reads such an object back to write into it, and
         fails on the damage with an error that is no storage failure a re-run gets past."""
-        for array, stored, first in ((self.offsets, rows + 1 if rows else 0, True), (self.data, values, False)):
-            last = stored - stored % write_unit(array)
-            ranges = sorted({*([(0, min(write_unit(array), stored))] if first and stored else []), *([(last, stored)] if last < stored else [])})
-            self.awaited(array, ranges, [array[start:stop].read() for start, stop in ranges])
+        for array, stored, first_too in ((self.offsets, rows + 1 if rows else 0, True), (self.data, values, False)):
+            unit = write_unit(array)
+            ranges = {(stored - stored % unit, stored)} if stored % unit else set()
+            if first_too and stored:
+                ranges.add((0, min(unit, stored)))
+            self.awaited(array, sorted(ranges), [array[start:stop].read() for start, stop in sorted(ranges)])
 
     def publish(self, rows: int) -> None:
         """Make the first ``rows`` rows visible to readers. Their writes must already be complete (tokens held back
