@@ -494,3 +494,23 @@ def test_loss_span_bounds_replaced_by_other_valid_ones_are_an_error_never_other_
         with pytest.raises(CacheDamagedError, match=rf"cache at {location} is damaged: loss_spans/offsets .*\(c/1\): .*--repair"):
             read()
             pytest.fail(f"{name} read other loss masks")
+
+
+@pytest.mark.parametrize("damage", ["flipped bit", "zarr.json cut"])
+def test_a_damaged_packing_plan_is_planned_again_never_a_failed_dataset(tmp_path, built, damage):
+    """A stored packing plan is made again from the cache by any reader: damage in it (a flipped bit in its examples, a
+    cut zarr.json) is logged and planned past, giving the examples of the undamaged plan, where opening the dataset
+    failed with an error that told to repair the plan's directory as a cache."""
+    from tokenmix import PackedDataset
+
+    _, location = fresh(built, "zstd", tmp_path)
+    planned = PackedDataset(TokenCache(str(location)), SEQ_LEN, pad_id=0)
+    expected = planned.get_batch(np.arange(len(planned))).tokens
+    (plan,) = (location / "packing").iterdir()
+    examples = plan / "examples" / "data"
+    if damage == "flipped bit":
+        flip(examples / "c" / "0", (examples / "c" / "0").stat().st_size - 5)
+    else:
+        (examples / "zarr.json").write_bytes((examples / "zarr.json").read_bytes()[:40])
+    again = PackedDataset(TokenCache(str(location)), SEQ_LEN, pad_id=0)
+    assert np.array_equal(again.get_batch(np.arange(len(again))).tokens, expected)
