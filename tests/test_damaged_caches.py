@@ -514,3 +514,18 @@ def test_a_damaged_packing_plan_is_planned_again_never_a_failed_dataset(tmp_path
         (examples / "zarr.json").write_bytes((examples / "zarr.json").read_bytes()[:40])
     again = PackedDataset(TokenCache(str(location)), SEQ_LEN, pad_id=0)
     assert np.array_equal(again.get_batch(np.arange(len(again))).tokens, expected)
+
+
+def test_an_empty_ledger_is_named_damaged_not_a_missing_cache(tmp_path, built):
+    """ledger.json left empty (a write a power loss cut short) beside the arrays: a reader opening the cache from its
+    parts and `tokenmix verify` name the empty ledger and the fix, where both said there was no cache there (and the
+    build they pointed to refused it)."""
+    from tokenmix.cache.store import DocumentDamagedError
+
+    _, location = fresh(built, "zstd", tmp_path)
+    (location / "open.bin").unlink()
+    (location / "ledger.json").write_bytes(b"")
+    with pytest.raises(DocumentDamagedError, match=rf"{location}/ledger.json is damaged: empty.*Delete the cache and build it again"):
+        TokenCache(str(location))
+    found = tokenmix_cli("verify", str(location))
+    assert found.returncode == 1 and f"cache at {location} is damaged: ledger.json: empty" in found.stderr, found.stdout + found.stderr

@@ -19,12 +19,12 @@ import tensorstore as ts
 from tokenmix._waiting import poll_until
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk
-from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, CacheMismatchError, fingerprint_of
+from tokenmix.cache.ledger import EMPTY_LEDGER, LEDGER_FILE, CacheLedger, CacheMismatchError, fingerprint_of
 from tokenmix.cache.levanter import LEVANTER_LEDGER, check_levanter_identity, is_levanter, ledger_from_levanter
 from tokenmix.cache.open_object import read_open_object
 from tokenmix.cache.shard_reads import reads_for
 from tokenmix.cache.stats import STATS_FILE
-from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments, write_unit
+from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, DocumentDamagedError, JaggedArray, JsonDocuments, write_unit
 
 
 class CacheNotFoundError(FileNotFoundError):
@@ -135,6 +135,8 @@ class TokenCache:
         levanter = self._docs.read(LEVANTER_LEDGER)
         if levanter is not None:
             return ledger_from_levanter(levanter)
+        if self._docs.empty(LEDGER_FILE):
+            raise DocumentDamagedError(self.location, LEDGER_FILE, EMPTY_LEDGER)
         raise CacheNotFoundError(f"no cache at {self.location} (no {LEDGER_FILE}, nor Levanter's {LEVANTER_LEDGER}); build it with "
                                  "`tokenmix build-cache`")
 

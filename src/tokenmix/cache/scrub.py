@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk, problem_of
 from tokenmix.cache.input_digest import records_unchanged
-from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
+from tokenmix.cache.ledger import EMPTY_LEDGER, LEDGER_FILE, CacheLedger
 from tokenmix.cache.open_object import OPEN_FILE, OpenObjectDamagedError, read_open_object
 from tokenmix.cache.plans import PLAN_ARRAY, plan_location, stored_plans
 from tokenmix.cache.reader import CacheNotFoundError
@@ -157,10 +157,13 @@ def scrub(location: str, shards: Sequence[Shard] | None = None, inputs: bool = T
 
 def stored_ledger(location: str) -> CacheLedger:
     """The ledger of the cache at ``location``; damage or its absence named."""
+    docs = JsonDocuments(location)
     try:
-        doc = JsonDocuments(location).read(LEDGER_FILE)
+        doc = docs.read(LEDGER_FILE)
     except ValueError as e:
         raise CacheDamagedError(location, [DamagedChunk(LEDGER_FILE, 0, 0, f"unreadable ({e})")]) from None
+    if doc is None and docs.empty(LEDGER_FILE):
+        raise CacheDamagedError(location, [DamagedChunk(LEDGER_FILE, 0, 0, EMPTY_LEDGER)])
     if doc is None:
         raise CacheNotFoundError(f"no tokenmix cache at {location} (no {LEDGER_FILE}); a cache Levanter built carries no checksums "
                                  "to verify")

@@ -212,6 +212,11 @@ class JsonDocuments:
         pending = [self.kv.read(key) for key in keys]
         return [bytes(r.value) if r.state == "value" and len(r.value) else None for r in (p.result() for p in pending)]
 
+    def empty(self, key: str) -> bool:
+        """Whether ``key`` holds an empty file, which ``read`` takes for none (a write a power loss cut short)."""
+        stored = self.kv.read(key).result()
+        return stored.state == "value" and not len(stored.value)
+
     def parse(self, key: str, raw: bytes) -> dict[str, Any]:
         """The document stored as ``raw`` at ``key``; ``DocumentDamagedError`` where it is not JSON."""
         try:
