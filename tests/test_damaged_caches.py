@@ -5,6 +5,7 @@ from the cache's inputs to the very bytes the build wrote. Real caches, real fil
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -347,3 +348,184 @@ def test_a_repair_with_a_config_that_encodes_otherwise_is_refused_writing_nothin
         tokenmix.verify_cache(str(location), repair=True, config=other, progress=False)
     assert cache_bytes(str(location)) == before
     assert tokenmix.verify_cache(str(location), repair=True, config=tokenmix.load_data_config(doc), progress=False).ok
+
+
+@pytest.mark.parametrize("kept", [0, 100])
+def test_verify_finds_a_last_partial_object_cut_short_and_repair_restores_it(tmp_path, built, kept):
+    """The last, partial object of the tokens, cut to nothing or to less than its index (which the open object holds a
+    copy of): verify lists it instead of stopping on the short read of its index, and repair writes it back."""
+    _, location = fresh(built, "zstd", tmp_path)
+    pristine = cache_bytes(str(location))
+    objects = location / "input_ids" / "data" / "c"
+    last = objects / str(max(int(p.name) for p in objects.iterdir()))
+    last.write_bytes(last.read_bytes()[:kept])
+    found = tokenmix_cli("verify", str(location), "--json")
+    assert found.returncode == 1, found.stdout + found.stderr
+    (report,) = json.loads(found.stdout)
+    assert {(d["array"], d["stored"].split(",")[0]) for d in report["damaged"]} == {("input_ids/data", f"c/{last.name}")}, report
+    repaired = tokenmix_cli("verify", str(location), "--repair")
+    assert repaired.returncode == 0 and f"repaired: input_ids/data c/{last.name}" in repaired.stdout, repaired.stdout + repaired.stderr
+    assert cache_bytes(str(location)) == pristine
+
+
+@pytest.mark.parametrize("damage", ["cut", "garbled", "other dtype"])
+@pytest.mark.parametrize("array", ["input_ids/data", "input_ids/offsets", "loss_spans/data"])
+def test_a_damaged_zarr_json_is_named_with_the_fix_by_readers_and_by_verify(tmp_path, built, damage, array):
+    """An array's zarr.json cut short, garbled or edited: a reader that opens the cache from its parts (no open.bin)
+    names the file and the fix, never tensorstore's spec dump; `tokenmix verify` lists it, with or without open.bin,
+    where it stopped on the same raw error."""
+    from tokenmix.cache.store import DocumentDamagedError
+
+    _, location = fresh(built, "spans" if array.startswith("loss_spans") else "zstd", tmp_path)
+    metadata = location / array / "zarr.json"
+    stored = metadata.read_bytes()
+    dtype = json.loads(stored)["data_type"]
+    metadata.write_bytes({"cut": stored[:50], "garbled": b'{"zarr_format": 3, "codecs": 7}',
+                          "other dtype": stored.replace(f'"{dtype}"'.encode(), b'"float32"')}[damage])
+    for opened_from in ("open.bin", "its parts"):
+        found = tokenmix_cli("verify", str(location), "--json", "--no_inputs")
+        assert found.returncode == 1, (opened_from, found.stdout + found.stderr)
+        (report,) = json.loads(found.stdout)
+        assert any(p.startswith(f"{array}/zarr.json") for p in report["problems"]), (opened_from, report)
+        (location / "open.bin").unlink(missing_ok=True)
+    with pytest.raises(DocumentDamagedError, match=rf"{metadata} is damaged: .*Delete the cache and build it again") as info:
+        TokenCache(str(location)).get_rows([0])
+    assert "tensorstore_spec" not in str(info.value)
+
+
+def test_verify_names_a_damaged_stats_json_and_the_build_that_writes_it_again(tmp_path, built):
+    """stats.json cut short: verify lists it with its fix (where it said OK), a repair of damaged chunks beside it still
+    rewrites them, and a build writes the statistics again, after which the cache verifies clean."""
+    cache_dir, location = fresh(built, "zstd", tmp_path)
+    stats = location / "stats.json"
+    stats.write_bytes(stats.read_bytes()[:100])
+    tokens = location / "input_ids" / "data" / "c" / "1"
+    flip(tokens, tokens.stat().st_size - 10)
+    found = tokenmix_cli("verify", str(location), "--no_inputs")
+    assert found.returncode == 1 and "inconsistent: stats.json: not a JSON document" in found.stdout, found.stdout + found.stderr
+    assert "delete it, and `tokenmix build-cache` writes it again" in found.stdout
+    repaired = tokenmix_cli("verify", str(location), "--repair")
+    assert repaired.returncode == 1 and "repaired: input_ids/data c/1" in repaired.stdout, repaired.stdout + repaired.stderr
+    assert "inconsistent: stats.json" in repaired.stdout
+    stats.unlink()
+    with pytest.MonkeyPatch.context() as mp:
+        small_layout(mp)
+        tokenmix.build_caches(tokenmix.load_data_config(str(write_config(tmp_path / "c.yaml", cache_dir))), progress=False)
+    assert tokenmix_cli("verify", str(location)).returncode == 0
+
+
+def test_a_reader_that_met_damage_reads_the_repaired_object_once_repaired(tmp_path, built):
+    """A reader open across a repair (a training process beside `tokenmix verify --repair`): its exact reads fail while
+    the object is damaged and give the build's tokens once it is repaired, where the reader of an uncompressed cache
+    kept the damaged file mapped and failed until it was closed."""
+    cache_dir, location = fresh(built, "none", tmp_path)
+    config = tokenmix.load_data_config(str(write_config(tmp_path / "c.yaml", cache_dir, "none")))
+    dataset = TokenSeqDataset(TokenCache(str(location), chunk_cache=ChunkCache(0)), SEQ_LEN)
+    expected = dataset.get_batch(np.arange(len(dataset))).tokens
+    victim = location / "input_ids" / "data" / "c" / "3"
+    with open(victim, "r+b") as f:  # in place, as bit rot is
+        f.seek(victim.stat().st_size - 20)
+        f.write(bytes([f.read(1)[0] ^ 8]))
+    with pytest.raises(CacheDamagedError, match=r"c/3, chunk 7 of 8\): checksum mismatch"):
+        dataset.get_batch(np.arange(len(dataset)))
+    assert tokenmix.verify_cache(str(location), repair=True, config=config, progress=False).ok
+    assert np.array_equal(dataset.get_batch(np.arange(len(dataset))).tokens, expected)
+
+
+@pytest.mark.parametrize("array", ["input_ids/data", "input_ids/offsets"])
+def test_extending_a_cache_whose_last_object_is_damaged_names_the_damage_and_goes_on_once_repaired(tmp_path, monkeypatch, array):
+    """A build that appends rewrites the last, partial stored object of each array (and the first of the row ends, where
+    it publishes): damage there is named with its repair before anything is written, where the build stopped on
+    tensorstore's error saying to fix the storage (free space, permissions) and re-run, which failed again. Once repaired,
+    the cache extends to the tokens of a build of all its shards."""
+    small_layout(monkeypatch)
+    shards = demo_urls("linux_doc")
+
+    def config(urls: list[str], cache_dir: Path) -> tokenmix.DataConfigBase:
+        return tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(cache_dir), "configs": {"linux": {"train_urls": urls}},
+                                          "build": {"num_workers": 0, "chunk_bytes": 1 << 15}})
+
+    tokenmix.build_caches(config(shards, tmp_path / "whole"), progress=False)
+    tokenmix.build_caches(config(shards[:1], tmp_path / "grown"), progress=False)
+    location = tmp_path / "grown" / "linux" / "train"
+    objects = location / array / "c"
+    last = objects / str(max(int(p.name) for p in objects.iterdir()))
+    flip(last, last.stat().st_size - 3)
+    with pytest.raises(CacheDamagedError, match=rf"cache at {location} is damaged: {array} .*\(c/{last.name}, .*--repair"):
+        tokenmix.build_caches(config(shards, tmp_path / "grown"), progress=False)
+    assert tokenmix.verify_cache(str(location), repair=True, progress=False).ok
+    tokenmix.build_caches(config(shards, tmp_path / "grown"), progress=False)
+    assert tokenmix.verify_cache(str(location), progress=False).ok
+    whole, grown = TokenCache(str(tmp_path / "whole" / "linux" / "train")), TokenCache(str(location))
+    assert np.array_equal(grown.read_tokens(0, grown.num_tokens()), whole.read_tokens(0, whole.num_tokens()))
+    assert np.array_equal(grown.row_bounds(0, grown.num_rows()), whole.row_bounds(0, whole.num_rows()))
+
+
+@pytest.mark.parametrize("replaced, by", [("1", "0"), ("2", "1")])
+def test_row_ends_replaced_by_other_valid_ones_are_an_error_never_other_rows(tmp_path, built, replaced, by):
+    """An object of row ends replaced by another whose checksums hold (another cache's, or another object of this one,
+    copied over it) in a cache opened from its parts: every read path names the row ends, where before the rows read
+    were other rows, or the read stopped on tensorstore's or numpy's IndexError."""
+    _, location = fresh(built, "zstd", tmp_path)
+    (location / "open.bin").unlink()
+    paths = read_paths(location)
+    by_position = {name: paths[name]() for name in BY_POSITION}
+    offsets = location / "input_ids" / "offsets" / "c"
+    shutil.copy(offsets / by, offsets / replaced)
+    for name, read in paths.items():
+        try:
+            got = read()
+        except CacheDamagedError as e:
+            assert re.search(rf"cache at {location} is damaged: input_ids/offsets .*other values.*--repair", str(e)), (name, str(e))
+            continue
+        assert name in BY_POSITION and np.array_equal(got, by_position[name]), f"{name} read other rows"  # the ends it read are intact
+
+
+def test_loss_span_bounds_replaced_by_other_valid_ones_are_an_error_never_other_masks(tmp_path, built):
+    """An object of loss-span bounds replaced by another whose checksums hold: `loss_spans` and datasets name the
+    bounds, where they stopped on numpy's "repeats may not contain negative values"."""
+    _, location = fresh(built, "spans", tmp_path)
+    offsets = location / "loss_spans" / "offsets" / "c"
+    shutil.copy(offsets / "0", offsets / "1")
+    cache = TokenCache(str(location))
+    reads = {"loss_spans": lambda: cache.loss_spans(0, cache.num_rows()),
+             **{name: read for name, read in read_paths(location).items() if name.startswith("dataset")}}
+    for name, read in reads.items():
+        with pytest.raises(CacheDamagedError, match=rf"cache at {location} is damaged: loss_spans/offsets .*\(c/1\): .*--repair"):
+            read()
+            pytest.fail(f"{name} read other loss masks")
+
+
+@pytest.mark.parametrize("damage", ["flipped bit", "zarr.json cut"])
+def test_a_damaged_packing_plan_is_planned_again_never_a_failed_dataset(tmp_path, built, damage):
+    """A stored packing plan is made again from the cache by any reader: damage in it (a flipped bit in its examples, a
+    cut zarr.json) is logged and planned past, giving the examples of the undamaged plan, where opening the dataset
+    failed with an error that told to repair the plan's directory as a cache."""
+    from tokenmix import PackedDataset
+
+    _, location = fresh(built, "zstd", tmp_path)
+    planned = PackedDataset(TokenCache(str(location)), SEQ_LEN, pad_id=0)
+    expected = planned.get_batch(np.arange(len(planned))).tokens
+    (plan,) = (location / "packing").iterdir()
+    examples = plan / "examples" / "data"
+    if damage == "flipped bit":
+        flip(examples / "c" / "0", (examples / "c" / "0").stat().st_size - 5)
+    else:
+        (examples / "zarr.json").write_bytes((examples / "zarr.json").read_bytes()[:40])
+    again = PackedDataset(TokenCache(str(location)), SEQ_LEN, pad_id=0)
+    assert np.array_equal(again.get_batch(np.arange(len(again))).tokens, expected)
+
+
+def test_an_empty_ledger_is_named_damaged_not_a_missing_cache(tmp_path, built):
+    """ledger.json left empty (a write a power loss cut short) beside the arrays: a reader opening the cache from its
+    parts and `tokenmix verify` name the empty ledger and the fix, where both said there was no cache there (and the
+    build they pointed to refused it)."""
+    from tokenmix.cache.store import DocumentDamagedError
+
+    _, location = fresh(built, "zstd", tmp_path)
+    (location / "open.bin").unlink()
+    (location / "ledger.json").write_bytes(b"")
+    with pytest.raises(DocumentDamagedError, match=rf"{location}/ledger.json is damaged: empty.*Delete the cache and build it again"):
+        TokenCache(str(location))
+    found = tokenmix_cli("verify", str(location))
+    assert found.returncode == 1 and f"cache at {location} is damaged: ledger.json: empty" in found.stderr, found.stdout + found.stderr

@@ -63,6 +63,10 @@ class CacheCommits:
             self.span_values = int(self.spans.row_ends(ledger.rows - 1, ledger.rows)[0]) if ledger.rows else 0
         self.published = 0 if self.array.created else self.array.committed_rows(unwritten_is_empty=ledger.rows == 0)
         """Rows readers see (``offsets[0]``): never lowered."""
+        if not self.array.created:  # resumed or extended: the objects its writes read back must be sound
+            self.array.check_rewritten(ledger.rows, ledger.tokens)
+            if self.spans is not None:
+                self.spans.check_rewritten(ledger.rows, self.span_values)
         self._docs = JsonDocuments(location, deferred_sync=True)
         self._interval_s = commit_interval_s
         self._lock = lock

@@ -32,8 +32,9 @@ class DamagedChunk:
     """The stored object (relative to the array, e.g. ``c/3``) and the chunk's place in it, when known."""
 
     def describe(self) -> str:
+        elements = f" elements {self.start:,}-{self.stop - 1:,}" if self.stop > self.start else ""  # none: a document
         where = f" ({self.stored})" if self.stored else ""
-        return f"{self.array} elements {self.start:,}-{self.stop - 1:,}{where}: {self.problem}"
+        return f"{self.array}{elements}{where}: {self.problem}"
 
 
 class CacheDamagedError(OSError):

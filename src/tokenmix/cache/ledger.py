@@ -18,6 +18,9 @@ from typing import Any
 from tokenmix.sources.urls import shard_name
 
 LEDGER_FILE = "ledger.json"
+EMPTY_LEDGER = "empty (a write of it cut short, by a power loss)"
+"""What is wrong with a ledger left empty beside the arrays (whose fix is to delete the cache and build it again: a build
+refuses rows published that no ledger accounts for)."""
 LEDGER_VERSION = 1
 
 

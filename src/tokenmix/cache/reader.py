@@ -10,7 +10,7 @@ import os
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 import numpy as np
@@ -18,13 +18,13 @@ import tensorstore as ts
 
 from tokenmix._waiting import poll_until
 from tokenmix.cache.chunk_cache import SHARED, ChunkCache
-from tokenmix.cache.damage import CacheDamagedError
-from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, CacheMismatchError, fingerprint_of
+from tokenmix.cache.damage import CacheDamagedError, DamagedChunk
+from tokenmix.cache.ledger import EMPTY_LEDGER, LEDGER_FILE, CacheLedger, CacheMismatchError, fingerprint_of
 from tokenmix.cache.levanter import LEVANTER_LEDGER, check_levanter_identity, is_levanter, ledger_from_levanter
 from tokenmix.cache.open_object import read_open_object
 from tokenmix.cache.shard_reads import reads_for
 from tokenmix.cache.stats import STATS_FILE
-from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments
+from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, DocumentDamagedError, JaggedArray, JsonDocuments, write_unit
 
 
 class CacheNotFoundError(FileNotFoundError):
@@ -82,6 +82,10 @@ class TokenCache:
         self._rows_at_open = ledger.rows if ledger.finished else None
         """The rows of the build finished when the cache was opened: the first ``committed_row_ends`` reads the row
         count and the ends in one read (checking the count)."""
+        self._finished_counts = (ledger.rows, ledger.tokens) if ledger.finished and not is_levanter(ledger.identity) else None
+        """The rows and tokens of the build finished when the cache was opened, which row ends read from ``offsets`` up
+        to its last row must end at: an object of row ends replaced by another whose checksums hold (another cache's)
+        gives other ends. (Levanter's ledger does not count tokens.)"""
         if expected_identity is not None and is_levanter(ledger.identity):
             check_levanter_identity(ledger.identity, expected_identity, location)
         elif expected_identity is not None:
@@ -131,6 +135,8 @@ class TokenCache:
         levanter = self._docs.read(LEVANTER_LEDGER)
         if levanter is not None:
             return ledger_from_levanter(levanter)
+        if self._docs.empty(LEDGER_FILE):
+            raise DocumentDamagedError(self.location, LEDGER_FILE, EMPTY_LEDGER)
         raise CacheNotFoundError(f"no cache at {self.location} (no {LEDGER_FILE}, nor Levanter's {LEVANTER_LEDGER}); build it with "
                                  "`tokenmix build-cache`")
 
@@ -154,6 +160,11 @@ class TokenCache:
             raise ValueError(f"{self.location}: this cache has no loss spans (its format trains on every token)")
         self._check_rows(start, stop)
         bounds = self._spans.row_bounds(start, stop)
+        counts = np.diff(bounds)
+        odd = np.flatnonzero((counts < 0) | (counts % 2 != 0))
+        if len(odd):
+            row = start + int(odd[0])
+            self._raise_bounds(self._spans, row, f"row {row:,} has {int(counts[odd[0]]):,} loss-span values, where they are pairs")
         values = self._spans.read_tokens(int(bounds[0]), int(bounds[-1])) if bounds[-1] > bounds[0] else np.empty(0, np.int64)
         rows = np.repeat(np.arange(start, stop, dtype=np.int64), np.diff(bounds) // 2)
         return rows, values[0::2], values[1::2]
@@ -178,7 +189,7 @@ class TokenCache:
     def num_tokens(self) -> int:
         """Tokens in the committed documents."""
         rows = self.num_rows()
-        return int(self._array.row_bounds(rows - 1, rows)[-1]) if rows else 0
+        return int(self._checked_ends(rows - 1, self._array.row_ends(rows - 1, rows))[0]) if rows else 0
 
     def is_finished(self) -> bool:
         """Whether the build has finished (all committed; nothing more will be added)."""
@@ -211,7 +222,7 @@ class TokenCache:
     def row_bounds(self, start: int, stop: int) -> np.ndarray:
         """Token boundaries of rows ``start`` to ``stop - 1`` (``stop - start + 1`` values)."""
         self._check_rows(start, stop)
-        return self._array.row_bounds(start, stop)
+        return self._checked_ends(start - 1, self._array.row_bounds(start, stop))
 
     def committed_row_ends(self, start: int) -> np.ndarray:
         """Where each committed row from ``start`` on ends: the row count and the ends read once each, or, the first time
@@ -223,16 +234,38 @@ class TokenCache:
         if known is not None and start <= known:
             count_and_ends = self._array.read(self._array.offsets, 0, known + 1)
             if int(count_and_ends[0]) == known:
-                return count_and_ends[start + 1 :]
+                return self._checked_ends(start, count_and_ends[start + 1 :])
         committed = self.num_rows()
         if not 0 <= start <= committed:
             raise IndexError(f"{self.location}: row {start} is outside the {committed} committed rows")
-        return self._array.row_ends(start, committed)
+        return self._checked_ends(start, self._array.row_ends(start, committed))
+
+    def _checked_ends(self, start: int, ends: np.ndarray) -> np.ndarray:
+        """``ends`` of rows ``start...`` as read from ``offsets`` (row -1 ends at 0), their checksums held: ``CacheDamagedError``
+        where a row ends before the one before it, or the last row of the build finished when the cache was opened does
+        not end at its tokens (a stored object of row ends holding another's values)."""
+        back = np.flatnonzero(np.diff(ends) < 0)
+        if len(back):
+            row = start + int(back[0]) + 1
+            self._raise_bounds(self._array, row, f"row {row:,} ends at token {int(ends[row - start]):,}, before the row before it")
+        if self._finished_counts is not None and len(ends) and start + len(ends) == self._finished_counts[0]:
+            if int(ends[-1]) != self._finished_counts[1]:
+                row, tokens = start + len(ends) - 1, self._finished_counts[1]
+                self._raise_bounds(self._array, row, f"the last row ends at token {int(ends[-1]):,}, the ledger says {tokens:,}")
+        return ends
+
+    def _raise_bounds(self, jagged: JaggedArray, row: int, problem: str) -> NoReturn:
+        """Raise the damage of row ``row``'s stored end in ``jagged`` (the tokens or the loss spans), whose checksums held
+        but whose value is not the build's."""
+        unit = write_unit(jagged.offsets)
+        where = DamagedChunk(f"{jagged.name}/offsets", row + 1, row + 2, f"{problem}: it holds other values than the build "
+                             "stored, its checksums intact (another cache's object copied over it?)", f"c/{(row + 1) // unit}")
+        raise CacheDamagedError(self.location, [where], (row, row + 1))
 
     def row_ends(self, start: int, stop: int) -> np.ndarray:
         """Where rows ``start`` to ``stop - 1`` end in the token stream (one read)."""
         self._check_rows(start, stop)
-        return self._array.row_ends(start, stop)
+        return self._checked_ends(start, self._array.row_ends(start, stop))
 
     def read_tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``start`` to ``stop - 1`` of the cache's token stream."""
@@ -346,7 +379,10 @@ class TokenCache:
             raise IndexError(f"{self.location}: rows {bad[:5]} are outside the {committed} committed rows")
         offsets = self._array.offsets
         ends = self._array.awaited(offsets, [(r, r + 2) for r in rows], [offsets[r : r + 2].read() for r in rows])
-        return self.read_spans([(0 if r == 0 else int(e[0]), int(e[1])) for r, e in zip(rows, ends)])
+        spans = [(0 if r == 0 else int(e[0]), int(e[1])) for r, e in zip(rows, ends)]
+        for r, span in zip(rows, spans):
+            self._checked_ends(r - 1, np.array(span, np.int64))
+        return self.read_spans(spans)
 
     def read_spans(self, spans: Sequence[tuple[int, int]]) -> list[np.ndarray]:
         """The tokens ``[start, stop)`` of each of ``spans`` of the token stream (committed tokens, such as whole rows);

@@ -20,7 +20,7 @@ from tokenmix.cache.damage import CacheDamagedError
 from tokenmix.cache.ledger import CacheLedger, Run
 from tokenmix.cache.lock import build_lock
 from tokenmix.cache.open_object import OPEN_FILE, forget_open_object, write_open_object
-from tokenmix.cache.scrub import CacheReport, scrub, stored_ledger
+from tokenmix.cache.scrub import STATS_FIX, CacheReport, scrub, stored_ledger
 from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, open_kvstore, write_unit
 from tokenmix.formats.encoder import DocumentEncoder
 from tokenmix.formats.encoder_spec import EncoderSpec
@@ -99,7 +99,7 @@ def _can_repair(location: str, ledger: CacheLedger, report: CacheReport) -> None
         raise RepairError(f"cannot repair {location}: it was built before tokenmix recorded where its rows came from; delete it "
                           "and build it again")
     outside = [c for c in report.damaged if not c.array.startswith((TOKENS_ARRAY + "/", LOSS_SPANS_ARRAY + "/"))]
-    problems = [p for p in report.problems if p not in _open_object_problems(report)]
+    problems = [p for p in report.problems if p not in _open_object_problems(report) and not p.endswith(STATS_FIX)]
     if outside or problems:
         what = "; ".join([c.describe() for c in outside] + problems)
         plans = " (a damaged packing plan: delete its directory under packing/, and readers plan again)" if outside else ""

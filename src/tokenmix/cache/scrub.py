@@ -24,11 +24,21 @@ from tqdm.auto import tqdm
 
 from tokenmix.cache.damage import CacheDamagedError, DamagedChunk, problem_of
 from tokenmix.cache.input_digest import records_unchanged
-from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger
+from tokenmix.cache.ledger import EMPTY_LEDGER, LEDGER_FILE, CacheLedger
 from tokenmix.cache.open_object import OPEN_FILE, OpenObjectDamagedError, read_open_object
 from tokenmix.cache.plans import PLAN_ARRAY, plan_location, stored_plans
 from tokenmix.cache.reader import CacheNotFoundError
-from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray, JsonDocuments, open_kvstore, write_unit
+from tokenmix.cache.stats import STATS_FILE
+from tokenmix.cache.store import (
+    LOSS_SPANS_ARRAY,
+    TOKENS_ARRAY,
+    ZARR_METADATA,
+    DocumentDamagedError,
+    JaggedArray,
+    JsonDocuments,
+    open_kvstore,
+    write_unit,
+)
 from tokenmix.sources.shards import DEFAULT_CHUNK_BYTES, FileShard, Shard
 from tokenmix.sources.urls import join_location
 
@@ -84,7 +94,12 @@ def scrub(location: str, shards: Sequence[Shard] | None = None, inputs: bool = T
     """Check every stored byte of the cache at ``location`` (see the module's docstring). ``shards``: its input shards
     in ledger order, to check against the ledger's digests (None: files named as the ledger names them); ``inputs``
     False leaves the inputs unread."""
-    tokens = JaggedArray.open(location, TOKENS_ARRAY, stored_ledger(location).identity.get("dtype"))
+    try:
+        tokens = JaggedArray.open(location, TOKENS_ARRAY, stored_ledger(location).identity.get("dtype"))
+    except DocumentDamagedError as e:
+        report = CacheReport(location, finished=stored_ledger(location).finished)
+        report.problems.append(f"{e.key}: {e.problem}; nothing more can be checked")
+        return report
     for _ in range(2):  # a count missing before a ledger with rows: the first commit came between the reads, so again
         try:
             published: int | None = tokens.committed_rows()
@@ -105,10 +120,15 @@ def scrub(location: str, shards: Sequence[Shard] | None = None, inputs: bool = T
         report.problems.append(f"{TOKENS_ARRAY}/offsets: the published row count cannot be read; nothing more can be checked")
         return report
     arrays = [(tokens, report.rows, "tokens")]
-    if ledger.identity.get("loss_spans"):
-        arrays.append((JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64"), report.rows, "spans"))
-    for plan_id, plan in stored_plans(location).items():
-        arrays.append((JaggedArray.open(plan_location(location, plan_id), PLAN_ARRAY, "int64"), int(plan.get("examples", 0)), "plan"))
+    opening = [(location, LOSS_SPANS_ARRAY, report.rows, "spans")] if ledger.identity.get("loss_spans") else []
+    opening += [(plan_location(location, plan_id), PLAN_ARRAY, int(plan.get("examples", 0)), "plan")
+                for plan_id, plan in stored_plans(location).items()]
+    for at, name, values, kind in opening:
+        try:
+            arrays.append((JaggedArray.open(at, name, "int64"), values, kind))
+        except DocumentDamagedError as e:
+            under = at.removeprefix(location).strip("/")  # a packing plan's directory
+            report.problems.append(f"{under + '/' if under else ''}{e.key}: {e.problem}")
     report.checksummed = all(array.checksummed for array, _, _ in arrays)
     with tqdm(total=None, desc=f"verify {location}", unit=" values", unit_scale=True, disable=not progress, dynamic_ncols=True,
               mininterval=0.5) as bar:
@@ -129,6 +149,7 @@ def scrub(location: str, shards: Sequence[Shard] | None = None, inputs: bool = T
                 _scan_values(array, values, vocab, report, bar)
     _check_ledger(ledger, report, bounds)
     _check_open_object(location, ledger, tokens, report)
+    _check_stats(location, report)
     if inputs:
         report.inputs = _check_inputs(ledger, shards, chunk_bytes, progress)
     return report
@@ -136,10 +157,13 @@ def scrub(location: str, shards: Sequence[Shard] | None = None, inputs: bool = T
 
 def stored_ledger(location: str) -> CacheLedger:
     """The ledger of the cache at ``location``; damage or its absence named."""
+    docs = JsonDocuments(location)
     try:
-        doc = JsonDocuments(location).read(LEDGER_FILE)
+        doc = docs.read(LEDGER_FILE)
     except ValueError as e:
         raise CacheDamagedError(location, [DamagedChunk(LEDGER_FILE, 0, 0, f"unreadable ({e})")]) from None
+    if doc is None and docs.empty(LEDGER_FILE):
+        raise CacheDamagedError(location, [DamagedChunk(LEDGER_FILE, 0, 0, EMPTY_LEDGER)])
     if doc is None:
         raise CacheNotFoundError(f"no tokenmix cache at {location} (no {LEDGER_FILE}); a cache Levanter built carries no checksums "
                                  "to verify")
@@ -252,20 +276,45 @@ def _check_open_object(location: str, ledger: CacheLedger, tokens: JaggedArray, 
     elif (record.ledger.identity, record.ledger.rows, record.ledger.tokens) != (ledger.identity, ledger.rows, ledger.tokens):
         found.append(f"its identity, rows or tokens ({record.ledger.rows:,} rows, {record.ledger.tokens:,} tokens) differ from "
                      f"the ledger's ({ledger.rows:,} rows, {ledger.tokens:,} tokens)")
-    for name, metadata in record.metadata.items():
-        stored = kv.read(f"{name}/zarr.json").result()
-        if stored.state != "value" or json.loads(bytes(stored.value)) != metadata:
-            found.append(f"its metadata of {name} differs from the stored {name}/zarr.json")
+    stored_metadata = JsonDocuments(location).read_bytes([f"{name}/{ZARR_METADATA}" for name in record.metadata])
+    for (name, metadata), stored in zip(record.metadata.items(), stored_metadata):
+        if stored is None or _parsed(stored) != metadata:
+            found.append(f"its metadata of {name} differs from the stored {name}/{ZARR_METADATA}")
     offsets = f"{tokens.name}/offsets"
     if record.row_ends is not None and report.rows == ledger.rows and not any(c.array == offsets for c in report.damaged):
         if not np.array_equal(record.row_ends, tokens.row_ends(0, report.rows)):
             found.append(f"its row ends differ from the stored {offsets}")
     data = open_kvstore(join_location(location, TOKENS_ARRAY, "data"))
     for shard, index in record.shard_indexes.items():
-        stored = data.read(f"c/{shard}", byte_range=slice(0, len(index))).result()
-        if stored.state != "value" or bytes(stored.value) != index:
+        try:
+            stored = data.read(f"c/{shard}", byte_range=slice(0, len(index))).result()
+        except ValueError as e:  # the object is shorter than its index: the scan of the tokens names it damaged
+            if problem_of(e) != "cut short":
+                raise
+            stored = None
+        if stored is None or stored.state != "value" or bytes(stored.value) != index:
             found.append(f"its index of {TOKENS_ARRAY}/data c/{shard} differs from the stored one")
     report.problems += [f"{OPEN_FILE}: {f}" for f in found]
+
+
+STATS_FIX = "delete it, and `tokenmix build-cache` writes it again from the ledger"
+"""Ends the scrub's words for a damaged statistics document: what mends it (a repair cannot: it holds the build's times)."""
+
+
+def _check_stats(location: str, report: CacheReport) -> None:
+    """The statistics document, where there is one, must be JSON: ``inspect`` and the build's summary read it."""
+    try:
+        JsonDocuments(location).read(STATS_FILE)
+    except DocumentDamagedError as e:
+        report.problems.append(f"{STATS_FILE}: {e.problem}; {STATS_FIX}")
+
+
+def _parsed(raw: bytes) -> Any:
+    """The JSON ``raw`` holds, or None where it is not JSON."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
 
 
 def ledger_shards(ledger: CacheLedger) -> list[Shard | None]:

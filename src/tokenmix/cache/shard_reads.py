@@ -232,6 +232,12 @@ class FetchedRanges:
                 self._held.move_to_end(key)
             return value
 
+    def forget(self, location: str, array: str, shards: set[int]) -> None:
+        """Drop the ranges held of ``shards`` of an array (keys ``(location, array, shard, ...)``)."""
+        with self._lock:
+            for key in [k for k in self._held if k[:2] == (location, array) and k[2] in shards]:
+                self._bytes -= self._held.pop(key).nbytes
+
     def put(self, key: tuple[Any, ...], value: np.ndarray) -> None:
         if value.nbytes > self.max_bytes:
             return
@@ -369,13 +375,26 @@ class ShardedReads:
             return True, ended.value
 
     def _step(self, step: Callable[[], Any]) -> Any:
-        """``step()``, a stored object found missing raised as damage naming it."""
+        """``step()``, a stored object found missing raised as damage naming it. The shards damage was found in are
+        forgotten, so that a later read takes them as stored then (repaired, say), not as this reader last saw them."""
         try:
-            return step()
-        except FileNotFoundError as e:  # a stored object gone (every source names it by its key)
-            if not str(e.filename).startswith("c/"):
-                raise
-            raise self._damaged_object(int(str(e.filename).removeprefix("c/")), "missing") from None
+            try:
+                return step()
+            except FileNotFoundError as e:  # a stored object gone (every source names it by its key)
+                if not str(e.filename).startswith("c/"):
+                    raise
+                raise self._damaged_object(int(str(e.filename).removeprefix("c/")), "missing") from None
+        except CacheDamagedError as e:
+            self._forget({c.start // self.layout.shard for c in e.chunks})
+            raise
+
+    def _forget(self, shards: set[int]) -> None:
+        """Drop what is kept of ``shards``: their indexes (a mapping is then checked against the file at its path) and the
+        ranges fetched of them."""
+        with self._lock:
+            for s in shards:
+                self._shards.pop(s, None)
+        FETCHED.forget(self.location, self.array, shards)
 
     def _read(self, begin: np.ndarray, size: np.ndarray, committed: int) -> Generator[Fetch, list[bytes], list[np.ndarray]]:
         """The pieces ``read`` gives, as steps: each yields the byte ranges it needs fetched (``(key, start, stop)``) and

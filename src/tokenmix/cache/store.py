@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlparse
@@ -211,6 +212,11 @@ class JsonDocuments:
         pending = [self.kv.read(key) for key in keys]
         return [bytes(r.value) if r.state == "value" and len(r.value) else None for r in (p.result() for p in pending)]
 
+    def empty(self, key: str) -> bool:
+        """Whether ``key`` holds an empty file, which ``read`` takes for none (a write a power loss cut short)."""
+        stored = self.kv.read(key).result()
+        return stored.state == "value" and not len(stored.value)
+
     def parse(self, key: str, raw: bytes) -> dict[str, Any]:
         """The document stored as ``raw`` at ``key``; ``DocumentDamagedError`` where it is not JSON."""
         try:
@@ -298,16 +304,24 @@ def _open_array(location: str, sub: str, dtype: str | None, shard: int, inner: i
         else:
             array = ts.open({"driver": "zarr3", "kvstore": _subspec(location, sub), **options}, context=context, open=True).result()
     except ValueError as e:
+        unreadable = _METADATA_UNREADABLE.search(str(e))
+        if unreadable is not None:
+            raise DocumentDamagedError(location, f"{sub}/{ZARR_METADATA}", f"not an array's metadata ({unreadable.group(1)})") from None
         if not create or "NOT_FOUND" not in str(e):
             raise
         return ts.open(_array_spec(location, sub, dtype, shard, inner, compression), context=context, create=True).result()
     if dtype is not None and array.dtype.numpy_dtype != np.dtype(dtype):
-        raise ValueError(f"{join_location(location, sub)} holds {array.dtype.numpy_dtype} values, not {dtype}")
+        raise DocumentDamagedError(location, f"{sub}/{ZARR_METADATA}", f"it says the array holds {array.dtype.numpy_dtype} values, "
+                                   f"the cache's are {dtype}")
     return array
 
 
 ZARR_METADATA = "zarr.json"
 """Where a zarr3 array stores its metadata, under its prefix."""
+
+_METADATA_UNREADABLE = re.compile(r'^(?:DATA_LOSS|FAILED_PRECONDITION): Error opening "zarr3" driver: Error reading [^"]*"[^"]*/'
+                                  + re.escape(ZARR_METADATA) + r'": (.*?)(?: \[tensorstore_spec=.*)?$', re.DOTALL)
+"""Tensorstore's words for an array's stored metadata that is not JSON, or not a zarr3 array's (cut short, garbled)."""
 
 
 def _new_array(location: str, sub: str, dtype: str, shard: int, inner: int, compression: str,
@@ -507,6 +521,18 @@ class JaggedArray:
         for appending, end in ((self._tokens, values), (self._ends, rows + 1)):
             if appending is not None:
                 appending.rewind(end)
+
+    def check_rewritten(self, rows: int, values: int) -> None:
+        """Raise ``CacheDamagedError`` where a stored object that appending after ``rows`` rows of ``values`` values
+        rewrites in part holds a damaged chunk: the first object of the row ends (each publication writes their count
+        there) and the last, partial object of each array. Tensorstore reads such an object back to write into it, and
+        fails on the damage with an error that is no storage failure a re-run gets past."""
+        for array, stored, first_too in ((self.offsets, rows + 1 if rows else 0, True), (self.data, values, False)):
+            unit = write_unit(array)
+            ranges = {(stored - stored % unit, stored)} if stored % unit else set()
+            if first_too and stored:
+                ranges.add((0, min(unit, stored)))
+            self.awaited(array, sorted(ranges), [array[start:stop].read() for start, stop in sorted(ranges)])
 
     def publish(self, rows: int) -> None:
         """Make the first ``rows`` rows visible to readers. Their writes must already be complete (tokens held back

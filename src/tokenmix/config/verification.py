@@ -5,6 +5,7 @@ data config that built it or, without one, from the cache's own ledger (its toke
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import TYPE_CHECKING
 
 import draccus
@@ -15,7 +16,7 @@ from tokenmix.cache.repair import RepairError
 from tokenmix.cache.repair import repair as repair_from_inputs
 from tokenmix.cache.scrub import CacheReport, ledger_shards, scrub
 from tokenmix.cache.stats import STATS_FILE
-from tokenmix.cache.store import JsonDocuments
+from tokenmix.cache.store import DocumentDamagedError, JsonDocuments
 from tokenmix.config.caches import DataConfigBase, cache_targets
 from tokenmix.config.tokenization import TokenizationConfig
 from tokenmix.formats.base import LmDatasetFormatBase
@@ -23,6 +24,8 @@ from tokenmix.sources.shards import Shard
 
 if TYPE_CHECKING:
     from tokenmix.formats.encoder_spec import EncoderSpec
+
+logger = logging.getLogger(__name__)
 
 
 def verify_cache(location: str, repair: bool = False, inputs: bool = True, config: DataConfigBase | None = None,
@@ -100,6 +103,10 @@ def _ledger_encoder(location: str, ledger: CacheLedger) -> EncoderSpec:
 
 def _with_backend(location: str, spec: EncoderSpec) -> EncoderSpec:
     """The encoder with the tokenizer backend the build used (``stats.json``), so that re-read rows get its very ids."""
-    stats = JsonDocuments(location).read(STATS_FILE) or {}
+    try:
+        stats = JsonDocuments(location).read(STATS_FILE) or {}
+    except DocumentDamagedError as e:  # as if it were missing: the scrub names it, and intact chunks still check the ids
+        logger.warning("%s; the repair encodes with the default tokenizer backend", e)
+        stats = {}
     backend = ((stats.get("build") or {}).get("tokenizer_backend") or {}).get("name")
     return dataclasses.replace(spec, backend=backend) if backend else spec

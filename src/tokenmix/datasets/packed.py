@@ -25,9 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from tokenmix.cache.damage import CacheDamagedError
 from tokenmix.cache.ledger import fingerprint_of
 from tokenmix.cache.plans import PlanStore, plan_location
 from tokenmix.cache.reader import TokenCache
+from tokenmix.cache.store import DocumentDamagedError
 from tokenmix.datasets.base import DirectDataset, TokenBatch
 from tokenmix.datasets.cache_ranges import checked_subset, copy_ranges, keep_targets, split_at_chunks
 from tokenmix.datasets.documents import CacheDocuments
@@ -221,8 +223,13 @@ class PackedDataset(DirectDataset):
     # the plan next to the cache
 
     def _load(self) -> None:
+        """Take the stored plan where it is this cache's. A damaged one is planned again, as one that does not match: a
+        plan is made from the cache alone, so no reader needs it repaired."""
         assert self._store is not None
-        plan = self._store.read()
+        try:
+            plan = self._store.read()
+        except DocumentDamagedError as e:
+            return self._planning_past(e)
         if plan is None:
             return
         rows_seen = plan["rows_seen"]
@@ -235,7 +242,10 @@ class PackedDataset(DirectDataset):
             logger.info("%s: the cache has grown since its packing plan was completed; planning again", self.location)
             return
         examples, pieces = plan["examples"], plan["pieces"]
-        example_bounds, piece_row = self._store.read_arrays(examples, pieces)
+        try:
+            example_bounds, piece_row = self._store.read_arrays(examples, pieces)
+        except (CacheDamagedError, DocumentDamagedError) as e:
+            return self._planning_past(e)
         bounds = self._docs.bounds
         lengths = bounds[piece_row + 1] - bounds[piece_row]
         if self.long_documents == "split":
@@ -254,6 +264,10 @@ class PackedDataset(DirectDataset):
         self._next = (plan["next_position"], plan["next_piece"])
         self._complete = plan["complete"]
         self._stats = dict(plan["stats"])
+
+    def _planning_past(self, damage: OSError | ValueError) -> None:
+        logger.warning("%s: the stored packing plan is damaged (%s); planning again (where it cannot be stored over the damage, "
+                       "delete %s to have it stored anew)", self.location, damage, self.location)
 
     def _save(self, new_examples: int) -> None:
         assert self._store is not None
