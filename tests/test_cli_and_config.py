@@ -277,3 +277,30 @@ def test_every_yaml_feature_reads_as_draccus_reads_it(tmp_path, feature):
             read_yaml(str(path))
         return
     assert _typed(read_yaml(str(path))) == _typed(expected)
+
+
+def test_a_config_file_that_is_a_directory_not_text_or_not_yaml_is_refused_in_one_line_naming_it(tmp_path):
+    """Every command reads its config through ``read_yaml``: what is wrong with the file itself is one line naming the
+    file (and, for bad YAML, the line and column), a ``ConfigError``, never a decoder's message that names no file."""
+    (tmp_path / "parts").mkdir()
+    binary = tmp_path / "tokens.bin"
+    binary.write_bytes(bytes(range(256)))
+    broken = tmp_path / "parts" / "broken.yaml"
+    broken.write_text("train_urls: [a.jsonl\nshuffle: true\n")
+    including = tmp_path / "main.yaml"
+    including.write_text("tokenizer: t\nconfigs: !include parts/broken.yaml\n")
+    cases = [
+        (tmp_path / "parts", f"config file {tmp_path / 'parts'} is a directory, not a YAML file"),
+        (binary, f"{binary} is not a text file (byte 0x80 at offset 128 is not UTF-8); give the YAML data config"),
+        (broken, f"{broken} is not valid YAML: line 2, column 8: did not find expected ',' or ']' (while parsing a flow "
+                 "sequence from line 1, column 13)"),
+        (including, f"{including} is not valid YAML: in {broken}, line 2, column 8: did not find expected ',' or ']' "
+                    "(while parsing a flow sequence from line 1, column 13)"),
+    ]
+    for path, message in cases:
+        with pytest.raises(ConfigError) as info:
+            load_data_config(str(path))
+        assert str(info.value) == message
+        result = _cli("build-cache", "--config_path", str(path))
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.strip().endswith(message), result.stderr

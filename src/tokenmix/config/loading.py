@@ -141,16 +141,38 @@ def read_yaml(path: str) -> dict[str, Any]:
     try:
         with open(path) as f:
             doc = yaml.load(f, Loader=_IncludingLoader) or {}
-    except FileNotFoundError as e:
+    except (FileNotFoundError, IsADirectoryError) as e:
+        what = "does not exist" if isinstance(e, FileNotFoundError) else "is a directory, not a YAML file"
         if os.path.abspath(str(e.filename)) == os.path.abspath(path):
-            raise ConfigError(f"config file {path} does not exist") from None
-        raise ConfigError(f"{path}: an !include names {e.filename}, which does not exist (an included path is taken relative "
+            raise ConfigError(f"config file {path} {what}") from None
+        raise ConfigError(f"{path}: an !include names {e.filename}, which {what} (an included path is taken relative "
                           "to the file that includes it)") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not a text file (byte {e.object[e.start]:#x} at offset {e.start} is not UTF-8); give the "
+                          "YAML data config") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+        raise ConfigError(f"{path} is not valid YAML: {_yaml_problem(e, path)}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of config fields")
     return doc
+
+
+def _yaml_problem(error: yaml.YAMLError, path: str) -> str:
+    """A YAML error on one line: where (the file when it is an included one, the line and column), what, and while doing
+    what (PyYAML's own text spreads these over several lines)."""
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return " ".join(str(error).split())
+
+    def at(mark: Any) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    mark = error.problem_mark
+    elsewhere = os.path.abspath(mark.name) != os.path.abspath(path)
+    text = f"{f'in {mark.name}, ' if elsewhere else ''}{at(mark)}: {error.problem}"
+    if error.context:
+        same = error.context_mark is not None and error.context_mark.name == mark.name
+        text += f" ({error.context}{f' from {at(error.context_mark)}' if same else ''})"
+    return text
 
 
 def explain_error(error: BaseException, roots: tuple[type, ...] = (LMMixtureDatasetConfig, LMDatasetConfig)) -> str:
