@@ -304,3 +304,21 @@ def test_a_config_file_that_is_a_directory_not_text_or_not_yaml_is_refused_in_on
         result = _cli("build-cache", "--config_path", str(path))
         assert result.returncode == 1 and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.strip().endswith(message), result.stderr
+
+
+@pytest.mark.parametrize("text, field", [
+    ("configs:\ntrain_weights: {a: 1}\n", "`configs`"),
+    ("configs:\n  a:\n  b: {train_urls: [b.jsonl]}\n", "`configs`"),
+    ("configs: {a: {train_urls: a.jsonl}}\n", "`configs.a.train_urls`"),
+    ("configs: {a: {train_urls: [a.jsonl]}}\nbatch_size: 8\ntrain_weights: [[0, {a: 1}], [1e2, {a: 2}]]\n", "`train_weights`"),
+])
+def test_a_value_draccus_cannot_decode_is_one_line_naming_the_field(tmp_path, text, field):
+    """draccus spreads some messages (a union none of whose types fits, a value of the wrong shape) over several lines;
+    a command's error is one line."""
+    path = tmp_path / "c.yaml"
+    path.write_text("tokenizer: t\n" + text)
+    with pytest.raises(ConfigError) as info:
+        load_data_config(str(path))
+    assert "\n" not in str(info.value) and str(info.value).startswith(f"{path} does not parse as LMMixtureDatasetConfig: {field}")
+    result = _cli("build-cache", "--config_path", str(path))
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr

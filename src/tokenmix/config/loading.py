@@ -176,15 +176,20 @@ def _yaml_problem(error: yaml.YAMLError, path: str) -> str:
 
 
 def explain_error(error: BaseException, roots: tuple[type, ...] = (LMMixtureDatasetConfig, LMDatasetConfig)) -> str:
-    """The error with the one at the bottom of its chain: draccus wraps a config's own message (which names
-    the field and the fix) in "Couldn't instantiate class ...", and names the field of a bad value only outside.
-    An unknown field or choice gets the closest valid name among the config classes reachable from ``roots``."""
+    """The error with the one at the bottom of its chain, on one line: draccus wraps a config's own message (which names
+    the field and the fix) in "Couldn't instantiate class ...", names the field of a bad value only outside, and spreads
+    some messages over several lines. An unknown field or choice gets the closest valid name among the config classes
+    reachable from ``roots``."""
     inner = error
     while (inner.__cause__ or inner.__context__) is not None:
         inner = inner.__cause__ or inner.__context__  # type: ignore[assignment]
-    outer, detail = str(error).strip(), str(inner).strip()
+    outer, detail = _one_line(str(error)), _one_line(str(inner))
     text = outer if inner is error or detail in outer else f"{outer.rstrip('.')}: {detail}"
     return text + _closest(text, roots)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
 def _closest(message: str, roots: tuple[type, ...]) -> str:
