@@ -322,3 +322,34 @@ def test_a_value_draccus_cannot_decode_is_one_line_naming_the_field(tmp_path, te
     assert "\n" not in str(info.value) and str(info.value).startswith(f"{path} does not parse as LMMixtureDatasetConfig: {field}")
     result = _cli("build-cache", "--config_path", str(path))
     assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_training_configs_overrides_name_its_sections_as_draccus_and_tokenmix_train_do(tmp_path):
+    """A Levanter training config is overridden section by section (``--data.cache_dir``, ``--trainer.train_batch_size``),
+    as draccus reads it and as ``tokenmix train`` takes it; every command reading its data section takes the same
+    overrides, and ``--cache_dir`` alone still means the data section's. A bad value names the file and the section."""
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump({
+        "data": {"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "c"), "batch_size": None,
+                 "configs": {"web": {"train_urls": ["a.jsonl"]}, "code": {"train_urls": ["b.jsonl"]}},
+                 "train_weights": [[0, {"web": 1.0}], [10, {"web": 1.0, "code": 1.0}]]},
+        "trainer": {"train_batch_size": 4, "num_train_steps": 20}, "model": {"type": "gpt2"},
+    }).replace("  batch_size: null\n", ""))
+    config = load_data_config(str(path), ["--data.cache_dir", str(tmp_path / "d"), "--trainer.train_batch_size", "16",
+                                          "--data.train_weights", "[[0, {web: 1}], [20, {code: 1}]]", "--seed", "3"])
+    assert config.cache_dir == str(tmp_path / "d") and config.seed == 3
+    assert config.weight_schedule() == [(0, {"web": 1.0}), (320, {"code": 1.0})]
+    assert load_data_config(str(path), ["--cache_dir", "/x"]).cache_dir == "/x"
+    with pytest.raises(ConfigError) as info:
+        load_data_config(str(path), ["--data.seed", "x"])
+    assert str(info.value).startswith(f"{path}'s data section does not parse as LMMixtureDatasetConfig: `seed`: Couldn't parse 'x'")
+    with pytest.raises(ConfigError, match=r"an override replaced the data section with 'x'; override its fields \(--data.cache_dir DIR\)"):
+        load_data_config(str(path), ["--data", "x"])
+    plot = _cli("plot", "--config_path", str(path), "--data.mixture_block_size", "64", "--trainer.train_batch_size", "2",
+                "--out", str(tmp_path / "s.png"))
+    assert plot.returncode == 0, plot.stderr
+    from tokenmix.train.config import load_train_config
+
+    with pytest.raises(ConfigError) as info:
+        load_train_config(str(REPO / "config" / "train_demo.yaml"), ["--data.seed", "x"])
+    assert str(info.value).startswith(f"{REPO / 'config' / 'train_demo.yaml'}'s data section does not parse as LMMixtureDatasetConfig: `seed`")

@@ -40,22 +40,40 @@ def load_data_config(config: str | os.PathLike[str] | Mapping[str, Any], overrid
     """Load a data config (mixture or single dataset) from a YAML file or a mapping, with overrides.
 
     ``overrides`` are draccus' dotted command-line form, ``--cache_dir /tmp/c`` or ``--build.num_workers=4``
-    (values are read as YAML), and win over the document. Raises ``ConfigError`` naming the file and field.
+    (values are read as YAML), and win over the document. In a training config they name its sections, as draccus reads
+    it (``--data.cache_dir``, ``--trainer.train_batch_size``); one naming no section is the data section's
+    (``--cache_dir``). Raises ``ConfigError`` naming the file and field.
     """
     if isinstance(config, Mapping):
         where, doc = "the data config", copy.deepcopy(dict(config))
     else:
         where = os.fspath(config)
         doc = read_yaml(where)
+    pairs = parse_overrides(overrides or ())
     if is_nanotron(doc):
         try:
             doc = nanotron_mixture(doc, where)
         except ValueError as e:
             raise ConfigError(str(e)) from None
     elif isinstance(doc.get("data"), dict):
-        doc = _with_trainer_batch_size(doc["data"], doc.get("trainer"))
+        sections = [(key, value) for key, value in pairs if key.split(".", 1)[0] in doc]
+        for key, value in sections:
+            set_path(doc, key, value)
+        pairs = [pair for pair in pairs if pair not in sections]
+        if not isinstance(doc["data"], dict):
+            raise ConfigError(f"{where}: an override replaced the data section with {doc['data']!r}; override its fields "
+                              "(--data.cache_dir DIR)")
+        return data_section_config(_with_trainer_batch_size(doc["data"], doc.get("trainer")), f"{where}'s data section", pairs)
+    return data_section_config(doc, where, pairs)
+
+
+def data_section_config(doc: dict[str, Any], where: str, overrides: Sequence[tuple[str, Any]] = ()) -> DataConfig:
+    """The data config a document (a data config, or a training config's data section) holds, with parsed ``overrides``
+    applied; a mixture when it has ``configs:`` or ``components:``. A ``ConfigError`` names ``where`` and the field."""
     cls: type[DataConfig] = LMMixtureDatasetConfig if "configs" in doc or "components" in doc else LMDatasetConfig
-    return decode_document(cls, doc, overrides, where, cls.__name__)
+    for key, value in overrides:
+        set_path(doc, key, value)
+    return decode_document(cls, doc, None, where, cls.__name__)
 
 
 def decode_document(cls: type[Any], doc: dict[str, Any], overrides: Sequence[str] | None, where: str, what: str,
