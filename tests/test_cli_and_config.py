@@ -353,3 +353,21 @@ def test_a_training_configs_overrides_name_its_sections_as_draccus_and_tokenmix_
     with pytest.raises(ConfigError) as info:
         load_train_config(str(REPO / "config" / "train_demo.yaml"), ["--data.seed", "x"])
     assert str(info.value).startswith(f"{REPO / 'config' / 'train_demo.yaml'}'s data section does not parse as LMMixtureDatasetConfig: `seed`")
+
+
+def test_a_mixture_without_a_cache_dir_needs_one_on_every_source_as_in_levanter(tmp_path):
+    """Levanter's mixture ``cache_dir`` may be null when every source (component) keeps its caches in its own; a source
+    left without one is refused at load, naming it (a build failed with a traceback)."""
+    doc = {"tokenizer": TOKENIZER, "cache_dir": None,
+           "configs": {"web": {"train_urls": ["a.jsonl"], "cache_dir": str(tmp_path / "web")},
+                       "code": {"train_urls": ["b.jsonl"], "cache_dir": "s3://bucket/code/"}}}
+    config = load_data_config(doc)
+    assert config.cache_location("web", "train") == f"{tmp_path}/web/train"
+    assert config.cache_location("code", "validation") == "s3://bucket/code/validation"
+    del doc["configs"]["web"]["cache_dir"]
+    message = "cache_dir is null, so every source needs a cache_dir of its own, and ['web'] have none: set the mixture's cache_dir"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_data_config(doc)
+    result = _cli("build-cache", "--config_path", str(REPO / "config" / "demo.yaml"), "--cache_dir", "null")
+    assert result.returncode == 1 and "['linux_doc', 'python_doc', 'webster'] have none" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -134,7 +134,7 @@ def components_shuffle(components: dict[str, DatasetComponentBase], shuffle: obj
     return shuffle
 
 
-def resolve_components(components: dict[str, DatasetComponentBase], weights: Weights | None, cache_dir: str,
+def resolve_components(components: dict[str, DatasetComponentBase], weights: Weights | None, cache_dir: str | None,
                        ) -> tuple[dict[str, LMDatasetSourceConfig], Weights | None]:
     """The sources (``configs``) and weights that ``components`` and their ``train_weights`` mean.
 
@@ -169,7 +169,7 @@ def resolve_components(components: dict[str, DatasetComponentBase], weights: Wei
     return sources, expand(weights or dict.fromkeys(components, 1.0))  # unset or empty: the components weigh the same
 
 
-def _source(name: str, component: CachedComponent, cache_dir: str) -> LMDatasetSourceConfig:
+def _source(name: str, component: CachedComponent, cache_dir: str | None) -> LMDatasetSourceConfig:
     """A cached component as a source: its URLs or dataset, with the component's format, packing, cache and tags."""
     source = component.source or ComponentSourceConfig()
     default_format = TextLmDatasetFormat()

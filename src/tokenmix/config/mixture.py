@@ -47,7 +47,9 @@ class LMMixtureDatasetConfig(DataConfigBase):
     components: dict[str, DatasetComponentBase] = field(default_factory=dict)
     """Newer Levanter's schema, instead of ``configs``: resolved into ``configs`` (and ``train_weights``) when the config
     is made, after which it is empty (``config/components.py``)."""
-    cache_dir: str = "cache/"
+    cache_dir: str | None = "cache/"
+    """Where each source's caches go (``<cache_dir>/<source name>``); null (as Levanter allows) when every source has a
+    ``cache_dir`` of its own."""
     cache_options: CacheOptions | None = None
     """Levanter's cache-builder options: accepted, and logged as having no effect here."""
     train_weights: dict[str, float] | list[tuple[int, dict[str, float]]] | None = field(default_factory=dict)
@@ -126,6 +128,10 @@ class LMMixtureDatasetConfig(DataConfigBase):
         elif self.shuffle is None:
             object.__setattr__(self, "shuffle", False)
         names = list(self.configs)
+        homeless = [name for name, source in self.configs.items() if not source.cache_dir]
+        if self.cache_dir is None and homeless:
+            raise ValueError(f"cache_dir is null, so every source needs a cache_dir of its own, and {homeless} have none: set "
+                             "the mixture's cache_dir (their caches go to <cache_dir>/<source name>) or theirs")
         if self.train_weights is None:
             object.__setattr__(self, "train_weights", {})  # Levanter's newer schema: null means equal weights
         note_cache_options(self.cache_options)
