@@ -371,3 +371,14 @@ def test_a_mixture_without_a_cache_dir_needs_one_on_every_source_as_in_levanter(
     result = _cli("build-cache", "--config_path", str(REPO / "config" / "demo.yaml"), "--cache_dir", "null")
     assert result.returncode == 1 and "['linux_doc', 'python_doc', 'webster'] have none" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("size", ["0", "-64"])
+def test_a_mixture_block_size_below_one_is_refused_when_the_config_loads(tmp_path, size):
+    """Before anything is built or drawn: ``tokenmix plot`` drew a schedule of blocks of 0 examples, and ``tokenmix train``
+    built every cache before the mixture refused it."""
+    message = f"mixture_block_size must be at least 1 (examples per block), got {size}"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_data_config(str(REPO / "config" / "demo.yaml"), ["--mixture_block_size", size])
+    result = _cli("plot", "--config_path", "config/demo.yaml", "--mixture_block_size", size, "--out", str(tmp_path / "s.png"))
+    assert result.returncode == 1 and message in result.stderr and not (tmp_path / "s.png").exists()

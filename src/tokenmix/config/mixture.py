@@ -141,6 +141,8 @@ class LMMixtureDatasetConfig(DataConfigBase):
             object.__setattr__(self, "shuffle", self.shuffle_buffer_size)
         if self.example_convention not in ("levanter", "megatron", "datatrove"):
             raise ValueError(f"example_convention must be levanter, megatron or datatrove, got {self.example_convention!r}")
+        if self.mixture_block_size < 1:
+            raise ValueError(f"mixture_block_size must be at least 1 (examples per block), got {self.mixture_block_size}")
         if self.stop_strategy not in STOP_STRATEGIES:
             raise ValueError(f"stop_strategy: expected one of {STOP_STRATEGIES}, got {self.stop_strategy!r}")
         check_shuffle(self.shuffle, "mixture config")
