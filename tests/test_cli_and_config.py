@@ -382,3 +382,23 @@ def test_a_mixture_block_size_below_one_is_refused_when_the_config_loads(tmp_pat
         load_data_config(str(REPO / "config" / "demo.yaml"), ["--mixture_block_size", size])
     result = _cli("plot", "--config_path", "config/demo.yaml", "--mixture_block_size", size, "--out", str(tmp_path / "s.png"))
     assert result.returncode == 1 and message in result.stderr and not (tmp_path / "s.png").exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "{path} holds no config fields: a data config gives `configs:` (a mixture) or `train_urls:`/`id:` (one dataset)"),
+    ("# a comment\n---\n", "{path} holds no config fields: a data config gives `configs:` (a mixture)"),
+    ("data: {}\ntrainer: {train_batch_size: 8}\n", "{path}'s data section holds no config fields"),
+    (f"tokenizer: {TOKENIZER}\nconfigs: {{}}\n", "a mixture needs at least one source in `configs` (or `components`), as in Levanter"),
+    (f"tokenizer: {TOKENIZER}\ncomponents: {{}}\n", "a mixture needs at least one source in `configs` (or `components`)"),
+])
+def test_a_config_that_defines_no_data_is_refused_rather_than_building_nothing(tmp_path, text, message):
+    """An empty file (a wrong path, a failed write) or an empty mixture built nothing and exited 0 with an empty table;
+    as in Levanter, a mixture needs a source."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message.format(path=path))):
+        load_data_config(str(path))
+    result = _cli("build-cache", "--config_path", str(path), "--cache_dir", str(tmp_path / "cache"))
+    assert result.returncode == 1 and result.stdout == "" and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    if not text:  # overrides may give every field, as draccus reads an empty file with them
+        assert load_data_config(str(path), ["--tokenizer", TOKENIZER, "--train_urls", "[a.jsonl]"]).train_urls == ["a.jsonl"]

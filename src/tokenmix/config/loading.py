@@ -73,6 +73,9 @@ def data_section_config(doc: dict[str, Any], where: str, overrides: Sequence[tup
     cls: type[DataConfig] = LMMixtureDatasetConfig if "configs" in doc or "components" in doc else LMDatasetConfig
     for key, value in overrides:
         set_path(doc, key, value)
+    if not doc:
+        raise ConfigError(f"{where} holds no config fields: a data config gives `configs:` (a mixture) or `train_urls:`/`id:` "
+                          "(one dataset), with `tokenizer:` and `cache_dir:`")
     return decode_document(cls, doc, None, where, cls.__name__)
 
 

@@ -127,6 +127,8 @@ class LMMixtureDatasetConfig(DataConfigBase):
                 object.__setattr__(self, name, value)
         elif self.shuffle is None:
             object.__setattr__(self, "shuffle", False)
+        if not self.configs:
+            raise ValueError("a mixture needs at least one source in `configs` (or `components`), as in Levanter")
         names = list(self.configs)
         homeless = [name for name, source in self.configs.items() if not source.cache_dir]
         if self.cache_dir is None and homeless:
