@@ -402,3 +402,19 @@ def test_a_config_that_defines_no_data_is_refused_rather_than_building_nothing(t
     assert result.returncode == 1 and result.stdout == "" and len(result.stderr.strip().splitlines()) == 1, result.stderr
     if not text:  # overrides may give every field, as draccus reads an empty file with them
         assert load_data_config(str(path), ["--tokenizer", TOKENIZER, "--train_urls", "[a.jsonl]"]).train_urls == ["a.jsonl"]
+
+
+def test_overrides_merge_into_the_documents_mappings_as_draccus_merges_them(tmp_path):
+    """draccus merges an override's mapping into the file's (``--train_weights '{web: 1}'`` keeps code's weight; replacing
+    the mapping made code evaluation-only) and reads an empty value as an empty string; an override of a source that
+    shares a YAML anchor with another changes that source alone."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"tokenizer: {TOKENIZER}\ncache_dir: {tmp_path}\ntrain_weights: {{web: 0.5, code: 0.25}}\n"
+                    "configs:\n  web: &s {train_urls: [a.jsonl], format: {type: text, text_key: body}}\n  code: *s\n")
+    config = load_data_config(str(path), ["--train_weights", "{web: 1}", "--configs.code.train_urls", "[b.jsonl]",
+                                          "--configs", "{web: {format: {text_key: content}}}"])
+    assert config.train_weights == {"web": 1.0, "code": 0.25}
+    assert config.configs["web"].train_urls == ["a.jsonl"] and config.configs["code"].train_urls == ["b.jsonl"]
+    assert config.configs["web"].format == TextLmDatasetFormat(text_key="content")
+    assert config.configs["code"].format == TextLmDatasetFormat(text_key="body")
+    assert load_data_config(str(path), ["--tokenizer="]).tokenizer == ""

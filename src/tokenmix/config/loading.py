@@ -109,7 +109,8 @@ def _with_trainer_batch_size(data: dict[str, Any], trainer: Any) -> dict[str, An
 
 
 def parse_overrides(args: Sequence[str]) -> list[tuple[str, Any]]:
-    """``--a.b value`` / ``--a.b=value`` pairs as (dotted key, value read as YAML)."""
+    """``--a.b value`` / ``--a.b=value`` pairs as (dotted key, value read as YAML; an empty value is the empty string, as
+    draccus reads it)."""
     pairs = []
     rest = list(args)
     while rest:
@@ -122,21 +123,29 @@ def parse_overrides(args: Sequence[str]) -> list[tuple[str, Any]]:
                 raise ConfigError(f"override --{key} has no value; write --{key} VALUE or --{key}=VALUE")
             text = rest.pop(0)
         try:
-            pairs.append((key, yaml.safe_load(text)))
+            pairs.append((key, yaml.safe_load(text) if text else ""))
         except yaml.YAMLError as e:
             raise ConfigError(f"override --{key}: {text!r} is not a valid YAML value: {e}") from None
     return pairs
 
 
 def set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set the field at ``dotted`` in ``doc``; a mapping is merged into the one there, as draccus merges an override into
+    the file. The mappings on the way are copied first: one that a YAML alias shares with another field (``code: *web``)
+    changes under this field alone."""
     *parents, leaf = dotted.split(".")
     node = doc
     for part in parents:
         child = node.get(part)
-        if not isinstance(child, dict):
-            child = node[part] = {}
+        node[part] = child = dict(child) if isinstance(child, dict) else {}
         node = child
-    node[leaf] = value
+    node[leaf] = _merged(node.get(leaf), value)
+
+
+def _merged(old: Any, new: Any) -> Any:
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return new
+    return {**old, **{key: _merged(old.get(key), value) for key, value in new.items()}}
 
 
 if yaml.__with_libyaml__:
