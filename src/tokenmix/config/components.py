@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 import draccus
 
@@ -25,22 +25,6 @@ from tokenmix.formats.text import TextLmDatasetFormat
 logger = logging.getLogger(__name__)
 
 Weights = dict[str, float] | list[tuple[int, dict[str, float]]]
-
-
-@dataclass(frozen=True)
-class ComponentSourceConfig(LMDatasetSourceConfig):
-    """A component's ``source``: Levanter's ``url`` (``train_urls``, ``validation_urls``) or ``hf`` (``id``, ``name``,
-    ``stream``, ``splits``) source, with its ``type``."""
-
-    type: Literal["url", "hf"] | None = None
-    """Levanter's choice name; unset, it follows from the fields (``id`` for ``hf``)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.type == "hf" and self.id is None:
-            raise ValueError("source type hf needs `id` (the Hugging Face dataset)")
-        if self.type == "url" and self.id is not None:
-            raise ValueError("source type url takes train_urls/validation_urls, not `id`; use type: hf")
 
 
 @dataclass(frozen=True)
@@ -57,7 +41,9 @@ class DatasetComponentBase(draccus.ChoiceRegistry):
 class CachedComponent(DatasetComponentBase):
     """A cache built from a source (or, without one, a cache that exists already)."""
 
-    source: ComponentSourceConfig | None = None
+    source: LMDatasetSourceConfig | None = None
+    """Levanter's ``url`` (``train_urls``, ``validation_urls``) or ``hf`` (``id``, ``name``, ``stream``, ``splits``) source,
+    with its ``type``."""
     cache_dir: str | None = None
     """Where the component's caches go (``<cache_dir>/<split>``), instead of ``<mixture cache_dir>/<name>``."""
     format: LmDatasetFormatBase = field(default_factory=TextLmDatasetFormat)
@@ -171,7 +157,7 @@ def resolve_components(components: dict[str, DatasetComponentBase], weights: Wei
 
 def _source(name: str, component: CachedComponent, cache_dir: str | None) -> LMDatasetSourceConfig:
     """A cached component as a source: its URLs or dataset, with the component's format, packing, cache and tags."""
-    source = component.source or ComponentSourceConfig()
+    source = component.source or LMDatasetSourceConfig()
     default_format = TextLmDatasetFormat()
     if source.format != default_format and component.format == default_format:
         logger.warning("component %r: its source's format %r is not used: Levanter builds a component with the component's "
