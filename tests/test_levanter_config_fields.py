@@ -122,7 +122,7 @@ def test_sources_naming_their_type_as_levanters_2025_configs_write_them_load_wit
     assert [(t.source, t.split, t.location, [s.name for s in t.shards]) for t in cache_targets(typed, ["web"])] == \
         [(t.source, t.split, t.location, [s.name for s in t.shards]) for t in cache_targets(plain, ["web"])]
     assert typed.configs["wiki"].id == plain.configs["wiki"].id and typed.configs["web"].tags == ["en"]
-    with pytest.raises(ConfigError, match=r"source type url takes train_urls/validation_urls, not `id`; use type: hf"):
+    with pytest.raises(ConfigError, match=r"`configs.wiki`.*source type url takes train_urls/validation_urls, not `id`; use type: hf"):
         tokenmix.load_data_config({**doc, "configs": {"web": doc["configs"]["web"], "wiki": {"type": "url", "id": "x/y"}}})
     with pytest.raises(ConfigError, match=r"source type hf needs `id` \(the Hugging Face dataset\)"):
         tokenmix.load_data_config({**doc, "configs": {"web": {"type": "hf", **doc["configs"]["web"]}}, "train_weights": {}})
