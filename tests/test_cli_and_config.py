@@ -101,6 +101,11 @@ def test_cli_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path):
     (["plot", "--config_path", "config/nope.yaml"], "config file config/nope.yaml does not exist"),
     (["plot", "--config_path", "config/demo.yaml", "--seed", "x", "--out", os.devnull], "`seed`: Couldn't parse 'x' into an int"),
     (["plot", "--config_path", "config/demo.yaml", "--steps", "0", "--out", os.devnull], "argument --steps: must be at least 1"),
+    (["plot", "--config_path", "config/levanter_style_single.yaml", "--out", os.devnull],
+     "config/levanter_style_single.yaml is a single-source config: it has no mixture schedule to draw"),
+    (["plot", "--config_path", "config/demo.yaml", "--weight_log", "config/demo.yaml", "--out", os.devnull],
+     "config/demo.yaml, line 1: not a JSON record (Expecting value: line 1 column 1 (char 0)); a weight log holds one JSON "
+     "object a line (a run's weights.jsonl)"),
     (["curate", "--config_path", "config/curation/demo.yaml", "--num_worker", "3"], "did you mean: num_worker -> num_workers?"),
     (["build-cache", "--config_path", "config/demo.yaml", "--build.on_eror", "skip"], "did you mean: on_eror -> on_error?"),
     (["verify", "--config_path", "config/nope.yaml"], "config file config/nope.yaml does not exist"),
