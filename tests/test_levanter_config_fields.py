@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -139,3 +140,18 @@ def test_a_sources_type_is_not_a_change_of_data_to_a_resumed_run():
         return data_identity(TrainLmConfig(data, TrainerConfig(), ModelConfig()))
 
     assert identity({"type": "url", "train_urls": demo_urls("webster")}) == identity({"train_urls": demo_urls("webster")})
+
+
+@pytest.mark.parametrize("where", ["configs", "components"])
+@pytest.mark.parametrize("pack", [0, -3])
+def test_a_pack_that_is_no_number_of_documents_is_refused_when_the_config_loads(where, pack):
+    """It was refused only when a training set was made, after every cache was built."""
+    if where == "configs":
+        doc = {"configs": {"web": {"train_urls": ["a.jsonl"], "format": {"type": "chat", "pack": pack}}}}
+    else:
+        doc = {"components": {"web": {"source": {"train_urls": ["a.jsonl"]}, "format": {"type": "chat"}, "pack": pack}}}
+    named = "`configs.web`: Couldn't instantiate class LMDatasetSourceConfig using the given arguments: " if where == "configs" \
+        else "component 'web': "
+    with pytest.raises(ConfigError, match=re.escape(f"{named}pack must be true, false, pad or a positive number of documents per "
+                                                    f"example, got {pack!r}")):
+        tokenmix.load_data_config({"tokenizer": TOKENIZER, **doc})

@@ -172,8 +172,11 @@ def _source(name: str, component: CachedComponent, cache_dir: str | None) -> LMD
     fmt = component.format if component.pack is None else replace(component.format, pack=component.pack)
     if component.source is None:
         logger.info("component %r has no source: its caches must exist already (under %s)", name, component.cache_dir or f"{cache_dir}/{name}")
-    return LMDatasetSourceConfig(
-        id=source.id, name=source.name, stream=source.stream, splits=source.splits, train_urls=list(source.train_urls),
-        validation_urls=list(source.validation_urls), cache_dir=component.cache_dir, tags=component.tags or source.tags, format=fmt,
-        packing=source.packing,
-    )
+    try:
+        return LMDatasetSourceConfig(
+            id=source.id, name=source.name, stream=source.stream, splits=source.splits, train_urls=list(source.train_urls),
+            validation_urls=list(source.validation_urls), cache_dir=component.cache_dir, tags=component.tags or source.tags,
+            format=fmt, packing=source.packing,
+        )
+    except ValueError as e:  # what the component's own fields make of its source (its pack): named by the component
+        raise ValueError(f"component {name!r}: {e}") from None

@@ -211,11 +211,17 @@ def explain_error(error: BaseException, roots: tuple[type, ...] = (LMMixtureData
     some messages over several lines. An unknown field or choice gets the closest valid name among the config classes
     reachable from ``roots``."""
     inner = error
-    while (inner.__cause__ or inner.__context__) is not None:
-        inner = inner.__cause__ or inner.__context__  # type: ignore[assignment]
+    while (below := _below(inner)) is not None:
+        inner = below
     outer, detail = _one_line(str(error)), _one_line(str(inner))
     text = outer if inner is error or detail in outer else f"{outer.rstrip('.')}: {detail}"
     return text + _closest(text, roots)
+
+
+def _below(error: BaseException) -> BaseException | None:
+    """The error ``error`` was raised from or while handling, unless it was raised ``from None`` (its own message says
+    what the one it replaced did)."""
+    return error.__cause__ if error.__cause__ is not None or error.__suppress_context__ else error.__context__
 
 
 def _one_line(message: str) -> str:

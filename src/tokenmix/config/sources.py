@@ -115,6 +115,7 @@ class LMDatasetSourceConfig:
             unknown = sorted(set(self.splits) - set(SPLITS))
             if unknown:
                 raise ValueError(f"splits: {unknown} are not splits tokenmix builds; choose among {list(SPLITS)}")
+        self.packing_options()  # refuses a `pack` that is no number of documents now, not once the caches are built
 
     def packing_options(self) -> PackingConfig | None:
         """How this source's examples are packed, or None when they are windows of its token stream."""
