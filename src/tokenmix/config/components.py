@@ -18,7 +18,7 @@ from typing import Any
 import draccus
 
 from tokenmix.config.sources import LMDatasetSourceConfig
-from tokenmix.datasets.settings import BlockShuffle
+from tokenmix.datasets.settings import BlockShuffle, is_weight
 from tokenmix.formats.base import LmDatasetFormatBase, Pack
 from tokenmix.formats.text import TextLmDatasetFormat
 
@@ -131,13 +131,17 @@ def resolve_components(components: dict[str, DatasetComponentBase], weights: Wei
     shares: dict[str, dict[str, float]] = {}
     for name, component in components.items():
         if isinstance(component, HierarchicalComponent):
-            total = sum(w for w in component.train_weights.values() if w > 0)
+            for child_name, weight in component.train_weights.items():
+                if not is_weight(weight):
+                    raise ValueError(f"component {name!r}: train_weights: child {child_name!r} has weight {weight!r}; give it a "
+                                     "finite number >= 0 (0 leaves it to validation)")
+            total = sum(component.train_weights.values())
             shares[name] = {}
             for child_name, child in component.components.items():
                 full = f"{name}/{child_name}"
                 tags = (component.tags or []) + (child.tags or [])
                 sources[full] = _source(full, replace(child, tags=tags or None), cache_dir)
-                shares[name][full] = max(component.train_weights.get(child_name, 0.0), 0.0) / total
+                shares[name][full] = component.train_weights.get(child_name, 0.0) / total
         else:
             sources[name] = _source(name, component, cache_dir)  # type: ignore[arg-type]
     if not shares:
