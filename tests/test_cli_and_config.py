@@ -108,6 +108,8 @@ def test_cli_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path):
      "object a line (a run's weights.jsonl)"),
     (["curate", "--config_path", "config/curation/demo.yaml", "--num_worker", "3"], "did you mean: num_worker -> num_workers?"),
     (["build-cache", "--config_path", "config/demo.yaml", "--build.on_eror", "skip"], "did you mean: on_eror -> on_error?"),
+    (["build-cache", "--config_path", "config/demo.yaml", "--build.num_workers", "-1"],
+     "build.num_workers must be at least 0 (0 tokenizes in the driver's thread) or null (one per core), got -1"),
     (["verify", "--config_path", "config/nope.yaml"], "config file config/nope.yaml does not exist"),
     (["export", "--to", "megatron", "--output", "out/x", "--config_path", "config/demo.yaml", "--source", "web"],
      "unknown source 'web'; the config defines ['linux_doc', 'python_doc', 'webster']"),
