@@ -101,6 +101,9 @@ def test_cli_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path):
     (["plot", "--config_path", "config/nope.yaml"], "config file config/nope.yaml does not exist"),
     (["plot", "--config_path", "config/demo.yaml", "--seed", "x", "--out", os.devnull], "`seed`: Couldn't parse 'x' into an int"),
     (["plot", "--config_path", "config/demo.yaml", "--steps", "0", "--out", os.devnull], "argument --steps: must be at least 1"),
+    (["plot", "--config_path", "config/demo.yaml", "--seed", "[1", "--out", os.devnull],
+     "override --seed: '[1' is not a valid YAML value: line 1, column 3: expected ',' or ']', but got '<stream end>' (while "
+     "parsing a flow sequence from line 1, column 1)"),
     (["plot", "--config_path", "config/levanter_style_single.yaml", "--out", os.devnull],
      "config/levanter_style_single.yaml is a single-source config: it has no mixture schedule to draw"),
     (["plot", "--config_path", "config/demo.yaml", "--weight_log", "config/demo.yaml", "--out", os.devnull],

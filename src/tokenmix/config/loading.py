@@ -125,7 +125,7 @@ def parse_overrides(args: Sequence[str]) -> list[tuple[str, Any]]:
         try:
             pairs.append((key, yaml.safe_load(text) if text else ""))
         except yaml.YAMLError as e:
-            raise ConfigError(f"override --{key}: {text!r} is not a valid YAML value: {e}") from None
+            raise ConfigError(f"override --{key}: {text!r} is not a valid YAML value: {_yaml_problem(e, '<unicode string>')}") from None
     return pairs
 
 
