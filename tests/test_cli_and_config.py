@@ -1,6 +1,7 @@
 """The CLI (build-cache with overrides, inspect) and Levanter-compatible config parsing."""
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -428,3 +429,20 @@ def test_overrides_merge_into_the_documents_mappings_as_draccus_merges_them(tmp_
     assert config.configs["web"].format == TextLmDatasetFormat(text_key="content")
     assert config.configs["code"].format == TextLmDatasetFormat(text_key="body")
     assert load_data_config(str(path), ["--tokenizer="]).tokenizer == ""
+
+
+def test_a_key_given_twice_is_read_as_draccus_reads_it_and_named_in_a_warning(tmp_path, caplog):
+    """YAML keeps the last of two equal keys silently, as draccus and Levanter read them: a source given twice is one source,
+    and a field set twice takes the second value. The value stays draccus's; the log names the file and line."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"tokenizer: {TOKENIZER}\nconfigs:\n  web: {{train_urls: [a.jsonl]}}\n  code: {{train_urls: [b.jsonl]}}\n"
+                    "  web: {train_urls: [c.jsonl]}\nseed: 1\nbuild: {<<: {num_workers: 2}, num_workers: 3}\nseed: 2\n")
+    with caplog.at_level(logging.WARNING, logger="tokenmix"):
+        config = load_data_config(str(path))
+    assert list(config.configs) == ["web", "code"] and config.configs["web"].train_urls == ["c.jsonl"] and config.seed == 2
+    assert config.build.num_workers == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert sorted(warnings) == [f"{path}, line 5: 'web' is given twice in one mapping; the last is used, as draccus and Levanter read "
+                        "it: remove the other",
+                        f"{path}, line 8: 'seed' is given twice in one mapping; the last is used, as draccus and Levanter read "
+                        "it: remove the other"]
