@@ -446,3 +446,15 @@ def test_a_key_given_twice_is_read_as_draccus_reads_it_and_named_in_a_warning(tm
                         "it: remove the other",
                         f"{path}, line 8: 'seed' is given twice in one mapping; the last is used, as draccus and Levanter read "
                         "it: remove the other"]
+
+
+@pytest.mark.parametrize("cache_dir, single", [("", False), ("", True), (None, True)])  # a mixture's null: the test above
+def test_an_empty_cache_dir_is_refused_rather_than_read_as_the_filesystem_root_or_the_working_directory(tmp_path, single, cache_dir):
+    """A mixture's empty ``cache_dir`` put its caches at ``/<source>/<split>``, a single dataset's (empty or null: Levanter
+    refuses null) at ``./cache``. ``--cache_dir=`` gives the empty string, as draccus reads it."""
+    source = {"train_urls": ["a.jsonl"]}
+    doc = {"tokenizer": TOKENIZER, **(source if single else {"configs": {"web": source}}), "cache_dir": cache_dir}
+    with pytest.raises(ConfigError, match="cache_dir is empty" if cache_dir == "" else "cache_dir is null"):
+        load_data_config(doc)
+    with pytest.raises(ConfigError, match="cache_dir is empty"):
+        load_data_config({**doc, "cache_dir": str(tmp_path)}, ["--cache_dir="])

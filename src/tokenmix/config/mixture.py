@@ -130,6 +130,9 @@ class LMMixtureDatasetConfig(DataConfigBase):
         if not self.configs:
             raise ValueError("a mixture needs at least one source in `configs` (or `components`), as in Levanter")
         names = list(self.configs)
+        if self.cache_dir == "":
+            raise ValueError("cache_dir is empty, which would put each source's caches at /<source name>: give a directory or "
+                             "URL, or null when every source has a cache_dir of its own")
         homeless = [name for name, source in self.configs.items() if not source.cache_dir]
         if self.cache_dir is None and homeless:
             raise ValueError(f"cache_dir is null, so every source needs a cache_dir of its own, and {homeless} have none: set "
@@ -532,6 +535,8 @@ class LMDatasetConfig(LMDatasetSourceConfig, DataConfigBase):
     """A single source with its tokenizer and cache directory (Levanter's single-dataset form)."""
 
     cache_dir: str | None = "cache/"
+    """Where the dataset's caches go (``<cache_dir>/train``, ``<cache_dir>/validation``); null is refused, as Levanter
+    refuses it."""
     cache_options: CacheOptions | None = None
     """Levanter's cache-builder options: accepted, and logged as having no effect here."""
     shuffle: bool | int = False
@@ -548,6 +553,9 @@ class LMDatasetConfig(LMDatasetSourceConfig, DataConfigBase):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not self.cache_dir:
+            raise ValueError(f"cache_dir is {'null' if self.cache_dir is None else 'empty'}: a single dataset keeps its caches in "
+                             "<cache_dir>/train and <cache_dir>/validation; give a directory or URL")
         note_cache_options(self.cache_options)
         refuse_removed_shard_counts(self.num_train_shards, self.num_val_shards)
         self.as_mixture()  # refuses a bad shuffle or permutation_type, naming the field
@@ -559,7 +567,7 @@ class LMDatasetConfig(LMDatasetSourceConfig, DataConfigBase):
         """The one-source mixture (named ``default``, its caches where this config keeps them) that trains as Levanter
         trains a single dataset: its examples in cache order or shuffled (``shuffle``), with ``ignore_token_id``."""
         source = {f.name: getattr(self, f.name) for f in fields(LMDatasetSourceConfig)}
-        source.update(cache_dir=self.cache_dir or "cache/", text_key=None, plaintext=None, rows_per_chunk=None)
+        source.update(cache_dir=self.cache_dir, text_key=None, plaintext=None, rows_per_chunk=None)
         tokenization = {f.name: getattr(self, f.name) for f in fields(DataConfigBase)}
         return LMMixtureDatasetConfig(**tokenization, configs={"default": LMDatasetSourceConfig(**source)}, shuffle=self.shuffle,
                                       permutation_type=self.permutation_type, ignore_token_id=self.ignore_token_id)
@@ -573,7 +581,7 @@ class LMDatasetConfig(LMDatasetSourceConfig, DataConfigBase):
         return self.as_mixture().validation_sets(seq_len)
 
     def cache_location(self, name: str, split: str) -> str:
-        return join_location(self.cache_dir or "cache/", split)
+        return join_location(self.cache_dir, split)  # type: ignore[arg-type]  # never null (__post_init__)
 
 
 DataConfig = LMMixtureDatasetConfig | LMDatasetConfig
