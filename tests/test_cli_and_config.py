@@ -458,3 +458,17 @@ def test_an_empty_cache_dir_is_refused_rather_than_read_as_the_filesystem_root_o
         load_data_config(doc)
     with pytest.raises(ConfigError, match="cache_dir is empty"):
         load_data_config({**doc, "cache_dir": str(tmp_path)}, ["--cache_dir="])
+
+
+def test_export_takes_a_configs_overrides_as_every_command_reading_a_config_does(tmp_path):
+    """``--cache_dir`` after ``--config_path`` is an override, as for build-cache, plot and verify (export refused it as an
+    unknown argument); with ``--cache`` there is no config to override."""
+    built = _cli("build-cache", "--config_path", "config/demo.yaml", "--cache_dir", str(tmp_path / "caches"), "--source", "webster")
+    assert built.returncode == 0, built.stderr
+    exported = _cli("export", "--to", "megatron", "--output", str(tmp_path / "web"), "--config_path", "config/demo.yaml",
+                    "--source", "webster", "--cache_dir", str(tmp_path / "caches"))
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "web.bin").stat().st_size > 0 and (tmp_path / "web.idx").exists()
+    stray = _cli("export", "--to", "megatron", "--output", str(tmp_path / "x"), "--cache", str(tmp_path / "caches" / "webster" / "train"),
+                 "--cache_dir", "/x")
+    assert stray.returncode == 2 and "--cache_dir /x (config overrides need --config_path)" in stray.stderr
