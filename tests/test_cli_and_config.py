@@ -1,6 +1,7 @@
 """The CLI (build-cache with overrides, inspect) and Levanter-compatible config parsing."""
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -101,8 +102,18 @@ def test_cli_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path):
     (["plot", "--config_path", "config/nope.yaml"], "config file config/nope.yaml does not exist"),
     (["plot", "--config_path", "config/demo.yaml", "--seed", "x", "--out", os.devnull], "`seed`: Couldn't parse 'x' into an int"),
     (["plot", "--config_path", "config/demo.yaml", "--steps", "0", "--out", os.devnull], "argument --steps: must be at least 1"),
+    (["plot", "--config_path", "config/demo.yaml", "--seed", "[1", "--out", os.devnull],
+     "override --seed: '[1' is not a valid YAML value: line 1, column 3: expected ',' or ']', but got '<stream end>' (while "
+     "parsing a flow sequence from line 1, column 1)"),
+    (["plot", "--config_path", "config/levanter_style_single.yaml", "--out", os.devnull],
+     "config/levanter_style_single.yaml is a single-source config: it has no mixture schedule to draw"),
+    (["plot", "--config_path", "config/demo.yaml", "--weight_log", "config/demo.yaml", "--out", os.devnull],
+     "config/demo.yaml, line 1: not a JSON record (Expecting value: line 1 column 1 (char 0)); a weight log holds one JSON "
+     "object a line (a run's weights.jsonl)"),
     (["curate", "--config_path", "config/curation/demo.yaml", "--num_worker", "3"], "did you mean: num_worker -> num_workers?"),
     (["build-cache", "--config_path", "config/demo.yaml", "--build.on_eror", "skip"], "did you mean: on_eror -> on_error?"),
+    (["build-cache", "--config_path", "config/demo.yaml", "--build.num_workers", "-1"],
+     "build.num_workers must be at least 0 (0 tokenizes in the driver's thread) or null (one per core), got -1"),
     (["verify", "--config_path", "config/nope.yaml"], "config file config/nope.yaml does not exist"),
     (["export", "--to", "megatron", "--output", "out/x", "--config_path", "config/demo.yaml", "--source", "web"],
      "unknown source 'web'; the config defines ['linux_doc', 'python_doc', 'webster']"),
@@ -277,3 +288,187 @@ def test_every_yaml_feature_reads_as_draccus_reads_it(tmp_path, feature):
             read_yaml(str(path))
         return
     assert _typed(read_yaml(str(path))) == _typed(expected)
+
+
+def test_a_config_file_that_is_a_directory_not_text_or_not_yaml_is_refused_in_one_line_naming_it(tmp_path):
+    """Every command reads its config through ``read_yaml``: what is wrong with the file itself is one line naming the
+    file (and, for bad YAML, the line and column), a ``ConfigError``, never a decoder's message that names no file."""
+    (tmp_path / "parts").mkdir()
+    binary = tmp_path / "tokens.bin"
+    binary.write_bytes(bytes(range(256)))
+    broken = tmp_path / "parts" / "broken.yaml"
+    broken.write_text("train_urls: [a.jsonl\nshuffle: true\n")
+    including = tmp_path / "main.yaml"
+    including.write_text("tokenizer: t\nconfigs: !include parts/broken.yaml\n")
+    cases = [
+        (tmp_path / "parts", f"config file {tmp_path / 'parts'} is a directory, not a YAML file"),
+        (binary, f"{binary} is not a text file (byte 0x80 at offset 128 is not UTF-8); give the YAML data config"),
+        (broken, f"{broken} is not valid YAML: line 2, column 8: did not find expected ',' or ']' (while parsing a flow "
+                 "sequence from line 1, column 13)"),
+        (including, f"{including} is not valid YAML: in {broken}, line 2, column 8: did not find expected ',' or ']' "
+                    "(while parsing a flow sequence from line 1, column 13)"),
+    ]
+    for path, message in cases:
+        with pytest.raises(ConfigError) as info:
+            load_data_config(str(path))
+        assert str(info.value) == message
+        result = _cli("build-cache", "--config_path", str(path))
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.strip().endswith(message), result.stderr
+
+
+@pytest.mark.parametrize("text, field", [
+    ("configs:\ntrain_weights: {a: 1}\n", "`configs`"),
+    ("configs:\n  a:\n  b: {train_urls: [b.jsonl]}\n", "`configs`"),
+    ("configs: {a: {train_urls: a.jsonl}}\n", "`configs.a.train_urls`"),
+    ("configs: {a: {train_urls: [a.jsonl]}}\nbatch_size: 8\ntrain_weights: [[0, {a: 1}], [1e2, {a: 2}]]\n", "`train_weights`"),
+])
+def test_a_value_draccus_cannot_decode_is_one_line_naming_the_field(tmp_path, text, field):
+    """draccus spreads some messages (a union none of whose types fits, a value of the wrong shape) over several lines;
+    a command's error is one line."""
+    path = tmp_path / "c.yaml"
+    path.write_text("tokenizer: t\n" + text)
+    with pytest.raises(ConfigError) as info:
+        load_data_config(str(path))
+    assert "\n" not in str(info.value) and str(info.value).startswith(f"{path} does not parse as LMMixtureDatasetConfig: {field}")
+    result = _cli("build-cache", "--config_path", str(path))
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_training_configs_overrides_name_its_sections_as_draccus_and_tokenmix_train_do(tmp_path):
+    """A Levanter training config is overridden section by section (``--data.cache_dir``, ``--trainer.train_batch_size``),
+    as draccus reads it and as ``tokenmix train`` takes it; every command reading its data section takes the same
+    overrides, and ``--cache_dir`` alone still means the data section's. A bad value names the file and the section."""
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump({
+        "data": {"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "c"), "batch_size": None,
+                 "configs": {"web": {"train_urls": ["a.jsonl"]}, "code": {"train_urls": ["b.jsonl"]}},
+                 "train_weights": [[0, {"web": 1.0}], [10, {"web": 1.0, "code": 1.0}]]},
+        "trainer": {"train_batch_size": 4, "num_train_steps": 20}, "model": {"type": "gpt2"},
+    }).replace("  batch_size: null\n", ""))
+    config = load_data_config(str(path), ["--data.cache_dir", str(tmp_path / "d"), "--trainer.train_batch_size", "16",
+                                          "--data.train_weights", "[[0, {web: 1}], [20, {code: 1}]]", "--seed", "3"])
+    assert config.cache_dir == str(tmp_path / "d") and config.seed == 3
+    assert config.weight_schedule() == [(0, {"web": 1.0}), (320, {"code": 1.0})]
+    assert load_data_config(str(path), ["--cache_dir", "/x"]).cache_dir == "/x"
+    with pytest.raises(ConfigError) as info:
+        load_data_config(str(path), ["--data.seed", "x"])
+    assert str(info.value).startswith(f"{path}'s data section does not parse as LMMixtureDatasetConfig: `seed`: Couldn't parse 'x'")
+    with pytest.raises(ConfigError, match=r"an override replaced the data section with 'x'; override its fields \(--data.cache_dir DIR\)"):
+        load_data_config(str(path), ["--data", "x"])
+    plot = _cli("plot", "--config_path", str(path), "--data.mixture_block_size", "64", "--trainer.train_batch_size", "2",
+                "--out", str(tmp_path / "s.png"))
+    assert plot.returncode == 0, plot.stderr
+    from tokenmix.train.config import load_train_config
+
+    with pytest.raises(ConfigError) as info:
+        load_train_config(str(REPO / "config" / "train_demo.yaml"), ["--data.seed", "x"])
+    assert str(info.value).startswith(f"{REPO / 'config' / 'train_demo.yaml'}'s data section does not parse as LMMixtureDatasetConfig: `seed`")
+
+
+def test_a_mixture_without_a_cache_dir_needs_one_on_every_source_as_in_levanter(tmp_path):
+    """Levanter's mixture ``cache_dir`` may be null when every source (component) keeps its caches in its own; a source
+    left without one is refused at load, naming it (a build failed with a traceback)."""
+    doc = {"tokenizer": TOKENIZER, "cache_dir": None,
+           "configs": {"web": {"train_urls": ["a.jsonl"], "cache_dir": str(tmp_path / "web")},
+                       "code": {"train_urls": ["b.jsonl"], "cache_dir": "s3://bucket/code/"}}}
+    config = load_data_config(doc)
+    assert config.cache_location("web", "train") == f"{tmp_path}/web/train"
+    assert config.cache_location("code", "validation") == "s3://bucket/code/validation"
+    del doc["configs"]["web"]["cache_dir"]
+    message = "cache_dir is null, so every source needs a cache_dir of its own, and ['web'] have none: set the mixture's cache_dir"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_data_config(doc)
+    result = _cli("build-cache", "--config_path", str(REPO / "config" / "demo.yaml"), "--cache_dir", "null")
+    assert result.returncode == 1 and "['linux_doc', 'python_doc', 'webster'] have none" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("size", ["0", "-64"])
+def test_a_mixture_block_size_below_one_is_refused_when_the_config_loads(tmp_path, size):
+    """Before anything is built or drawn: ``tokenmix plot`` drew a schedule of blocks of 0 examples, and ``tokenmix train``
+    built every cache before the mixture refused it."""
+    message = f"mixture_block_size must be at least 1 (examples per block), got {size}"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_data_config(str(REPO / "config" / "demo.yaml"), ["--mixture_block_size", size])
+    result = _cli("plot", "--config_path", "config/demo.yaml", "--mixture_block_size", size, "--out", str(tmp_path / "s.png"))
+    assert result.returncode == 1 and message in result.stderr and not (tmp_path / "s.png").exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "{path} holds no config fields: a data config gives `configs:` (a mixture) or `train_urls:`/`id:` (one dataset)"),
+    ("# a comment\n---\n", "{path} holds no config fields: a data config gives `configs:` (a mixture)"),
+    ("data: {}\ntrainer: {train_batch_size: 8}\n", "{path}'s data section holds no config fields"),
+    (f"tokenizer: {TOKENIZER}\nconfigs: {{}}\n", "a mixture needs at least one source in `configs` (or `components`), as in Levanter"),
+    (f"tokenizer: {TOKENIZER}\ncomponents: {{}}\n", "a mixture needs at least one source in `configs` (or `components`)"),
+])
+def test_a_config_that_defines_no_data_is_refused_rather_than_building_nothing(tmp_path, text, message):
+    """An empty file (a wrong path, a failed write) or an empty mixture built nothing and exited 0 with an empty table;
+    as in Levanter, a mixture needs a source."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message.format(path=path))):
+        load_data_config(str(path))
+    result = _cli("build-cache", "--config_path", str(path), "--cache_dir", str(tmp_path / "cache"))
+    assert result.returncode == 1 and result.stdout == "" and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    if not text:  # overrides may give every field, as draccus reads an empty file with them
+        assert load_data_config(str(path), ["--tokenizer", TOKENIZER, "--train_urls", "[a.jsonl]"]).train_urls == ["a.jsonl"]
+
+
+def test_overrides_merge_into_the_documents_mappings_as_draccus_merges_them(tmp_path):
+    """draccus merges an override's mapping into the file's (``--train_weights '{web: 1}'`` keeps code's weight; replacing
+    the mapping made code evaluation-only) and reads an empty value as an empty string; an override of a source that
+    shares a YAML anchor with another changes that source alone."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"tokenizer: {TOKENIZER}\ncache_dir: {tmp_path}\ntrain_weights: {{web: 0.5, code: 0.25}}\n"
+                    "configs:\n  web: &s {train_urls: [a.jsonl], format: {type: text, text_key: body}}\n  code: *s\n")
+    config = load_data_config(str(path), ["--train_weights", "{web: 1}", "--configs.code.train_urls", "[b.jsonl]",
+                                          "--configs", "{web: {format: {text_key: content}}}"])
+    assert config.train_weights == {"web": 1.0, "code": 0.25}
+    assert config.configs["web"].train_urls == ["a.jsonl"] and config.configs["code"].train_urls == ["b.jsonl"]
+    assert config.configs["web"].format == TextLmDatasetFormat(text_key="content")
+    assert config.configs["code"].format == TextLmDatasetFormat(text_key="body")
+    assert load_data_config(str(path), ["--tokenizer="]).tokenizer == ""
+
+
+def test_a_key_given_twice_is_read_as_draccus_reads_it_and_named_in_a_warning(tmp_path, caplog):
+    """YAML keeps the last of two equal keys silently, as draccus and Levanter read them: a source given twice is one source,
+    and a field set twice takes the second value. The value stays draccus's; the log names the file and line."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"tokenizer: {TOKENIZER}\nconfigs:\n  web: {{train_urls: [a.jsonl]}}\n  code: {{train_urls: [b.jsonl]}}\n"
+                    "  web: {train_urls: [c.jsonl]}\nseed: 1\nbuild: {<<: {num_workers: 2}, num_workers: 3}\nseed: 2\n")
+    with caplog.at_level(logging.WARNING, logger="tokenmix"):
+        config = load_data_config(str(path))
+    assert list(config.configs) == ["web", "code"] and config.configs["web"].train_urls == ["c.jsonl"] and config.seed == 2
+    assert config.build.num_workers == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert sorted(warnings) == [f"{path}, line 5: 'web' is given twice in one mapping; the last is used, as draccus and Levanter read "
+                        "it: remove the other",
+                        f"{path}, line 8: 'seed' is given twice in one mapping; the last is used, as draccus and Levanter read "
+                        "it: remove the other"]
+
+
+@pytest.mark.parametrize("cache_dir, single", [("", False), ("", True), (None, True)])  # a mixture's null: the test above
+def test_an_empty_cache_dir_is_refused_rather_than_read_as_the_filesystem_root_or_the_working_directory(tmp_path, single, cache_dir):
+    """A mixture's empty ``cache_dir`` put its caches at ``/<source>/<split>``, a single dataset's (empty or null: Levanter
+    refuses null) at ``./cache``. ``--cache_dir=`` gives the empty string, as draccus reads it."""
+    source = {"train_urls": ["a.jsonl"]}
+    doc = {"tokenizer": TOKENIZER, **(source if single else {"configs": {"web": source}}), "cache_dir": cache_dir}
+    with pytest.raises(ConfigError, match="cache_dir is empty" if cache_dir == "" else "cache_dir is null"):
+        load_data_config(doc)
+    with pytest.raises(ConfigError, match="cache_dir is empty"):
+        load_data_config({**doc, "cache_dir": str(tmp_path)}, ["--cache_dir="])
+
+
+def test_export_takes_a_configs_overrides_as_every_command_reading_a_config_does(tmp_path):
+    """``--cache_dir`` after ``--config_path`` is an override, as for build-cache, plot and verify (export refused it as an
+    unknown argument); with ``--cache`` there is no config to override."""
+    built = _cli("build-cache", "--config_path", "config/demo.yaml", "--cache_dir", str(tmp_path / "caches"), "--source", "webster")
+    assert built.returncode == 0, built.stderr
+    exported = _cli("export", "--to", "megatron", "--output", str(tmp_path / "web"), "--config_path", "config/demo.yaml",
+                    "--source", "webster", "--cache_dir", str(tmp_path / "caches"))
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "web.bin").stat().st_size > 0 and (tmp_path / "web.idx").exists()
+    stray = _cli("export", "--to", "megatron", "--output", str(tmp_path / "x"), "--cache", str(tmp_path / "caches" / "webster" / "train"),
+                 "--cache_dir", "/x")
+    assert stray.returncode == 2 and "--cache_dir /x (config overrides need --config_path)" in stray.stderr

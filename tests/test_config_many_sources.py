@@ -67,13 +67,17 @@ def test_plain_and_other_sources_decode_to_what_draccus_makes():
     ({"train_urls": ["x.jsonl"], "format": {"type": "chatt"}}, ["configs.s3.format", "chatt -> chat"]),
 ])
 def test_a_bad_source_among_plain_ones_gets_draccus_message_naming_the_field_and_fix(bad, names):
+    """draccus's message word for word, the source named where draccus names none."""
     configs = {f"s{i}": {"train_urls": [f"/data/{i}.jsonl"]} for i in range(6)}
     configs["s3"] = bad
     with pytest.raises(ConfigError) as raised:
         load_data_config({"tokenizer": "gpt2", "configs": configs})
     with pytest.raises(Exception) as expected:
         draccus_sources(configs)
-    assert str(raised.value) == f"the data config does not parse as LMMixtureDatasetConfig: {explain_error(expected.value)}"
+    wanted = explain_error(expected.value)
+    if not wanted.startswith("`"):  # draccus names no field where the class refuses its arguments: the source is named
+        wanted = f"`configs.s3`: {wanted}"
+    assert str(raised.value) == f"the data config does not parse as LMMixtureDatasetConfig: {wanted}"
     for name in names:
         assert name in str(raised.value)
 
@@ -88,3 +92,20 @@ def test_opening_a_mixture_imports_no_fsspec():
                          capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ})
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]", run.stdout
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"id": "org/set", "train_urls": ["x.jsonl"]}, "`configs.s3`: Couldn't instantiate class LMDatasetSourceConfig using the given "
+                                                   "arguments: source 'org/set': give either `id` (Hugging Face) or"),
+    ({"train_urls": ["x.jsonl"], "splits": ["train"]}, "`configs.s3`: Couldn't instantiate class LMDatasetSourceConfig using the "
+                                                       "given arguments: splits: chooses the splits of a Hugging Face dataset"),
+    ({"type": "hf", "train_urls": ["x.jsonl"]}, "`configs.s3`: Couldn't instantiate class LMDatasetSourceConfig using the given "
+                                                "arguments: source type hf needs `id`"),
+])
+def test_a_source_its_class_refuses_is_named_among_a_thousand(bad, message):
+    """draccus names no field when a class refuses its arguments: among a thousand sources, the message names the one."""
+    configs = {f"s{i}": {"train_urls": [f"/data/{i}.jsonl"]} for i in range(1000)}
+    configs["s3"] = bad
+    with pytest.raises(ConfigError) as raised:
+        load_data_config({"tokenizer": "gpt2", "configs": configs})
+    assert str(raised.value).startswith(f"the data config does not parse as LMMixtureDatasetConfig: {message}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -107,3 +108,50 @@ def test_older_levanter_source_fields_keep_their_last_meaning_or_are_refused_nam
         tokenmix.load_data_config({"tokenizer": TOKENIZER, "train_urls": ["a.jsonl"], "num_train_shards": 128})
     with pytest.raises(ConfigError, match="text_key: 'content' .* but the format is 'chat'"):
         tokenmix.load_data_config({"tokenizer": TOKENIZER, "train_urls": ["a.jsonl"], "text_key": "content", "format": {"type": "chat"}})
+
+
+def test_sources_naming_their_type_as_levanters_2025_configs_write_them_load_with_the_same_meaning(tmp_path):
+    """Levanter's 2025 sources are a choice, ``UrlDatasetSourceConfig`` (``type: url``) or ``HfDatasetSourceConfig``
+    (``type: hf``), and draccus writes the choice name into every config it saves: such a ``configs:`` entry means what
+    the same entry without ``type`` means; a type that contradicts the fields is refused naming the source."""
+    doc = {"tokenizer": TOKENIZER, "cache_dir": str(tmp_path),
+           "configs": {"web": {"train_urls": demo_urls("webster"), "tags": ["en"]}, "wiki": {"id": "dlwh/wikitext_103_detokenized"}},
+           "train_weights": {"web": 1.0, "wiki": 0.0}}
+    plain = tokenmix.load_data_config(doc)
+    typed = tokenmix.load_data_config({**doc, "configs": {"web": {"type": "url", **doc["configs"]["web"]},
+                                                          "wiki": {"type": "hf", **doc["configs"]["wiki"]}}})
+    assert [(t.source, t.split, t.location, [s.name for s in t.shards]) for t in cache_targets(typed, ["web"])] == \
+        [(t.source, t.split, t.location, [s.name for s in t.shards]) for t in cache_targets(plain, ["web"])]
+    assert typed.configs["wiki"].id == plain.configs["wiki"].id and typed.configs["web"].tags == ["en"]
+    with pytest.raises(ConfigError, match=r"`configs.wiki`.*source type url takes train_urls/validation_urls, not `id`; use type: hf"):
+        tokenmix.load_data_config({**doc, "configs": {"web": doc["configs"]["web"], "wiki": {"type": "url", "id": "x/y"}}})
+    with pytest.raises(ConfigError, match=r"source type hf needs `id` \(the Hugging Face dataset\)"):
+        tokenmix.load_data_config({**doc, "configs": {"web": {"type": "hf", **doc["configs"]["web"]}}, "train_weights": {}})
+
+
+def test_a_sources_type_is_not_a_change_of_data_to_a_resumed_run():
+    """``type: url`` says what the fields say: a run resumed from a config that writes it (or drops it) reads the same
+    batches, and its data identity is the same."""
+    from tokenmix.train.config import ModelConfig, TrainerConfig, TrainLmConfig
+    from tokenmix.train.data_identity import data_identity
+
+    def identity(source: dict) -> dict:
+        data = tokenmix.load_data_config({"tokenizer": TOKENIZER, "configs": {"web": source}})
+        return data_identity(TrainLmConfig(data, TrainerConfig(), ModelConfig()))
+
+    assert identity({"type": "url", "train_urls": demo_urls("webster")}) == identity({"train_urls": demo_urls("webster")})
+
+
+@pytest.mark.parametrize("where", ["configs", "components"])
+@pytest.mark.parametrize("pack", [0, -3])
+def test_a_pack_that_is_no_number_of_documents_is_refused_when_the_config_loads(where, pack):
+    """It was refused only when a training set was made, after every cache was built."""
+    if where == "configs":
+        doc = {"configs": {"web": {"train_urls": ["a.jsonl"], "format": {"type": "chat", "pack": pack}}}}
+    else:
+        doc = {"components": {"web": {"source": {"train_urls": ["a.jsonl"]}, "format": {"type": "chat"}, "pack": pack}}}
+    named = "`configs.web`: Couldn't instantiate class LMDatasetSourceConfig using the given arguments: " if where == "configs" \
+        else "component 'web': "
+    with pytest.raises(ConfigError, match=re.escape(f"{named}pack must be true, false, pad or a positive number of documents per "
+                                                    f"example, got {pack!r}")):
+        tokenmix.load_data_config({"tokenizer": TOKENIZER, **doc})

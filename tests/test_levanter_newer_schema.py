@@ -104,7 +104,11 @@ def test_a_components_format_is_the_one_built_and_the_sources_is_reported_unused
     ({"type": "hierarchical_cached", "components": {"a": {}}, "train_weights": {"a": 1.0}, "token_counts": {}}, "token_counts must cover"),
     ({"source": {"type": "hf", "train_urls": ["x.jsonl"]}}, "source type hf needs `id`"),
     ({"format": {"type": "fim"}, "pack": True}, "pack is not available for format FimLmDatasetFormat"),
-], ids=["direct", "unknown-child-weight", "token-counts", "hf-without-id", "fim-pack"])
+    ({"type": "hierarchical_cached", "components": {"a": {}, "b": {}}, "train_weights": {"a": 1.0, "b": -1.0}},
+     r"component 'x': train_weights: child 'b' has weight -1.0; give it a finite number >= 0 \(0 leaves it to validation\)"),
+    ({"type": "hierarchical_cached", "components": {"a": {}, "b": {}}, "train_weights": {"a": 1.0, "b": float("inf")}},
+     r"component 'x': train_weights: child 'b' has weight inf; give it a finite number >= 0"),
+], ids=["direct", "unknown-child-weight", "token-counts", "hf-without-id", "fim-pack", "negative-child-weight", "infinite-child-weight"])
 def test_components_levanter_refuses_are_refused_naming_the_field(tmp_path, component, message):
     doc = {"tokenizer": TOKENIZER, "cache_dir": str(tmp_path), "components": {"x": component}}
     with pytest.raises(ConfigError, match=message):

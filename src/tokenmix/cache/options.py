@@ -89,6 +89,9 @@ class BuildOptions:
                              f"{self.pack_below_bytes} and {self.pack_min_sources}")
         if not self.lock_lease_s > 0:
             raise ValueError(f"build.lock_lease_s must be positive (seconds), got {self.lock_lease_s}")
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ValueError(f"build.num_workers must be at least 0 (0 tokenizes in the driver's thread) or null (one per core), "
+                             f"got {self.num_workers}")
         if self.num_workers == 0 and not isinstance(self.executor, LocalExecutorConfig):
             raise ValueError(
                 f"build.num_workers: 0 tokenizes in the driver, which build.executor.type "

@@ -2,7 +2,8 @@
 
 The YAML is a mixture config (it has ``configs:``), a single-dataset config, or either of those
 under a ``data:`` key (as in a Levanter training config; other sections are ignored). Overrides
-use draccus' dotted form: ``--cache_dir /tmp/c --build.on_error skip --build.num_workers 4``.
+use draccus' dotted form: ``--cache_dir /tmp/c --build.on_error skip --build.num_workers 4`` (in a training config,
+its sections' names too: ``--data.cache_dir /tmp/c --trainer.train_batch_size 16``).
 
 On a cluster: ``--build.executor.type ray|dask`` with ``--build.executor.address ADDRESS`` (unset: a
 local Ray or Dask cluster), ``--build.executor.max_retries N`` and ``--build.executor.max_in_flight N``.

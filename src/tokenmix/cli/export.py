@@ -4,7 +4,8 @@ Writes a finished cache as the files another stack trains from: ``megatron`` (``
 ``datatrove`` (``PATH`` a ``.ds`` file, with ``.index``, ``.metadata`` and ``.loss``), ``nanoset`` (``PATH`` an
 ``*_input_ids.npy`` dump), ``levanter`` (``PATH`` a Levanter cache directory) or ``hdf5`` (``PATH`` a directory of
 Cerebras ``.h5`` files; its options as ``--max_seq_length 2048 --pack_sequences false ...``). A source of a config may be
-a source of token files, so Megatron files convert to Cerebras HDF5 (or any other target) in one command.
+a source of token files, so Megatron files convert to Cerebras HDF5 (or any other target) in one command. With
+``--config_path``, the config's fields may be overridden as for ``build-cache`` (``--cache_dir /tmp/c``).
 """
 
 from __future__ import annotations
@@ -62,9 +63,11 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--tokenizer", help="the cache's tokenizer: recorded by datatrove and Levanter targets, decodes the HDF5 "
                                             "samples (default: the config's, else the cache ledger's)")
     _add_hdf5_options(parser)
-    args = parser.parse_args(argv)
+    args, overrides = parser.parse_known_args(argv)
     if bool(args.cache) == bool(args.config_path):
         parser.error("give either --cache DIR, or --config_path CFG.yaml with --source NAME")
+    if overrides and not args.config_path:
+        parser.error(f"unrecognized arguments: {' '.join(overrides)} (config overrides need --config_path)")
     given = vars(args)
     hdf5 = Hdf5ExportOptions(**{f.name: given[f.name] for f in dataclasses.fields(Hdf5ExportOptions) if f.name in given})
     if args.cache:
@@ -73,7 +76,7 @@ def run(argv: list[str]) -> int:
     else:
         if not args.source:
             parser.error("--config_path needs --source NAME (the source to export)")
-        config = load_data_config(args.config_path)
+        config = load_data_config(args.config_path, overrides)
         try:
             cache = open_cache(config, args.source, args.split)
         except KeyError as e:  # an unknown source: the message names the config's

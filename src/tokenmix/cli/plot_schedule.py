@@ -7,8 +7,12 @@ drawn with its trainer's batch sizes.
 
 from __future__ import annotations
 
+import logging
+
 from tokenmix.cli.console import make_console
 from tokenmix.cli.parser import CommandParser, at_least
+
+logger = logging.getLogger(__name__)
 
 
 def run(argv: list[str]) -> int:
@@ -24,7 +28,7 @@ def run(argv: list[str]) -> int:
 
     config = load_data_config(args.config_path, overrides)
     if not isinstance(config, LMMixtureDatasetConfig):
-        make_console().print(f"{args.config_path} is a single-source config: it has no mixture schedule to draw")
+        logger.error("%s is a single-source config: it has no mixture schedule to draw", args.config_path)
         return 1
     log = None
     if args.weight_log is not None:

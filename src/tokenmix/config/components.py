@@ -13,34 +13,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 import draccus
 
 from tokenmix.config.sources import LMDatasetSourceConfig
-from tokenmix.datasets.settings import BlockShuffle
+from tokenmix.datasets.settings import BlockShuffle, is_weight
 from tokenmix.formats.base import LmDatasetFormatBase, Pack
 from tokenmix.formats.text import TextLmDatasetFormat
 
 logger = logging.getLogger(__name__)
 
 Weights = dict[str, float] | list[tuple[int, dict[str, float]]]
-
-
-@dataclass(frozen=True)
-class ComponentSourceConfig(LMDatasetSourceConfig):
-    """A component's ``source``: Levanter's ``url`` (``train_urls``, ``validation_urls``) or ``hf`` (``id``, ``name``,
-    ``stream``, ``splits``) source, with its ``type``."""
-
-    type: Literal["url", "hf"] | None = None
-    """Levanter's choice name; unset, it follows from the fields (``id`` for ``hf``)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.type == "hf" and self.id is None:
-            raise ValueError("source type hf needs `id` (the Hugging Face dataset)")
-        if self.type == "url" and self.id is not None:
-            raise ValueError("source type url takes train_urls/validation_urls, not `id`; use type: hf")
 
 
 @dataclass(frozen=True)
@@ -57,7 +41,9 @@ class DatasetComponentBase(draccus.ChoiceRegistry):
 class CachedComponent(DatasetComponentBase):
     """A cache built from a source (or, without one, a cache that exists already)."""
 
-    source: ComponentSourceConfig | None = None
+    source: LMDatasetSourceConfig | None = None
+    """Levanter's ``url`` (``train_urls``, ``validation_urls``) or ``hf`` (``id``, ``name``, ``stream``, ``splits``) source,
+    with its ``type``."""
     cache_dir: str | None = None
     """Where the component's caches go (``<cache_dir>/<split>``), instead of ``<mixture cache_dir>/<name>``."""
     format: LmDatasetFormatBase = field(default_factory=TextLmDatasetFormat)
@@ -134,7 +120,7 @@ def components_shuffle(components: dict[str, DatasetComponentBase], shuffle: obj
     return shuffle
 
 
-def resolve_components(components: dict[str, DatasetComponentBase], weights: Weights | None, cache_dir: str,
+def resolve_components(components: dict[str, DatasetComponentBase], weights: Weights | None, cache_dir: str | None,
                        ) -> tuple[dict[str, LMDatasetSourceConfig], Weights | None]:
     """The sources (``configs``) and weights that ``components`` and their ``train_weights`` mean.
 
@@ -145,13 +131,17 @@ def resolve_components(components: dict[str, DatasetComponentBase], weights: Wei
     shares: dict[str, dict[str, float]] = {}
     for name, component in components.items():
         if isinstance(component, HierarchicalComponent):
-            total = sum(w for w in component.train_weights.values() if w > 0)
+            for child_name, weight in component.train_weights.items():
+                if not is_weight(weight):
+                    raise ValueError(f"component {name!r}: train_weights: child {child_name!r} has weight {weight!r}; give it a "
+                                     "finite number >= 0 (0 leaves it to validation)")
+            total = sum(component.train_weights.values())
             shares[name] = {}
             for child_name, child in component.components.items():
                 full = f"{name}/{child_name}"
                 tags = (component.tags or []) + (child.tags or [])
                 sources[full] = _source(full, replace(child, tags=tags or None), cache_dir)
-                shares[name][full] = max(component.train_weights.get(child_name, 0.0), 0.0) / total
+                shares[name][full] = component.train_weights.get(child_name, 0.0) / total
         else:
             sources[name] = _source(name, component, cache_dir)  # type: ignore[arg-type]
     if not shares:
@@ -169,9 +159,9 @@ def resolve_components(components: dict[str, DatasetComponentBase], weights: Wei
     return sources, expand(weights or dict.fromkeys(components, 1.0))  # unset or empty: the components weigh the same
 
 
-def _source(name: str, component: CachedComponent, cache_dir: str) -> LMDatasetSourceConfig:
+def _source(name: str, component: CachedComponent, cache_dir: str | None) -> LMDatasetSourceConfig:
     """A cached component as a source: its URLs or dataset, with the component's format, packing, cache and tags."""
-    source = component.source or ComponentSourceConfig()
+    source = component.source or LMDatasetSourceConfig()
     default_format = TextLmDatasetFormat()
     if source.format != default_format and component.format == default_format:
         logger.warning("component %r: its source's format %r is not used: Levanter builds a component with the component's "
@@ -186,8 +176,11 @@ def _source(name: str, component: CachedComponent, cache_dir: str) -> LMDatasetS
     fmt = component.format if component.pack is None else replace(component.format, pack=component.pack)
     if component.source is None:
         logger.info("component %r has no source: its caches must exist already (under %s)", name, component.cache_dir or f"{cache_dir}/{name}")
-    return LMDatasetSourceConfig(
-        id=source.id, name=source.name, stream=source.stream, splits=source.splits, train_urls=list(source.train_urls),
-        validation_urls=list(source.validation_urls), cache_dir=component.cache_dir, tags=component.tags or source.tags, format=fmt,
-        packing=source.packing,
-    )
+    try:
+        return LMDatasetSourceConfig(
+            id=source.id, name=source.name, stream=source.stream, splits=source.splits, train_urls=list(source.train_urls),
+            validation_urls=list(source.validation_urls), cache_dir=component.cache_dir, tags=component.tags or source.tags,
+            format=fmt, packing=source.packing,
+        )
+    except ValueError as e:  # what the component's own fields make of its source (its pack): named by the component
+        raise ValueError(f"component {name!r}: {e}") from None

@@ -47,7 +47,9 @@ class LMMixtureDatasetConfig(DataConfigBase):
     components: dict[str, DatasetComponentBase] = field(default_factory=dict)
     """Newer Levanter's schema, instead of ``configs``: resolved into ``configs`` (and ``train_weights``) when the config
     is made, after which it is empty (``config/components.py``)."""
-    cache_dir: str = "cache/"
+    cache_dir: str | None = "cache/"
+    """Where each source's caches go (``<cache_dir>/<source name>``); null (as Levanter allows) when every source has a
+    ``cache_dir`` of its own."""
     cache_options: CacheOptions | None = None
     """Levanter's cache-builder options: accepted, and logged as having no effect here."""
     train_weights: dict[str, float] | list[tuple[int, dict[str, float]]] | None = field(default_factory=dict)
@@ -125,7 +127,16 @@ class LMMixtureDatasetConfig(DataConfigBase):
                 object.__setattr__(self, name, value)
         elif self.shuffle is None:
             object.__setattr__(self, "shuffle", False)
+        if not self.configs:
+            raise ValueError("a mixture needs at least one source in `configs` (or `components`), as in Levanter")
         names = list(self.configs)
+        if self.cache_dir == "":
+            raise ValueError("cache_dir is empty, which would put each source's caches at /<source name>: give a directory or "
+                             "URL, or null when every source has a cache_dir of its own")
+        homeless = [name for name, source in self.configs.items() if not source.cache_dir]
+        if self.cache_dir is None and homeless:
+            raise ValueError(f"cache_dir is null, so every source needs a cache_dir of its own, and {homeless} have none: set "
+                             "the mixture's cache_dir (their caches go to <cache_dir>/<source name>) or theirs")
         if self.train_weights is None:
             object.__setattr__(self, "train_weights", {})  # Levanter's newer schema: null means equal weights
         note_cache_options(self.cache_options)
@@ -135,6 +146,8 @@ class LMMixtureDatasetConfig(DataConfigBase):
             object.__setattr__(self, "shuffle", self.shuffle_buffer_size)
         if self.example_convention not in ("levanter", "megatron", "datatrove"):
             raise ValueError(f"example_convention must be levanter, megatron or datatrove, got {self.example_convention!r}")
+        if self.mixture_block_size < 1:
+            raise ValueError(f"mixture_block_size must be at least 1 (examples per block), got {self.mixture_block_size}")
         if self.stop_strategy not in STOP_STRATEGIES:
             raise ValueError(f"stop_strategy: expected one of {STOP_STRATEGIES}, got {self.stop_strategy!r}")
         check_shuffle(self.shuffle, "mixture config")
@@ -522,6 +535,8 @@ class LMDatasetConfig(LMDatasetSourceConfig, DataConfigBase):
     """A single source with its tokenizer and cache directory (Levanter's single-dataset form)."""
 
     cache_dir: str | None = "cache/"
+    """Where the dataset's caches go (``<cache_dir>/train``, ``<cache_dir>/validation``); null is refused, as Levanter
+    refuses it."""
     cache_options: CacheOptions | None = None
     """Levanter's cache-builder options: accepted, and logged as having no effect here."""
     shuffle: bool | int = False
@@ -538,6 +553,9 @@ class LMDatasetConfig(LMDatasetSourceConfig, DataConfigBase):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not self.cache_dir:
+            raise ValueError(f"cache_dir is {'null' if self.cache_dir is None else 'empty'}: a single dataset keeps its caches in "
+                             "<cache_dir>/train and <cache_dir>/validation; give a directory or URL")
         note_cache_options(self.cache_options)
         refuse_removed_shard_counts(self.num_train_shards, self.num_val_shards)
         self.as_mixture()  # refuses a bad shuffle or permutation_type, naming the field
@@ -549,7 +567,7 @@ class LMDatasetConfig(LMDatasetSourceConfig, DataConfigBase):
         """The one-source mixture (named ``default``, its caches where this config keeps them) that trains as Levanter
         trains a single dataset: its examples in cache order or shuffled (``shuffle``), with ``ignore_token_id``."""
         source = {f.name: getattr(self, f.name) for f in fields(LMDatasetSourceConfig)}
-        source.update(cache_dir=self.cache_dir or "cache/", text_key=None, plaintext=None, rows_per_chunk=None)
+        source.update(cache_dir=self.cache_dir, text_key=None, plaintext=None, rows_per_chunk=None)
         tokenization = {f.name: getattr(self, f.name) for f in fields(DataConfigBase)}
         return LMMixtureDatasetConfig(**tokenization, configs={"default": LMDatasetSourceConfig(**source)}, shuffle=self.shuffle,
                                       permutation_type=self.permutation_type, ignore_token_id=self.ignore_token_id)
@@ -563,7 +581,7 @@ class LMDatasetConfig(LMDatasetSourceConfig, DataConfigBase):
         return self.as_mixture().validation_sets(seq_len)
 
     def cache_location(self, name: str, split: str) -> str:
-        return join_location(self.cache_dir or "cache/", split)
+        return join_location(self.cache_dir, split)  # type: ignore[arg-type]  # never null (__post_init__)
 
 
 DataConfig = LMMixtureDatasetConfig | LMDatasetConfig

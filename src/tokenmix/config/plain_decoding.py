@@ -20,7 +20,7 @@ from typing import Any
 
 import draccus
 from draccus.parsers.decoding import decode_dict, get_decoding_fn
-from draccus.utils import canonicalize_union
+from draccus.utils import DecodingError, ParsingError, canonicalize_union
 
 
 class _NotPlain(Exception):
@@ -43,8 +43,19 @@ def decode_plain_mapping(mapping_type: Any, raw: Any, path: tuple[str, ...] | li
     out = {}
     for name, entry in raw.items():
         made = _plain(value_type, entry)
-        out[name] = made if made is not None else decode_value(entry, (*tuple(path), name))
+        out[name] = made if made is not None else _decoded(decode_value, entry, (*tuple(path), name))
     return out
+
+
+def _decoded(decode_value: Callable[[Any, tuple[str, ...]], Any], entry: Any, path: tuple[str, ...]) -> Any:
+    """draccus's decoding of ``entry`` at ``path``; where the class refuses its arguments, draccus's message names no field,
+    so it is given the entry's path (the name of the source among a thousand)."""
+    try:
+        return decode_value(entry, path)
+    except DecodingError:
+        raise
+    except ParsingError as e:
+        raise DecodingError(path, str(e)) from e.__cause__
 
 
 def _plain(cls: type, entry: Any) -> Any | None:

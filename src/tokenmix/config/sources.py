@@ -7,6 +7,7 @@ Field names follow Levanter's (``train_urls``, ``validation_urls``, ``id``, ``na
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import tokenmix.formats  # noqa: F401  (registers every format, so `format: {type: ...}` can name any of them)
 from tokenmix.config.levanter import older_source_fields
@@ -88,9 +89,17 @@ class LMDatasetSourceConfig:
     """Older Levanter (October 2023 to April 2025): a flag Levanter never read; accepted, and logged."""
     rows_per_chunk: int | None = None
     """Older Levanter (until its 1.2 builds of September 2024): rows per chunk of its cache; accepted, and logged."""
+    type: Literal["url", "hf"] | None = None
+    """Levanter's choice name for a source (its 2025 ``UrlDatasetSourceConfig``/``HfDatasetSourceConfig``, and a
+    component's ``source``), which draccus writes into every config it saves; unset, it follows from the fields (``id``
+    for ``hf``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "format", older_source_fields(self.format, self.text_key, self.plaintext, self.rows_per_chunk))
+        if self.type == "hf" and self.id is None:
+            raise ValueError("source type hf needs `id` (the Hugging Face dataset)")
+        if self.type == "url" and self.id is not None:
+            raise ValueError("source type url takes train_urls/validation_urls, not `id`; use type: hf")
         if self.id is not None and (self.train_urls or self.validation_urls or self.metadata_files):
             raise ValueError(f"source {self.id!r}: give either `id` (Hugging Face) or `train_urls`/`validation_urls`/"
                              "`metadata_files`, not both")
@@ -106,6 +115,7 @@ class LMDatasetSourceConfig:
             unknown = sorted(set(self.splits) - set(SPLITS))
             if unknown:
                 raise ValueError(f"splits: {unknown} are not splits tokenmix builds; choose among {list(SPLITS)}")
+        self.packing_options()  # refuses a `pack` that is no number of documents now, not once the caches are built
 
     def packing_options(self) -> PackingConfig | None:
         """How this source's examples are packed, or None when they are windows of its token stream."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import draccus
 
-from tokenmix.config.loading import ConfigError, explain_error, load_data_config, parse_overrides, read_yaml, set_path
+from tokenmix.config.loading import ConfigError, data_section_config, explain_error, parse_overrides, read_yaml, set_path
 from tokenmix.config.mixture import LMMixtureDatasetConfig
 from tokenmix.train.model import ModelConfig
 
@@ -121,7 +121,7 @@ def load_train_config(path: str, overrides: Sequence[str] = ()) -> TrainLmConfig
         raise ConfigError(f"{path}: {explain_error(e, (TrainerConfig, ModelConfig))}") from None
     data_doc = dict(doc.get("data") or {})
     data_doc.setdefault("batch_size", trainer.train_batch_size)
-    data = load_data_config(data_doc)
+    data = data_section_config(data_doc, f"{path}'s data section")
     if not isinstance(data, LMMixtureDatasetConfig):
         raise ConfigError(f"{path}: the data section must be a mixture (configs: or components:), so that each source is evaluated")
     try:

@@ -31,8 +31,9 @@ NOT_DATA = frozenset({
     "data.shuffle_buffer_size",  # already read into data.shuffle
     "data.permutation_type", "data.block_cross_document_attention",  # accepted without effect
 })
-"""Data config fields (and per source: ``cache_dir``, ``stream``, ``tags``) not recorded as they are: they change no batch."""
-_NOT_SOURCE_DATA = frozenset({"cache_dir", "stream", "tags"})
+"""Data config fields (and per source: ``cache_dir``, ``stream``, ``tags``, ``type``, Levanter's name for what its other
+fields say) not recorded as they are: they change no batch."""
+_NOT_SOURCE_DATA = frozenset({"cache_dir", "stream", "tags", "type"})
 ALLOW_FLAG = "--trainer.allow_data_change true"
 
 

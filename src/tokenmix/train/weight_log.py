@@ -100,5 +100,12 @@ def read_log(run_dir: str) -> list[LoggedStage]:
 
 def read_log_file(path: str) -> list[LoggedStage]:
     """The weight log in the JSON-lines file ``path`` (a run's ``weights.jsonl``)."""
+    records = []
     with open(path) as f:
-        return from_records([json.loads(line) for line in f if line.strip()], path)
+        for number, line in enumerate(f, 1):
+            try:
+                records += [json.loads(line)] if line.strip() else []
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {number}: not a JSON record ({e}); a weight log holds one JSON object a line "
+                                 "(a run's weights.jsonl)") from None
+    return from_records(records, path)
