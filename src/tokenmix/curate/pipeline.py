@@ -48,10 +48,10 @@ from tokenmix.curate import exact_dedup, fuzzy_dedup, scatter
 from tokenmix.curate.listing import STATS_FILE, WORK_DIR
 from tokenmix.curate.partial_files import damage
 from tokenmix.curate.pipeline_config import CurationConfig, CurationError
-from tokenmix.curate.pipeline_plan import final_url, list_shards, partition_count, split_at_dedups
+from tokenmix.curate.pipeline_plan import final_url, list_shards, output_urls, partition_count, partition_url, split_at_dedups
 from tokenmix.curate.pipeline_stats import curation_statistics
 from tokenmix.curate.pipeline_tasks import GatherTask, MapTask, ScatterTask, ShardRef, bucket_url, run_gather_task, run_map_task, run_scatter_task
-from tokenmix.curate.shard_io import local_or_url_join, output_suffix, read_json, write_json
+from tokenmix.curate.shard_io import exists, local_or_url_join, output_suffix, read_json, write_json
 from tokenmix.curate.stages import ExactDedup
 from tokenmix.execution.configs import LocalExecutorConfig
 from tokenmix.execution.retrying import run_tasks
@@ -110,6 +110,8 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     fingerprint = _fingerprint(config, shards)
     key = xxhash.xxh3_64_hexdigest(json.dumps(fingerprint, sort_keys=True).encode())
     work = local_or_url_join(out, WORK_DIR, key)
+    suffix = output_suffix(config.output.format)
+    _refuse_outputs_of_other_runs(out, key, output_urls(config, shards, suffix))
     if read_json(local_or_url_join(work, "pipeline.json")) is None:
         write_json(local_or_url_join(work, "pipeline.json"), fingerprint)
     segments = split_at_dedups(config.stages)
@@ -126,7 +128,6 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
             return finished
         logger.warning("%s: this pipeline ran to completion, but outputs are no longer as it wrote them (%d: %s); writing them again",
                        out, len(damaged), "; ".join(damaged[:5]) + ("; ..." if len(damaged) > 5 else ""))
-    suffix = output_suffix(config.output.format)
     map_results: list[list[dict[str, Any]]] = []
     removal_urls: list[list[str]] = [[] for _ in shards]
     removal_reason = ""
@@ -182,6 +183,48 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     if not config.keep_intermediate:
         _remove_intermediates(work)
     return stats
+
+
+def _refuse_outputs_of_other_runs(out: str, key: str, outputs: list[str]) -> None:
+    """Refuse to run into an output directory where an earlier run of another pipeline (or of this one over inputs
+    since changed: another work key) left outputs that this run would not replace: read from the directory with this
+    run's, they would be taken for part of its output. What an earlier run wrote is what its tasks' statistics
+    record."""
+    fs, root = url_to_fs(out)
+    runs = sorted(posixpath.basename(p) for p in _listing(fs, posixpath.join(root, WORK_DIR)))
+    ours = {_below(out, url) for url in outputs}
+    left: dict[str, str] = {}
+    for run in runs:
+        earlier = None if run == key else read_json(local_or_url_join(out, WORK_DIR, run, "pipeline.json"))
+        if earlier is None:
+            continue
+        earlier_out = earlier["pipeline"]["output"]["path"]
+        steps = _listing(fs, posixpath.join(root, WORK_DIR, run))
+        stats_files = [f for step in steps for f in _listing(fs, posixpath.join(step, "stats")) if f.endswith(".json")]
+        for stats in stats_files:
+            for url in json.loads(fs.cat_file(stats)).get("files", {}):
+                name = _below(earlier_out, url)
+                if name is not None and name not in ours and name not in left and exists(local_or_url_join(out, name)):
+                    left[name] = run
+    if left:
+        names = sorted(left)
+        raise CurationError(
+            f"output.path {out} holds {len(names)} files that an earlier run of another pipeline (or of this one over inputs "
+            f"that have since changed) wrote there, and that this run would not replace: {', '.join(names[:5])}"
+            f"{', ...' if len(names) > 5 else ''} (work of that run: {', '.join(sorted({local_or_url_join(WORK_DIR, r) for r in left.values()}))}). "
+            "Read from the directory with this run's output, they would be taken for part of it: remove them (or the whole "
+            "directory), or set another output.path")
+
+
+def _listing(fs: Any, path: str) -> list[str]:
+    """The paths in a directory; none where it is not one (glob patterns would read brackets in ``path`` as classes)."""
+    return fs.ls(path, detail=False) if fs.isdir(path) else []
+
+
+def _below(base: str, url: str) -> str | None:
+    """``url``'s path below the directory ``base`` (with ``/``), or None when it is not below it."""
+    prefix = base.rstrip("/") + "/"
+    return url[len(prefix):] if url.startswith(prefix) and WORK_DIR not in url[len(prefix):].split("/") else None
 
 
 def _run_phase(executor: Any, fn: Any, tasks: list[Any], stats_urls: list[str], label: str, checked: dict[str, str | None],
@@ -274,7 +317,7 @@ def _write_partitions(config: CurationConfig, executor: Any, shards: list[ShardR
             urls = [bucket_url(local_or_url_join(scatter_dir, "data"), t.index, bucket) for t, r in zip(tasks, scattered, strict=True)
                     if str(bucket) in r["buckets"]]
             members.append((bucket, urls))
-        gathers.append(GatherTask(p, members, seed, local_or_url_join(config.output.path, f"part-{p:05d}{suffix}"), config.output.format,
+        gathers.append(GatherTask(p, members, seed, partition_url(config.output, p, suffix), config.output.format,
                                   local_or_url_join(work, "gather", "stats", f"{p:06d}.json")))
     gathered = _run_phase(executor, run_gather_task, gathers, [g.stats_url for g in gathers], "gather", checked, final=True)
     shuffle_stats = None if seed is None else {"seed": seed, "partitions": partitions, "buckets": buckets, "record_bytes": int(nbytes),

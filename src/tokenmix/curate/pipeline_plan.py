@@ -43,6 +43,18 @@ def final_url(output: CurationOutput, shard: ShardRef, suffix: str) -> str:
     return local_or_url_join(output.path, shard.source, name) if output.source_dirs else local_or_url_join(output.path, name)
 
 
+def partition_url(output: CurationOutput, partition: int, suffix: str) -> str:
+    """Where a partitioned pipeline writes a partition."""
+    return local_or_url_join(output.path, f"part-{partition:05d}{suffix}")
+
+
+def output_urls(config: CurationConfig, shards: list[ShardRef], suffix: str) -> list[str]:
+    """Every file a run of the pipeline over these shards writes for its user to read."""
+    if config.output.write_to_filename:
+        return [final_url(config.output, shard, suffix) for shard in shards]
+    return [partition_url(config.output, p, suffix) for p in range(partition_count(config, shards))]
+
+
 def split_at_dedups(stages: list[Stage]) -> list[tuple[int, list[Stage], Stage | None]]:
     """The stages split at each ``exact_dedup`` and ``fuzzy_dedup``, one map pass each: (index of the first stage, the
     stages, the dedup that ends them)."""
