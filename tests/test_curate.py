@@ -679,27 +679,28 @@ def test_a_finished_curation_writes_again_the_outputs_deleted_cut_or_garbled_sin
     assert {name: os.stat(out / name).st_mtime_ns for name in reference} == untouched
 
 
-@pytest.mark.parametrize("partitioned", [False, True], ids=["write_to_filename", "partitions"])
-def test_an_output_directory_holding_another_pipelines_outputs_that_this_run_would_not_replace_is_refused(tmp_path, partitioned):
+@pytest.mark.parametrize("earlier", ["partitions", "write_to_filename"])
+def test_an_output_directory_holding_another_pipelines_outputs_that_this_run_would_not_replace_is_refused(tmp_path, earlier):
     for k in range(4):
         (tmp_path / f"s{k}.jsonl").write_text("".join(json.dumps({"text": f"document {k} {i}"}) + "\n" for i in range(5)))
     out = tmp_path / "out"
 
-    def config(shards: str, partitions: int | None) -> CurationConfig:
+    def config(shards: str, partitions: int | None, to_filenames: bool = False) -> CurationConfig:
         return CurationConfig(sources=[CurationSource("s", [str(tmp_path / shards)])], num_workers=0,
-                              output=CurationOutput(str(out), "jsonl", write_to_filename=not partitioned, partitions=partitions))
+                              output=CurationOutput(str(out), "jsonl", write_to_filename=to_filenames, partitions=partitions))
 
-    run_curation(config("s{0..3}.jsonl", 4))
+    run_curation(config("s{0..3}.jsonl", 4, earlier == "write_to_filename"))
     smaller = config("s{0..1}.jsonl", 2)
-    left = ["part-00002.jsonl", "part-00003.jsonl"] if partitioned else ["s/s2.jsonl", "s/s3.jsonl"]
-    with pytest.raises(CurationError, match=rf"output.path {out} holds 2 files.*: {left[0]}, {left[1]} .*remove them.*another output.path"):
+    left = ["part-00002.jsonl", "part-00003.jsonl"] if earlier == "partitions" else ["s/s0.jsonl", "s/s1.jsonl", "s/s2.jsonl", "s/s3.jsonl"]
+    with pytest.raises(CurationError, match=rf"output.path {out} holds {len(left)} files.*: {', '.join(left)} .*remove them.*another output.path"):
         run_curation(smaller)
     assert all((out / name).exists() for name in left)
     for name in left:
         os.remove(out / name)
     assert run_curation(smaller)["output"]["records"] == 10
-    assert sorted(_outputs(out)) == (["part-00000.jsonl", "part-00001.jsonl"] if partitioned else ["s/s0.jsonl", "s/s1.jsonl"])
+    assert sorted(_outputs(out)) == ["part-00000.jsonl", "part-00001.jsonl"]
     assert run_curation(config("s{0..3}.jsonl", 4))["output"]["records"] == 20
+    assert sorted(_outputs(out)) == [f"part-0000{p}.jsonl" for p in range(4)]
 
 
 @pytest.mark.parametrize("where", ["output shard", "statistics"])

@@ -111,7 +111,7 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     key = xxhash.xxh3_64_hexdigest(json.dumps(fingerprint, sort_keys=True).encode())
     work = local_or_url_join(out, WORK_DIR, key)
     suffix = output_suffix(config.output.format)
-    _refuse_outputs_of_other_runs(out, key, output_urls(config, shards, suffix))
+    _refuse_outputs_of_other_runs(out, key, output_urls(config, shards, suffix), config.output.write_to_filename)
     if read_json(local_or_url_join(work, "pipeline.json")) is None:
         write_json(local_or_url_join(work, "pipeline.json"), fingerprint)
     segments = split_at_dedups(config.stages)
@@ -185,18 +185,19 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     return stats
 
 
-def _refuse_outputs_of_other_runs(out: str, key: str, outputs: list[str]) -> None:
+def _refuse_outputs_of_other_runs(out: str, key: str, outputs: list[str], to_filenames: bool) -> None:
     """Refuse to run into an output directory where an earlier run of another pipeline (or of this one over inputs
     since changed: another work key) left outputs that this run would not replace: read from the directory with this
-    run's, they would be taken for part of its output. What an earlier run wrote is what its tasks' statistics
-    record."""
+    run's, they would be taken for part of its output. Runs that each write their input shards under their own names
+    (``to_filenames``) may add to one directory, as NeMo's scripts do batch by batch (``get_remaining_files``); partitions
+    are a whole output, never added to. What an earlier run wrote is what its tasks' statistics record."""
     fs, root = url_to_fs(out)
     runs = sorted(posixpath.basename(p) for p in _listing(fs, posixpath.join(root, WORK_DIR)))
     ours = {_below(out, url) for url in outputs}
     left: dict[str, str] = {}
     for run in runs:
         earlier = None if run == key else read_json(local_or_url_join(out, WORK_DIR, run, "pipeline.json"))
-        if earlier is None:
+        if earlier is None or (to_filenames and earlier["pipeline"]["output"]["write_to_filename"]):
             continue
         earlier_out = earlier["pipeline"]["output"]["path"]
         steps = _listing(fs, posixpath.join(root, WORK_DIR, run))
@@ -212,7 +213,8 @@ def _refuse_outputs_of_other_runs(out: str, key: str, outputs: list[str]) -> Non
             f"output.path {out} holds {len(names)} files that an earlier run of another pipeline (or of this one over inputs "
             f"that have since changed) wrote there, and that this run would not replace: {', '.join(names[:5])}"
             f"{', ...' if len(names) > 5 else ''} (work of that run: {', '.join(sorted({local_or_url_join(WORK_DIR, r) for r in left.values()}))}). "
-            "Read from the directory with this run's output, they would be taken for part of it: remove them (or the whole "
+            "Read from the directory with this run's output, they would be taken for part of it (runs may add to one directory "
+            "only when each writes its input shards under their names, output.write_to_filename): remove them (or the whole "
             "directory), or set another output.path")
 
 
