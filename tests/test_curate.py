@@ -703,6 +703,27 @@ def test_an_output_directory_holding_another_pipelines_outputs_that_this_run_wou
     assert sorted(_outputs(out)) == [f"part-0000{p}.jsonl" for p in range(4)]
 
 
+def test_directories_named_with_spaces_unicode_and_glob_brackets_are_read_and_written_as_named(tmp_path):
+    raw = tmp_path / "raw [v1] ü"
+    decoy = tmp_path / "raw v ü"  # what "raw [v1] ü" means as a glob
+    texts = {}
+    for directory, tag in ((raw, "kept"), (decoy, "decoy")):
+        directory.mkdir()
+        for k in range(2):
+            texts[directory, k] = [f"{tag} document {k} {i}" for i in range(3)] + ["the same text in every shard"]
+            (directory / f"s{k}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[directory, k]))
+    expected = sorted(dict.fromkeys(texts[raw, 0] + texts[raw, 1]))
+    out = tmp_path / "out [1] ü"
+    stats = run_curation(CurationConfig(sources=[CurationSource("raw", [str(raw / "s0.jsonl"), str(raw / "s1.jsonl")])],
+                                        stages=[ExactDedup()], num_workers=0, output=CurationOutput(str(out), "jsonl", partitions=2)))
+    assert stats["output"]["records"] == len(expected)
+    assert sorted(r["text"] for p in sorted(out.glob("part-*.jsonl")) for r in _read(p)) == expected
+    assert not [d for d, _, _ in os.walk(out / ".curate") if os.path.basename(d) == "data"]  # the intermediates removed
+    step = tmp_path / "step [2]"
+    DocumentDataset.read_json(str(raw), add_filename=True).to_json(str(step), write_to_filename=True)
+    assert {n: [r["text"] for r in _read(step / n)] for n in ("s0.jsonl", "s1.jsonl")} == {f"s{k}.jsonl": texts[raw, k] for k in range(2)}
+
+
 @pytest.mark.parametrize("where", ["output shard", "statistics"])
 def test_a_symlink_where_a_temporary_file_goes_is_refused_by_name_and_its_target_left_alone(tmp_path, where):
     from tokenmix import UnsafeFileError

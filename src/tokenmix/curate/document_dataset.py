@@ -15,6 +15,7 @@ a shuffle (the engine runs them in that order); either rule broken is an error t
 from __future__ import annotations
 
 import dataclasses
+import glob
 import posixpath
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -150,7 +151,7 @@ class Shuffle:
 
 def _is_directory(url: str) -> bool:
     fs, path = url_to_fs(url)
-    return not any(c in url for c in "*?[{") and fs.isdir(path)
+    return fs.isdir(path)
 
 
 def _shards_in(directory: str, suffixes: tuple[str, ...]) -> list[str]:
@@ -158,6 +159,6 @@ def _shards_in(directory: str, suffixes: tuple[str, ...]) -> list[str]:
     curation kept there (``listing.is_curation_bookkeeping``: ``curation_stats.json`` is no shard): a step reads the
     directory the step before it wrote."""
     fs, path = url_to_fs(directory)
-    found = [name for suffix in suffixes for name in sorted(fs.glob(posixpath.join(path, f"*{suffix}")))
+    found = [name for suffix in suffixes for name in sorted(fs.glob(posixpath.join(glob.escape(path), f"*{suffix}")))
              if not is_curation_bookkeeping(posixpath.basename(name))]
     return [fs.unstrip_protocol(name) for name in found] if "://" in directory else found

@@ -28,6 +28,7 @@ holds the tasks the workers run, ``pipeline_stats.py`` adds up their statistics.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import logging
 import marshal
@@ -334,7 +335,7 @@ def _remove_intermediates(work: str) -> None:
     for pattern in ("pass-*/data", "pass-*/artifacts", "pass-*/fuzzy/lsh/buckets", "pass-*/fuzzy/edges/*.parquet",
                     "pass-*/fuzzy/components/round-*/labels", "pass-*/fuzzy/components/round-*/messages",
                     "pass-*/fuzzy/components/members/*.parquet", "pass-*/fuzzy/removed/scatter", "scatter/data"):
-        for target in fs.glob(posixpath.join(path, pattern)):
+        for target in fs.glob(posixpath.join(glob.escape(path), pattern)):
             fs.rm(target, recursive=True)
 
 
