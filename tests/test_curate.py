@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import itertools
 import json
 import os
 import re
@@ -159,6 +160,25 @@ def test_bad_records_raise_naming_file_and_line_or_are_counted(tmp_path):
     stats = run_curation(CurationConfig(sources=[source], output=CurationOutput(str(tmp_path / "o2"), "jsonl"), on_error="skip", num_workers=0))
     assert stats["sources"]["s"]["read"] == 5 and stats["sources"]["s"]["bad"] == {"malformed_json": 1, "missing_text": 1, "not_an_object": 1}
     assert stats["accounted"] and stats["output"]["records"] == 2
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_text_that_is_not_utf8_is_a_bad_record_named_by_file_and_record_or_counted(tmp_path, kind):
+    texts = [b"good one", b"bad \xff\xfe bytes", b"good two", b"GOOD  one"]
+    if kind == "jsonl":
+        (tmp_path / "s.jsonl").write_bytes(b"".join(b'{"text": "' + t + b'", "n": %d}\n' % i for i, t in enumerate(texts)))
+    else:  # Arrow writes a Parquet string column without checking its bytes are UTF-8, as other writers may
+        offsets = pa.array([0, *itertools.accumulate(map(len, texts))], pa.int32()).buffers()[1]
+        column = pa.Array.from_buffers(pa.string(), len(texts), [None, offsets, pa.py_buffer(b"".join(texts))])
+        pq.write_table(pa.table({"text": column, "n": pa.array(range(len(texts)), pa.int64())}), tmp_path / "s.parquet")
+    source = CurationSource("s", [str(tmp_path / f"s.{kind}")])
+    where = "line 2" if kind == "jsonl" else "record 1"
+    with pytest.raises(CurationInputError, match=rf"s\.{kind}, {where}: .*(invalid utf8|not valid UTF-8).*on_error: skip"):
+        run_curation(CurationConfig(sources=[source], output=CurationOutput(str(tmp_path / "o1"), "jsonl"), num_workers=0))
+    stats = run_curation(CurationConfig(sources=[source], stages=[ExactDedup()], on_error="skip", num_workers=0,
+                                        output=CurationOutput(str(tmp_path / "o2"), "jsonl", write_to_filename=True)))
+    assert stats["sources"]["s"]["read"] == 4 and stats["sources"]["s"]["bad"] == {"invalid_utf8": 1}
+    assert stats["accounted"] and _read(tmp_path / "o2" / "s" / "s.jsonl") == [{"text": "good one", "n": 0}, {"text": "good two", "n": 2}]
 
 
 def _planted_sources(tmp_path) -> list[CurationSource]:

@@ -144,7 +144,7 @@ def _parse(raw: Any, text_field: str) -> tuple[dict[str, Any] | None, str | None
         try:
             raw = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            return None, "malformed_json"
+            return None, "malformed_json" if _is_utf8(raw) else "invalid_utf8"
     if not isinstance(raw, dict):
         return None, "not_an_object"
     if not isinstance(raw.get(text_field), str):
@@ -190,7 +190,33 @@ def _check_text_column(table: pa.Table, shard: FileShard, text_field: str, on_er
             raise CurationInputError(f"{shard.position_label(first)}: the text field {text_field!r} is null; fix the record or set on_error: skip")
         found.bad["missing_text"] += count
         table = table.filter(pa.compute.invert(nulls))
-    return table
+    return _drop_invalid_utf8(table, shard, text_field, on_error, found)
+
+
+def _drop_invalid_utf8(table: pa.Table, shard: FileShard, text_field: str, on_error: str, found: ShardBatches) -> pa.Table:
+    """The table less its records whose text is not UTF-8 (Arrow reads a Parquet string column without checking), as a
+    JSON line whose text is not is bad: stages, dedup and JSON output all need text."""
+    texts = field_column(table, text_field)
+    try:
+        texts.validate(full=True)
+        return table
+    except pa.ArrowInvalid:
+        pass
+    valid = pa.array([_is_utf8(t) for t in texts.cast(pa.large_binary()).to_pylist()])
+    if on_error == "raise":
+        first = table.column(POSITION).filter(pa.compute.invert(valid))[0].as_py()
+        raise CurationInputError(f"{shard.position_label(first)}: the text field {text_field!r} is not valid UTF-8; fix the record or set "
+                                 "on_error: skip")
+    found.bad["invalid_utf8"] += len(valid) - (pa.compute.sum(valid).as_py() or 0)
+    return table.filter(valid)
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 class ShardWriter:
