@@ -723,6 +723,31 @@ def test_an_output_directory_holding_another_pipelines_outputs_that_this_run_wou
     assert sorted(_outputs(out)) == [f"part-0000{p}.jsonl" for p in range(4)]
 
 
+def test_inputs_that_are_files_the_pipeline_writes_are_refused_so_a_rerun_never_reads_its_own_output(tmp_path):
+    for k in range(2):
+        (tmp_path / f"s{k}.jsonl").write_text("".join(json.dumps({"text": f"document {k} {i}"}) + "\n" for i in range(5)))
+    into_inputs = CurationConfig(sources=[CurationSource("s", [str(tmp_path / "*.jsonl")])], num_workers=0,
+                                 output=CurationOutput(str(tmp_path), "jsonl"))
+    assert run_curation(into_inputs)["output"]["records"] == 10
+    written = {name: (tmp_path / name).read_bytes() for name in ("part-00000.jsonl", "part-00001.jsonl")}
+    with pytest.raises(CurationError, match=rf"sources\[s\]: {tmp_path}/part-00000.jsonl is an input and a file this pipeline writes.*"
+                                            r"sources\[s\].paths.*another output.path"):
+        run_curation(into_inputs)
+    assert sorted(_outputs(tmp_path)) == ["part-00000.jsonl", "part-00001.jsonl", "s0.jsonl", "s1.jsonl"]
+    assert {name: (tmp_path / name).read_bytes() for name in written} == written
+    two = tmp_path / "two"
+    (two / "b").mkdir(parents=True)
+    shutil.copyfile(tmp_path / "s0.jsonl", two / "s0.jsonl")
+    shutil.copyfile(tmp_path / "s1.jsonl", two / "b" / "s0.jsonl")
+    crossed = CurationConfig(sources=[CurationSource("a", [str(two / "b" / "s0.jsonl")]), CurationSource("b", [str(two / "s0.jsonl")])],
+                             num_workers=0, output=CurationOutput(str(two), "jsonl", write_to_filename=True))
+    with pytest.raises(CurationError, match=rf"sources\[a\]: {two}/b/s0.jsonl is an input and a file this pipeline writes"):
+        run_curation(crossed)
+    in_place = dataclasses.replace(crossed, sources=crossed.sources[1:], output=CurationOutput(str(two), "jsonl", write_to_filename=True,
+                                                                                            source_dirs=False))
+    assert run_curation(in_place)["output"]["records"] == 5
+
+
 def test_directories_named_with_spaces_unicode_and_glob_brackets_are_read_and_written_as_named(tmp_path):
     raw = tmp_path / "raw [v1] ü"
     decoy = tmp_path / "raw v ü"  # what "raw [v1] ü" means as a glob

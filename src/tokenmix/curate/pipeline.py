@@ -49,7 +49,15 @@ from tokenmix.curate import exact_dedup, fuzzy_dedup, scatter
 from tokenmix.curate.listing import STATS_FILE, WORK_DIR
 from tokenmix.curate.partial_files import damage
 from tokenmix.curate.pipeline_config import CurationConfig, CurationError
-from tokenmix.curate.pipeline_plan import final_url, list_shards, output_urls, partition_count, partition_url, split_at_dedups
+from tokenmix.curate.pipeline_plan import (
+    final_url,
+    list_shards,
+    output_urls,
+    partition_count,
+    partition_url,
+    refuse_inputs_among_outputs,
+    split_at_dedups,
+)
 from tokenmix.curate.pipeline_stats import curation_statistics
 from tokenmix.curate.pipeline_tasks import GatherTask, MapTask, ScatterTask, ShardRef, bucket_url, run_gather_task, run_map_task, run_scatter_task
 from tokenmix.curate.shard_io import exists, local_or_url_join, output_suffix, read_json, write_json
@@ -112,7 +120,9 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     key = xxhash.xxh3_64_hexdigest(json.dumps(fingerprint, sort_keys=True).encode())
     work = local_or_url_join(out, WORK_DIR, key)
     suffix = output_suffix(config.output.format)
-    _refuse_outputs_of_other_runs(out, key, output_urls(config, shards, suffix), config.output.write_to_filename)
+    planned = output_urls(config, shards, suffix)
+    refuse_inputs_among_outputs(config, shards, planned)
+    _refuse_outputs_of_other_runs(out, key, planned, config.output.write_to_filename)
     if read_json(local_or_url_join(work, "pipeline.json")) is None:
         write_json(local_or_url_join(work, "pipeline.json"), fingerprint)
     segments = split_at_dedups(config.stages)
