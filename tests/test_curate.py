@@ -134,6 +134,18 @@ def test_write_to_filename_needs_add_filename(tmp_path):
         books.to_json(str(tmp_path / "out"), write_to_filename=True)
 
 
+def test_partitions_asked_of_an_output_written_to_file_names_are_refused_naming_both_fields(tmp_path):
+    (tmp_path / "s.jsonl").write_text('{"text": "one two three"}\n')
+    document = {"sources": [{"name": "s", "paths": [str(tmp_path / "s.jsonl")]}],
+                "output": {"path": str(tmp_path / "out"), "write_to_filename": True, "partitions": 4}}
+    with pytest.raises(Exception, match=r"output.partitions.*output.write_to_filename.*remove output.partitions"):
+        load_curation_config(document)
+    books = DocumentDataset.read_json(str(tmp_path / "s.jsonl"), add_filename=True)
+    with pytest.raises(CurationError, match=r"output.partitions"):
+        books.to_json(str(tmp_path / "out"), write_to_filename=True, partitions=4)
+    assert not (tmp_path / "out").exists()
+
+
 def test_inputs_of_every_kind_and_outputs_of_every_format_hold_the_same_records(tmp_path):
     records = [{"text": f"line {i}\nof text", "id": i, "nested": {"x": [i, None]}} for i in range(25)]
     (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in records[:10]).encode()))

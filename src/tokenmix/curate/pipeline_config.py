@@ -46,6 +46,9 @@ class CurationOutput:
             raise CurationError(f"output.format {self.format!r} is not one of {list(OUTPUT_FORMATS)}")
         if self.partitions is not None and self.partitions < 1:
             raise CurationError(f"output.partitions must be >= 1, got {self.partitions}")
+        if self.partitions is not None and self.write_to_filename:
+            raise CurationError(f"output.partitions ({self.partitions}) divides a partitioned output, but output.write_to_filename writes "
+                                "each input shard to a file of its name; remove output.partitions, or set output.write_to_filename: false")
 
 
 @dataclass(frozen=True)
