@@ -373,6 +373,18 @@ def test_nemo_style_blend_and_shuffle_calls(tmp_path):
                        shuffle=ShuffleConfig())
 
 
+@pytest.mark.parametrize("differ", ["add_filename", "on_error"])
+def test_a_blend_of_datasets_read_with_different_options_is_refused_naming_the_option(tmp_path, differ):
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jsonl").write_text('{"text": "one two three"}\n')
+    option = {"add_filename": True} if differ == "add_filename" else {"on_error": "skip"}
+    first = DocumentDataset.read_json(str(tmp_path / "a.jsonl"), name="a", **option)
+    second = DocumentDataset.read_json(str(tmp_path / "b.jsonl"), name="b")
+    with pytest.raises(ValueError, match=rf"blend_datasets: the datasets were read with different {differ}.*read them with the same"):
+        blend_datasets(4, [first, second], [1, 1])
+    assert blend_datasets(4, [first, dataclasses.replace(second, filename_field=first.filename_field, on_error=first.on_error)], [1, 1])
+
+
 def test_field_filter_and_a_user_function(tmp_path):
     (tmp_path / "s.jsonl").write_text("".join(json.dumps({"text": "x " * i, "int_score": i % 5}) + "\n" for i in range(20)))
     ds = DocumentDataset.read_json([str(tmp_path / "s.jsonl")])

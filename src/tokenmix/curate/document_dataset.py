@@ -124,6 +124,11 @@ def blend_datasets(target_size: int, datasets: list[DocumentDataset], weights: l
     if len(stages) > 1:
         raise ValueError("blend_datasets: the datasets carry different stages; blend datasets with the same stages, or write each "
                          "one out (to_json) and blend what was written")
+    for option, attribute in (("add_filename", "filename_field"), ("on_error", "on_error")):
+        if len({getattr(ds, attribute) for ds in datasets}) > 1:
+            raise ValueError(f"blend_datasets: the datasets were read with different {option} "
+                             f"({[getattr(ds, attribute) for ds in datasets]}), and a blend reads every one alike; read them with the same "
+                             f"{option}")
     if any(ds.blend is not None or ds.shuffle is not None for ds in datasets):
         raise ValueError("blend_datasets: a dataset is already blended or shuffled; blend the datasets it was made of")
     sources = []
