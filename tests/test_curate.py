@@ -385,6 +385,19 @@ def test_a_blend_of_datasets_read_with_different_options_is_refused_naming_the_o
     assert blend_datasets(4, [first, dataclasses.replace(second, filename_field=first.filename_field, on_error=first.on_error)], [1, 1])
 
 
+def test_one_id_prefix_for_several_sources_is_refused_as_their_ids_would_repeat(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jsonl").write_text('{"text": "one two three"}\n')
+    sources = [CurationSource(name, [str(tmp_path / f"{name}.jsonl")]) for name in ("a", "b")]
+    output = CurationOutput(str(tmp_path / "out"), "jsonl", write_to_filename=True)
+    with pytest.raises(CurationError, match=r"stages\[1\] \(add_id\)\.id_prefix 'web'.*2 sources.*leave id_prefix unset"):
+        CurationConfig(sources=sources, stages=[ScoreFilter(_word_filter(1)), AddId(id_prefix="web")], output=output, num_workers=0)
+    run_curation(CurationConfig(sources=sources[:1], stages=[AddId(id_prefix="web")], output=output, num_workers=0))
+    assert _read(tmp_path / "out" / "a" / "a.jsonl") == [{"text": "one two three", "id": "web-00000-000000000"}]
+    run_curation(CurationConfig(sources=sources, stages=[AddId()], output=output, num_workers=0))
+    assert [_read(tmp_path / "out" / n / f"{n}.jsonl")[0]["id"] for n in ("a", "b")] == ["a-00000-000000000", "b-00000-000000000"]
+
+
 def test_field_filter_and_a_user_function(tmp_path):
     (tmp_path / "s.jsonl").write_text("".join(json.dumps({"text": "x " * i, "int_score": i % 5}) + "\n" for i in range(20)))
     ds = DocumentDataset.read_json([str(tmp_path / "s.jsonl")])

@@ -8,7 +8,7 @@ from typing import Literal
 
 from tokenmix.curate import blend as blending
 from tokenmix.curate.shard_io import BATCH_BYTES, OUTPUT_FORMATS
-from tokenmix.curate.stages import Stage
+from tokenmix.curate.stages import AddId, Stage
 from tokenmix.execution.configs import ExecutorConfig, LocalExecutorConfig
 
 
@@ -106,6 +106,11 @@ class CurationConfig:
         for source in self.sources:
             if not source.paths:
                 raise CurationError(f"sources[{source.name}].paths: give at least one shard URL or pattern")
+        for i, stage in enumerate(self.stages):
+            if isinstance(stage, AddId) and stage.id_prefix is not None and len(names) > 1:
+                raise CurationError(f"stages[{i}] (add_id).id_prefix {stage.id_prefix!r} gives the records of all {len(names)} sources one "
+                                    "prefix, and rows are numbered within each source's shards, so two sources would give the same ids; "
+                                    "leave id_prefix unset (each source's name is its prefix), or curate each source in a pipeline of its own")
         if self.output.write_to_filename and (self.blend is not None or self.shuffle is not None):
             raise CurationError("output.write_to_filename keeps each input shard's records in a shard of its name, which a blend or a "
                                 "shuffle cannot; set output.write_to_filename: false (and output.partitions) to blend or shuffle")
