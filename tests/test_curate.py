@@ -193,6 +193,21 @@ def test_text_that_is_not_utf8_is_a_bad_record_named_by_file_and_record_or_count
     assert stats["accounted"] and _read(tmp_path / "o2" / "s" / "s.jsonl") == [{"text": "good one", "n": 0}, {"text": "good two", "n": 2}]
 
 
+@pytest.mark.parametrize("encoding", ["dictionary", "string_view"])
+def test_a_parquet_text_column_stored_dictionary_encoded_or_as_views_is_text_as_in_json_lines(tmp_path, encoding):
+    texts = ["one two three", "four five", "one two three", "six"]
+    column = pa.array(texts).dictionary_encode() if encoding == "dictionary" else pa.array(texts, pa.string_view())
+    pq.write_table(pa.table({"text": column, "n": pa.array(range(4), pa.int64())}), tmp_path / "s.parquet")
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps({"text": t, "n": i}) + "\n" for i, t in enumerate(texts)))
+    outputs = {}
+    for kind in ("parquet", "jsonl"):
+        stats = run_curation(CurationConfig(sources=[CurationSource("s", [str(tmp_path / f"s.{kind}")])], stages=[ExactDedup()], num_workers=0,
+                                            output=CurationOutput(str(tmp_path / f"out-{kind}"), "jsonl", write_to_filename=True)))
+        assert stats["sources"]["s"]["bad"] == {} and stats["output"]["records"] == 3
+        outputs[kind] = (tmp_path / f"out-{kind}" / "s" / f"s.{'jsonl'}").read_bytes()
+    assert outputs["parquet"] == outputs["jsonl"]
+
+
 def _planted_sources(tmp_path) -> list[CurationSource]:
     """Three sources; ``dup-*`` texts appear in several, with case and whitespace changed."""
     texts = {

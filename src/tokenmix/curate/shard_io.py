@@ -173,6 +173,7 @@ def _parquet_batches(shard: FileShard) -> Iterator[pa.Table]:
 
 
 def _check_text_column(table: pa.Table, shard: FileShard, text_field: str, on_error: str, found: ShardBatches) -> pa.Table:
+    table = _text_as_strings(table, text_field)
     if not has_field(table, text_field) or not (pa.types.is_string(field_column(table, text_field).type)
                                                 or pa.types.is_large_string(field_column(table, text_field).type)):
         reason = "missing_text" if not has_field(table, text_field) else "text_not_a_string"
@@ -191,6 +192,20 @@ def _check_text_column(table: pa.Table, shard: FileShard, text_field: str, on_er
         found.bad["missing_text"] += count
         table = table.filter(pa.compute.invert(nulls))
     return _drop_invalid_utf8(table, shard, text_field, on_error, found)
+
+
+def _text_as_strings(table: pa.Table, text_field: str) -> pa.Table:
+    """The table with a text column that Parquet stored dictionary-encoded (pandas' categories, Arrow dictionaries) or
+    as string views made plain strings: the same texts, which the stages, dedups and writers take as strings."""
+    if not has_field(table, text_field):
+        return table
+    kind = field_column(table, text_field).type
+    value = kind.value_type if pa.types.is_dictionary(kind) else kind
+    if str(value) == "string_view":
+        value = pa.large_string()
+    if value == kind or not (pa.types.is_string(value) or pa.types.is_large_string(value)):
+        return table
+    return set_field(table, text_field, field_column(table, text_field).cast(value))
 
 
 def _drop_invalid_utf8(table: pa.Table, shard: FileShard, text_field: str, on_error: str, found: ShardBatches) -> pa.Table:
