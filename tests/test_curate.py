@@ -413,6 +413,18 @@ def test_one_id_prefix_for_several_sources_is_refused_as_their_ids_would_repeat(
     assert [_read(tmp_path / "out" / n / f"{n}.jsonl")[0]["id"] for n in ("a", "b")] == ["a-00000-000000000", "b-00000-000000000"]
 
 
+@pytest.mark.parametrize("bad", ["shuffle.seed", "shuffle.buffer_bytes", "blend.seed"])
+def test_a_negative_seed_or_an_empty_shuffle_buffer_is_refused_naming_the_field_before_any_work(tmp_path, bad):
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(10)))
+    document = {"sources": [{"name": "s", "paths": [str(tmp_path / "s.jsonl")]}], "output": {"path": str(tmp_path / "out"), "partitions": 2},
+                "num_workers": 0, "shuffle": {}, "blend": {"target_size": 20, "weights": {"s": 1}}}
+    section, name = bad.split(".")
+    document[section][name] = -1 if name == "seed" else 0
+    with pytest.raises(Exception, match=rf"{re.escape(bad)} must be .*, got {document[section][name]}"):
+        run_curation(load_curation_config(document))
+    assert not (tmp_path / "out").exists()
+
+
 def test_field_filter_and_a_user_function(tmp_path):
     (tmp_path / "s.jsonl").write_text("".join(json.dumps({"text": "x " * i, "int_score": i % 5}) + "\n" for i in range(20)))
     ds = DocumentDataset.read_json([str(tmp_path / "s.jsonl")])

@@ -61,6 +61,10 @@ class BlendConfig:
     seed: int | None = None
     """Unset: a source's first records make up a partial copy or a cut (NeMo's rule); set: a seeded uniform sample."""
 
+    def __post_init__(self) -> None:
+        if self.seed is not None and self.seed < 0:
+            raise CurationError(f"blend.seed must be >= 0 (or unset), got {self.seed}")
+
 
 @dataclass(frozen=True)
 class ShuffleConfig:
@@ -69,6 +73,12 @@ class ShuffleConfig:
     seed: int = 0
     buffer_bytes: int = 256 << 20
     """About the most record bytes (Arrow) a gather task holds at once; more data means more, smaller buckets."""
+
+    def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise CurationError(f"shuffle.seed must be >= 0, got {self.seed}")
+        if self.buffer_bytes < 1:
+            raise CurationError(f"shuffle.buffer_bytes must be >= 1 (bytes a gather task holds), got {self.buffer_bytes}")
 
 
 @dataclass(frozen=True)
