@@ -769,11 +769,11 @@ def test_an_output_directory_holding_another_pipelines_outputs_that_this_run_wou
         (tmp_path / f"s{k}.jsonl").write_text("".join(json.dumps({"text": f"document {k} {i}"}) + "\n" for i in range(5)))
     out = tmp_path / "out"
 
-    def config(shards: str, partitions: int | None, to_filenames: bool = False) -> CurationConfig:
+    def config(shards: str, partitions: int | None) -> CurationConfig:
         return CurationConfig(sources=[CurationSource("s", [str(tmp_path / shards)])], num_workers=0,
-                              output=CurationOutput(str(out), "jsonl", write_to_filename=to_filenames, partitions=partitions))
+                              output=CurationOutput(str(out), "jsonl", write_to_filename=partitions is None, partitions=partitions))
 
-    run_curation(config("s{0..3}.jsonl", 4, earlier == "write_to_filename"))
+    run_curation(config("s{0..3}.jsonl", 4 if earlier == "partitions" else None))
     smaller = config("s{0..1}.jsonl", 2)
     left = ["part-00002.jsonl", "part-00003.jsonl"] if earlier == "partitions" else ["s/s0.jsonl", "s/s1.jsonl", "s/s2.jsonl", "s/s3.jsonl"]
     with pytest.raises(CurationError, match=rf"output.path {out} holds {len(left)} files.*: {', '.join(left)} .*remove them.*another output.path"):
