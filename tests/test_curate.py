@@ -785,6 +785,11 @@ def test_an_output_directory_holding_another_pipelines_outputs_that_this_run_wou
     assert sorted(_outputs(out)) == ["part-00000.jsonl", "part-00001.jsonl"]
     assert run_curation(config("s{0..3}.jsonl", 4))["output"]["records"] == 20
     assert sorted(_outputs(out)) == [f"part-0000{p}.jsonl" for p in range(4)]
+    if earlier == "write_to_filename":  # a step reading the shards the step before wrote, written as partitions beside them
+        chained = tmp_path / "chained"
+        DocumentDataset.read_json(str(tmp_path / "s0.jsonl"), add_filename=True).to_json(str(chained), write_to_filename=True, num_workers=0)
+        with pytest.raises(CurationError, match=r"holds 1 files.*: s0.jsonl .*set another output.path: they are this run's inputs"):
+            DocumentDataset.read_json(str(chained)).to_json(str(chained), num_workers=0)
 
 
 def test_inputs_that_are_files_the_pipeline_writes_are_refused_so_a_rerun_never_reads_its_own_output(tmp_path):

@@ -65,6 +65,7 @@ from tokenmix.curate.stages import ExactDedup
 from tokenmix.execution.configs import LocalExecutorConfig
 from tokenmix.execution.retrying import run_tasks
 from tokenmix.sources.shards import FileShard
+from tokenmix.sources.urls import shard_name
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     suffix = output_suffix(config.output.format)
     planned = output_urls(config, shards, suffix)
     refuse_inputs_among_outputs(config, shards, planned)
-    _refuse_outputs_of_other_runs(out, key, planned, config.output.write_to_filename)
+    _refuse_outputs_of_other_runs(out, key, planned, config.output.write_to_filename, [s.url for s in shards])
     if read_json(local_or_url_join(work, "pipeline.json")) is None:
         write_json(local_or_url_join(work, "pipeline.json"), fingerprint)
     segments = split_at_dedups(config.stages)
@@ -196,7 +197,7 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     return stats
 
 
-def _refuse_outputs_of_other_runs(out: str, key: str, outputs: list[str], to_filenames: bool) -> None:
+def _refuse_outputs_of_other_runs(out: str, key: str, outputs: list[str], to_filenames: bool, inputs: list[str]) -> None:
     """Refuse to run into an output directory where an earlier run of another pipeline (or of this one over inputs
     since changed: another work key) left outputs that this run would not replace: read from the directory with this
     run's, they would be taken for part of its output. Runs that each write their input shards under their own names
@@ -220,13 +221,15 @@ def _refuse_outputs_of_other_runs(out: str, key: str, outputs: list[str], to_fil
                     left[name] = run
     if left:
         names = sorted(left)
+        read = set(inputs) & {shard_name(local_or_url_join(out, name)) for name in names}
+        fix = ("set another output.path: they are this run's inputs" if read else
+               "remove them (or the whole directory), or set another output.path")
         raise CurationError(
             f"output.path {out} holds {len(names)} files that an earlier run of another pipeline (or of this one over inputs "
             f"that have since changed) wrote there, and that this run would not replace: {', '.join(names[:5])}"
             f"{', ...' if len(names) > 5 else ''} (work of that run: {', '.join(sorted({local_or_url_join(WORK_DIR, r) for r in left.values()}))}). "
             "Read from the directory with this run's output, they would be taken for part of it (runs may add to one directory "
-            "only when each writes its input shards under their names, output.write_to_filename): remove them (or the whole "
-            "directory), or set another output.path")
+            f"only when each writes its input shards under their names, output.write_to_filename): {fix}")
 
 
 def _listing(fs: Any, path: str) -> list[str]:
