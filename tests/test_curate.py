@@ -817,6 +817,22 @@ def test_inputs_that_are_files_the_pipeline_writes_are_refused_so_a_rerun_never_
     assert run_curation(in_place)["output"]["records"] == 5
 
 
+def test_intermediates_left_by_a_finished_run_are_removed_when_it_is_run_again_without_keep_intermediate(tmp_path):
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps({"text": f"document {i % 3}"}) + "\n" for i in range(9)))
+    config = CurationConfig(sources=[CurationSource("s", [str(tmp_path / "s.jsonl")])], stages=[ExactDedup()], num_workers=0,
+                            keep_intermediate=True, output=CurationOutput(str(tmp_path / "out"), "jsonl", partitions=2))
+
+    def intermediates() -> list[str]:
+        return sorted(os.path.relpath(d, tmp_path / "out") for d, _, files in os.walk(tmp_path / "out" / ".curate")
+                      if os.path.basename(d) == "data" and files)
+
+    first = run_curation(config)
+    assert len(intermediates()) == 3  # pass-0, pass-1, scatter: as a run killed while it removed them leaves them
+    reference = _outputs(tmp_path / "out")
+    assert run_curation(dataclasses.replace(config, keep_intermediate=False))["output"] == first["output"]
+    assert intermediates() == [] and _outputs(tmp_path / "out") == reference
+
+
 def test_directories_named_with_spaces_unicode_and_glob_brackets_are_read_and_written_as_named(tmp_path):
     raw = tmp_path / "raw [v1] ü"
     decoy = tmp_path / "raw v ü"  # what "raw [v1] ü" means as a glob

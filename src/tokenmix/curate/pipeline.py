@@ -137,6 +137,8 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
         if not damaged:
             logger.info("%s: this pipeline already ran to completion over these inputs (%s), and its outputs are as it wrote them; "
                         "nothing to do", out, work)
+            if not config.keep_intermediate:
+                _remove_intermediates(work)  # what a run killed while removing them, or one that kept them, left
             return finished
         logger.warning("%s: this pipeline ran to completion, but outputs are no longer as it wrote them (%d: %s); writing them again",
                        out, len(damaged), "; ".join(damaged[:5]) + ("; ..." if len(damaged) > 5 else ""))
