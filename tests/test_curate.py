@@ -425,6 +425,19 @@ def test_a_negative_seed_or_an_empty_shuffle_buffer_is_refused_naming_the_field_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("writer", ["add_id", "score", "filename_field"])
+def test_a_stage_or_add_filename_writing_the_text_field_is_refused_naming_both(tmp_path, writer):
+    (tmp_path / "s.jsonl").write_text('{"content": "one two three", "text": "a title"}\n')
+    stages = {"add_id": [AddId(id_field="content")], "score": [Score(_word_filter(1), score_field="content")], "filename_field": []}[writer]
+    config = {"sources": [CurationSource("s", [str(tmp_path / "s.jsonl")], text_field="content")], "stages": stages, "num_workers": 0,
+              "filename_field": "content" if writer == "filename_field" else None,
+              "output": CurationOutput(str(tmp_path / "out"), "jsonl", write_to_filename=True)}
+    where = r"filename_field" if writer == "filename_field" else rf"stages\[0\] \({writer}"
+    with pytest.raises(CurationError, match=rf"{where}.* writes the field 'content', the text of sources\[s\].*another field"):
+        run_curation(CurationConfig(**config))
+    assert not (tmp_path / "out").exists()
+
+
 def test_field_filter_and_a_user_function(tmp_path):
     (tmp_path / "s.jsonl").write_text("".join(json.dumps({"text": "x " * i, "int_score": i % 5}) + "\n" for i in range(20)))
     ds = DocumentDataset.read_json([str(tmp_path / "s.jsonl")])

@@ -116,6 +116,14 @@ class CurationConfig:
         for source in self.sources:
             if not source.paths:
                 raise CurationError(f"sources[{source.name}].paths: give at least one shard URL or pattern")
+        texts = {s.text_field: f"the text of sources[{s.name}]" for s in reversed(self.sources)}
+        texts.update({stage.text_field: f"the text stages[{i}] ({stage.label}) reads" for i, stage in reversed(list(enumerate(self.stages)))
+                      if getattr(stage, "text_field", None)})
+        writers = [(f"stages[{i}] ({stage.label})", name) for i, stage in enumerate(self.stages) for name in stage.written_fields()]
+        for writer, name in ([("filename_field", self.filename_field)] if self.filename_field else []) + writers:
+            if name in texts:
+                raise CurationError(f"{writer} writes the field {name!r}, {texts[name]}, and would replace that text in every record; "
+                                    "write it to another field")
         for i, stage in enumerate(self.stages):
             if isinstance(stage, AddId) and stage.id_prefix is not None and len(names) > 1:
                 raise CurationError(f"stages[{i}] (add_id).id_prefix {stage.id_prefix!r} gives the records of all {len(names)} sources one "
