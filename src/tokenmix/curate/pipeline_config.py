@@ -116,14 +116,7 @@ class CurationConfig:
         for source in self.sources:
             if not source.paths:
                 raise CurationError(f"sources[{source.name}].paths: give at least one shard URL or pattern")
-        texts = {s.text_field: f"the text of sources[{s.name}]" for s in reversed(self.sources)}
-        texts.update({stage.text_field: f"the text stages[{i}] ({stage.label}) reads" for i, stage in reversed(list(enumerate(self.stages)))
-                      if getattr(stage, "text_field", None)})
-        writers = [(f"stages[{i}] ({stage.label})", name) for i, stage in enumerate(self.stages) for name in stage.written_fields()]
-        for writer, name in ([("filename_field", self.filename_field)] if self.filename_field else []) + writers:
-            if name in texts:
-                raise CurationError(f"{writer} writes the field {name!r}, {texts[name]}, and would replace that text in every record; "
-                                    "write it to another field")
+        self._refuse_writes_over_texts()
         for i, stage in enumerate(self.stages):
             if isinstance(stage, AddId) and stage.id_prefix is not None and len(names) > 1:
                 raise CurationError(f"stages[{i}] (add_id).id_prefix {stage.id_prefix!r} gives the records of all {len(names)} sources one "
@@ -137,3 +130,19 @@ class CurationConfig:
             if unknown:
                 raise CurationError(f"blend.weights names {unknown}, which are not sources; sources are {names}")
             blending.blend_counts(self.blend.target_size, [self.blend.weights.get(n, 0.0) for n in names])
+
+    def _refuse_writes_over_texts(self) -> None:
+        """Refuse a field written by a stage or by ``filename_field`` that holds a text a source or a stage reads: every
+        record's text would be replaced by an id, a score or a shard name."""
+        texts: dict[str, str] = {}
+        for source in self.sources:
+            texts.setdefault(source.text_field, f"the text of sources[{source.name}]")
+        for i, stage in enumerate(self.stages):
+            text = getattr(stage, "text_field", None)
+            if text:
+                texts.setdefault(text, f"the text stages[{i}] ({stage.label}) reads")
+        writers = [(f"stages[{i}] ({stage.label})", name) for i, stage in enumerate(self.stages) for name in stage.written_fields()]
+        for writer, name in ([("filename_field", self.filename_field)] if self.filename_field else []) + writers:
+            if name in texts:
+                raise CurationError(f"{writer} writes the field {name!r}, {texts[name]}, and would replace that text in every record; "
+                                    "write it to another field")
