@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from curate_kill import curate_until
+from curate_kill import curate_until, finished_tasks
 from helpers import DEMO_CORPUS, REPO, read_jsonl_zst
 
 from tokenmix.curate import (
@@ -591,6 +591,28 @@ def test_sigkill_at_random_points_then_resume_gives_identical_output(copies, tmp
     assert _outputs(out) == _outputs(tmp_path / "reference")
     assert _artifacts(out) == _artifacts(tmp_path / "reference")
     assert not [f for _, _, files in os.walk(out) for f in files if f.endswith(".partial")]
+
+
+def test_a_run_killed_while_writing_partitions_then_run_into_fewer_is_refused_naming_the_killed_runs_partitions(copies, tmp_path):
+    import yaml
+
+    from tokenmix.curate.pipeline import describe
+
+    config = CurationConfig(sources=[CurationSource(s, [str(copies / s / "*.jsonl.zst")]) for s in SOURCES], num_workers=2,
+                            output=CurationOutput(str(tmp_path / "unused"), "jsonl", partitions=8))
+    config_path = tmp_path / "pipeline.yaml"
+    config_path.write_text(yaml.safe_dump(describe(config)))
+    out = tmp_path / "out"
+    curate_until(config_path, out, lambda: len(finished_tasks(out, ["gather/stats"])) >= 2, "two partitions written")
+    left = sorted(p.name for p in out.glob("part-*.jsonl") if p.name != "part-00000.jsonl")
+    assert left, "two partitions were written, so one after the first"
+    fewer = dataclasses.replace(config, num_workers=0, output=CurationOutput(str(out), "jsonl", partitions=1))
+    with pytest.raises(CurationError, match=rf"holds {len(left)} files.*: {re.escape(', '.join(left[:5]))}"):
+        run_curation(fewer)
+    for name in left:
+        os.remove(out / name)
+    records = run_curation(fewer)["output"]["records"]
+    assert sorted(_outputs(out)) == ["part-00000.jsonl"] and len(_read(out / "part-00000.jsonl")) == records
 
 
 def test_a_truncated_shard_raises_naming_it_or_keeps_its_readable_records_and_counts_it(tmp_path):

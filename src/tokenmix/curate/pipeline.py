@@ -60,7 +60,7 @@ from tokenmix.curate.pipeline_plan import (
 )
 from tokenmix.curate.pipeline_stats import curation_statistics
 from tokenmix.curate.pipeline_tasks import GatherTask, MapTask, ScatterTask, ShardRef, bucket_url, run_gather_task, run_map_task, run_scatter_task
-from tokenmix.curate.shard_io import exists, local_or_url_join, output_suffix, read_json, write_json
+from tokenmix.curate.shard_io import exists, local_or_url_join, output_suffix, read_json, temporary_path, write_json
 from tokenmix.curate.stages import ExactDedup
 from tokenmix.execution.configs import LocalExecutorConfig
 from tokenmix.execution.retrying import run_tasks
@@ -68,6 +68,10 @@ from tokenmix.sources.shards import FileShard
 from tokenmix.sources.urls import shard_name
 
 logger = logging.getLogger(__name__)
+
+OUTPUTS_FILE = "outputs.json"
+"""In a work directory: the files below the output directory that the run writes for its user, and whether it writes
+them under its input shards' names."""
 
 
 def _fingerprint(config: CurationConfig, shards: list[ShardRef]) -> dict[str, Any]:
@@ -123,9 +127,12 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     suffix = output_suffix(config.output.format)
     planned = output_urls(config, shards, suffix)
     refuse_inputs_among_outputs(config, shards, planned)
-    _refuse_outputs_of_other_runs(out, key, planned, config.output.write_to_filename, [s.url for s in shards])
+    _settle_outputs_of_other_runs(out, key, planned, config.output.write_to_filename, [s.url for s in shards])
     if read_json(local_or_url_join(work, "pipeline.json")) is None:
         write_json(local_or_url_join(work, "pipeline.json"), fingerprint)
+    if read_json(local_or_url_join(work, OUTPUTS_FILE)) is None:  # before any output is written: what a later run checks
+        write_json(local_or_url_join(work, OUTPUTS_FILE), {"write_to_filename": config.output.write_to_filename,
+                                                           "files": [_below(out, url) for url in planned]})
     segments = split_at_dedups(config.stages)
     partitioned = not config.output.write_to_filename
     checked: dict[str, str | None] = {}
@@ -199,28 +206,31 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     return stats
 
 
-def _refuse_outputs_of_other_runs(out: str, key: str, outputs: list[str], to_filenames: bool, inputs: list[str]) -> None:
+def _settle_outputs_of_other_runs(out: str, key: str, outputs: list[str], to_filenames: bool, inputs: list[str]) -> None:
     """Refuse to run into an output directory where an earlier run of another pipeline (or of this one over inputs
     since changed: another work key) left outputs that this run would not replace: read from the directory with this
     run's, they would be taken for part of its output. Runs that each write their input shards under their own names
     (``to_filenames``) may add to one directory, as NeMo's scripts do batch by batch (``get_remaining_files``); partitions
-    are a whole output, never added to. What an earlier run wrote is what its tasks' statistics record."""
+    are a whole output, never added to. What an earlier run may have written is what its ``outputs.json`` lists, written
+    before its first output, so a run killed at any point is known; the temporary files it left for outputs this run
+    does not write, which no run would finish or remove, are removed."""
     fs, root = url_to_fs(out)
-    runs = sorted(posixpath.basename(p) for p in _listing(fs, posixpath.join(root, WORK_DIR)))
     ours = {_below(out, url) for url in outputs}
     left: dict[str, str] = {}
-    for run in runs:
-        earlier = None if run == key else read_json(local_or_url_join(out, WORK_DIR, run, "pipeline.json"))
-        if earlier is None or (to_filenames and earlier["pipeline"]["output"]["write_to_filename"]):
+    for run in sorted(posixpath.basename(p) for p in _listing(fs, posixpath.join(root, WORK_DIR))):
+        earlier = None if run == key else read_json(local_or_url_join(out, WORK_DIR, run, OUTPUTS_FILE))
+        if earlier is None or (to_filenames and earlier["write_to_filename"]):
             continue
-        earlier_out = earlier["pipeline"]["output"]["path"]
-        steps = _listing(fs, posixpath.join(root, WORK_DIR, run))
-        stats_files = [f for step in steps for f in _listing(fs, posixpath.join(step, "stats")) if f.endswith(".json")]
-        for stats in stats_files:
-            for url in json.loads(fs.cat_file(stats)).get("files", {}):
-                name = _below(earlier_out, url)
-                if name is not None and name not in ours and name not in left and exists(local_or_url_join(out, name)):
-                    left[name] = run
+        for name in earlier["files"]:
+            if name in ours or name in left:
+                continue
+            if exists(local_or_url_join(out, name)):
+                left[name] = run
+            temporary = temporary_path(posixpath.join(root, name))
+            if fs.exists(temporary):
+                logger.info("%s: removing %s, the temporary file of an earlier run (%s) for an output this run does not write", out,
+                            temporary, run)
+                fs.rm_file(temporary)
     if left:
         names = sorted(left)
         read = set(inputs) & {shard_name(local_or_url_join(out, name)) for name in names}
@@ -239,10 +249,9 @@ def _listing(fs: Any, path: str) -> list[str]:
     return fs.ls(path, detail=False) if fs.isdir(path) else []
 
 
-def _below(base: str, url: str) -> str | None:
-    """``url``'s path below the directory ``base`` (with ``/``), or None when it is not below it."""
-    prefix = base.rstrip("/") + "/"
-    return url[len(prefix):] if url.startswith(prefix) and WORK_DIR not in url[len(prefix):].split("/") else None
+def _below(base: str, url: str) -> str:
+    """``url``'s path below the directory ``base``, which holds it."""
+    return url[len(base.rstrip("/")) + 1:]
 
 
 def _run_phase(executor: Any, fn: Any, tasks: list[Any], stats_urls: list[str], label: str, checked: dict[str, str | None],

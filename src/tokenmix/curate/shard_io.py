@@ -234,6 +234,12 @@ def _is_utf8(raw: bytes) -> bool:
         return False
 
 
+def temporary_path(path: str) -> str:
+    """The hidden name an output shard is written under until complete: ``.<name>.partial`` beside it."""
+    parent, name = posixpath.split(path)
+    return posixpath.join(parent, f".{name}.partial")
+
+
 class ShardWriter:
     """Writes one output shard under a temporary name (``partial_files``); ``close`` renames it to ``url`` once every
     batch is in and returns its size and digest.
@@ -246,8 +252,8 @@ class ShardWriter:
             raise ValueError(f"output format {fmt!r} is not one of {list(OUTPUT_FORMATS)}")
         self.url, self.fmt, self.keep_hidden = url, fmt, keep_hidden
         self.fs, self.path = url_to_fs(url)
-        parent, name = posixpath.split(self.path)
-        self.tmp_path = posixpath.join(parent, f".{name}.partial")
+        parent = posixpath.dirname(self.path)
+        self.tmp_path = temporary_path(self.path)
         self.fs.makedirs(parent, exist_ok=True)
         self.records = 0
         self._file = PartialFile(self.fs, self.tmp_path)
