@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import itertools
 import json
 import os
 import re
@@ -17,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from curate_kill import curate_until
+from curate_kill import curate_until, finished_tasks
 from helpers import DEMO_CORPUS, REPO, read_jsonl_zst
 
 from tokenmix.curate import (
@@ -133,6 +134,18 @@ def test_write_to_filename_needs_add_filename(tmp_path):
         books.to_json(str(tmp_path / "out"), write_to_filename=True)
 
 
+def test_partitions_asked_of_an_output_written_to_file_names_are_refused_naming_both_fields(tmp_path):
+    (tmp_path / "s.jsonl").write_text('{"text": "one two three"}\n')
+    document = {"sources": [{"name": "s", "paths": [str(tmp_path / "s.jsonl")]}],
+                "output": {"path": str(tmp_path / "out"), "write_to_filename": True, "partitions": 4}}
+    with pytest.raises(Exception, match=r"output.partitions.*output.write_to_filename.*remove output.partitions"):
+        load_curation_config(document)
+    books = DocumentDataset.read_json(str(tmp_path / "s.jsonl"), add_filename=True)
+    with pytest.raises(CurationError, match=r"output.partitions"):
+        books.to_json(str(tmp_path / "out"), write_to_filename=True, partitions=4)
+    assert not (tmp_path / "out").exists()
+
+
 def test_inputs_of_every_kind_and_outputs_of_every_format_hold_the_same_records(tmp_path):
     records = [{"text": f"line {i}\nof text", "id": i, "nested": {"x": [i, None]}} for i in range(25)]
     (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in records[:10]).encode()))
@@ -159,6 +172,40 @@ def test_bad_records_raise_naming_file_and_line_or_are_counted(tmp_path):
     stats = run_curation(CurationConfig(sources=[source], output=CurationOutput(str(tmp_path / "o2"), "jsonl"), on_error="skip", num_workers=0))
     assert stats["sources"]["s"]["read"] == 5 and stats["sources"]["s"]["bad"] == {"malformed_json": 1, "missing_text": 1, "not_an_object": 1}
     assert stats["accounted"] and stats["output"]["records"] == 2
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_text_that_is_not_utf8_is_a_bad_record_named_by_file_and_record_or_counted(tmp_path, kind):
+    texts = [b"good one", b"bad \xff\xfe bytes", b"good two", b"GOOD  one"]
+    if kind == "jsonl":
+        (tmp_path / "s.jsonl").write_bytes(b"".join(b'{"text": "' + t + b'", "n": %d}\n' % i for i, t in enumerate(texts)))
+    else:  # Arrow writes a Parquet string column without checking its bytes are UTF-8, as other writers may
+        offsets = pa.array([0, *itertools.accumulate(map(len, texts))], pa.int32()).buffers()[1]
+        column = pa.Array.from_buffers(pa.string(), len(texts), [None, offsets, pa.py_buffer(b"".join(texts))])
+        pq.write_table(pa.table({"text": column, "n": pa.array(range(len(texts)), pa.int64())}), tmp_path / "s.parquet")
+    source = CurationSource("s", [str(tmp_path / f"s.{kind}")])
+    where = "line 2" if kind == "jsonl" else "record 1"
+    with pytest.raises(CurationInputError, match=rf"s\.{kind}, {where}: .*(invalid utf8|not valid UTF-8).*on_error: skip"):
+        run_curation(CurationConfig(sources=[source], output=CurationOutput(str(tmp_path / "o1"), "jsonl"), num_workers=0))
+    stats = run_curation(CurationConfig(sources=[source], stages=[ExactDedup()], on_error="skip", num_workers=0,
+                                        output=CurationOutput(str(tmp_path / "o2"), "jsonl", write_to_filename=True)))
+    assert stats["sources"]["s"]["read"] == 4 and stats["sources"]["s"]["bad"] == {"invalid_utf8": 1}
+    assert stats["accounted"] and _read(tmp_path / "o2" / "s" / "s.jsonl") == [{"text": "good one", "n": 0}, {"text": "good two", "n": 2}]
+
+
+@pytest.mark.parametrize("encoding", ["dictionary", "string_view"])
+def test_a_parquet_text_column_stored_dictionary_encoded_or_as_views_is_text_as_in_json_lines(tmp_path, encoding):
+    texts = ["one two three", "four five", "one two three", "six"]
+    column = pa.array(texts).dictionary_encode() if encoding == "dictionary" else pa.array(texts, pa.string_view())
+    pq.write_table(pa.table({"text": column, "n": pa.array(range(4), pa.int64())}), tmp_path / "s.parquet")
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps({"text": t, "n": i}) + "\n" for i, t in enumerate(texts)))
+    outputs = {}
+    for kind in ("parquet", "jsonl"):
+        stats = run_curation(CurationConfig(sources=[CurationSource("s", [str(tmp_path / f"s.{kind}")])], stages=[ExactDedup()], num_workers=0,
+                                            output=CurationOutput(str(tmp_path / f"out-{kind}"), "jsonl", write_to_filename=True)))
+        assert stats["sources"]["s"]["bad"] == {} and stats["output"]["records"] == 3
+        outputs[kind] = (tmp_path / f"out-{kind}" / "s" / f"s.{'jsonl'}").read_bytes()
+    assert outputs["parquet"] == outputs["jsonl"]
 
 
 def _planted_sources(tmp_path) -> list[CurationSource]:
@@ -341,6 +388,56 @@ def test_nemo_style_blend_and_shuffle_calls(tmp_path):
                        shuffle=ShuffleConfig())
 
 
+@pytest.mark.parametrize("differ", ["add_filename", "on_error"])
+def test_a_blend_of_datasets_read_with_different_options_is_refused_naming_the_option(tmp_path, differ):
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jsonl").write_text('{"text": "one two three"}\n')
+    option = {"add_filename": True} if differ == "add_filename" else {"on_error": "skip"}
+    first = DocumentDataset.read_json(str(tmp_path / "a.jsonl"), name="a", **option)
+    second = DocumentDataset.read_json(str(tmp_path / "b.jsonl"), name="b")
+    with pytest.raises(ValueError, match=rf"blend_datasets: the datasets were read with different {differ}.*read them with the same"):
+        blend_datasets(4, [first, second], [1, 1])
+    assert blend_datasets(4, [first, dataclasses.replace(second, filename_field=first.filename_field, on_error=first.on_error)], [1, 1])
+
+
+def test_one_id_prefix_for_several_sources_is_refused_as_their_ids_would_repeat(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jsonl").write_text('{"text": "one two three"}\n')
+    sources = [CurationSource(name, [str(tmp_path / f"{name}.jsonl")]) for name in ("a", "b")]
+    output = CurationOutput(str(tmp_path / "out"), "jsonl", write_to_filename=True)
+    with pytest.raises(CurationError, match=r"stages\[1\] \(add_id\)\.id_prefix 'web'.*2 sources.*leave id_prefix unset"):
+        CurationConfig(sources=sources, stages=[ScoreFilter(_word_filter(1)), AddId(id_prefix="web")], output=output, num_workers=0)
+    run_curation(CurationConfig(sources=sources[:1], stages=[AddId(id_prefix="web")], output=output, num_workers=0))
+    assert _read(tmp_path / "out" / "a" / "a.jsonl") == [{"text": "one two three", "id": "web-00000-000000000"}]
+    run_curation(CurationConfig(sources=sources, stages=[AddId()], output=output, num_workers=0))
+    assert [_read(tmp_path / "out" / n / f"{n}.jsonl")[0]["id"] for n in ("a", "b")] == ["a-00000-000000000", "b-00000-000000000"]
+
+
+@pytest.mark.parametrize("bad", ["shuffle.seed", "shuffle.buffer_bytes", "blend.seed"])
+def test_a_negative_seed_or_an_empty_shuffle_buffer_is_refused_naming_the_field_before_any_work(tmp_path, bad):
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(10)))
+    document = {"sources": [{"name": "s", "paths": [str(tmp_path / "s.jsonl")]}], "output": {"path": str(tmp_path / "out"), "partitions": 2},
+                "num_workers": 0, "shuffle": {}, "blend": {"target_size": 20, "weights": {"s": 1}}}
+    section, name = bad.split(".")
+    document[section][name] = -1 if name == "seed" else 0
+    with pytest.raises(Exception, match=rf"{re.escape(bad)} must be .*, got {document[section][name]}"):
+        run_curation(load_curation_config(document))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("writer", ["add_id", "score", "filename_field"])
+def test_a_stage_or_add_filename_writing_the_text_field_is_refused_naming_both(tmp_path, writer):
+    (tmp_path / "s.jsonl").write_text('{"content": "one two three", "text": "a title"}\n')
+    stages = {"add_id": [AddId(id_field="content")], "score": [Score(_word_filter(1), score_field="content")], "filename_field": []}[writer]
+    config = {"sources": [CurationSource("s", [str(tmp_path / "s.jsonl")], text_field="content")], "stages": stages, "num_workers": 0,
+              "filename_field": "content" if writer == "filename_field" else None,
+              "output": CurationOutput(str(tmp_path / "out"), "jsonl", write_to_filename=True)}
+    where = r"filename_field" if writer == "filename_field" else rf"stages\[0\] \({writer}"
+    with pytest.raises(CurationError, match=rf"{where}.* writes the field 'content', the text of sources\[s\].*another field"):
+        run_curation(CurationConfig(**config))
+    assert not (tmp_path / "out").exists()
+
+
 def test_field_filter_and_a_user_function(tmp_path):
     (tmp_path / "s.jsonl").write_text("".join(json.dumps({"text": "x " * i, "int_score": i % 5}) + "\n" for i in range(20)))
     ds = DocumentDataset.read_json([str(tmp_path / "s.jsonl")])
@@ -494,6 +591,28 @@ def test_sigkill_at_random_points_then_resume_gives_identical_output(copies, tmp
     assert _outputs(out) == _outputs(tmp_path / "reference")
     assert _artifacts(out) == _artifacts(tmp_path / "reference")
     assert not [f for _, _, files in os.walk(out) for f in files if f.endswith(".partial")]
+
+
+def test_a_run_killed_while_writing_partitions_then_run_into_fewer_is_refused_naming_the_killed_runs_partitions(copies, tmp_path):
+    import yaml
+
+    from tokenmix.curate.pipeline import describe
+
+    config = CurationConfig(sources=[CurationSource(s, [str(copies / s / "*.jsonl.zst")]) for s in SOURCES], num_workers=2,
+                            output=CurationOutput(str(tmp_path / "unused"), "jsonl", partitions=8))
+    config_path = tmp_path / "pipeline.yaml"
+    config_path.write_text(yaml.safe_dump(describe(config)))
+    out = tmp_path / "out"
+    curate_until(config_path, out, lambda: len(finished_tasks(out, ["gather/stats"])) >= 2, "two partitions written")
+    left = sorted(p.name for p in out.glob("part-*.jsonl") if p.name != "part-00000.jsonl")
+    assert left, "two partitions were written, so one after the first"
+    fewer = dataclasses.replace(config, num_workers=0, output=CurationOutput(str(out), "jsonl", partitions=1))
+    with pytest.raises(CurationError, match=rf"holds {len(left)} files.*: {re.escape(', '.join(left[:5]))}"):
+        run_curation(fewer)
+    for name in left:
+        os.remove(out / name)
+    records = run_curation(fewer)["output"]["records"]
+    assert sorted(_outputs(out)) == ["part-00000.jsonl"] and len(_read(out / "part-00000.jsonl")) == records
 
 
 def test_a_truncated_shard_raises_naming_it_or_keeps_its_readable_records_and_counts_it(tmp_path):
@@ -677,6 +796,97 @@ def test_a_finished_curation_writes_again_the_outputs_deleted_cut_or_garbled_sin
     untouched = {name: os.stat(out / name).st_mtime_ns for name in reference}
     assert run_curation(config)["output"] == first["output"]
     assert {name: os.stat(out / name).st_mtime_ns for name in reference} == untouched
+
+
+@pytest.mark.parametrize("earlier", ["partitions", "write_to_filename"])
+def test_an_output_directory_holding_another_pipelines_outputs_that_this_run_would_not_replace_is_refused(tmp_path, earlier):
+    for k in range(4):
+        (tmp_path / f"s{k}.jsonl").write_text("".join(json.dumps({"text": f"document {k} {i}"}) + "\n" for i in range(5)))
+    out = tmp_path / "out"
+
+    def config(shards: str, partitions: int | None) -> CurationConfig:
+        return CurationConfig(sources=[CurationSource("s", [str(tmp_path / shards)])], num_workers=0,
+                              output=CurationOutput(str(out), "jsonl", write_to_filename=partitions is None, partitions=partitions))
+
+    run_curation(config("s{0..3}.jsonl", 4 if earlier == "partitions" else None))
+    smaller = config("s{0..1}.jsonl", 2)
+    left = ["part-00002.jsonl", "part-00003.jsonl"] if earlier == "partitions" else ["s/s0.jsonl", "s/s1.jsonl", "s/s2.jsonl", "s/s3.jsonl"]
+    with pytest.raises(CurationError, match=rf"output.path {out} holds {len(left)} files.*: {', '.join(left)} .*remove them.*another output.path"):
+        run_curation(smaller)
+    assert all((out / name).exists() for name in left)
+    for name in left:
+        os.remove(out / name)
+    assert run_curation(smaller)["output"]["records"] == 10
+    assert sorted(_outputs(out)) == ["part-00000.jsonl", "part-00001.jsonl"]
+    assert run_curation(config("s{0..3}.jsonl", 4))["output"]["records"] == 20
+    assert sorted(_outputs(out)) == [f"part-0000{p}.jsonl" for p in range(4)]
+    if earlier == "write_to_filename":  # a step reading the shards the step before wrote, written as partitions beside them
+        chained = tmp_path / "chained"
+        DocumentDataset.read_json(str(tmp_path / "s0.jsonl"), add_filename=True).to_json(str(chained), write_to_filename=True, num_workers=0)
+        with pytest.raises(CurationError, match=r"holds 1 files.*: s0.jsonl .*set another output.path: they are this run's inputs"):
+            DocumentDataset.read_json(str(chained)).to_json(str(chained), num_workers=0)
+
+
+def test_inputs_that_are_files_the_pipeline_writes_are_refused_so_a_rerun_never_reads_its_own_output(tmp_path):
+    for k in range(2):
+        (tmp_path / f"s{k}.jsonl").write_text("".join(json.dumps({"text": f"document {k} {i}"}) + "\n" for i in range(5)))
+    into_inputs = CurationConfig(sources=[CurationSource("s", [str(tmp_path / "*.jsonl")])], num_workers=0,
+                                 output=CurationOutput(str(tmp_path), "jsonl"))
+    assert run_curation(into_inputs)["output"]["records"] == 10
+    written = {name: (tmp_path / name).read_bytes() for name in ("part-00000.jsonl", "part-00001.jsonl")}
+    with pytest.raises(CurationError, match=rf"sources\[s\]: {tmp_path}/part-00000.jsonl is an input and a file this pipeline writes.*"
+                                            r"sources\[s\].paths.*another output.path"):
+        run_curation(into_inputs)
+    assert sorted(_outputs(tmp_path)) == ["part-00000.jsonl", "part-00001.jsonl", "s0.jsonl", "s1.jsonl"]
+    assert {name: (tmp_path / name).read_bytes() for name in written} == written
+    two = tmp_path / "two"
+    (two / "b").mkdir(parents=True)
+    shutil.copyfile(tmp_path / "s0.jsonl", two / "s0.jsonl")
+    shutil.copyfile(tmp_path / "s1.jsonl", two / "b" / "s0.jsonl")
+    crossed = CurationConfig(sources=[CurationSource("a", [str(two / "b" / "s0.jsonl")]), CurationSource("b", [str(two / "s0.jsonl")])],
+                             num_workers=0, output=CurationOutput(str(two), "jsonl", write_to_filename=True))
+    with pytest.raises(CurationError, match=rf"sources\[a\]: {two}/b/s0.jsonl is an input and a file this pipeline writes"):
+        run_curation(crossed)
+    in_place = dataclasses.replace(crossed, sources=crossed.sources[1:], output=CurationOutput(str(two), "jsonl", write_to_filename=True,
+                                                                                            source_dirs=False))
+    assert run_curation(in_place)["output"]["records"] == 5
+
+
+def test_intermediates_left_by_a_finished_run_are_removed_when_it_is_run_again_without_keep_intermediate(tmp_path):
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps({"text": f"document {i % 3}"}) + "\n" for i in range(9)))
+    config = CurationConfig(sources=[CurationSource("s", [str(tmp_path / "s.jsonl")])], stages=[ExactDedup()], num_workers=0,
+                            keep_intermediate=True, output=CurationOutput(str(tmp_path / "out"), "jsonl", partitions=2))
+
+    def intermediates() -> list[str]:
+        return sorted(os.path.relpath(d, tmp_path / "out") for d, _, files in os.walk(tmp_path / "out" / ".curate")
+                      if os.path.basename(d) == "data" and files)
+
+    first = run_curation(config)
+    assert len(intermediates()) == 3  # pass-0, pass-1, scatter: as a run killed while it removed them leaves them
+    reference = _outputs(tmp_path / "out")
+    assert run_curation(dataclasses.replace(config, keep_intermediate=False))["output"] == first["output"]
+    assert intermediates() == [] and _outputs(tmp_path / "out") == reference
+
+
+def test_directories_named_with_spaces_unicode_and_glob_brackets_are_read_and_written_as_named(tmp_path):
+    raw = tmp_path / "raw [v1] ü"
+    decoy = tmp_path / "raw v ü"  # what "raw [v1] ü" means as a glob
+    texts = {}
+    for directory, tag in ((raw, "kept"), (decoy, "decoy")):
+        directory.mkdir()
+        for k in range(2):
+            texts[directory, k] = [f"{tag} document {k} {i}" for i in range(3)] + ["the same text in every shard"]
+            (directory / f"s{k}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[directory, k]))
+    expected = sorted(dict.fromkeys(texts[raw, 0] + texts[raw, 1]))
+    out = tmp_path / "out [1] ü"
+    stats = run_curation(CurationConfig(sources=[CurationSource("raw", [str(raw / "s0.jsonl"), str(raw / "s1.jsonl")])],
+                                        stages=[ExactDedup()], num_workers=0, output=CurationOutput(str(out), "jsonl", partitions=2)))
+    assert stats["output"]["records"] == len(expected)
+    assert sorted(r["text"] for p in sorted(out.glob("part-*.jsonl")) for r in _read(p)) == expected
+    assert not [d for d, _, _ in os.walk(out / ".curate") if os.path.basename(d) == "data"]  # the intermediates removed
+    step = tmp_path / "step [2]"
+    DocumentDataset.read_json(str(raw), add_filename=True).to_json(str(step), write_to_filename=True)
+    assert {n: [r["text"] for r in _read(step / n)] for n in ("s0.jsonl", "s1.jsonl")} == {f"s{k}.jsonl": texts[raw, k] for k in range(2)}
 
 
 @pytest.mark.parametrize("where", ["output shard", "statistics"])

@@ -71,3 +71,10 @@ def test_globs_are_sorted_and_keep_the_scheme(tmp_path):
 def test_glob_matching_nothing_names_the_pattern(tmp_path):
     with pytest.raises(NoShardsError, match="nothing-here"):
         expand_urls([f"{tmp_path}/nothing-here-*.jsonl"])
+
+
+def test_a_file_whose_name_holds_glob_characters_is_that_file_not_what_the_glob_matches(tmp_path):
+    for name in ("part[1].jsonl", "part1.jsonl", "parts.jsonl"):
+        (tmp_path / name).write_text("{}\n")
+    assert expand_urls([f"{tmp_path}/part[1].jsonl", f"{tmp_path}/part[s1].jsonl"]) == [
+        f"{tmp_path}/part[1].jsonl", f"{tmp_path}/part1.jsonl", f"{tmp_path}/parts.jsonl"]

@@ -15,6 +15,7 @@ a shuffle (the engine runs them in that order); either rule broken is an error t
 from __future__ import annotations
 
 import dataclasses
+import glob
 import posixpath
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -123,6 +124,11 @@ def blend_datasets(target_size: int, datasets: list[DocumentDataset], weights: l
     if len(stages) > 1:
         raise ValueError("blend_datasets: the datasets carry different stages; blend datasets with the same stages, or write each "
                          "one out (to_json) and blend what was written")
+    for option, attribute in (("add_filename", "filename_field"), ("on_error", "on_error")):
+        if len({getattr(ds, attribute) for ds in datasets}) > 1:
+            raise ValueError(f"blend_datasets: the datasets were read with different {option} "
+                             f"({[getattr(ds, attribute) for ds in datasets]}), and a blend reads every one alike; read them with the same "
+                             f"{option}")
     if any(ds.blend is not None or ds.shuffle is not None for ds in datasets):
         raise ValueError("blend_datasets: a dataset is already blended or shuffled; blend the datasets it was made of")
     sources = []
@@ -150,7 +156,7 @@ class Shuffle:
 
 def _is_directory(url: str) -> bool:
     fs, path = url_to_fs(url)
-    return not any(c in url for c in "*?[{") and fs.isdir(path)
+    return fs.isdir(path)
 
 
 def _shards_in(directory: str, suffixes: tuple[str, ...]) -> list[str]:
@@ -158,6 +164,6 @@ def _shards_in(directory: str, suffixes: tuple[str, ...]) -> list[str]:
     curation kept there (``listing.is_curation_bookkeeping``: ``curation_stats.json`` is no shard): a step reads the
     directory the step before it wrote."""
     fs, path = url_to_fs(directory)
-    found = [name for suffix in suffixes for name in sorted(fs.glob(posixpath.join(path, f"*{suffix}")))
+    found = [name for suffix in suffixes for name in sorted(fs.glob(posixpath.join(glob.escape(path), f"*{suffix}")))
              if not is_curation_bookkeeping(posixpath.basename(name))]
     return [fs.unstrip_protocol(name) for name in found] if "://" in directory else found

@@ -28,6 +28,7 @@ holds the tasks the workers run, ``pipeline_stats.py`` adds up their statistics.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import logging
 import marshal
@@ -48,16 +49,29 @@ from tokenmix.curate import exact_dedup, fuzzy_dedup, scatter
 from tokenmix.curate.listing import STATS_FILE, WORK_DIR
 from tokenmix.curate.partial_files import damage
 from tokenmix.curate.pipeline_config import CurationConfig, CurationError
-from tokenmix.curate.pipeline_plan import final_url, list_shards, partition_count, split_at_dedups
+from tokenmix.curate.pipeline_plan import (
+    final_url,
+    list_shards,
+    output_urls,
+    partition_count,
+    partition_url,
+    refuse_inputs_among_outputs,
+    split_at_dedups,
+)
 from tokenmix.curate.pipeline_stats import curation_statistics
 from tokenmix.curate.pipeline_tasks import GatherTask, MapTask, ScatterTask, ShardRef, bucket_url, run_gather_task, run_map_task, run_scatter_task
-from tokenmix.curate.shard_io import local_or_url_join, output_suffix, read_json, write_json
+from tokenmix.curate.shard_io import exists, local_or_url_join, output_suffix, read_json, temporary_path, write_json
 from tokenmix.curate.stages import ExactDedup
 from tokenmix.execution.configs import LocalExecutorConfig
 from tokenmix.execution.retrying import run_tasks
 from tokenmix.sources.shards import FileShard
+from tokenmix.sources.urls import shard_name
 
 logger = logging.getLogger(__name__)
+
+OUTPUTS_FILE = "outputs.json"
+"""In a work directory: the files below the output directory that the run writes for its user, and whether it writes
+them under its input shards' names."""
 
 
 def _fingerprint(config: CurationConfig, shards: list[ShardRef]) -> dict[str, Any]:
@@ -110,8 +124,15 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     fingerprint = _fingerprint(config, shards)
     key = xxhash.xxh3_64_hexdigest(json.dumps(fingerprint, sort_keys=True).encode())
     work = local_or_url_join(out, WORK_DIR, key)
+    suffix = output_suffix(config.output.format)
+    planned = output_urls(config, shards, suffix)
+    refuse_inputs_among_outputs(config, shards, planned)
+    _settle_outputs_of_other_runs(out, key, planned, config.output.write_to_filename, [s.url for s in shards])
     if read_json(local_or_url_join(work, "pipeline.json")) is None:
         write_json(local_or_url_join(work, "pipeline.json"), fingerprint)
+    if read_json(local_or_url_join(work, OUTPUTS_FILE)) is None:  # before any output is written: what a later run checks
+        write_json(local_or_url_join(work, OUTPUTS_FILE), {"write_to_filename": config.output.write_to_filename,
+                                                           "files": [_below(out, url) for url in planned]})
     segments = split_at_dedups(config.stages)
     partitioned = not config.output.write_to_filename
     checked: dict[str, str | None] = {}
@@ -123,10 +144,11 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
         if not damaged:
             logger.info("%s: this pipeline already ran to completion over these inputs (%s), and its outputs are as it wrote them; "
                         "nothing to do", out, work)
+            if not config.keep_intermediate:
+                _remove_intermediates(work)  # what a run killed while removing them, or one that kept them, left
             return finished
         logger.warning("%s: this pipeline ran to completion, but outputs are no longer as it wrote them (%d: %s); writing them again",
                        out, len(damaged), "; ".join(damaged[:5]) + ("; ..." if len(damaged) > 5 else ""))
-    suffix = output_suffix(config.output.format)
     map_results: list[list[dict[str, Any]]] = []
     removal_urls: list[list[str]] = [[] for _ in shards]
     removal_reason = ""
@@ -182,6 +204,54 @@ def run_curation(config: CurationConfig) -> dict[str, Any]:
     if not config.keep_intermediate:
         _remove_intermediates(work)
     return stats
+
+
+def _settle_outputs_of_other_runs(out: str, key: str, outputs: list[str], to_filenames: bool, inputs: list[str]) -> None:
+    """Refuse to run into an output directory where an earlier run of another pipeline (or of this one over inputs
+    since changed: another work key) left outputs that this run would not replace: read from the directory with this
+    run's, they would be taken for part of its output. Runs that each write their input shards under their own names
+    (``to_filenames``) may add to one directory, as NeMo's scripts do batch by batch (``get_remaining_files``); partitions
+    are a whole output, never added to. What an earlier run may have written is what its ``outputs.json`` lists, written
+    before its first output, so a run killed at any point is known; the temporary files it left for outputs this run
+    does not write, which no run would finish or remove, are removed."""
+    fs, root = url_to_fs(out)
+    ours = {_below(out, url) for url in outputs}
+    left: dict[str, str] = {}
+    for run in sorted(posixpath.basename(p) for p in _listing(fs, posixpath.join(root, WORK_DIR))):
+        earlier = None if run == key else read_json(local_or_url_join(out, WORK_DIR, run, OUTPUTS_FILE))
+        if earlier is None or (to_filenames and earlier["write_to_filename"]):
+            continue
+        for name in earlier["files"]:
+            if name in ours or name in left:
+                continue
+            if exists(local_or_url_join(out, name)):
+                left[name] = run
+            temporary = temporary_path(posixpath.join(root, name))
+            if fs.exists(temporary):
+                logger.info("%s: removing %s, the temporary file of an earlier run (%s) for an output this run does not write", out,
+                            temporary, run)
+                fs.rm_file(temporary)
+    if left:
+        names = sorted(left)
+        read = set(inputs) & {shard_name(local_or_url_join(out, name)) for name in names}
+        fix = ("set another output.path: they are this run's inputs" if read else
+               "remove them (or the whole directory), or set another output.path")
+        raise CurationError(
+            f"output.path {out} holds {len(names)} files that an earlier run of another pipeline (or of this one over inputs "
+            f"that have since changed) wrote there, and that this run would not replace: {', '.join(names[:5])}"
+            f"{', ...' if len(names) > 5 else ''} (work of that run: {', '.join(sorted({local_or_url_join(WORK_DIR, r) for r in left.values()}))}). "
+            "Read from the directory with this run's output, they would be taken for part of it (runs may add to one directory "
+            f"only when each writes its input shards under their names, output.write_to_filename): {fix}")
+
+
+def _listing(fs: Any, path: str) -> list[str]:
+    """The paths in a directory; none where it is not one (glob patterns would read brackets in ``path`` as classes)."""
+    return fs.ls(path, detail=False) if fs.isdir(path) else []
+
+
+def _below(base: str, url: str) -> str:
+    """``url``'s path below the directory ``base``, which holds it."""
+    return url[len(base.rstrip("/")) + 1:]
 
 
 def _run_phase(executor: Any, fn: Any, tasks: list[Any], stats_urls: list[str], label: str, checked: dict[str, str | None],
@@ -274,7 +344,7 @@ def _write_partitions(config: CurationConfig, executor: Any, shards: list[ShardR
             urls = [bucket_url(local_or_url_join(scatter_dir, "data"), t.index, bucket) for t, r in zip(tasks, scattered, strict=True)
                     if str(bucket) in r["buckets"]]
             members.append((bucket, urls))
-        gathers.append(GatherTask(p, members, seed, local_or_url_join(config.output.path, f"part-{p:05d}{suffix}"), config.output.format,
+        gathers.append(GatherTask(p, members, seed, partition_url(config.output, p, suffix), config.output.format,
                                   local_or_url_join(work, "gather", "stats", f"{p:06d}.json")))
     gathered = _run_phase(executor, run_gather_task, gathers, [g.stats_url for g in gathers], "gather", checked, final=True)
     shuffle_stats = None if seed is None else {"seed": seed, "partitions": partitions, "buckets": buckets, "record_bytes": int(nbytes),
@@ -289,7 +359,7 @@ def _remove_intermediates(work: str) -> None:
     for pattern in ("pass-*/data", "pass-*/artifacts", "pass-*/fuzzy/lsh/buckets", "pass-*/fuzzy/edges/*.parquet",
                     "pass-*/fuzzy/components/round-*/labels", "pass-*/fuzzy/components/round-*/messages",
                     "pass-*/fuzzy/components/members/*.parquet", "pass-*/fuzzy/removed/scatter", "scatter/data"):
-        for target in fs.glob(posixpath.join(path, pattern)):
+        for target in fs.glob(posixpath.join(glob.escape(path), pattern)):
             fs.rm(target, recursive=True)
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from tokenmix.curate import blend as blending
 from tokenmix.curate.shard_io import BATCH_BYTES, OUTPUT_FORMATS
-from tokenmix.curate.stages import Stage
+from tokenmix.curate.stages import AddId, Stage
 from tokenmix.execution.configs import ExecutorConfig, LocalExecutorConfig
 
 
@@ -46,6 +46,9 @@ class CurationOutput:
             raise CurationError(f"output.format {self.format!r} is not one of {list(OUTPUT_FORMATS)}")
         if self.partitions is not None and self.partitions < 1:
             raise CurationError(f"output.partitions must be >= 1, got {self.partitions}")
+        if self.partitions is not None and self.write_to_filename:
+            raise CurationError(f"output.partitions ({self.partitions}) divides a partitioned output, but output.write_to_filename writes "
+                                "each input shard to a file of its name; remove output.partitions, or set output.write_to_filename: false")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,10 @@ class BlendConfig:
     seed: int | None = None
     """Unset: a source's first records make up a partial copy or a cut (NeMo's rule); set: a seeded uniform sample."""
 
+    def __post_init__(self) -> None:
+        if self.seed is not None and self.seed < 0:
+            raise CurationError(f"blend.seed must be >= 0 (or unset), got {self.seed}")
+
 
 @dataclass(frozen=True)
 class ShuffleConfig:
@@ -66,6 +73,12 @@ class ShuffleConfig:
     seed: int = 0
     buffer_bytes: int = 256 << 20
     """About the most record bytes (Arrow) a gather task holds at once; more data means more, smaller buckets."""
+
+    def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise CurationError(f"shuffle.seed must be >= 0, got {self.seed}")
+        if self.buffer_bytes < 1:
+            raise CurationError(f"shuffle.buffer_bytes must be >= 1 (bytes a gather task holds), got {self.buffer_bytes}")
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,12 @@ class CurationConfig:
         for source in self.sources:
             if not source.paths:
                 raise CurationError(f"sources[{source.name}].paths: give at least one shard URL or pattern")
+        self._refuse_writes_over_texts()
+        for i, stage in enumerate(self.stages):
+            if isinstance(stage, AddId) and stage.id_prefix is not None and len(names) > 1:
+                raise CurationError(f"stages[{i}] (add_id).id_prefix {stage.id_prefix!r} gives the records of all {len(names)} sources one "
+                                    "prefix, and rows are numbered within each source's shards, so two sources would give the same ids; "
+                                    "leave id_prefix unset (each source's name is its prefix), or curate each source in a pipeline of its own")
         if self.output.write_to_filename and (self.blend is not None or self.shuffle is not None):
             raise CurationError("output.write_to_filename keeps each input shard's records in a shard of its name, which a blend or a "
                                 "shuffle cannot; set output.write_to_filename: false (and output.partitions) to blend or shuffle")
@@ -111,3 +130,19 @@ class CurationConfig:
             if unknown:
                 raise CurationError(f"blend.weights names {unknown}, which are not sources; sources are {names}")
             blending.blend_counts(self.blend.target_size, [self.blend.weights.get(n, 0.0) for n in names])
+
+    def _refuse_writes_over_texts(self) -> None:
+        """Refuse a field written by a stage or by ``filename_field`` that holds a text a source or a stage reads: every
+        record's text would be replaced by an id, a score or a shard name."""
+        texts: dict[str, str] = {}
+        for source in self.sources:
+            texts.setdefault(source.text_field, f"the text of sources[{source.name}]")
+        for i, stage in enumerate(self.stages):
+            text = getattr(stage, "text_field", None)
+            if text:
+                texts.setdefault(text, f"the text stages[{i}] ({stage.label}) reads")
+        writers = [(f"stages[{i}] ({stage.label})", name) for i, stage in enumerate(self.stages) for name in stage.written_fields()]
+        for writer, name in ([("filename_field", self.filename_field)] if self.filename_field else []) + writers:
+            if name in texts:
+                raise CurationError(f"{writer} writes the field {name!r}, {texts[name]}, and would replace that text in every record; "
+                                    "write it to another field")

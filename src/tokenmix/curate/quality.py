@@ -84,6 +84,9 @@ class QualityClassifier(Stage):
         if importlib.util.find_spec("torch") is None:
             raise ImportError(f"the quality stage needs PyTorch, which is not installed: {_INSTALL}")
 
+    def written_fields(self) -> tuple[str, ...]:
+        return tuple(f for f in (self.label_field, self.score_field, self.scores_field) if f is not None)
+
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
         classifier = _classifier(self.model_path, self.device, self.dtype)
         texts = field_column(table, self.text_field or context.text_field).to_pylist()

@@ -144,7 +144,7 @@ def _parse(raw: Any, text_field: str) -> tuple[dict[str, Any] | None, str | None
         try:
             raw = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            return None, "malformed_json"
+            return None, "malformed_json" if _is_utf8(raw) else "invalid_utf8"
     if not isinstance(raw, dict):
         return None, "not_an_object"
     if not isinstance(raw.get(text_field), str):
@@ -173,6 +173,7 @@ def _parquet_batches(shard: FileShard) -> Iterator[pa.Table]:
 
 
 def _check_text_column(table: pa.Table, shard: FileShard, text_field: str, on_error: str, found: ShardBatches) -> pa.Table:
+    table = _text_as_strings(table, text_field)
     if not has_field(table, text_field) or not (pa.types.is_string(field_column(table, text_field).type)
                                                 or pa.types.is_large_string(field_column(table, text_field).type)):
         reason = "missing_text" if not has_field(table, text_field) else "text_not_a_string"
@@ -190,7 +191,53 @@ def _check_text_column(table: pa.Table, shard: FileShard, text_field: str, on_er
             raise CurationInputError(f"{shard.position_label(first)}: the text field {text_field!r} is null; fix the record or set on_error: skip")
         found.bad["missing_text"] += count
         table = table.filter(pa.compute.invert(nulls))
-    return table
+    return _drop_invalid_utf8(table, shard, text_field, on_error, found)
+
+
+def _text_as_strings(table: pa.Table, text_field: str) -> pa.Table:
+    """The table with a text column that Parquet stored dictionary-encoded (pandas' categories, Arrow dictionaries) or
+    as string views made plain strings: the same texts, which the stages, dedups and writers take as strings."""
+    if not has_field(table, text_field):
+        return table
+    kind = field_column(table, text_field).type
+    value = kind.value_type if pa.types.is_dictionary(kind) else kind
+    if str(value) == "string_view":
+        value = pa.large_string()
+    if value == kind or not (pa.types.is_string(value) or pa.types.is_large_string(value)):
+        return table
+    return set_field(table, text_field, field_column(table, text_field).cast(value))
+
+
+def _drop_invalid_utf8(table: pa.Table, shard: FileShard, text_field: str, on_error: str, found: ShardBatches) -> pa.Table:
+    """The table less its records whose text is not UTF-8 (Arrow reads a Parquet string column without checking), as a
+    JSON line whose text is not is bad: stages, dedup and JSON output all need text."""
+    texts = field_column(table, text_field)
+    try:
+        texts.validate(full=True)
+        return table
+    except pa.ArrowInvalid:
+        pass
+    valid = pa.array([_is_utf8(t) for t in texts.cast(pa.large_binary()).to_pylist()])
+    if on_error == "raise":
+        first = table.column(POSITION).filter(pa.compute.invert(valid))[0].as_py()
+        raise CurationInputError(f"{shard.position_label(first)}: the text field {text_field!r} is not valid UTF-8; fix the record or set "
+                                 "on_error: skip")
+    found.bad["invalid_utf8"] += len(valid) - (pa.compute.sum(valid).as_py() or 0)
+    return table.filter(valid)
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def temporary_path(path: str) -> str:
+    """The hidden name an output shard is written under until complete: ``.<name>.partial`` beside it."""
+    parent, name = posixpath.split(path)
+    return posixpath.join(parent, f".{name}.partial")
 
 
 class ShardWriter:
@@ -205,8 +252,8 @@ class ShardWriter:
             raise ValueError(f"output format {fmt!r} is not one of {list(OUTPUT_FORMATS)}")
         self.url, self.fmt, self.keep_hidden = url, fmt, keep_hidden
         self.fs, self.path = url_to_fs(url)
-        parent, name = posixpath.split(self.path)
-        self.tmp_path = posixpath.join(parent, f".{name}.partial")
+        parent = posixpath.dirname(self.path)
+        self.tmp_path = temporary_path(self.path)
         self.fs.makedirs(parent, exist_ok=True)
         self.records = 0
         self._file = PartialFile(self.fs, self.tmp_path)

@@ -51,6 +51,11 @@ class Stage(draccus.ChoiceRegistry):
         """How the stage is named in statistics and progress."""
         return type(self).get_choice_name(type(self))
 
+    def written_fields(self) -> tuple[str, ...]:
+        """The record fields this stage sets beside the text (which ``modify`` changes on purpose): a pipeline refuses one
+        that holds a text, which it would replace."""
+        return ()
+
     def __call__(self, dataset: Any) -> Any:
         """``stage(dataset)``, as NeMo Curator's modules are called: the ``DocumentDataset`` with this stage applied."""
         return dataset.apply(self)
@@ -72,6 +77,9 @@ class AddId(Stage):
         positions = table.column(POSITION).to_numpy()
         ids = pa.array([f"{prefix}{p:09d}" for p in positions.tolist()], pa.string())
         return set_field(table, self.id_field, ids), Counter()
+
+    def written_fields(self) -> tuple[str, ...]:
+        return (self.id_field,)
 
 
 @Stage.register_subclass("score_filter")
@@ -101,6 +109,9 @@ class ScoreFilter(Stage):
         keep = np.asarray(self.filter.keep(scores), dtype=bool)
         return table, ~keep if self.invert else keep
 
+    def written_fields(self) -> tuple[str, ...]:
+        return () if self.score_field is None else (self.score_field,)
+
     @property
     def label(self) -> str:
         return f"score_filter({self.filter.reason}{', inverted' if self.invert else ''})"
@@ -122,6 +133,9 @@ class Score(Stage):
     def apply(self, table: pa.Table, context: ShardContext) -> tuple[pa.Table, Counter[str]]:
         scores = self.filter.score(as_array(field_column(table, self.text_field or context.text_field)))
         return set_field(table, self.score_field or self.filter.reason, scores), Counter()
+
+    def written_fields(self) -> tuple[str, ...]:
+        return (self.score_field or self.filter.reason,)
 
     @property
     def label(self) -> str:

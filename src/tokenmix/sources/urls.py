@@ -56,9 +56,9 @@ def shard_name(url: str) -> str:
 def expand_urls(patterns: Iterable[str]) -> list[str]:
     """Expand brace patterns (``{00..29}``, ``{a,b}``) and globs into concrete shard URLs, named by ``shard_name``.
 
-    A pattern that contains a glob and matches nothing is an error naming the pattern; a plain
-    URL is kept (a missing file is reported when the shard is read, where the error policy
-    applies). Duplicates are removed, keeping the first occurrence.
+    A pattern that contains a glob and matches nothing is an error naming the pattern; a plain URL is kept (a missing
+    file is reported when the shard is read, where the error policy applies), and so is one naming a file that exists
+    as written, glob characters and all. Duplicates are removed, keeping the first occurrence.
     """
     out: list[str] = []
     seen: set[str] = set()
@@ -77,6 +77,8 @@ def _expand_glob(url: str) -> list[str]:
         return [url]
 
     fs, path = url_to_fs(url)
+    if fs.isfile(path):
+        return [url]  # a file whose name holds glob characters ("raw [v1]/s.jsonl") is that file, not what the glob matches
     paths = fs.glob(path)
     if not paths:
         raise NoShardsError(f"URL pattern {url!r} matched no files; check the path or the glob")
