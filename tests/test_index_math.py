@@ -412,6 +412,15 @@ def test_usage_reports_examples_tokens_and_epochs():
     assert usage["b"].examples == 50 and usage["b"].epoch == 0 and usage["b"].epochs_completed == 0.05
 
 
+@pytest.mark.timeout(60)  # the count used to walk back from stage -1 forever
+@pytest.mark.parametrize("count", ["consumed", "usage"])
+def test_a_negative_number_of_examples_is_refused_naming_it(count):
+    mix = mixture({"a": 10, "b": 10}, [(0, {"a": 1.0, "b": 1.0}), (16, {"a": 1.0})], block_size=8)
+    with pytest.raises(ValueError, match="num_examples must be >= 0, got -1"):
+        getattr(mix, count)(-1)
+    assert mix.consumed(0) == {"a": 0, "b": 0}
+
+
 def test_a_thousand_huge_sources_start_in_milliseconds_and_constant_memory():
     sizes = {f"source{i:04d}": 10**10 for i in range(1000)}
     rng = np.random.default_rng(0)

@@ -331,6 +331,8 @@ class MixtureDataset(Dataset):
         return dict(zip(self._canon, self._consumed(num_examples).tolist()))
 
     def _consumed(self, n: int) -> np.ndarray:
+        if n < 0:
+            raise ValueError(f"num_examples must be >= 0, got {n}")
         starts = self._starts()
         stage = int(np.searchsorted(starts, n, side="right")) - 1
         return self._base(stage) + self._drawn_in(stage, n - int(starts[stage]))
