@@ -405,6 +405,17 @@ def test_all_exhausted_refuses_a_source_dropped_before_it_is_read_through():
         len(mix)
 
 
+def test_all_exhausted_refuses_appending_a_stage_that_drops_a_source_before_it_is_read_through_and_reads_on_unchanged():
+    mix = mixture({"a": 100, "b": 100}, {"a": 1.0, "b": 1.0}, block_size=8, stop_strategy="all_exhausted")
+    before, n = mix.get_batch(np.arange(64)).tokens, len(mix)
+    with pytest.raises(ValueError, match="'b' has weight 0 in the last stage and only 20 of its 100 examples are drawn before it"):
+        mix.append_stage(40, {"a": 1.0})
+    assert len(mix.stages) == 1 and len(mix) == n
+    assert np.array_equal(mix.get_batch(np.arange(64)).tokens, before)
+    mix.append_stage(48, {"a": 1.0, "b": 3.0})  # a stage that reads b through is taken
+    assert len(mix.stages) == 2 and mix.consumed(len(mix))["b"] >= 100
+
+
 def test_usage_reports_examples_tokens_and_epochs():
     mix = mixture({"a": 10, "b": 1000}, {"a": 0.5, "b": 0.5}, block_size=10)
     usage = mix.usage(100)

@@ -157,6 +157,8 @@ class MixtureDataset(Dataset):
         final = self.final_len()
         if final is not None and start >= final:
             raise ValueError(f"a stage from index {start} would never be read: the mixture ends at index {final} ({self.stop_strategy})")
+        if self.stop_strategy == "all_exhausted":  # refused now: in the log, it would fail every read, of earlier indices too
+            self._refuse_unread(weights, self._consumed(start), self._source_lengths())
         with self._lock:
             n = len(self._stage_starts)
             if n == len(self._start_buffer):
@@ -446,14 +448,7 @@ class MixtureDataset(Dataset):
                 return bool(np.any(self._consumed(n)[cs] > sizes))
         else:
             stage = len(self._stage_starts) - 1
-            last = self.stages[stage][1]
-            at_last = self._base(stage)
-            for c, size in zip(cs, sizes):
-                if last.get(self._canon[c], 0.0) == 0 and at_last[c] < size:
-                    raise ValueError(
-                        f"stop_strategy 'all_exhausted': source {self._canon[c]!r} has weight 0 in the last stage and only "
-                        f"{int(at_last[c])} of its {int(size)} examples are drawn before it, so the mixture would never end"
-                    )
+            self._refuse_unread(self.stages[stage][1], self._base(stage), lengths)
 
             def done(n: int) -> bool:  # every source has been drawn through once
                 return bool(np.all(self._consumed(n)[cs] >= sizes))
@@ -466,6 +461,16 @@ class MixtureDataset(Dataset):
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if done(mid) else (mid, hi)
         return lo if self.stop_strategy == "first_exhausted" else hi
+
+    def _refuse_unread(self, last: Weights, drawn: np.ndarray, lengths: dict[int, int]) -> None:
+        """Under ``all_exhausted``, refuse a last stage that weighs 0 a source not read through by its start (``drawn``
+        before it): the mixture would never end."""
+        for c, size in lengths.items():
+            if last.get(self._canon[c], 0.0) == 0 and drawn[c] < size:
+                raise ValueError(
+                    f"stop_strategy 'all_exhausted': source {self._canon[c]!r} has weight 0 in the last stage and only "
+                    f"{int(drawn[c])} of its {int(size)} examples are drawn before it, so the mixture would never end"
+                )
 
     def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
         idx = as_indices(indices)
