@@ -405,6 +405,14 @@ def test_all_exhausted_refuses_a_source_dropped_before_it_is_read_through():
         len(mix)
 
 
+@pytest.mark.parametrize("strategy", ["first_exhausted", "all_exhausted"])
+def test_a_mixture_of_empty_sources_has_no_example_under_either_stop_strategy(strategy):
+    mix = mixture({"a": 0, "b": 0}, {"a": 1.0, "b": 2.0}, block_size=8, stop_strategy=strategy)
+    assert len(mix) == 0
+    with pytest.raises(IndexError, match="beyond its 0 examples"):
+        mix.get_batch([0])
+
+
 def test_all_exhausted_refuses_appending_a_stage_that_drops_a_source_before_it_is_read_through_and_reads_on_unchanged():
     mix = mixture({"a": 100, "b": 100}, {"a": 1.0, "b": 1.0}, block_size=8, stop_strategy="all_exhausted")
     before, n = mix.get_batch(np.arange(64)).tokens, len(mix)

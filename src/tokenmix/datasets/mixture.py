@@ -453,6 +453,8 @@ class MixtureDataset(Dataset):
             def done(n: int) -> bool:  # every source has been drawn through once
                 return bool(np.all(self._consumed(n)[cs] >= sizes))
 
+        if done(0):  # all_exhausted over sources that are all empty
+            return 0
         hi = max(1, int(self._stage_starts[-1]) + self.block_size)
         while not done(hi):
             hi *= 2
