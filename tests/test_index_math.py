@@ -22,6 +22,7 @@ from tokenmix import Dataset, MixtureDataset, TokenBatch
 from tokenmix.datasets import FeistelPermutation, Pending, SourceOrder
 from tokenmix.datasets.base import as_indices
 from tokenmix.datasets.block_shuffle import block_shuffled
+from tokenmix.datasets.mixture import SourceUsage
 from tokenmix.datasets.mixture_layout import _STATES_KEPT, NUMPY_FROM, BlockAllocator, exact_ratios, short_decimals, whole_block_counts
 from tokenmix.datasets.segments import document_segments, window_cuts
 from tokenmix.datasets.settings import BlockShuffle
@@ -438,6 +439,13 @@ def test_a_negative_number_of_examples_is_refused_naming_it(count):
     with pytest.raises(ValueError, match="num_examples must be >= 0, got -1"):
         getattr(mix, count)(-1)
     assert mix.consumed(0) == {"a": 0, "b": 0}
+
+
+def test_usage_of_an_empty_source_is_zero_examples_and_epochs():
+    mix = mixture({"a": 0, "b": 10}, {"a": 1.0, "b": 1.0}, block_size=4, stop_strategy="first_exhausted")
+    assert len(mix) == 0
+    usage = mix.usage(0)
+    assert usage["a"] == SourceUsage(0, 0, 0, 0.0) and usage["b"] == SourceUsage(0, 0, 0, 0.0)
 
 
 def test_a_thousand_huge_sources_start_in_milliseconds_and_constant_memory():

@@ -517,5 +517,6 @@ class MixtureDataset(Dataset):
                 continue
             ds = self._source(c)
             n = ds.length("usage needs the source's length")
-            out[name] = SourceUsage(drawn, drawn * ds.tokens_per_example, drawn // n, drawn / n)
+            epoch, completed = (drawn // n, drawn / n) if n else (0, 0.0)  # an empty source has no epoch to complete
+            out[name] = SourceUsage(drawn, drawn * ds.tokens_per_example, epoch, completed)
         return {name: out[name] for name in self.names}
