@@ -86,11 +86,11 @@ class MixtureDataset(Dataset):
         if stop_strategy not in STOP_STRATEGIES:
             raise ValueError(f"stop_strategy must be one of {STOP_STRATEGIES}, got {stop_strategy!r}")
         self.names = list(datasets)
+        """Source names; a source's id (``TokenBatch.source_ids``) is its position here."""
         lengths = {name: ds.tokens_per_example for name, ds in datasets.items()}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"the sources of a mixture need one example length (seq_len), got {lengths}")
         self.tokens_per_example = next(iter(lengths.values()))
-        """Source names; a source's id (``TokenBatch.source_ids``) is its position here."""
         self.block_size = block_size
         self.seed = seed
         self.stop_strategy = stop_strategy
