@@ -441,6 +441,12 @@ def test_a_negative_number_of_examples_is_refused_naming_it(count):
     assert mix.consumed(0) == {"a": 0, "b": 0}
 
 
+def test_drawing_from_an_empty_source_names_it_and_the_fix():
+    mix = mixture({"a": 0, "b": 10}, {"a": 1.0, "b": 1.0}, block_size=4)
+    with pytest.raises(IndexError, match=r"RangeDataset.* is empty: it has no example of 1 tokens to draw; give its source weight 0"):
+        mix.get_batch(np.arange(8))
+
+
 def test_usage_of_an_empty_source_is_zero_examples_and_epochs():
     mix = mixture({"a": 0, "b": 10}, {"a": 1.0, "b": 1.0}, block_size=4, stop_strategy="first_exhausted")
     assert len(mix) == 0
