@@ -154,7 +154,7 @@ class MixtureDataset(Dataset):
         if start <= last:
             raise ValueError(f"train_weights: stage starts must increase, got index {last} then {start}")
         check_stage(weights, self.names, stage_name(start, True))
-        final = self.final_len()
+        final = self._end()
         if final is not None and start >= final:
             raise ValueError(f"a stage from index {start} would never be read: the mixture ends at index {final} ({self.stop_strategy})")
         if self.stop_strategy == "all_exhausted":  # refused now: in the log, it would fail every read, of earlier indices too
@@ -423,15 +423,32 @@ class MixtureDataset(Dataset):
         return self.stop_strategy != "restart"
 
     def final_len(self) -> int | None:
+        """Under a stop strategy, the length once every source's length is known (None while a source's cache builds:
+        found without waiting, so that a loader waits for it polling its stop); None under ``restart``."""
         if self.stop_strategy == "restart":
             return None
         stages = len(self._stage_starts)
         if self._length is None or self._length[0] != stages:  # a stage appended since (in another thread, maybe) moves the end
+            if not self._lengths_known():
+                return None
             self._length = (stages, self._stop_length())
         return self._length[1]
 
     def current_len(self) -> int:
-        return UNBOUNDED if self.stop_strategy == "restart" else self.final_len()
+        return UNBOUNDED if self.stop_strategy == "restart" else self.final_len() or 0
+
+    def _end(self) -> int | None:
+        """``final_len``, waiting under a stop strategy for the sources whose caches still build."""
+        final = self.final_len()
+        if final is None and self.stop_strategy != "restart":
+            final = self.wait_until_final(why=f"stop_strategy {self.stop_strategy!r} needs every source's length")
+        return final
+
+    def _lengths_known(self) -> bool:
+        """Whether every source some stage weighs has its final length."""
+        sources = self._all_sources()
+        self._open(list(sources))
+        return all(ds.base.final_len() is not None for ds in sources.values())
 
     def _source_lengths(self) -> dict[int, int]:
         why = f"stop_strategy {self.stop_strategy!r} needs every source's length"
@@ -476,7 +493,7 @@ class MixtureDataset(Dataset):
 
     def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
         idx = as_indices(indices)
-        final = self.final_len()
+        final = self._end()
         if final is not None and idx.size and int(idx.max()) >= final:
             raise IndexError(f"{self!r}: index {int(idx.max())} is beyond its {final} examples ({self.stop_strategy})")
         canon, examples = self._examples(idx)
