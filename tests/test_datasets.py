@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
 
 import draccus
@@ -133,6 +135,13 @@ def test_held_out_documents_never_overlap_training(mixture_config):
     expected = np.concatenate([stream[bounds[d] : bounds[d + 1]] for d in docs])
     got = held.get_batch(np.arange(len(held))).tokens.reshape(-1)
     assert np.array_equal(got, expected[: len(got)])
+
+
+def test_holding_out_every_token_of_a_source_is_refused_naming_the_source_and_the_field(mixture_config):
+    config = dataclasses.replace(mixture_config, num_validation_sequences={"python_doc": 10**6})
+    asked = "source 'python_doc': num_validation_sequences 1000000 x seq_len 256 asks to hold out 256000000 tokens"
+    with pytest.raises(ValueError, match=re.escape(asked) + r", all \d+ of its tokens: lower it"):
+        config.validation_sets(256)
 
 
 def _rows_of(ds: TokenSeqDataset, bounds: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ from tokenmix import Dataset, MixtureDataset, TokenBatch
 from tokenmix.datasets import FeistelPermutation, Pending, SourceOrder
 from tokenmix.datasets.base import as_indices
 from tokenmix.datasets.block_shuffle import block_shuffled
+from tokenmix.datasets.mixture import SourceUsage
 from tokenmix.datasets.mixture_layout import _STATES_KEPT, NUMPY_FROM, BlockAllocator, exact_ratios, short_decimals, whole_block_counts
 from tokenmix.datasets.segments import document_segments, window_cuts
 from tokenmix.datasets.settings import BlockShuffle
@@ -405,11 +406,51 @@ def test_all_exhausted_refuses_a_source_dropped_before_it_is_read_through():
         len(mix)
 
 
+def test_all_exhausted_over_sources_that_are_all_empty_has_no_example():
+    mix = mixture({"a": 0, "b": 0}, {"a": 1.0, "b": 2.0}, block_size=8, stop_strategy="all_exhausted")
+    assert len(mix) == 0
+    with pytest.raises(IndexError, match="beyond its 0 examples"):
+        mix.get_batch([0])
+
+
+def test_all_exhausted_refuses_appending_a_stage_that_drops_a_source_before_it_is_read_through_and_reads_on_unchanged():
+    mix = mixture({"a": 100, "b": 100}, {"a": 1.0, "b": 1.0}, block_size=8, stop_strategy="all_exhausted")
+    before, n = mix.get_batch(np.arange(64)).tokens, len(mix)
+    with pytest.raises(ValueError, match="'b' has weight 0 in the last stage and only 20 of its 100 examples are drawn before it"):
+        mix.append_stage(40, {"a": 1.0})
+    assert len(mix.stages) == 1 and len(mix) == n
+    assert np.array_equal(mix.get_batch(np.arange(64)).tokens, before)
+    mix.append_stage(48, {"a": 1.0, "b": 3.0})  # a stage that reads b through is taken
+    assert len(mix.stages) == 2 and mix.consumed(len(mix))["b"] >= 100
+
+
 def test_usage_reports_examples_tokens_and_epochs():
     mix = mixture({"a": 10, "b": 1000}, {"a": 0.5, "b": 0.5}, block_size=10)
     usage = mix.usage(100)
     assert usage["a"].examples == 50 and usage["a"].epoch == 5 and usage["a"].tokens == 50
     assert usage["b"].examples == 50 and usage["b"].epoch == 0 and usage["b"].epochs_completed == 0.05
+
+
+@pytest.mark.timeout(60)  # the count used to walk back from stage -1 forever
+@pytest.mark.parametrize("count", ["consumed", "usage"])
+def test_a_negative_number_of_examples_is_refused_naming_it(count):
+    mix = mixture({"a": 10, "b": 10}, [(0, {"a": 1.0, "b": 1.0}), (16, {"a": 1.0})], block_size=8)
+    with pytest.raises(ValueError, match="num_examples must be >= 0, got -1"):
+        getattr(mix, count)(-1)
+    assert mix.consumed(0) == {"a": 0, "b": 0}
+
+
+def test_drawing_from_an_empty_source_names_it_and_the_fix():
+    mix = mixture({"a": 0, "b": 10}, {"a": 1.0, "b": 1.0}, block_size=4)
+    with pytest.raises(IndexError, match=r"RangeDataset.* is empty: it has no example of 1 tokens to draw; give its source weight 0"):
+        mix.get_batch(np.arange(8))
+
+
+def test_usage_of_an_empty_source_is_zero_examples_and_epochs():
+    mix = mixture({"a": 0, "b": 10}, {"a": 1.0, "b": 1.0}, block_size=4, stop_strategy="first_exhausted")
+    assert len(mix) == 0
+    usage = mix.usage(0)
+    assert usage["a"] == SourceUsage(0, 0, 0, 0.0) and usage["b"] == SourceUsage(0, 0, 0, 0.0)
 
 
 def test_a_thousand_huge_sources_start_in_milliseconds_and_constant_memory():

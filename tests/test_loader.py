@@ -37,6 +37,7 @@ from tokenmix import (
     DataLoader,
     LMMixtureDatasetConfig,
     LoaderError,
+    MixtureDataset,
     TokenBatch,
     TokenCache,
     TokenSeqDataset,
@@ -426,6 +427,29 @@ def test_loader_streams_a_real_cache_while_it_builds(growing_cache, caplog):
     for step, tokens in enumerate(seen):
         assert np.array_equal(tokens, finished.get_batch(np.arange(16 * step, 16 * step + 16)).tokens)
     assert "waiting for its cache to grow" in caplog.text
+
+
+@pytest.mark.timeout(150)
+def test_a_stop_strategy_mixture_over_a_building_source_waits_for_its_length_without_blocking_close(train):
+    """Its end needs every source's length: while a source's cache builds, the length is unknown (num_steps None) and the
+    loader waits for it polling its stop, so closing stops the thread; once the source finishes, the batches are those of
+    the mixture over the finished source, up to its last full batch."""
+    mesh = jax.make_mesh((8,), ("data",))
+    linux, webster = train.source("linux_doc").base, train.source("webster").base
+    growing = GrowingDataset(linux, 40)
+    weights = {"linux_doc": 1.0, "webster": 1.0}
+    building = MixtureDataset({"linux_doc": growing, "webster": webster}, weights, block_size=64, stop_strategy="first_exhausted")
+    loader = DataLoader(building, 16, mesh, {"batch": "data"}, fingerprint=True)
+    it = iter(loader)
+    it.close()
+    assert not loader_threads()
+    assert loader.num_steps() is None and building.final_len() is None and building.current_len() == 0
+    growing.length, growing.finished = len(linux), True
+    finished = MixtureDataset({"linux_doc": linux, "webster": webster}, weights, block_size=64, stop_strategy="first_exhausted")
+    with DataLoader(finished, 16, mesh, {"batch": "data"}, fingerprint=True, prefetch=0) as expected:
+        assert loader.num_steps() == expected.num_steps() > 1
+        assert [sb.fingerprint for sb in loader] == [expected.batch(step).fingerprint for step in range(expected.num_steps())]
+    loader.close()
 
 
 @pytest.mark.timeout(60)

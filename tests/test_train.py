@@ -200,6 +200,21 @@ def test_trainer_fields_are_checked_naming_the_field(tmp_path):
         load_train_config(str(path))
 
 
+def test_a_data_batch_size_other_than_the_trainers_is_refused_naming_both_fields(tmp_path):
+    """The data's weight stages start at steps of data.batch_size's batches: with the trainer's of another size, each stage
+    would switch at another step than the one it names."""
+    trainer = {"train_batch_size": 16, "seq_len": 64, "checkpoint_dir": str(tmp_path / "run")}
+    stages = [[0, {"linux_doc": 1.0}], [10, {"webster": 1.0}]]
+    path = write_train_config(tmp_path, "two_sizes", trainer, TINY, batch_size=8, train_weights=stages)
+    with pytest.raises(ValueError, match=r"two_sizes.yaml: data.batch_size 8 differs from trainer.train_batch_size 16: .*"
+                                         r"Remove data.batch_size \(the data section takes the trainer's\), or make the two equal"):
+        load_train_config(path)
+    for same in (16, [[0, 16]], None):
+        data = {} if same is None else {"batch_size": same}
+        config = load_train_config(write_train_config(tmp_path, "one_size", trainer, TINY, train_weights=stages, **data))
+        assert config.data.weight_schedule()[1][0] == 160  # step 10 of the trainer's 16-example batches
+
+
 def test_a_seq_len_longer_than_the_models_positions_is_refused_at_start_naming_both_fields(tmp_path):
     trainer = {"seq_len": 512, "checkpoint_dir": str(tmp_path / "run")}
     path = write_train_config(tmp_path, "long", trainer, {**TINY, "max_position": 256})

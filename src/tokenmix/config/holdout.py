@@ -11,16 +11,18 @@ import numpy as np
 from tokenmix.datasets.permutation import FeistelPermutation
 
 
-def held_out_documents(doc_lengths: np.ndarray, tokens_wanted: int, key: int, shuffle: bool = True) -> np.ndarray:
+def held_out_documents(doc_lengths: np.ndarray, tokens_wanted: int, key: int, shuffle: bool = True, asked: str = "holding out") -> np.ndarray:
     """Sorted row numbers of the held-out documents: the fewest, in seeded order (``shuffle``) or from the end of the
-    cache (not: Levanter's unshuffled split keeps its last sequences), holding ``tokens_wanted``."""
+    cache (not: Levanter's unshuffled split keeps its last sequences), holding ``tokens_wanted``. ``asked`` says what
+    asks for them, for the message refusing to hold out every token."""
     n = len(doc_lengths)
     if tokens_wanted <= 0 or n == 0:
         return np.zeros(0, np.int64)
     order = FeistelPermutation(n, key)(np.arange(n)) if shuffle else np.arange(n - 1, -1, -1)
     covered = np.cumsum(doc_lengths[order])
     if covered[-1] <= tokens_wanted:
-        raise ValueError(f"holding out {tokens_wanted} tokens would take all {int(covered[-1])} tokens of the source")
+        raise ValueError(f"{asked} asks to hold out {tokens_wanted} tokens, all {int(covered[-1])} of its tokens: lower it, so "
+                         "that some stay in training")
     take = int(np.searchsorted(covered, tokens_wanted, side="left")) + 1
     return np.sort(order[:take])
 

@@ -357,9 +357,13 @@ class LMMixtureDatasetConfig(DataConfigBase):
             logger.info("%s: waiting for the cache to finish: holding out validation documents needs all of them", cache.location)
             cache.wait_until_finished()
         bounds = cache.row_bounds(0, cache.num_rows())
-        wanted = max(sequences * seq_len if sequences else 0, int(np.ceil(fraction * bounds[-1])) if fraction else 0)
+        by_sequences = sequences * seq_len if sequences else 0
+        by_fraction = int(np.ceil(fraction * bounds[-1])) if fraction else 0
+        asked = (f"num_validation_sequences {sequences} x seq_len {seq_len}" if by_sequences >= by_fraction
+                 else f"validation_fraction {fraction}")
         # keyed by the source name alone: every run and seed validates on the same documents
-        return held_out_documents(np.diff(bounds), wanted, derive_key("holdout", name), self.shuffle_before_trainval_split)
+        return held_out_documents(np.diff(bounds), max(by_sequences, by_fraction), derive_key("holdout", name),
+                                  self.shuffle_before_trainval_split, f"source {name!r}: {asked}")
 
     def train_set(self, seq_len: int, key: int | None = None,
                   weight_log: list[tuple[int, dict[str, float]]] | None = None) -> MixtureDataset | NanosetOrderDataset:

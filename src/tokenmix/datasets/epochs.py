@@ -73,7 +73,8 @@ class EpochedDataset(Dataset):
                 return provisional
             n = self.length()
         if n == 0:
-            raise IndexError(f"{self.base!r} is empty: it has no example to draw")
+            raise IndexError(f"{self.base!r} is empty: it has no example of {self.tokens_per_example} tokens to draw; give its "
+                             "source weight 0, or give it data that fills an example (more documents, or a shorter seq_len)")
         self._final_order = SourceOrder(n, self.key, self.shuffle)
         return self._final_order
 

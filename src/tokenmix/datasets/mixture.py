@@ -86,11 +86,11 @@ class MixtureDataset(Dataset):
         if stop_strategy not in STOP_STRATEGIES:
             raise ValueError(f"stop_strategy must be one of {STOP_STRATEGIES}, got {stop_strategy!r}")
         self.names = list(datasets)
+        """Source names; a source's id (``TokenBatch.source_ids``) is its position here."""
         lengths = {name: ds.tokens_per_example for name, ds in datasets.items()}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"the sources of a mixture need one example length (seq_len), got {lengths}")
         self.tokens_per_example = next(iter(lengths.values()))
-        """Source names; a source's id (``TokenBatch.source_ids``) is its position here."""
         self.block_size = block_size
         self.seed = seed
         self.stop_strategy = stop_strategy
@@ -154,9 +154,11 @@ class MixtureDataset(Dataset):
         if start <= last:
             raise ValueError(f"train_weights: stage starts must increase, got index {last} then {start}")
         check_stage(weights, self.names, stage_name(start, True))
-        final = self.final_len()
+        final = self._end()
         if final is not None and start >= final:
             raise ValueError(f"a stage from index {start} would never be read: the mixture ends at index {final} ({self.stop_strategy})")
+        if self.stop_strategy == "all_exhausted":  # refused now: in the log, it would fail every read, of earlier indices too
+            self._refuse_unread(weights, self._consumed(start), self._source_lengths())
         with self._lock:
             n = len(self._stage_starts)
             if n == len(self._start_buffer):
@@ -331,6 +333,8 @@ class MixtureDataset(Dataset):
         return dict(zip(self._canon, self._consumed(num_examples).tolist()))
 
     def _consumed(self, n: int) -> np.ndarray:
+        if n < 0:
+            raise ValueError(f"num_examples must be >= 0, got {n}")
         starts = self._starts()
         stage = int(np.searchsorted(starts, n, side="right")) - 1
         return self._base(stage) + self._drawn_in(stage, n - int(starts[stage]))
@@ -419,15 +423,32 @@ class MixtureDataset(Dataset):
         return self.stop_strategy != "restart"
 
     def final_len(self) -> int | None:
+        """Under a stop strategy, the length once every source's length is known (None while a source's cache builds:
+        found without waiting, so that a loader waits for it polling its stop); None under ``restart``."""
         if self.stop_strategy == "restart":
             return None
         stages = len(self._stage_starts)
         if self._length is None or self._length[0] != stages:  # a stage appended since (in another thread, maybe) moves the end
+            if not self._lengths_known():
+                return None
             self._length = (stages, self._stop_length())
         return self._length[1]
 
     def current_len(self) -> int:
-        return UNBOUNDED if self.stop_strategy == "restart" else self.final_len()
+        return UNBOUNDED if self.stop_strategy == "restart" else self.final_len() or 0
+
+    def _end(self) -> int | None:
+        """``final_len``, waiting under a stop strategy for the sources whose caches still build."""
+        final = self.final_len()
+        if final is None and self.stop_strategy != "restart":
+            final = self.wait_until_final(why=f"stop_strategy {self.stop_strategy!r} needs every source's length")
+        return final
+
+    def _lengths_known(self) -> bool:
+        """Whether every source some stage weighs has its final length."""
+        sources = self._all_sources()
+        self._open(list(sources))
+        return all(ds.base.final_len() is not None for ds in sources.values())
 
     def _source_lengths(self) -> dict[int, int]:
         why = f"stop_strategy {self.stop_strategy!r} needs every source's length"
@@ -444,18 +465,13 @@ class MixtureDataset(Dataset):
                 return bool(np.any(self._consumed(n)[cs] > sizes))
         else:
             stage = len(self._stage_starts) - 1
-            last = self.stages[stage][1]
-            at_last = self._base(stage)
-            for c, size in zip(cs, sizes):
-                if last.get(self._canon[c], 0.0) == 0 and at_last[c] < size:
-                    raise ValueError(
-                        f"stop_strategy 'all_exhausted': source {self._canon[c]!r} has weight 0 in the last stage and only "
-                        f"{int(at_last[c])} of its {int(size)} examples are drawn before it, so the mixture would never end"
-                    )
+            self._refuse_unread(self.stages[stage][1], self._base(stage), lengths)
 
             def done(n: int) -> bool:  # every source has been drawn through once
                 return bool(np.all(self._consumed(n)[cs] >= sizes))
 
+        if done(0):  # all_exhausted over sources that are all empty
+            return 0
         hi = max(1, int(self._stage_starts[-1]) + self.block_size)
         while not done(hi):
             hi *= 2
@@ -465,9 +481,19 @@ class MixtureDataset(Dataset):
             lo, hi = (lo, mid) if done(mid) else (mid, hi)
         return lo if self.stop_strategy == "first_exhausted" else hi
 
+    def _refuse_unread(self, last: Weights, drawn: np.ndarray, lengths: dict[int, int]) -> None:
+        """Under ``all_exhausted``, refuse a last stage that weighs 0 a source not read through by its start (``drawn``
+        before it): the mixture would never end."""
+        for c, size in lengths.items():
+            if last.get(self._canon[c], 0.0) == 0 and drawn[c] < size:
+                raise ValueError(
+                    f"stop_strategy 'all_exhausted': source {self._canon[c]!r} has weight 0 in the last stage and only "
+                    f"{int(drawn[c])} of its {int(size)} examples are drawn before it, so the mixture would never end"
+                )
+
     def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
         idx = as_indices(indices)
-        final = self.final_len()
+        final = self._end()
         if final is not None and idx.size and int(idx.max()) >= final:
             raise IndexError(f"{self!r}: index {int(idx.max())} is beyond its {final} examples ({self.stop_strategy})")
         canon, examples = self._examples(idx)
@@ -508,5 +534,6 @@ class MixtureDataset(Dataset):
                 continue
             ds = self._source(c)
             n = ds.length("usage needs the source's length")
-            out[name] = SourceUsage(drawn, drawn * ds.tokens_per_example, drawn // n, drawn / n)
+            epoch, completed = (drawn // n, drawn / n) if n else (0, 0.0)  # an empty source has no epoch to complete
+            out[name] = SourceUsage(drawn, drawn * ds.tokens_per_example, epoch, completed)
         return {name: out[name] for name in self.names}

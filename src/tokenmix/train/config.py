@@ -11,6 +11,7 @@ import draccus
 
 from tokenmix.config.loading import ConfigError, data_section_config, explain_error, parse_overrides, read_yaml, set_path
 from tokenmix.config.mixture import LMMixtureDatasetConfig
+from tokenmix.loader.batch_schedule import BatchSchedule
 from tokenmix.train.model import ModelConfig
 
 
@@ -86,7 +87,8 @@ class TrainerConfig:
 @dataclass(frozen=True)
 class TrainLmConfig:
     """``data`` + ``trainer`` + ``model``; refused when an example has more tokens than the model has positions (they
-    would share the last position's embedding, silently)."""
+    would share the last position's embedding, silently), or when the data's batch size is not the trainer's (its weight
+    stages would switch at other steps than they name)."""
 
     data: LMMixtureDatasetConfig
     trainer: TrainerConfig
@@ -101,6 +103,12 @@ class TrainLmConfig:
             raise ValueError(f"{what} than model.max_position {self.model.max_position}: positions past "
                              f"{self.model.max_position - 1} would have no embedding of their own. Raise model.max_position to at "
                              f"least {width}, or lower trainer.seq_len to at most {self.model.max_position - extra}")
+        data_sizes = self.data.batch_schedule()
+        if data_sizes is not None and data_sizes != BatchSchedule.of(self.trainer.train_batch_size):
+            raise ValueError(f"data.batch_size {self.data.batch_size} differs from trainer.train_batch_size {self.trainer.train_batch_size}: "
+                             "the data's weight stages (train_weights) and max_train_batches count steps of data.batch_size's "
+                             "batches and training takes the trainer's, so each stage would switch at another step than the one "
+                             "it names. Remove data.batch_size (the data section takes the trainer's), or make the two equal")
 
 
 def load_train_config(path: str, overrides: Sequence[str] = ()) -> TrainLmConfig:
