@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -57,8 +58,12 @@ def mixture(tmp_path, sources: dict, **extra) -> tokenmix.LMMixtureDatasetConfig
     return tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "caches"), "configs": sources, **extra})
 
 
-def write_megatron_by_hand(prefix: str, docs: list[np.ndarray], dtype: np.dtype, code: int) -> None:
-    """The indexed-dataset layout as megatron/core/datasets/indexed_dataset.py documents it, written without tokenmix."""
+def write_megatron_by_hand(prefix: str, docs: list[np.ndarray], dtype: np.dtype, code: int,
+                           document_indices: list[int] | None = None) -> None:
+    """The indexed-dataset layout as megatron/core/datasets/indexed_dataset.py documents it, written without tokenmix
+    (``document_indices``: the index's first sequence of each document, one per sequence unless given)."""
+    if document_indices is None:
+        document_indices = list(range(len(docs) + 1))
     lengths = np.array([len(d) for d in docs], np.int32)
     pointers = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) * np.dtype(dtype).itemsize
     with open(prefix + ".bin", "wb") as f:
@@ -66,8 +71,8 @@ def write_megatron_by_hand(prefix: str, docs: list[np.ndarray], dtype: np.dtype,
             f.write(np.asarray(d, dtype).tobytes())
     with open(prefix + ".idx", "wb") as f:
         f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", code))
-        f.write(struct.pack("<Q", len(docs)) + struct.pack("<Q", len(docs) + 1))
-        f.write(lengths.tobytes() + pointers.tobytes() + np.arange(len(docs) + 1, dtype=np.int64).tobytes())
+        f.write(struct.pack("<Q", len(docs)) + struct.pack("<Q", len(document_indices)))
+        f.write(lengths.tobytes() + pointers.tobytes() + np.array(document_indices, np.int64).tobytes())
 
 
 @pytest.mark.parametrize("kind", ["megatron", "datatrove", "nanoset"])
@@ -331,6 +336,37 @@ def test_damaged_megatron_files_are_refused_naming_the_file(tmp_path, text_cache
     config = mixture(tmp_path, {"m": {"train_urls": [prefix], "token_files": {"kind": "megatron"}}})
     with pytest.raises(TokenFileError, match=message):
         tokenmix.open_cache(config, "m")
+
+
+@pytest.mark.parametrize("document_indices,message", [
+    ([0, 1, 5], "ends at sequence 5, not at the 3 sequences"),
+    ([0, 1], "ends at sequence 1, not at the 3 sequences"),
+    ([1, 2, 3], "starts at sequence 1, not 0"),
+    ([0, 2, 1, 3], "goes back from sequence 2 to 1"),
+    ([], "has no entries"),
+])
+def test_a_megatron_document_index_that_does_not_cover_the_sequences_is_refused(tmp_path, document_indices, message):
+    """Before, the document index was not read: one that megatron-core refuses (its last entry must be the sequence
+    count) was opened, and its document count reported, as if whole."""
+    write_megatron_by_hand(str(tmp_path / "d"), [np.arange(1, 4), np.arange(4, 6), np.arange(6, 9)], np.uint16, 8, document_indices)
+    config = mixture(tmp_path, {"m": {"train_urls": [str(tmp_path / "d")], "token_files": {"kind": "megatron"}}})
+    with pytest.raises(TokenFileError, match=rf"{re.escape(str(tmp_path / 'd.idx'))}: the document index .*{message}.*damaged"):
+        tokenmix.open_cache(config, "m")
+
+
+@pytest.mark.parametrize("index,message", [
+    (b"", "lists no documents, but the file holds 10 tokens"),
+    (np.array([4, 10], "<u8").tobytes() + b"\x01", "17 bytes is not a whole number of 8-byte document ends"),
+])
+def test_a_datatrove_index_that_lists_no_documents_or_has_a_partial_entry_is_refused(tmp_path, index, message):
+    """Before, an empty ``.ds.index`` gave a file of 10 tokens no documents (every token silently dropped), and a
+    trailing partial entry was ignored."""
+    path = tmp_path / "d.ds"
+    np.arange(1, 11, dtype="<u2").tofile(path)
+    (tmp_path / "d.ds.index").write_bytes(index)
+    config = mixture(tmp_path, {"d": {"train_urls": [str(path)], "token_files": {"kind": "datatrove"}}})
+    with pytest.raises(TokenFileError, match=rf"{re.escape(str(path))}.index: {message}"):
+        tokenmix.open_cache(config, "d")
 
 
 def test_nanoset_and_datatrove_errors_name_the_fix(tmp_path, text_cache):

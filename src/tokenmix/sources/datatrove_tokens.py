@@ -67,10 +67,7 @@ def open_datatrove(path: str, dtype: str | None = None) -> TokenFile:
     count = nbytes // token_dtype.itemsize
     tokens = np.memmap(path, token_dtype, mode="r", shape=(count,)).view(np.ndarray) if count else np.empty(0, token_dtype)
     if os.path.exists(path + ".index"):
-        ends = np.fromfile(path + ".index", np.dtype("<u8")).astype(np.int64)
-        if ends.size and (ends[-1] != count or np.any(np.diff(ends) <= 0) or ends[0] <= 0):
-            raise TokenFileError(f"{path}.index: document ends must increase to the file's {count} tokens (last is "
-                                 f"{int(ends[-1])}); the index belongs to another file or is damaged")
+        ends = _document_ends(path + ".index", count)
     else:
         logger.warning("%s has no .index file: its tokens are read as one document", path)
         ends = document_ends(tokens, None)
@@ -80,3 +77,20 @@ def open_datatrove(path: str, dtype: str | None = None) -> TokenFile:
             raise TokenFileError(f"{path}.loss: {os.path.getsize(path + '.loss')} bytes, not one per token ({count})")
         loss = np.memmap(path + ".loss", np.uint8, mode="r", shape=(count,)).view(np.ndarray) if count else np.empty(0, np.uint8)
     return TokenFile(path, tokens, ends, loss, info={"format": "datatrove", "dtype": token_dtype.name, "tokenizer": tokenizer})
+
+
+def _document_ends(index_path: str, count: int) -> np.ndarray:
+    """The document ends a ``.ds.index`` lists, refused unless they are whole uint64 entries that increase to ``count``:
+    an empty index over tokens would give them no documents, and a partial entry is a cut or damaged file."""
+    nbytes = os.path.getsize(index_path)
+    if nbytes % 8:
+        raise TokenFileError(f"{index_path}: {nbytes} bytes is not a whole number of 8-byte document ends; the index is cut "
+                             "short or damaged: write it again with datatrove's tokenizer")
+    ends = np.fromfile(index_path, np.dtype("<u8")).astype(np.int64)
+    if not ends.size and count:
+        raise TokenFileError(f"{index_path}: lists no documents, but the file holds {count} tokens; the index is damaged "
+                             "or belongs to another file: write it again with datatrove's tokenizer")
+    if ends.size and (ends[-1] != count or np.any(np.diff(ends) <= 0) or ends[0] <= 0):
+        raise TokenFileError(f"{index_path}: document ends must increase to the file's {count} tokens (last is "
+                             f"{int(ends[-1])}); the index belongs to another file or is damaged")
+    return ends
