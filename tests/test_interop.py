@@ -369,6 +369,17 @@ def test_a_datatrove_index_that_lists_no_documents_or_has_a_partial_entry_is_ref
         tokenmix.open_cache(config, "d")
 
 
+def test_datatrove_files_whose_metadata_names_only_the_tokenizer_are_read_as_uint16(tmp_path):
+    """datatrove before its token_size option wrote uint16 tokens and a ``.metadata`` whose first line is the tokenizer
+    name alone (then the token count); before, such files were refused as if the metadata were damaged."""
+    path = tmp_path / "00000_shuffled.ds"
+    np.array([7, 8, 9, 10, 11], "<u2").tofile(path)
+    np.array([2, 5], "<u8").tofile(tmp_path / "00000_shuffled.ds.index")
+    (tmp_path / "00000_shuffled.ds.metadata").write_text("gpt2\n5\n5T")
+    config = mixture(tmp_path, {"d": {"train_urls": [str(path)], "token_files": {"kind": "datatrove"}}})
+    assert [r.tolist() for r in rows_of(tokenmix.open_cache(config, "d"))] == [[7, 8], [9, 10, 11]]
+
+
 def test_nanoset_and_datatrove_errors_name_the_fix(tmp_path, text_cache):
     np.arange(10, dtype=np.uint16).tofile(tmp_path / "x_input_ids.npy")
     with pytest.raises(TokenFileError, match="set token_files.dtype"):

@@ -1,6 +1,7 @@
 """datatrove's tokenized files: ``name.ds`` (raw little-endian tokens), ``name.ds.index`` (uint64 end of each
 document, in tokens), and optionally ``name.ds.loss`` (one byte per token: trained on or not) and ``name.ds.metadata``
-(``tokenizer|token size`` on its first line, then the token count).
+(``tokenizer|token size`` on its first line, or the tokenizer alone before datatrove's ``token_size``; then the token
+count).
 """
 
 from __future__ import annotations
@@ -35,12 +36,15 @@ def datatrove_files(urls: list[str]) -> list[str]:
 
 
 def read_metadata(path: str) -> tuple[str | None, int | None]:
-    """The tokenizer name and token size a ``.ds.metadata`` file records, or (None, None) where there is none."""
+    """The tokenizer name and token size a ``.ds.metadata`` file records, or (None, None) where there is none. datatrove
+    before its ``token_size`` option wrote the tokenizer name alone (its tokens were all uint16): the size is then None."""
     try:
         with open(path + ".metadata", encoding="utf-8") as f:
             first = f.readline().strip()
     except FileNotFoundError:
         return None, None
+    if "|" not in first:
+        return first or None, None
     name, _, size = first.rpartition("|")
     if not size.isdigit():
         raise TokenFileError(f"{path}.metadata: first line {first!r} is not `tokenizer|token size`, as datatrove writes it")
