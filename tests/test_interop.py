@@ -536,6 +536,39 @@ def test_a_cerebras_summarization_export_reads_back_with_its_loss_masks(tmp_path
         tokenmix.open_cache(mixture(tmp_path, {"x": {"train_urls": [str(tmp_path)], "token_files": {"kind": "hdf5"}}}), "x")
 
 
+def _cut_in_half(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _samples_of_another_length(path: Path) -> None:
+    import h5py
+
+    path.unlink()
+    with h5py.File(path, "w") as h5:
+        h5.create_dataset("data", data=np.ones((2, 3, 64), np.int32))
+
+
+@pytest.mark.parametrize("damage,message", [
+    (_cut_in_half, r"{second}: cannot be read as HDF5 \(.*truncated.*\); the file is cut short or damaged"),
+    (lambda path: path.write_bytes(b"not hdf5" * 100), r"{second}: cannot be read as HDF5 \(.*signature.*\)"),
+    (_samples_of_another_length, r"{second}: samples of 64 positions, but {first}'s are 300"),
+    (lambda path: (path.parent / "data_params.json").write_text("{setup: 1}"),
+     r"{params}: not JSON \(.* line 1, column 2\)"),
+])
+def test_a_damaged_cerebras_hdf5_directory_is_refused_naming_the_file(tmp_path, text_cache, damage, message):
+    """Before, h5py's and numpy's errors came through bare: "Unable to synchronously open file (truncated file ...)" and
+    "all the input array dimensions ... must match", naming no file of the directory."""
+    from tokenmix.export import Hdf5ExportOptions, export_hdf5
+
+    export_hdf5(text_cache, str(tmp_path / "h5"), Hdf5ExportOptions(max_seq_length=300, files_per_record=1000), progress=False)
+    first, second = sorted((tmp_path / "h5").glob("*.h5"))[:2]
+    damage(second)
+    config = mixture(tmp_path, {"h5": {"train_urls": [str(tmp_path / "h5")], "token_files": {"kind": "hdf5"}}})
+    names = {"first": re.escape(first.name), "second": re.escape(str(second)), "params": re.escape(str(tmp_path / "h5" / "data_params.json"))}
+    with pytest.raises(TokenFileError, match=message.format(**names)):
+        tokenmix.open_cache(config, "h5")
+
+
 def test_datatrove_windows_stay_inside_each_file_as_nanotrons_datatrove_nanosets_read_them(tmp_path, text_cache):
     """DatatroveFolderDataset: file after file, windows of seq_len + 1 tokens with no overlap, a file's partial last
     window left out (its len is tokens // (seq_len + 1)); each window's segment ids restart at each document."""
