@@ -326,6 +326,7 @@ def test_a_symbolic_link_where_an_export_writes_its_partial_file_is_refused_and_
 @pytest.mark.parametrize("damage,message", [
     (lambda p: open(p + ".idx", "r+b").write(b"NOTMEGA"), "not a Megatron index"),
     (lambda p: os.truncate(p + ".idx", 40), "the file is truncated"),
+    (lambda p: os.truncate(p + ".idx", 0), r"web.idx: 0 bytes is shorter than the Megatron index header; the file is truncated"),
     (lambda p: os.truncate(p + ".bin", 100), "the .bin file is truncated"),
     (lambda p: os.remove(p + ".idx"), "no such file"),
 ])
@@ -378,6 +379,26 @@ def test_datatrove_files_whose_metadata_names_only_the_tokenizer_are_read_as_uin
     (tmp_path / "00000_shuffled.ds.metadata").write_text("gpt2\n5\n5T")
     config = mixture(tmp_path, {"d": {"train_urls": [str(path)], "token_files": {"kind": "datatrove"}}})
     assert [r.tolist() for r in rows_of(tokenmix.open_cache(config, "d"))] == [[7, 8], [9, 10, 11]]
+
+
+def _npy_object_array(path: Path) -> None:
+    np.save(path, np.array(["a", "b"], dtype=object), allow_pickle=True)
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda path: os.truncate(path, path.stat().st_size - 51), "mmap length is greater than file size"),
+    (lambda path: os.truncate(path, 9), "reading array header length"),
+    (_npy_object_array, "Python objects in dtype"),
+])
+def test_a_headed_nanoset_file_that_numpy_cannot_map_is_refused_naming_the_file(tmp_path, damage, message):
+    """Before, numpy's ValueError came through bare ("mmap length is greater than file size"), naming no file."""
+    path = tmp_path / "x_input_ids.npy"
+    np.save(path, np.arange(100, dtype=np.uint16))
+    damage(path)
+    config = mixture(tmp_path, {"n": {"train_urls": [str(path)], "token_files": {"kind": "nanoset"}}})
+    with pytest.raises(TokenFileError, match=rf"{re.escape(str(path))}: numpy cannot map it as a .npy array \(.*{message}.*\); the "
+                                             "file is cut short or damaged"):
+        tokenmix.open_cache(config, "n")
 
 
 def test_nanoset_and_datatrove_errors_name_the_fix(tmp_path, text_cache):

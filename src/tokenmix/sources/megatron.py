@@ -41,9 +41,9 @@ def open_megatron(prefix: str) -> TokenFile:
         if not os.path.exists(path):
             raise TokenFileError(f"{path}: no such file; a Megatron source names the common prefix of its .bin and .idx files "
                                  "(or either file)")
+    if (idx_size := os.path.getsize(idx_path)) < HEADER.size:  # before mapping it: numpy cannot map an empty file
+        raise TokenFileError(f"{idx_path}: {idx_size} bytes is shorter than the Megatron index header; the file is truncated")
     index = np.memmap(idx_path, np.uint8, mode="r")
-    if len(index) < HEADER.size:
-        raise TokenFileError(f"{idx_path}: {len(index)} bytes is shorter than the Megatron index header; the file is truncated")
     magic, version, code, sequences, documents = HEADER.unpack(bytes(index[: HEADER.size]))
     if magic != MAGIC:
         raise TokenFileError(f"{idx_path}: not a Megatron index (starts with {magic!r}, not {MAGIC!r})")
