@@ -401,6 +401,16 @@ def test_a_headed_nanoset_file_that_numpy_cannot_map_is_refused_naming_the_file(
         tokenmix.open_cache(config, "n")
 
 
+def test_a_datatrove_document_of_no_tokens_is_read_as_an_empty_document(tmp_path):
+    """datatrove's tokenizer writes a document whose tokens were all cut off with its loss values (or one of no text and
+    no EOS) as an end equal to the one before; before, such an index was refused as "must increase"."""
+    path = tmp_path / "d.ds"
+    np.array([7, 8, 9, 10, 11], "<u2").tofile(path)
+    np.array([0, 2, 2, 5], "<u8").tofile(tmp_path / "d.ds.index")
+    config = mixture(tmp_path, {"d": {"train_urls": [str(path)], "token_files": {"kind": "datatrove"}}})
+    assert [r.tolist() for r in rows_of(tokenmix.open_cache(config, "d"))] == [[], [7, 8], [], [9, 10, 11]]
+
+
 def test_nanoset_and_datatrove_errors_name_the_fix(tmp_path, text_cache):
     np.arange(10, dtype=np.uint16).tofile(tmp_path / "x_input_ids.npy")
     with pytest.raises(TokenFileError, match="set token_files.dtype"):

@@ -84,8 +84,10 @@ def open_datatrove(path: str, dtype: str | None = None) -> TokenFile:
 
 
 def _document_ends(index_path: str, count: int) -> np.ndarray:
-    """The document ends a ``.ds.index`` lists, refused unless they are whole uint64 entries that increase to ``count``:
-    an empty index over tokens would give them no documents, and a partial entry is a cut or damaged file."""
+    """The document ends a ``.ds.index`` lists, refused unless they are whole uint64 entries that never decrease and end at
+    ``count``: an empty index over tokens would give them no documents, and a partial entry is a cut or damaged file. An
+    end equal to the one before is a document of no tokens, which datatrove writes where a document's loss values cut
+    all of its tokens off."""
     nbytes = os.path.getsize(index_path)
     if nbytes % 8:
         raise TokenFileError(f"{index_path}: {nbytes} bytes is not a whole number of 8-byte document ends; the index is cut "
@@ -94,7 +96,7 @@ def _document_ends(index_path: str, count: int) -> np.ndarray:
     if not ends.size and count:
         raise TokenFileError(f"{index_path}: lists no documents, but the file holds {count} tokens; the index is damaged "
                              "or belongs to another file: write it again with datatrove's tokenizer")
-    if ends.size and (ends[-1] != count or np.any(np.diff(ends) <= 0) or ends[0] <= 0):
-        raise TokenFileError(f"{index_path}: document ends must increase to the file's {count} tokens (last is "
-                             f"{int(ends[-1])}); the index belongs to another file or is damaged")
+    if ends.size and (ends[-1] != count or np.any(np.diff(ends) < 0) or ends[0] < 0):
+        raise TokenFileError(f"{index_path}: document ends must increase (or stay, for a document of no tokens) to the file's "
+                             f"{count} tokens (last is {int(ends[-1])}); the index belongs to another file or is damaged")
     return ends
