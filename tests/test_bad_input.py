@@ -104,3 +104,16 @@ def test_a_clean_build_counts_every_record(tmp_path):
     stats = build(str(tmp_path / "cache"), [url])
     assert stats["records"] == stats["documents"] == 8
     assert stats["skipped_records"] == 0
+
+
+def test_json_lines_with_python_json_constants_or_big_integers_are_read_as_python_json_reads_them(tmp_path):
+    """Python's json.dumps writes NaN and Infinity, and any integer; Levanter reads JSON lines with json.loads (and
+    Hugging Face's pyarrow reads NaN and Infinity too). Before, such records were malformed_json (orjson refuses them);
+    a lone surrogate escape, which no tokenizer can take, stays malformed."""
+    extra = [json.dumps({"text": f"document with a {name} score", "score": value}).encode()
+             for name, value in (("NaN", float("nan")), ("infinite", float("inf")), ("negative infinite", float("-inf")),
+                                 ("huge", 2**70))]
+    url = write_lines(tmp_path / "shard.jsonl", GOOD[:2] + extra + [b'{"text": "lone \\ud800 surrogate"}'] + GOOD[2:])
+    stats = build(str(tmp_path / "cache"), [url], on_error="skip")
+    assert stats["documents"] == len(GOOD) + len(extra)
+    assert stats["skipped_by_reason"] == {"malformed_json": 1}

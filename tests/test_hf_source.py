@@ -6,7 +6,7 @@ import pytest
 from helpers import DEMO_CORPUS, TOKENIZER, read_jsonl_zst
 
 from tokenmix import LMDatasetSourceConfig, LMMixtureDatasetConfig, build_caches, open_cache
-from tokenmix.sources import HfDatasetShard
+from tokenmix.sources import HfDatasetShard, ShardReadError
 
 
 @pytest.fixture(scope="module")
@@ -38,3 +38,15 @@ def test_hf_source_builds_both_splits(hf_dir, tmp_path, hf_tokenizer):
     first = json.loads((hf_dir / "validation.jsonl").read_text().splitlines()[0])["text"]
     cache = open_cache(config, "web", "validation")
     assert cache[0].tolist() == hf_tokenizer(first, add_special_tokens=False)["input_ids"] + [0]
+
+
+def test_a_streamed_split_whose_data_breaks_mid_read_is_a_shard_error_naming_it(tmp_path):
+    """Before, the error ``datasets`` raised while streaming (here pyarrow's) escaped ``read`` bare: no shard error, so the
+    build's error policy never saw it and the message named no source."""
+    lines = [json.dumps({"text": f"document {i}"}) for i in range(100)]
+    lines[50] = '{"text": unquoted}'
+    (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
+    shard = HfDatasetShard(str(tmp_path), None, "train", stream=True)
+    with pytest.raises(ShardReadError, match=rf"hf://{tmp_path}/train: unreadable_file after \d+ records: ArrowInvalid: JSON parse error"):
+        for _ in shard.read(0, chunk_bytes=100):
+            pass

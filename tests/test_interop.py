@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -57,8 +58,12 @@ def mixture(tmp_path, sources: dict, **extra) -> tokenmix.LMMixtureDatasetConfig
     return tokenmix.load_data_config({"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "caches"), "configs": sources, **extra})
 
 
-def write_megatron_by_hand(prefix: str, docs: list[np.ndarray], dtype: np.dtype, code: int) -> None:
-    """The indexed-dataset layout as megatron/core/datasets/indexed_dataset.py documents it, written without tokenmix."""
+def write_megatron_by_hand(prefix: str, docs: list[np.ndarray], dtype: np.dtype, code: int,
+                           document_indices: list[int] | None = None) -> None:
+    """The indexed-dataset layout as megatron/core/datasets/indexed_dataset.py documents it, written without tokenmix
+    (``document_indices``: the index's first sequence of each document, one per sequence unless given)."""
+    if document_indices is None:
+        document_indices = list(range(len(docs) + 1))
     lengths = np.array([len(d) for d in docs], np.int32)
     pointers = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) * np.dtype(dtype).itemsize
     with open(prefix + ".bin", "wb") as f:
@@ -66,8 +71,8 @@ def write_megatron_by_hand(prefix: str, docs: list[np.ndarray], dtype: np.dtype,
             f.write(np.asarray(d, dtype).tobytes())
     with open(prefix + ".idx", "wb") as f:
         f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", code))
-        f.write(struct.pack("<Q", len(docs)) + struct.pack("<Q", len(docs) + 1))
-        f.write(lengths.tobytes() + pointers.tobytes() + np.arange(len(docs) + 1, dtype=np.int64).tobytes())
+        f.write(struct.pack("<Q", len(docs)) + struct.pack("<Q", len(document_indices)))
+        f.write(lengths.tobytes() + pointers.tobytes() + np.array(document_indices, np.int64).tobytes())
 
 
 @pytest.mark.parametrize("kind", ["megatron", "datatrove", "nanoset"])
@@ -321,6 +326,7 @@ def test_a_symbolic_link_where_an_export_writes_its_partial_file_is_refused_and_
 @pytest.mark.parametrize("damage,message", [
     (lambda p: open(p + ".idx", "r+b").write(b"NOTMEGA"), "not a Megatron index"),
     (lambda p: os.truncate(p + ".idx", 40), "the file is truncated"),
+    (lambda p: os.truncate(p + ".idx", 0), r"web.idx: 0 bytes is shorter than the Megatron index header; the file is truncated"),
     (lambda p: os.truncate(p + ".bin", 100), "the .bin file is truncated"),
     (lambda p: os.remove(p + ".idx"), "no such file"),
 ])
@@ -331,6 +337,78 @@ def test_damaged_megatron_files_are_refused_naming_the_file(tmp_path, text_cache
     config = mixture(tmp_path, {"m": {"train_urls": [prefix], "token_files": {"kind": "megatron"}}})
     with pytest.raises(TokenFileError, match=message):
         tokenmix.open_cache(config, "m")
+
+
+@pytest.mark.parametrize("document_indices,message", [
+    ([0, 1, 5], "ends at sequence 5, not at the 3 sequences"),
+    ([0, 1], "ends at sequence 1, not at the 3 sequences"),
+    ([1, 2, 3], "starts at sequence 1, not 0"),
+    ([0, 2, 1, 3], "goes back from sequence 2 to 1"),
+    ([], "has no entries"),
+])
+def test_a_megatron_document_index_that_does_not_cover_the_sequences_is_refused(tmp_path, document_indices, message):
+    """Before, the document index was not read: one that megatron-core refuses (its last entry must be the sequence
+    count) was opened, and its document count reported, as if whole."""
+    write_megatron_by_hand(str(tmp_path / "d"), [np.arange(1, 4), np.arange(4, 6), np.arange(6, 9)], np.uint16, 8, document_indices)
+    config = mixture(tmp_path, {"m": {"train_urls": [str(tmp_path / "d")], "token_files": {"kind": "megatron"}}})
+    with pytest.raises(TokenFileError, match=rf"{re.escape(str(tmp_path / 'd.idx'))}: the document index .*{message}.*damaged"):
+        tokenmix.open_cache(config, "m")
+
+
+@pytest.mark.parametrize("index,message", [
+    (b"", "lists no documents, but the file holds 10 tokens"),
+    (np.array([4, 10], "<u8").tobytes() + b"\x01", "17 bytes is not a whole number of 8-byte document ends"),
+])
+def test_a_datatrove_index_that_lists_no_documents_or_has_a_partial_entry_is_refused(tmp_path, index, message):
+    """Before, an empty ``.ds.index`` gave a file of 10 tokens no documents (every token silently dropped), and a
+    trailing partial entry was ignored."""
+    path = tmp_path / "d.ds"
+    np.arange(1, 11, dtype="<u2").tofile(path)
+    (tmp_path / "d.ds.index").write_bytes(index)
+    config = mixture(tmp_path, {"d": {"train_urls": [str(path)], "token_files": {"kind": "datatrove"}}})
+    with pytest.raises(TokenFileError, match=rf"{re.escape(str(path))}.index: {message}"):
+        tokenmix.open_cache(config, "d")
+
+
+def test_datatrove_files_whose_metadata_names_only_the_tokenizer_are_read_as_uint16(tmp_path):
+    """datatrove before its token_size option wrote uint16 tokens and a ``.metadata`` whose first line is the tokenizer
+    name alone (then the token count); before, such files were refused as if the metadata were damaged."""
+    path = tmp_path / "00000_shuffled.ds"
+    np.array([7, 8, 9, 10, 11], "<u2").tofile(path)
+    np.array([2, 5], "<u8").tofile(tmp_path / "00000_shuffled.ds.index")
+    (tmp_path / "00000_shuffled.ds.metadata").write_text("gpt2\n5\n5T")
+    config = mixture(tmp_path, {"d": {"train_urls": [str(path)], "token_files": {"kind": "datatrove"}}})
+    assert [r.tolist() for r in rows_of(tokenmix.open_cache(config, "d"))] == [[7, 8], [9, 10, 11]]
+
+
+def _npy_object_array(path: Path) -> None:
+    np.save(path, np.array(["a", "b"], dtype=object), allow_pickle=True)
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda path: os.truncate(path, path.stat().st_size - 51), "mmap length is greater than file size"),
+    (lambda path: os.truncate(path, 9), "reading array header length"),
+    (_npy_object_array, "Python objects in dtype"),
+])
+def test_a_headed_nanoset_file_that_numpy_cannot_map_is_refused_naming_the_file(tmp_path, damage, message):
+    """Before, numpy's ValueError came through bare ("mmap length is greater than file size"), naming no file."""
+    path = tmp_path / "x_input_ids.npy"
+    np.save(path, np.arange(100, dtype=np.uint16))
+    damage(path)
+    config = mixture(tmp_path, {"n": {"train_urls": [str(path)], "token_files": {"kind": "nanoset"}}})
+    with pytest.raises(TokenFileError, match=rf"{re.escape(str(path))}: numpy cannot map it as a .npy array \(.*{message}.*\); the "
+                                             "file is cut short or damaged"):
+        tokenmix.open_cache(config, "n")
+
+
+def test_a_datatrove_document_of_no_tokens_is_read_as_an_empty_document(tmp_path):
+    """datatrove's tokenizer writes a document whose tokens were all cut off with its loss values (or one of no text and
+    no EOS) as an end equal to the one before; before, such an index was refused as "must increase"."""
+    path = tmp_path / "d.ds"
+    np.array([7, 8, 9, 10, 11], "<u2").tofile(path)
+    np.array([0, 2, 2, 5], "<u8").tofile(tmp_path / "d.ds.index")
+    config = mixture(tmp_path, {"d": {"train_urls": [str(path)], "token_files": {"kind": "datatrove"}}})
+    assert [r.tolist() for r in rows_of(tokenmix.open_cache(config, "d"))] == [[], [7, 8], [], [9, 10, 11]]
 
 
 def test_nanoset_and_datatrove_errors_name_the_fix(tmp_path, text_cache):
@@ -487,6 +565,39 @@ def test_a_cerebras_summarization_export_reads_back_with_its_loss_masks(tmp_path
         tokenmix.open_cache(config, "fim")
     with pytest.raises(TokenFileError, match="no data_params.json"):
         tokenmix.open_cache(mixture(tmp_path, {"x": {"train_urls": [str(tmp_path)], "token_files": {"kind": "hdf5"}}}), "x")
+
+
+def _cut_in_half(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _samples_of_another_length(path: Path) -> None:
+    import h5py
+
+    path.unlink()
+    with h5py.File(path, "w") as h5:
+        h5.create_dataset("data", data=np.ones((2, 3, 64), np.int32))
+
+
+@pytest.mark.parametrize("damage,message", [
+    (_cut_in_half, r"{second}: cannot be read as HDF5 \(.*truncated.*\); the file is cut short or damaged"),
+    (lambda path: path.write_bytes(b"not hdf5" * 100), r"{second}: cannot be read as HDF5 \(.*signature.*\)"),
+    (_samples_of_another_length, r"{second}: samples of 64 positions, but {first}'s are 300"),
+    (lambda path: (path.parent / "data_params.json").write_text("{setup: 1}"),
+     r"{params}: not JSON \(.* line 1, column 2\)"),
+])
+def test_a_damaged_cerebras_hdf5_directory_is_refused_naming_the_file(tmp_path, text_cache, damage, message):
+    """Before, h5py's and numpy's errors came through bare: "Unable to synchronously open file (truncated file ...)" and
+    "all the input array dimensions ... must match", naming no file of the directory."""
+    from tokenmix.export import Hdf5ExportOptions, export_hdf5
+
+    export_hdf5(text_cache, str(tmp_path / "h5"), Hdf5ExportOptions(max_seq_length=300, files_per_record=1000), progress=False)
+    first, second = sorted((tmp_path / "h5").glob("*.h5"))[:2]
+    damage(second)
+    config = mixture(tmp_path, {"h5": {"train_urls": [str(tmp_path / "h5")], "token_files": {"kind": "hdf5"}}})
+    names = {"first": re.escape(first.name), "second": re.escape(str(second)), "params": re.escape(str(tmp_path / "h5" / "data_params.json"))}
+    with pytest.raises(TokenFileError, match=message.format(**names)):
+        tokenmix.open_cache(config, "h5")
 
 
 def test_datatrove_windows_stay_inside_each_file_as_nanotrons_datatrove_nanosets_read_them(tmp_path, text_cache):

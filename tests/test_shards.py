@@ -130,6 +130,21 @@ def test_truncated_zstd_and_gzip_are_errors_not_short_reads(tmp_path):
         assert err.value.position == seen > 0
 
 
+def test_a_zstd_frame_needing_a_larger_window_than_readers_allow_is_refused_with_the_fix_not_as_corrupt(tmp_path):
+    """A frame written with ``zstd --long=28`` is sound, but zstd's readers refuse its 256 MiB window unless told; before,
+    it was called corrupt ("no record decoded from the file can be trusted: copy it again"), which no copy mends."""
+    lines = [json.dumps(r).encode() + b"\n" for r in RECORDS]
+    long_window = zstandard.ZstdCompressor(compression_params=zstandard.ZstdCompressionParameters(window_log=28))
+    streamed = long_window.compressobj()  # no content size in the header: the frame declares its window
+    path = tmp_path / "long.jsonl.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(b"".join(lines[:10])) + streamed.compress(b"".join(lines[10:])) + streamed.flush())
+    with pytest.raises(ShardReadError) as err:
+        records_of(str(path))
+    assert err.value.reason == "unreadable_file" and err.value.position == 10
+    assert "needs a 256 MiB window (written with zstd --long=28)" in err.value.detail
+    assert "zstd -dc --long=31" in err.value.detail
+
+
 def test_missing_file_is_a_shard_error(tmp_path):
     with pytest.raises(ShardReadError) as err:
         list(FileShard(str(tmp_path / "nope.jsonl")).read())

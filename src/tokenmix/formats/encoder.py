@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -344,11 +345,19 @@ def _token_spans(bounds: np.ndarray, char_spans: list[tuple[int, int]]) -> list[
 
 
 def _parse_json_line(line: bytes) -> Any:
+    """One JSON line as Python's ``json`` reads it (as Levanter does): orjson first, and where it refuses, ``json.loads``,
+    which also takes Python's ``NaN``, ``Infinity`` and integers of any size; a value holding a string no tokenizer can
+    take (a lone surrogate escape) stays malformed."""
     try:
         return orjson.loads(line)
     except orjson.JSONDecodeError as e:
         try:
-            line.decode("utf-8")
+            text = line.decode("utf-8")
         except UnicodeDecodeError as u:
             raise BadRecordError("invalid_utf8", f"byte {u.start} of the line is not valid UTF-8") from None
-        raise BadRecordError("malformed_json", str(e)) from None
+        try:
+            value = json.loads(text)
+            json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError for a lone surrogate
+            return value
+        except (ValueError, TypeError):
+            raise BadRecordError("malformed_json", str(e)) from None

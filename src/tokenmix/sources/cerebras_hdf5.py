@@ -40,6 +40,23 @@ def _params(directory: str) -> dict:
     except FileNotFoundError:
         raise TokenFileError(f"{directory}: no {DATA_PARAMS}; a Cerebras HDF5 source names the directory of a finished export "
                              "(its .h5 files and data_params.json)") from None
+    except json.JSONDecodeError as e:
+        raise TokenFileError(f"{path}: not JSON ({e.msg} at line {e.lineno}, column {e.colno}); the export wrote it as JSON: "
+                             "correct it there, or export the samples again") from None
+
+
+def _samples(path: str) -> np.ndarray:
+    """The ``[n, 3, max_seq_length]`` samples of one ``.h5`` file; a file h5py cannot read is refused naming it."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as h5:
+            if "data" not in h5 or h5["data"].ndim != 3 or h5["data"].shape[1] != 3:
+                raise TokenFileError(f"{path}: no `data` dataset of [n, 3, max_seq_length] samples")
+            return h5["data"][()]
+    except OSError as e:
+        raise TokenFileError(f"{path}: cannot be read as HDF5 ({e}); the file is cut short or damaged: copy it again, or "
+                             "export the samples again") from None
 
 
 def _setting(params: dict, key: str, default: object) -> object:
@@ -61,8 +78,6 @@ def _mode(params: dict) -> str:
 
 def open_cerebras_hdf5(directory: str, eos_id: int | None = None) -> TokenFile:
     """The documents of one Cerebras HDF5 directory, in memory; ``eos_id`` where ``data_params.json`` records none."""
-    import h5py
-
     directory = local_path(directory, "hdf5").rstrip("/")
     params = _params(directory)
     mode = _mode(params)
@@ -74,10 +89,11 @@ def open_cerebras_hdf5(directory: str, eos_id: int | None = None) -> TokenFile:
         raise TokenFileError(f"{directory}: no .h5 files beside {DATA_PARAMS}")
     parts = []
     for name in names:
-        with h5py.File(os.path.join(directory, name), "r") as h5:
-            if "data" not in h5 or h5["data"].ndim != 3 or h5["data"].shape[1] != 3:
-                raise TokenFileError(f"{os.path.join(directory, name)}: no `data` dataset of [n, 3, max_seq_length] samples")
-            parts.append(h5["data"][()])
+        parts.append(_samples(os.path.join(directory, name)))
+        if parts[-1].shape[2] != parts[0].shape[2]:
+            raise TokenFileError(f"{os.path.join(directory, name)}: samples of {parts[-1].shape[2]} positions, but {names[0]}'s "
+                                 f"are {parts[0].shape[2]}; a directory holds one export of one max_seq_length: give each "
+                                 "export its own directory (and source)")
     samples = np.concatenate(parts)
     if not len(samples):
         return TokenFile(directory, np.empty(0, samples.dtype), np.empty(0, np.int64), info={"format": "cerebras_hdf5", "mode": mode})

@@ -6,7 +6,8 @@ bytes it does not recognize, losing what it decoded before. ``FrameCheckingReade
 (gzip members, zstd frames), hands on every byte decoded before a failure, and then raises one of three errors, each
 naming the byte where it was found: ``TruncatedInputError`` (the input ends inside a frame), ``CorruptInputError`` (the
 decoder refused the data, or a frame's checksum failed: gzip's CRC-32 and length, a zstd frame's content checksum where
-the frame has one), or ``TrailingDataError`` (bytes after a complete frame that begin no frame).
+the frame has one), or ``TrailingDataError`` (bytes after a complete frame that begin no frame); and a fourth for a frame
+the decoder refuses though it may be sound, ``UnsupportedFrameError`` (a zstd window over its readers' default limit).
 """
 
 from __future__ import annotations
@@ -37,6 +38,30 @@ class TrailingDataError(ValueError):
     """Bytes after the last complete frame begin no frame; every frame before them was decoded whole."""
 
 
+class UnsupportedFrameError(ValueError):
+    """A frame asks for more than a reader of the format gives unless told to (a zstd window over its default limit):
+    not known to be damaged, but not read; the message says how to rewrite the file."""
+
+
+ZSTD_WINDOW_LIMIT = 1 << 27
+"""The largest window zstd's decoders accept unless told more (``ZSTD_WINDOWLOG_LIMIT_DEFAULT``: the CLI without
+``--long``/``--memory``, Python's ``zstandard`` without ``max_window_size``); a frame written with ``--long=28`` or more
+asks for a larger one."""
+
+
+def _zstd_window_refusal(head: bytes) -> str | None:
+    """Why a zstd frame beginning with ``head`` is refused though maybe sound (its window is over the limit), or None."""
+    try:
+        window = zstandard.get_frame_parameters(head).window_size
+    except zstandard.ZstdError:
+        return None
+    if window <= ZSTD_WINDOW_LIMIT:
+        return None
+    return (f"needs a {window >> 20:,} MiB window (written with zstd --long={window.bit_length() - 1}), over the "
+            f"{ZSTD_WINDOW_LIMIT >> 20} MiB zstd's readers accept unless told more; rewrite the file with a smaller window: "
+            "zstd -dc --long=31 FILE | zstd -o NEW_FILE")
+
+
 @dataclass(frozen=True)
 class _Format:
     """What ``FrameCheckingReader`` needs to know of a compression format."""
@@ -52,6 +77,8 @@ class _Format:
     """Makes, for one reader, what makes a decoder of one frame (with ``decompress``, ``eof`` and ``unused_data``)."""
     errors: tuple[type[Exception], ...]
     """What the decoder raises for data it refuses."""
+    refusal: Callable[[bytes], str | None] = lambda head: None
+    """Why the decoder refuses a frame beginning with these bytes though it may be sound, or None (then it is corrupt)."""
 
     def starts_frame(self, head: bytes) -> bool | None:
         """Whether bytes begin a frame; None while ``head`` is too short to tell."""
@@ -64,7 +91,7 @@ _FORMATS = {
     "gzip": _Format("gzip", "member", (b"\x1f\x8b",), b"\x00",
                     lambda: functools.partial(zlib.decompressobj, wbits=16 + zlib.MAX_WBITS), (zlib.error,)),
     "zstd": _Format("zstd", "frame", (b"\x28\xb5\x2f\xfd", *(bytes([0x50 + i]) + b"\x2a\x4d\x18" for i in range(16))), b"",
-                    lambda: zstandard.ZstdDecompressor().decompressobj, (zstandard.ZstdError,)),
+                    lambda: zstandard.ZstdDecompressor().decompressobj, (zstandard.ZstdError,), _zstd_window_refusal),
 }
 """zstd's second kind of magic number begins a skippable frame, which its decoder reads as a frame of no data."""
 
@@ -83,6 +110,8 @@ class FrameCheckingReader(io.RawIOBase):
         """The decoder of the frame being read; None between frames."""
         self._frames = 0
         self._frame_start = 0
+        self._frame_head = b""
+        """The first bytes of the frame being read (a zstd frame header is at most 18)."""
         self._offset = 0
         """Compressed bytes decoded so far."""
         self._input = b""
@@ -131,8 +160,10 @@ class FrameCheckingReader(io.RawIOBase):
                 else:
                     self._offset = piece_end
         except self._format.errors as e:
-            self._failure = CorruptInputError(f"the {self._format.name} {self._format.frame} that starts at byte "
-                                              f"{self._frame_start:,} is corrupt: {e} (found by byte {piece_end:,})")
+            frame = f"the {self._format.name} {self._format.frame} that starts at byte {self._frame_start:,}"
+            refusal = self._format.refusal(self._frame_head)
+            self._failure = (UnsupportedFrameError(f"{frame} {refusal}") if refusal else
+                             CorruptInputError(f"{frame} is corrupt: {e} (found by byte {piece_end:,})"))
         self._pending = memoryview(b"".join(out))
 
     def _begin_frame(self) -> bool:
@@ -160,6 +191,7 @@ class FrameCheckingReader(io.RawIOBase):
         else:
             self._decoder = self._new_decoder()
             self._frame_start = self._offset
+            self._frame_head = self._input[:18]
         return bool(starts)
 
     def _read_more(self) -> bool:

@@ -11,6 +11,7 @@ from tokenmix.sources.shards import (
     RawChunk,
     ShardReadError,
     approx_size,
+    chunked,
 )
 
 
@@ -55,9 +56,10 @@ class HfDatasetShard:
             raise ShardReadError(self.name, start, "unreadable_file", f"{type(e).__name__}: {e}") from e
         if start:
             ds = ds.skip(start) if self.stream else ds.select(range(start, len(ds)))
-        buf = ChunkBuffer(start, chunk_bytes)
-        for example in ds:
-            if buf.add(dict(example), approx_size(example)):
-                yield buf.take(0)
-        if buf.records:
-            yield buf.take(0)
+        position = start
+        try:
+            for chunk in chunked((dict(example) for example in ds), approx_size, ChunkBuffer(start, chunk_bytes), lambda: 0):
+                position = chunk.start + len(chunk.records)
+                yield chunk
+        except Exception as e:  # a streamed split reads its files as it goes: their failures come here, of as many types
+            raise ShardReadError(self.name, position, "unreadable_file", f"{type(e).__name__}: {e}") from e

@@ -41,9 +41,9 @@ def open_megatron(prefix: str) -> TokenFile:
         if not os.path.exists(path):
             raise TokenFileError(f"{path}: no such file; a Megatron source names the common prefix of its .bin and .idx files "
                                  "(or either file)")
+    if (idx_size := os.path.getsize(idx_path)) < HEADER.size:  # before mapping it: numpy cannot map an empty file
+        raise TokenFileError(f"{idx_path}: {idx_size} bytes is shorter than the Megatron index header; the file is truncated")
     index = np.memmap(idx_path, np.uint8, mode="r")
-    if len(index) < HEADER.size:
-        raise TokenFileError(f"{idx_path}: {len(index)} bytes is shorter than the Megatron index header; the file is truncated")
     magic, version, code, sequences, documents = HEADER.unpack(bytes(index[: HEADER.size]))
     if magic != MAGIC:
         raise TokenFileError(f"{idx_path}: not a Megatron index (starts with {magic!r}, not {MAGIC!r})")
@@ -66,6 +66,7 @@ def open_megatron(prefix: str) -> TokenFile:
         raise TokenFileError(f"{idx_path}: sequence {first} starts at byte {int(pointers[first])} of {bin_path}, not right after the "
                              f"one before it ({int(starts[first])}); tokenmix reads .bin files whose sequences are contiguous, "
                              "as Megatron's preprocessing writes them")
+    _check_document_index(idx_path, np.frombuffer(index, np.int64, documents, offset + 12 * sequences), sequences)
     size = os.path.getsize(bin_path)
     total = int(ends[-1]) if sequences else 0
     if size < total * dtype.itemsize:
@@ -74,3 +75,21 @@ def open_megatron(prefix: str) -> TokenFile:
     tokens = np.memmap(bin_path, dtype, mode="r", shape=(total,)).view(np.ndarray) if total else np.empty(0, dtype)
     return TokenFile(bin_path, tokens, ends, info={"format": "megatron", "dtype": dtype.name, "sequences": int(sequences),
                                                    "documents": max(int(documents) - 1, 0)})
+
+
+def _check_document_index(idx_path: str, document_indices: np.ndarray, sequences: int) -> None:
+    """Refuse a document index that does not run from sequence 0 up to the sequence count: megatron-core refuses one
+    that does not end there, and one that starts elsewhere or goes back is damaged, so its counts cannot be trusted."""
+    problem = None
+    if not document_indices.size:
+        problem = "has no entries (Megatron writes at least [0])"
+    elif document_indices[0] != 0:
+        problem = f"starts at sequence {int(document_indices[0])}, not 0"
+    elif np.any(np.diff(document_indices) < 0):
+        back = int(np.flatnonzero(np.diff(document_indices) < 0)[0])
+        problem = f"goes back from sequence {int(document_indices[back])} to {int(document_indices[back + 1])} (entry {back + 1})"
+    elif document_indices[-1] != sequences:
+        problem = f"ends at sequence {int(document_indices[-1])}, not at the {sequences} sequences the index holds"
+    if problem:
+        raise TokenFileError(f"{idx_path}: the document index {problem}; the index is damaged or belongs to other sequences: "
+                             "write it again with Megatron's preprocessing (or `tokenmix export --to megatron` from a cache of the text)")

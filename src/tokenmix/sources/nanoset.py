@@ -26,7 +26,11 @@ def open_nanoset(path: str, dtype: str | None, eos_id: int | None) -> TokenFile:
     with open(path, "rb") as f:
         headed = f.read(len(NPY_MAGIC)) == NPY_MAGIC
     if headed:
-        tokens = np.load(path, mmap_mode="r").view(np.ndarray)
+        try:
+            tokens = np.load(path, mmap_mode="r").view(np.ndarray)
+        except ValueError as e:
+            raise TokenFileError(f"{path}: numpy cannot map it as a .npy array ({e}); the file is cut short or damaged, or holds "
+                                 "no plain array of tokens: copy it again, or write it again") from None
         if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
             raise TokenFileError(f"{path}: a .npy of {tokens.dtype} with shape {tokens.shape}; Nanoset token files hold one 1-d "
                                  "integer array")

@@ -301,14 +301,14 @@ class FileShard:
         return consumed
 
     def _read_lines(self, raw, stream, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
-        yield from _chunked(itertools.islice(stream, start, None), len, ChunkBuffer(start, chunk_bytes), self._tracked(raw))
+        yield from chunked(itertools.islice(stream, start, None), len, ChunkBuffer(start, chunk_bytes), self._tracked(raw))
 
     def _read_json(self, raw, stream, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
         if not _starts_with_bracket(stream):
             yield from self._read_lines(raw, stream, start, chunk_bytes)
             return
         items = itertools.islice(ijson.items(stream, "item", use_float=True), start, None)
-        yield from _chunked(items, approx_size, ChunkBuffer(start, chunk_bytes), self._tracked(raw))
+        yield from chunked(items, approx_size, ChunkBuffer(start, chunk_bytes), self._tracked(raw))
 
     def _read_parquet(self, raw, stream, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
         import pyarrow.parquet as pq
@@ -333,7 +333,7 @@ class FileShard:
             delta, reported = passed - reported, passed
             return delta
 
-        yield from _chunked(rows(), approx_size, ChunkBuffer(start, chunk_bytes), consumed)
+        yield from chunked(rows(), approx_size, ChunkBuffer(start, chunk_bytes), consumed)
 
     def _read_txt(self, raw, stream, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
         data = stream.read()
@@ -343,7 +343,7 @@ class FileShard:
 
     def _read_tar(self, raw, stream, start: int, chunk_bytes: int) -> Iterator[RawChunk]:
         records = self._tar_records(stream)
-        yield from _chunked(itertools.islice(records, start, None), len, ChunkBuffer(start, chunk_bytes), self._tracked(raw))
+        yield from chunked(itertools.islice(records, start, None), len, ChunkBuffer(start, chunk_bytes), self._tracked(raw))
 
     def _tar_records(self, stream) -> Iterator[bytes]:
         """Every record of a tar archive, member after member in archive order, streamed (the archive is never seeked):
@@ -448,7 +448,7 @@ class _TailKeepingReader:
         return self._tail[start : start + size]
 
 
-def _chunked(records: Iterator[RawRecord], size: Callable[[Any], int], buf: ChunkBuffer, consumed: Callable[[], int]) -> Iterator[RawChunk]:
+def chunked(records: Iterator[RawRecord], size: Callable[[Any], int], buf: ChunkBuffer, consumed: Callable[[], int]) -> Iterator[RawChunk]:
     """``records`` in chunks of about ``buf.chunk_bytes`` (by ``size``), each with the input bytes ``consumed()`` so far.
 
     When ``records`` fails (a truncated or corrupt file), the records read before the failure are yielded first and the
