@@ -113,3 +113,31 @@ def test_fsspec_reaches_the_endpoint_the_environment_names_now_as_tensorstore_do
         before = [p.requests for p in proxies]
         assert read_both() == expected
         assert proxies[now].requests > before[now] and proxies[1 - now].requests == before[1 - now], now
+
+
+def test_a_cache_at_a_buckets_root_is_stored_at_its_top_as_under_a_prefix(s3, tmp_path):
+    """``cache_dir: s3://bucket`` (or ``s3://bucket/``): the cache's objects are ``ledger.json``, ``input_ids/...`` at
+    the bucket's top, where fsspec, the AWS tools and Levanter look, not under keys beginning with ``/`` (an unnamed
+    folder) that only tensorstore finds; it reads and verifies as one under a prefix does."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    import s3fs
+    from helpers import build
+
+    bucket = f"root-{time.time_ns()}"
+    urllib.request.urlopen(urllib.request.Request(f"{s3.endpoint}/{bucket}", method="PUT"), timeout=60).read()
+    build(f"s3://{bucket}", demo_urls("webster"))
+    build(str(tmp_path / "local"), demo_urls("webster"))
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, endpoint_url=s3.endpoint)
+    assert {"ledger.json", "stats.json", "input_ids"} <= {p.removeprefix(f"{bucket}/") for p in fs.ls(bucket, refresh=True)}
+    local = tokenmix.TokenCache(str(tmp_path / "local"))
+    expected = [r.tolist() for r in local.get_rows(range(local.num_rows()))]
+    for location in (f"s3://{bucket}", f"s3://{bucket}/"):
+        for object_reads in ("tensorstore", "fsspec"):
+            cache = tokenmix.TokenCache(location, object_reads=object_reads)
+            assert [r.tolist() for r in cache.get_rows(range(cache.num_rows()))] == expected, (location, object_reads)
+    verify = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "verify", f"s3://{bucket}"], capture_output=True, text=True, timeout=240)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+

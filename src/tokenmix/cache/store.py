@@ -77,7 +77,7 @@ def storage_cause(error: Any) -> str:
 
 
 def kvstore_spec(location: str) -> dict[str, Any]:
-    """The tensorstore kvstore spec of a cache location (a directory, with a trailing slash)."""
+    """The tensorstore kvstore spec of a cache location (a directory, with a trailing slash; a bucket's root, with none)."""
     if "://" not in location:
         return {"driver": "file", "path": os.path.abspath(location).rstrip("/") + "/"}
     parsed = urlparse(location)
@@ -86,10 +86,11 @@ def kvstore_spec(location: str) -> dict[str, Any]:
         return {"driver": "file", "path": "/" + path.lstrip("/") + "/"}
     if parsed.scheme == "memory":
         return {"driver": "memory", "path": path + "/"}
+    prefix = path + "/" if path else ""  # a bucket's root: its keys are "ledger.json", not "/ledger.json"
     if parsed.scheme == "gs":
-        return {"driver": "gcs", "bucket": parsed.netloc, "path": path + "/"}
+        return {"driver": "gcs", "bucket": parsed.netloc, "path": prefix}
     if parsed.scheme == "s3":
-        return {"driver": "s3", "bucket": parsed.netloc, "path": path + "/", **_s3_options()}
+        return {"driver": "s3", "bucket": parsed.netloc, "path": prefix, **_s3_options()}
     raise ValueError(f"cache location {location!r}: scheme {parsed.scheme!r} is not supported; use a path, file://, gs://, s3:// or memory://")
 
 
