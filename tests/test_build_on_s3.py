@@ -141,3 +141,28 @@ def test_a_cache_at_a_buckets_root_is_stored_at_its_top_as_under_a_prefix(s3, tm
     verify = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "verify", f"s3://{bucket}"], capture_output=True, text=True, timeout=240)
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
+
+@pytest.mark.parametrize(("target", "output"), [("megatron", "m/web"), ("datatrove", "d/web.ds"), ("nanoset", "n/web_input_ids.npy"),
+                                                ("hdf5", "h")])
+def test_an_export_of_local_files_to_a_bucket_is_refused_naming_it_and_writes_nothing(s3, tmp_path, target, output):
+    """Megatron, datatrove, Nanoset and Cerebras HDF5 files are written as local files: given ``s3://bucket/...`` the
+    export wrote them under a local directory named ``s3:`` and reported success. It is refused, naming the URL and what
+    to do, and nothing is written (a ``file://`` URL is its path)."""
+    import subprocess
+    import sys
+
+    from helpers import build
+
+    cache = str(tmp_path / "cache")
+    build(cache, demo_urls("webster")[:1])
+    url = f"s3://{BUCKET}/export-{time.time_ns()}/{output}"
+    run = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "export", "--to", target, "--cache", cache, "--output", url,
+                          "--tokenizer", TOKENIZER], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert run.returncode != 0, run.stdout + run.stderr
+    assert f"{url}: " in run.stderr and "local or mounted disk" in run.stderr and "--to levanter" in run.stderr, run.stderr
+    assert not (tmp_path / "s3:").exists()
+    written = tmp_path / "out" / output
+    run = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "export", "--to", target, "--cache", cache, "--output",
+                          f"file://{written}", "--tokenizer", TOKENIZER], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert list(written.parent.glob(f"{written.name}*")) and not (tmp_path / "file:").exists()  # megatron: a prefix
