@@ -166,3 +166,22 @@ def test_an_export_of_local_files_to_a_bucket_is_refused_naming_it_and_writes_no
                           f"file://{written}", "--tokenizer", TOKENIZER], capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert list(written.parent.glob(f"{written.name}*")) and not (tmp_path / "file:").exists()  # megatron: a prefix
+
+
+def test_inputs_on_s3_are_listed_as_they_are_now_after_another_process_added_or_removed_some(s3):
+    """fsspec keeps the listings a filesystem made (its ``dircache``) for as long as the process: a glob expanded again
+    after another process (a worker, an upload) added an input missed it, and after one was removed still named it.
+    Each listing asks the store, as tensorstore does."""
+    import s3fs
+
+    from tokenmix.sources.urls import expand_urls
+
+    other = s3fs.S3FileSystem(skip_instance_cache=True, endpoint_url=s3.endpoint)
+    prefix = f"{BUCKET}/listed-{time.time_ns()}"
+    pattern = f"s3://{prefix}/*.jsonl"
+    other.pipe({f"{prefix}/a.jsonl": b'{"text": "a"}\n'})
+    assert expand_urls([pattern]) == [f"s3://{prefix}/a.jsonl"]
+    other.pipe({f"{prefix}/b.jsonl": b'{"text": "b"}\n'})
+    assert expand_urls([pattern]) == [f"s3://{prefix}/a.jsonl", f"s3://{prefix}/b.jsonl"]
+    other.rm_file(f"{prefix}/a.jsonl")
+    assert expand_urls([pattern]) == [f"s3://{prefix}/b.jsonl"]
