@@ -185,3 +185,24 @@ def test_inputs_on_s3_are_listed_as_they_are_now_after_another_process_added_or_
     assert expand_urls([pattern]) == [f"s3://{prefix}/a.jsonl", f"s3://{prefix}/b.jsonl"]
     other.rm_file(f"{prefix}/a.jsonl")
     assert expand_urls([pattern]) == [f"s3://{prefix}/b.jsonl"]
+
+
+@pytest.mark.parametrize("unset", ["AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID"])
+def test_half_a_pair_of_s3_keys_is_refused_naming_both_variables(s3, tmp_path, unset):
+    """One of ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` without the other: tensorstore said only that
+    "required environment variables could not be sourced" (a secret without its key id went on without keys). The
+    error names the cache, both variables and the fix."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import build
+
+    location = f"s3://{BUCKET}/keys-{time.time_ns()}"
+    build(location, demo_urls("webster")[:1])
+    env = {k: v for k, v in os.environ.items() if k != unset}
+    run = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "verify", location], capture_output=True, text=True,
+                         timeout=240, env=env)
+    assert run.returncode != 0, run.stdout + run.stderr
+    set_one = ({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} - {unset}).pop()
+    assert f"{location}: {set_one} is set but {unset} is not; set both" in run.stderr, run.stderr
