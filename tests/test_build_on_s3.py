@@ -113,3 +113,96 @@ def test_fsspec_reaches_the_endpoint_the_environment_names_now_as_tensorstore_do
         before = [p.requests for p in proxies]
         assert read_both() == expected
         assert proxies[now].requests > before[now] and proxies[1 - now].requests == before[1 - now], now
+
+
+def test_a_cache_at_a_buckets_root_is_stored_at_its_top_as_under_a_prefix(s3, tmp_path):
+    """``cache_dir: s3://bucket`` (or ``s3://bucket/``): the cache's objects are ``ledger.json``, ``input_ids/...`` at
+    the bucket's top, where fsspec, the AWS tools and Levanter look, not under keys beginning with ``/`` (an unnamed
+    folder) that only tensorstore finds; it reads and verifies as one under a prefix does."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    import s3fs
+    from helpers import build
+
+    bucket = f"root-{time.time_ns()}"
+    urllib.request.urlopen(urllib.request.Request(f"{s3.endpoint}/{bucket}", method="PUT"), timeout=60).read()
+    build(f"s3://{bucket}", demo_urls("webster"))
+    build(str(tmp_path / "local"), demo_urls("webster"))
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, endpoint_url=s3.endpoint)
+    assert {"ledger.json", "stats.json", "input_ids"} <= {p.removeprefix(f"{bucket}/") for p in fs.ls(bucket, refresh=True)}
+    local = tokenmix.TokenCache(str(tmp_path / "local"))
+    expected = [r.tolist() for r in local.get_rows(range(local.num_rows()))]
+    for location in (f"s3://{bucket}", f"s3://{bucket}/"):
+        for object_reads in ("tensorstore", "fsspec"):
+            cache = tokenmix.TokenCache(location, object_reads=object_reads)
+            assert [r.tolist() for r in cache.get_rows(range(cache.num_rows()))] == expected, (location, object_reads)
+    verify = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "verify", f"s3://{bucket}"], capture_output=True, text=True, timeout=240)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+@pytest.mark.parametrize(("target", "output"), [("megatron", "m/web"), ("datatrove", "d/web.ds"), ("nanoset", "n/web_input_ids.npy"),
+                                                ("hdf5", "h")])
+def test_an_export_of_local_files_to_a_bucket_is_refused_naming_it_and_writes_nothing(s3, tmp_path, target, output):
+    """Megatron, datatrove, Nanoset and Cerebras HDF5 files are written as local files: given ``s3://bucket/...`` the
+    export wrote them under a local directory named ``s3:`` and reported success. It is refused, naming the URL and what
+    to do, and nothing is written (a ``file://`` URL is its path)."""
+    import subprocess
+    import sys
+
+    from helpers import build
+
+    cache = str(tmp_path / "cache")
+    build(cache, demo_urls("webster")[:1])
+    url = f"s3://{BUCKET}/export-{time.time_ns()}/{output}"
+    run = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "export", "--to", target, "--cache", cache, "--output", url,
+                          "--tokenizer", TOKENIZER], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert run.returncode != 0, run.stdout + run.stderr
+    assert f"{url}: " in run.stderr and "local or mounted disk" in run.stderr and "--to levanter" in run.stderr, run.stderr
+    assert not (tmp_path / "s3:").exists()
+    written = tmp_path / "out" / output
+    run = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "export", "--to", target, "--cache", cache, "--output",
+                          f"file://{written}", "--tokenizer", TOKENIZER], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert list(written.parent.glob(f"{written.name}*")) and not (tmp_path / "file:").exists()  # megatron: a prefix
+
+
+def test_inputs_on_s3_are_listed_as_they_are_now_after_another_process_added_or_removed_some(s3):
+    """fsspec keeps the listings a filesystem made (its ``dircache``) for as long as the process: a glob expanded again
+    after another process (a worker, an upload) added an input missed it, and after one was removed still named it.
+    Each listing asks the store, as tensorstore does."""
+    import s3fs
+
+    from tokenmix.sources.urls import expand_urls
+
+    other = s3fs.S3FileSystem(skip_instance_cache=True, endpoint_url=s3.endpoint)
+    prefix = f"{BUCKET}/listed-{time.time_ns()}"
+    pattern = f"s3://{prefix}/*.jsonl"
+    other.pipe({f"{prefix}/a.jsonl": b'{"text": "a"}\n'})
+    assert expand_urls([pattern]) == [f"s3://{prefix}/a.jsonl"]
+    other.pipe({f"{prefix}/b.jsonl": b'{"text": "b"}\n'})
+    assert expand_urls([pattern]) == [f"s3://{prefix}/a.jsonl", f"s3://{prefix}/b.jsonl"]
+    other.rm_file(f"{prefix}/a.jsonl")
+    assert expand_urls([pattern]) == [f"s3://{prefix}/b.jsonl"]
+
+
+@pytest.mark.parametrize("unset", ["AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID"])
+def test_half_a_pair_of_s3_keys_is_refused_naming_both_variables(s3, tmp_path, unset):
+    """One of ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` without the other: tensorstore said only that
+    "required environment variables could not be sourced" (a secret without its key id went on without keys). The
+    error names the cache, both variables and the fix."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import build
+
+    location = f"s3://{BUCKET}/keys-{time.time_ns()}"
+    build(location, demo_urls("webster")[:1])
+    env = {k: v for k, v in os.environ.items() if k != unset}
+    run = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "verify", location], capture_output=True, text=True,
+                         timeout=240, env=env)
+    assert run.returncode != 0, run.stdout + run.stderr
+    set_one = ({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} - {unset}).pop()
+    assert f"{location}: {set_one} is set but {unset} is not; set both" in run.stderr, run.stderr

@@ -970,3 +970,57 @@ def test_a_run_of_filters_copies_the_batch_once_and_counts_each_filter_in_order(
         assert removed[i] == ({stage.filter.reason: len(gone)} if gone else {})
         left = [r for r in left if kept_by(i, r)]
     assert _read(tmp_path / "out" / "part-00000.jsonl") == [{**r, "words": len(r["text"].split())} for r in expected]
+
+
+@pytest.mark.parametrize("write_to_filename", [True, False])
+def test_curation_reads_and_writes_s3_paths_with_glob_characters_as_local_ones(s3, tmp_path, write_to_filename):
+    """Input and output paths on s3:// holding ``[``, a space, ``+`` and ``%``: fsspec's ``mv`` and ``rm`` take ``[1]``
+    for a glob, so publishing an output (or a run's own record) and removing the intermediate records failed with
+    FileNotFoundError. The records written are the local run's."""
+    import time
+
+    import s3fs
+    from s3_server import BUCKET
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, endpoint_url=s3.endpoint)
+    records = [{"text": f"document number {i} " + "word " * (i % 5)} for i in range(40)]
+    local_in = tmp_path / "in"
+    local_in.mkdir()
+    for k in range(2):
+        (local_in / f"books_{k:02d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[k * 20:(k + 1) * 20]))
+    prefix = f"{BUCKET}/curate-{time.time_ns()}/in [1] a+b%20c"
+    for name in ("books_00.jsonl", "books_01.jsonl"):
+        fs.put(str(local_in / name), f"{prefix}/{name}")
+    out = f"s3://{BUCKET}/curate-{time.time_ns()}/out [1] a+b%20c"
+    stats = DocumentDataset.read_json(f"s3://{prefix}", add_filename=True).to_json(out, write_to_filename=write_to_filename)
+    local = DocumentDataset.read_json(str(local_in), add_filename=True).to_json(str(tmp_path / "out"), write_to_filename=write_to_filename)
+    assert stats["output"]["records"] == local["output"]["records"] == 40
+    stored = fs.find(out.removeprefix("s3://"), refresh=True)
+    assert not [p for p in stored if "/scatter/data/" in p or "/pass-0/data/" in p]  # the intermediate records removed
+    written = sorted(p for p in stored if "/.curate/" not in p)
+    expected = sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*") if p.is_file() and ".curate" not in p.parts)
+    assert [p.removeprefix(out.removeprefix("s3://") + "/") for p in written] == expected
+    for name in (n for n in expected if n.endswith(".jsonl")):  # curation_stats.json names the output path
+        assert sorted(fs.cat_file(f"{out.removeprefix('s3://')}/{name}").splitlines()) == sorted((tmp_path / "out" / name).read_bytes().splitlines())
+
+
+
+def test_a_failed_curation_task_on_an_s3_path_with_glob_characters_raises_its_own_error_and_leaves_no_partial_file(s3, tmp_path):
+    """A task that fails after writing part of its output removes that partial file; on an s3:// path holding ``[``
+    the removal matched nothing (fsspec's ``rm`` reads the path as a glob) and the partial file was left behind. The
+    task's own error, naming the file and line, is raised."""
+    import time
+
+    import s3fs
+    from s3_server import BUCKET
+
+    from tokenmix.curate.shard_io import BATCH_BYTES, CurationInputError
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, endpoint_url=s3.endpoint)
+    out = f"{BUCKET}/curate-{time.time_ns()}/out [1]"
+    line = json.dumps({"text": "a document of a few words " * 8}) + "\n"
+    lines = 2 * BATCH_BYTES // len(line)  # the bad record in a later batch than the first, written already
+    (tmp_path / "books_00.jsonl").write_text(line * lines + "{not json\n")
+    with pytest.raises(CurationInputError, match=rf"books_00.jsonl, line {lines + 1}: malformed json"):
+        DocumentDataset.read_json(str(tmp_path / "books_00.jsonl"), add_filename=True).to_json(f"s3://{out}", write_to_filename=True)
+    assert not [p for p in fs.find(out, refresh=True) if p.endswith(".partial")]

@@ -13,13 +13,18 @@ def s3_endpoint() -> str | None:
 
 
 def storage_options(url: str) -> dict[str, Any]:
-    """What fsspec is given besides ``url`` to open it: for ``s3://``, the endpoint of ``s3_endpoint``.
+    """What fsspec is given besides ``url`` to open it: for ``s3://``, the endpoint of ``s3_endpoint``, and no listings
+    kept.
 
     fsspec keeps one filesystem, and its open client, for each set of arguments: given only the URL, a process would
     reach the endpoint its environment named the first time, even after the environment names another, while the
-    caches tensorstore opens follow the environment. Passed explicitly, the endpoint picks the filesystem."""
-    endpoint = s3_endpoint() if url.startswith("s3://") else None
-    return {"endpoint_url": endpoint} if endpoint else {}
+    caches tensorstore opens follow the environment. Passed explicitly, the endpoint picks the filesystem. That
+    filesystem would also keep every listing it made for the rest of the process, so that a glob expanded again, or an
+    output directory listed again, missed the objects other processes wrote since and named those they removed."""
+    if not url.startswith("s3://"):
+        return {}
+    endpoint = s3_endpoint()
+    return {"use_listings_cache": False, **({"endpoint_url": endpoint} if endpoint else {})}
 
 
 def url_to_fs(url: str) -> tuple[Any, str]:

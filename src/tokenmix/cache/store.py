@@ -77,7 +77,7 @@ def storage_cause(error: Any) -> str:
 
 
 def kvstore_spec(location: str) -> dict[str, Any]:
-    """The tensorstore kvstore spec of a cache location (a directory, with a trailing slash)."""
+    """The tensorstore kvstore spec of a cache location (a directory, with a trailing slash; a bucket's root, with none)."""
     if "://" not in location:
         return {"driver": "file", "path": os.path.abspath(location).rstrip("/") + "/"}
     parsed = urlparse(location)
@@ -86,22 +86,30 @@ def kvstore_spec(location: str) -> dict[str, Any]:
         return {"driver": "file", "path": "/" + path.lstrip("/") + "/"}
     if parsed.scheme == "memory":
         return {"driver": "memory", "path": path + "/"}
+    prefix = path + "/" if path else ""  # a bucket's root: its keys are "ledger.json", not "/ledger.json"
     if parsed.scheme == "gs":
-        return {"driver": "gcs", "bucket": parsed.netloc, "path": path + "/"}
+        return {"driver": "gcs", "bucket": parsed.netloc, "path": prefix}
     if parsed.scheme == "s3":
-        return {"driver": "s3", "bucket": parsed.netloc, "path": path + "/", **_s3_options()}
+        return {"driver": "s3", "bucket": parsed.netloc, "path": prefix, **_s3_options(location)}
     raise ValueError(f"cache location {location!r}: scheme {parsed.scheme!r} is not supported; use a path, file://, gs://, s3:// or memory://")
 
 
-def _s3_options() -> dict[str, Any]:
+def _s3_options(location: str) -> dict[str, Any]:
     """What the environment says about S3, as the AWS tools read it: an S3-compatible endpoint (MinIO, R2, a local
-    server) from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, keys from ``AWS_ACCESS_KEY_ID`` when it is set, and
-    the bucket's region from ``AWS_REGION`` or ``AWS_DEFAULT_REGION``."""
+    server) from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, keys from ``AWS_ACCESS_KEY_ID`` and
+    ``AWS_SECRET_ACCESS_KEY`` when they are set (one without the other is refused, naming both: tensorstore said only
+    that "required environment variables could not be sourced", or went on without keys), and the bucket's region from
+    ``AWS_REGION`` or ``AWS_DEFAULT_REGION``."""
     options: dict[str, Any] = {}
     endpoint = s3_endpoint()
     if endpoint:
         options["endpoint"] = endpoint
-    if os.environ.get("AWS_ACCESS_KEY_ID"):
+    keys = [name for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if os.environ.get(name)]
+    if len(keys) == 1:
+        missing = "AWS_SECRET_ACCESS_KEY" if keys[0] == "AWS_ACCESS_KEY_ID" else "AWS_ACCESS_KEY_ID"
+        raise ValueError(f"{location}: {keys[0]} is set but {missing} is not; set both (with AWS_SESSION_TOKEN for "
+                         "temporary keys), or neither to use the AWS config files or the machine's role")
+    if keys:
         options["aws_credentials"] = {"type": "environment"}
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if region:  # else tensorstore asks the bucket for it, a request for every store it opens

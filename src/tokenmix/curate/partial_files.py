@@ -67,8 +67,9 @@ class PartialFile:
         self.close()
         if isinstance(self.fs, LocalFileSystem):
             os.replace(self.path, target)
-        else:
-            self.fs.mv(self.path, target)
+        else:  # one object copied and removed: fsspec's mv and rm read a path holding [ as a glob
+            self.fs.cp_file(self.path, target)
+            self.fs.rm_file(self.path)
 
     def discard(self) -> None:
         """Close and remove the file (a task that failed: no output appears)."""
@@ -76,7 +77,7 @@ class PartialFile:
             self.close()
         finally:
             if self.fs.exists(self.path):
-                self.fs.rm(self.path)
+                self.fs.rm_file(self.path)
 
 
 def _open_new(fs: fsspec.AbstractFileSystem, path: str) -> Any:

@@ -40,6 +40,7 @@ from typing import Any
 
 import draccus
 import xxhash
+from fsspec.implementations.local import LocalFileSystem
 from tqdm.auto import tqdm
 
 import tokenmix.curate.quality  # noqa: F401  (registers the quality stage as a choice of Stage)
@@ -360,7 +361,8 @@ def _remove_intermediates(work: str) -> None:
                     "pass-*/fuzzy/components/round-*/labels", "pass-*/fuzzy/components/round-*/messages",
                     "pass-*/fuzzy/components/members/*.parquet", "pass-*/fuzzy/removed/scatter", "scatter/data"):
         for target in fs.glob(posixpath.join(glob.escape(path), pattern)):
-            fs.rm(target, recursive=True)
+            # fsspec's rm reads its path as a glob, but for local files
+            fs.rm(target if isinstance(fs, LocalFileSystem) else glob.escape(target), recursive=True)
 
 
 def load_curation_config(path: str | os.PathLike[str] | dict[str, Any], overrides: list[str] | None = None) -> CurationConfig:

@@ -37,7 +37,7 @@ from tokenmix.export.hdf5_fim import FimRearranger, FimTokens
 from tokenmix.export.hdf5_options import MODES, PROCESSORS, Hdf5ExportOptions
 from tokenmix.export.hdf5_samples import SampleCutter
 from tokenmix.export.hdf5_statistics import SampleStatistics
-from tokenmix.export.streaming import TokenSource, atomic_files
+from tokenmix.export.streaming import TokenSource, atomic_files, local_output
 from tokenmix.sources.cerebras_hdf5 import DATA_PARAMS
 
 logger = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ def export_hdf5(cache: TokenSource, output_dir: str, options: Hdf5ExportOptions,
     files of this ``output_name`` that an interrupted export left are removed first. On an error, the file being
     written is removed and ``data_params.json`` is not written, so what remains reads as unfinished.
     """
+    output_dir = local_output(output_dir, "Cerebras HDF5")
     pad_id = _check_source(cache, options)
     tokenizer_name, backend = _tokenizer(cache, tokenizer)
     eos_id = cache.identity.get("eos_id")

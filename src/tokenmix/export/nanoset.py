@@ -12,13 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from tokenmix.export.streaming import TokenSource, atomic_files, refuse_loss_spans, row_batches
+from tokenmix.export.streaming import TokenSource, atomic_files, local_output, refuse_loss_spans, row_batches
 
 
 def export_nanoset(cache: TokenSource, path: str, progress: bool = True) -> dict[str, Any]:
     """Write the cache's token stream to ``path`` as Nanotron's original Nanoset did: a headerless dump (uint16 for
     vocabularies under 65,536 tokens, else int32) without document boundaries (each document keeps its EOS). A cache
     that masks the loss is refused (the file holds ids only)."""
+    path = local_output(path, "Nanoset")
     refuse_loss_spans(cache, "Nanoset token files")
     dtype = np.dtype(np.uint16 if cache.identity["vocab_size"] <= 1 << 16 else np.int32)
     total = 0

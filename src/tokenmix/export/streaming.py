@@ -14,6 +14,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from tokenmix._safe_files import create_new
+from tokenmix.sources.urls import local_path
 
 
 class TokenSource(Protocol):
@@ -84,6 +85,18 @@ def refuse_loss_spans(cache: TokenSource, target: str) -> None:
     if cache.has_loss_spans:
         raise ValueError(f"{cache.location}: {target} hold ids only, and this cache's format masks the loss; export it to "
                          "datatrove (.ds with .loss) or Cerebras HDF5 (mode summarization) instead")
+
+
+def local_output(output: str, target: str) -> str:
+    """The local path to write ``target``'s files at ``output`` (a path or a ``file://`` URL). Those files are written
+    as local files: a URL of any other scheme (``s3://``, ``gs://``) is refused naming it and the fix, where it would
+    have been taken for a relative path (a local directory named ``s3:``)."""
+    path = local_path(output)
+    if path is None:
+        raise ValueError(f"{output}: {target} files are written to a local or mounted disk, not to object storage; export to "
+                         "a local path and copy the files to the bucket (aws s3 cp --recursive, gcloud storage cp -r), or "
+                         "export --to levanter, which writes a cache to a bucket")
+    return path
 
 
 def span_mask(begins: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
