@@ -200,6 +200,27 @@ def test_trainer_fields_are_checked_naming_the_field(tmp_path):
         load_train_config(str(path))
 
 
+@pytest.mark.parametrize(("name", "value"), [("warmup_steps", -3), ("learning_rate", -0.01), ("learning_rate", 0.0),
+                                           ("learning_rate", float("nan")), ("weight_decay", -0.1), ("eval_batch_size", 0),
+                                           ("eval_batch_size", -8), ("cpu_devices", 0)])
+def test_trainer_fields_at_their_edges_are_refused_naming_the_field(name, value):
+    # each used to be taken: a negative warmup started the schedule mid-decay, a learning rate <= 0 or nan trained nothing
+    # or diverged, an eval_batch_size of 0 fell back to the training batch size and a negative one failed at the first
+    # evaluation, cpu_devices 0 asked for no devices
+    with pytest.raises(ValueError, match=rf"trainer.{name} must be .*got {value}"):
+        TrainerConfig(**{name: value})
+    TrainerConfig(warmup_steps=0, weight_decay=0.0)  # the edges that are fine
+
+
+def test_an_eval_batch_size_the_mesh_does_not_divide_is_refused_before_any_step(tmp_path):
+    # it used to fail at the first evaluation, after the steps before it were trained, naming only "batch_size"
+    config = _config(tmp_path, "run", num_train_steps=2, steps_per_eval=1, steps_per_checkpoint=1, eval_batch_size=6)
+    with pytest.raises(ValueError, match=r"trainer.eval_batch_size 6 is not divisible by 4, the devices of trainer.mesh's data "
+                                         r"axis .* set it to a multiple of 4"):
+        train(config)
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_a_seq_len_longer_than_the_models_positions_is_refused_at_start_naming_both_fields(tmp_path):
     trainer = {"seq_len": 512, "checkpoint_dir": str(tmp_path / "run")}
     path = write_train_config(tmp_path, "long", trainer, {**TINY, "max_position": 256})

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,15 @@ class TrainerConfig:
         if self.num_processes > 1 and self.coordinator_address is None:
             raise ValueError(f"trainer.num_processes {self.num_processes} needs trainer.coordinator_address (host:port of "
                              "process 0's coordinator, e.g. 127.0.0.1:12355 on one machine)")
+        if self.warmup_steps < 0:
+            raise ValueError(f"trainer.warmup_steps must be 0 or more (steps of rising learning rate), got {self.warmup_steps}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ValueError(f"trainer.learning_rate must be a finite number > 0 (the peak of the schedule), got {self.learning_rate}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"trainer.weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        for name in ("eval_batch_size", "cpu_devices"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be at least 1, or null (unset), got {getattr(self, name)}")
         if not self.loader_read_timeout_s > 0:
             raise ValueError(f"trainer.loader_read_timeout_s must be a number of seconds > 0, got {self.loader_read_timeout_s}")
 

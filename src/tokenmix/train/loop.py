@@ -103,6 +103,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     if not is_writer():
         build_caches(data, progress=False)
     mesh = make_mesh(config)
+    _check_eval_batch_size(config, mesh)
     schedule = BatchSchedule.of(trainer.train_batch_size)
     weight_log = _resumed_weight_log(config, checkpoint, changes, schedule)
     train_set = data.train_set(trainer.seq_len, weight_log=None if weight_log is None else stages(weight_log))
@@ -231,6 +232,16 @@ def evaluate(model: TinyLM, validation: dict[str, Dataset], batch_size: int, max
                 total, count = total + float(t), count + float(c)
         out[name] = total / max(count, 1.0)
     return out
+
+
+def _check_eval_batch_size(config: TrainLmConfig, mesh: Mesh) -> None:
+    """Refuse, before any step, a ``trainer.eval_batch_size`` the mesh's data axis does not divide: the first evaluation
+    would fail, after the steps before it were trained (and, past the last checkpoint, lost)."""
+    size, shards = config.trainer.eval_batch_size, mesh.shape["data"]
+    if size is not None and size % shards:
+        raise ValueError(f"trainer.eval_batch_size {size} is not divisible by {shards}, the devices of trainer.mesh's data axis "
+                         f"(each evaluation batch is split over them); set it to a multiple of {shards}, or unset it to "
+                         "evaluate in batches of the first trainer.train_batch_size")
 
 
 def _replicate_unplaced(state: Any, mesh: Mesh) -> Any:
