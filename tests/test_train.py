@@ -221,6 +221,25 @@ def test_an_eval_batch_size_the_mesh_does_not_divide_is_refused_before_any_step(
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def test_a_validation_set_smaller_than_an_evaluation_batch_is_named_with_a_batch_size_the_mesh_takes(tmp_path, caplog):
+    # the fix named was the set's size (667 on a data axis of 4; 2, or 0, for a set of 2), a batch size the mesh refuses
+    path = write_train_config(tmp_path, "run", {"num_train_steps": 1, "train_batch_size": 8, "seq_len": 64, "mesh": {"data": 4, "model": 2},
+                                                "eval_batch_size": 1000}, TINY)
+    doc = yaml.safe_load(open(path))
+    (tmp_path / "validation.jsonl").write_text(json.dumps({"text": " ".join(["word"] * 150)}) + "\n")  # 2 examples of 64 tokens
+    doc["data"]["configs"]["webster"]["validation_urls"] = [str(tmp_path / "validation.jsonl")]
+    with open(path, "w") as f:
+        yaml.safe_dump(doc, f)
+    with caplog.at_level(logging.WARNING, logger="tokenmix.train.loop"):
+        result = train(load_train_config(path))
+    assert result.validation == {}
+    assert "the validation set of linux_doc holds 667 examples, fewer than one evaluation batch (1000): it is not evaluated; set " \
+           "trainer.eval_batch_size to at most 664 to evaluate it" in caplog.text
+    assert "the validation set of webster holds 2 examples, fewer than one evaluation batch (1000): it is not evaluated; no " \
+           "evaluation batch fits it (a batch holds a multiple of the 4 devices of trainer.mesh's data axis): give it at least 4 " \
+           "validation examples to evaluate it" in caplog.text
+
+
 def test_a_seq_len_longer_than_the_models_positions_is_refused_at_start_naming_both_fields(tmp_path):
     trainer = {"seq_len": 512, "checkpoint_dir": str(tmp_path / "run")}
     path = write_train_config(tmp_path, "long", trainer, {**TINY, "max_position": 256})

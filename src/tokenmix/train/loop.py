@@ -152,7 +152,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
 
     mixing = OnlineMixing.start(config, train_set, weight_log, checkpoint) if data.adaptive is not None else None
     eval_size = trainer.eval_batch_size or trainer.first_batch_size()
-    validation = evaluated_sets(data.validation_sets(trainer.seq_len), train_set.names, eval_size)
+    validation = evaluated_sets(data.validation_sets(trainer.seq_len), train_set.names, eval_size, mesh.shape["data"])
     mapping = {"batch": "data"}
     fingerprints: dict[int, str | None] = {}
     wait = busy = 0.0
@@ -205,17 +205,22 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     return TrainResult(start, end - start, loss, last_eval, fingerprints, model, share)
 
 
-def evaluated_sets(validation: dict[str, Dataset], training: list[str], batch_size: int) -> dict[str, Dataset]:
-    """The validation sets a run evaluates: those holding at least one batch of ``batch_size``. Each training source
-    left out (no validation set, or one too small) is named in the log once, with the reason and the fix."""
+def evaluated_sets(validation: dict[str, Dataset], training: list[str], batch_size: int, shards: int) -> dict[str, Dataset]:
+    """The validation sets a run evaluates: those holding at least one batch of ``batch_size`` (split over ``shards``
+    devices of the mesh's data axis). Each training source left out (no validation set, or one too small) is named in
+    the log once, with the reason and the fix."""
     for name in training:
         if name not in validation:
             logger.warning("source %s has no validation set (no validation_urls, and no num_validation_sequences to hold "
                            "documents out of training): it is not evaluated", name)
     small = {name: len(dataset) for name, dataset in validation.items() if len(dataset) < batch_size}
     for name, size in small.items():
+        fits = size // shards * shards  # the largest evaluation batch the set fills that the data axis divides
+        fix = (f"set trainer.eval_batch_size to at most {fits} to evaluate it" if fits else
+               f"no evaluation batch fits it (a batch holds a multiple of the {shards} devices of trainer.mesh's data axis): "
+               f"give it at least {shards} validation examples to evaluate it")
         logger.warning("the validation set of %s holds %d examples, fewer than one evaluation batch (%d): it is not evaluated; "
-                       "set trainer.eval_batch_size to at most %d to evaluate it", name, size, batch_size, size)
+                       "%s", name, size, batch_size, fix)
     return {name: dataset for name, dataset in validation.items() if name not in small}
 
 
