@@ -121,3 +121,14 @@ def test_a_weight_log_edited_by_hand_out_of_order_is_refused_naming_its_line(tmp
     assert result.returncode != 0 and not (tmp_path / "log.png").exists()
     assert f"{log}, line {line}: {says}: a weight log's stages start at example 0 and increase" in result.stderr
     assert "Traceback" not in result.stderr and len([out for out in result.stderr.splitlines() if " ERROR " in out]) == 1
+
+
+def test_a_finished_run_run_again_with_new_weights_trains_nothing_and_keeps_its_weight_log(tmp_path, caches):
+    # weights.jsonl used to get a resume stage from the finished run's last step, which no step drew by and no
+    # checkpoint holds (and train.png drew it)
+    trainer = {**TRAINER, "num_train_steps": 2}
+    train(load_train_config(write_train_config(tmp_path, "run", trainer, MODEL, caches)))
+    logged = (tmp_path / "run" / WEIGHT_LOG).read_text()
+    again = train(load_train_config(_reweighted(tmp_path, caches, "run", num_train_steps=2, allow_data_change=True)))
+    assert (again.first_step, again.steps) == (2, 0)
+    assert (tmp_path / "run" / WEIGHT_LOG).read_text() == logged and [s.by for s in read_log(str(tmp_path / "run"))] == ["config"]

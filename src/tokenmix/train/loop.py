@@ -105,7 +105,9 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     mesh = make_mesh(config)
     _check_eval_batch_size(config, mesh)
     schedule = BatchSchedule.of(trainer.train_batch_size)
-    weight_log = _resumed_weight_log(config, checkpoint, changes, schedule)
+    finished = checkpoint is not None and checkpoint.step >= trainer.num_train_steps
+    # a finished run trains no step to reweight: its weights.jsonl stays its checkpoint's log
+    weight_log = _resumed_weight_log(config, checkpoint, {} if finished else changes, schedule)
     train_set = data.train_set(trainer.seq_len, weight_log=None if weight_log is None else stages(weight_log))
     if weight_log is None and isinstance(train_set, MixtureDataset):
         weight_log = config_log(train_set, schedule)
@@ -125,7 +127,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
         accept_data_change(cache_changes, start, checkpoint.path, trainer.allow_data_change)
         changes.update(cache_changes)
         model, opt_state = load_state(checkpoint, (model, opt_state))
-        if start >= trainer.num_train_steps:
+        if finished:
             logger.info("%s has trained %d steps, all that trainer.num_train_steps (%d) asks for: nothing to train; raise "
                         "trainer.num_train_steps to train further", run_dir, start, trainer.num_train_steps)
             return TrainResult(start, 0, None, {}, {}, model, 0.0)
