@@ -240,6 +240,17 @@ def test_a_validation_set_smaller_than_an_evaluation_batch_is_named_with_a_batch
            "validation examples to evaluate it" in caplog.text
 
 
+def test_a_data_batch_size_other_than_the_trainers_is_refused_naming_both(tmp_path):
+    # it was taken: a weight stage "from step 4" at data.batch_size 16 started at example 64, step 8 of the run's batches of 8
+    stages = [[0, {"linux_doc": 1.0, "python_doc": 0.0, "webster": 0.0}], [4, {"linux_doc": 0.0, "python_doc": 1.0, "webster": 0.0}]]
+    trainer = {"train_batch_size": 8, "checkpoint_dir": str(tmp_path / "run")}
+    path = write_train_config(tmp_path, "other", trainer, TINY, batch_size=16, train_weights=stages)
+    with pytest.raises(ValueError, match=r"other.yaml: data.batch_size 16 is not trainer.train_batch_size 8: .* Remove data.batch_size"):
+        load_train_config(path)
+    same = load_train_config(write_train_config(tmp_path, "same", trainer, TINY, batch_size=[[0, 8]], train_weights=stages))
+    assert same.data.weight_schedule()[1][0] == 32  # step 4 of batches of 8
+
+
 def test_a_seq_len_longer_than_the_models_positions_is_refused_at_start_naming_both_fields(tmp_path):
     trainer = {"seq_len": 512, "checkpoint_dir": str(tmp_path / "run")}
     path = write_train_config(tmp_path, "long", trainer, {**TINY, "max_position": 256})

@@ -12,6 +12,7 @@ import draccus
 
 from tokenmix.config.loading import ConfigError, data_section_config, explain_error, parse_overrides, read_yaml, set_path
 from tokenmix.config.mixture import LMMixtureDatasetConfig
+from tokenmix.loader.batch_schedule import BatchSchedule
 from tokenmix.train.model import ModelConfig
 
 
@@ -134,6 +135,11 @@ def load_train_config(path: str, overrides: Sequence[str] = ()) -> TrainLmConfig
     data = data_section_config(data_doc, f"{path}'s data section")
     if not isinstance(data, LMMixtureDatasetConfig):
         raise ConfigError(f"{path}: the data section must be a mixture (configs: or components:), so that each source is evaluated")
+    if data.batch_size is not None and BatchSchedule.of(data.batch_size) != BatchSchedule.of(trainer.train_batch_size):
+        raise ConfigError(f"{path}: data.batch_size {data.batch_size!r} is not trainer.train_batch_size {trainer.train_batch_size!r}: "
+                          "the run's batches are trainer.train_batch_size, and data.batch_size turns the data section's steps "
+                          "(weight stages, max_train_batches, train_steps) into examples, so they would fall at other steps than "
+                          "they say. Remove data.batch_size (the trainer's is taken), or make the two the same")
     try:
         return TrainLmConfig(data, trainer, model)
     except ValueError as e:
