@@ -162,7 +162,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     last_eval: dict[str, float] = {}
     with DataLoader(train_set, trainer.train_batch_size, mesh, mapping, prefetch=trainer.prefetch, fingerprint=trainer.fingerprint,
                     positions=True, workers=trainer.loader_workers, read_timeout_s=trainer.loader_read_timeout_s) as loader, \
-            open(os.path.join(run_dir, METRICS) if is_writer() else os.devnull, "a") as log:
+            open(_whole_lines(os.path.join(run_dir, METRICS)) if is_writer() else os.devnull, "a") as log:
         if checkpoint is not None and not changes and trainer.fingerprint:  # changed fields change the batches too
             changes = _last_batch_change(loader, checkpoint)
             accept_data_change(changes, start, checkpoint.path, trainer.allow_data_change, cause=BATCH_CHANGED)
@@ -256,6 +256,29 @@ def _replicate_unplaced(state: Any, mesh: Mesh) -> Any:
     every array a step takes in is laid out as the step lays out what it gives back."""
     replicated = NamedSharding(mesh, P())
     return jax.tree_util.tree_map(lambda a: a if isinstance(a.sharding, NamedSharding) else jax.device_put(a, replicated), state)
+
+
+def _whole_lines(path: str) -> str:
+    """``path``, its last line cut off first where it does not end in a newline (a machine that stopped mid-write left it
+    torn, or padded with zero bytes): the lines appended next would follow it on the same line, and no reader could
+    parse it. The cut is logged."""
+    if not os.path.exists(path):
+        return path
+    with open(path, "rb+") as f:
+        end = f.seek(0, os.SEEK_END)
+        tail = b""
+        while end and b"\n" not in tail:
+            start = max(0, end - 65536)
+            f.seek(start)
+            tail = f.read(end - start) + tail
+            end = start
+        if tail and not tail.endswith(b"\n"):
+            keep = end + tail.rfind(b"\n") + 1
+            torn = tail[tail.rfind(b"\n") + 1:]
+            logger.warning("%s: cutting off its last line, which a stop mid-write left unfinished (%d bytes: %r)", path, len(torn),
+                           torn[:80])
+            f.truncate(keep)
+    return path
 
 
 def _write(log, record: dict[str, Any]) -> None:
