@@ -212,13 +212,16 @@ def test_trainer_fields_at_their_edges_are_refused_naming_the_field(name, value)
     TrainerConfig(warmup_steps=0, weight_decay=0.0)  # the edges that are fine
 
 
-def test_an_eval_batch_size_the_mesh_does_not_divide_is_refused_before_any_step(tmp_path):
-    # it used to fail at the first evaluation, after the steps before it were trained, naming only "batch_size"
+def test_a_batch_size_the_mesh_does_not_divide_is_refused_before_any_step_naming_the_trainer_field(tmp_path):
+    # it used to fail at the first evaluation, after the steps before it were trained; a training batch size was refused
+    # naming only "batch_size"
     config = _config(tmp_path, "run", num_train_steps=2, steps_per_eval=1, steps_per_checkpoint=1, eval_batch_size=6)
-    with pytest.raises(ValueError, match=r"trainer.eval_batch_size 6 is not divisible by 4, the devices of trainer.mesh's data "
-                                         r"axis .* set it to a multiple of 4"):
+    with pytest.raises(ValueError, match=r"trainer.eval_batch_size 6 does not fit trainer.mesh \{'data': 4, 'model': 2\}: batch size 6 "
+                                         r"is not divisible by 4, .* use a multiple of 4"):
         train(config)
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+    with pytest.raises(ValueError, match=r"trainer.train_batch_size 12 does not fit trainer.mesh .*: batch size 12 is not divisible by 8"):
+        train(_config(tmp_path, "ramp", train_batch_size=[[0, 8], [1, 12]], mesh={"data": 8, "model": 1}))
 
 
 def test_a_validation_set_smaller_than_an_evaluation_batch_is_named_with_a_batch_size_the_mesh_takes(tmp_path, caplog):

@@ -35,6 +35,7 @@ from tokenmix.datasets.base import Dataset
 from tokenmix.datasets.mixture import MixtureDataset
 from tokenmix.loader.batch_schedule import BatchSchedule
 from tokenmix.loader.loader import DataLoader
+from tokenmix.loader.sharding import BatchLayout
 from tokenmix.mixing.source_stats import SourceStats
 from tokenmix.train.checkpoint import RECORD_FILE, Checkpoint, latest_checkpoint, load_state, save_checkpoint
 from tokenmix.train.config import TrainLmConfig
@@ -47,6 +48,8 @@ from tokenmix.train.weight_log import LoggedStage, as_records, config_log, from_
 logger = logging.getLogger(__name__)
 
 METRICS = "metrics.jsonl"
+BATCH_MAPPING = {"batch": "data"}
+"""Training and evaluation batches are split over the mesh's data axis."""
 BATCH_CHANGED = ("Every field the checkpoint records is the same, so the caches' contents, or the way tokenmix orders the "
                  "data (another version), changed since")
 
@@ -103,7 +106,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     if not is_writer():
         build_caches(data, progress=False)
     mesh = make_mesh(config)
-    _check_eval_batch_size(config, mesh)
+    _check_batch_sizes(config, mesh)
     schedule = BatchSchedule.of(trainer.train_batch_size)
     finished = checkpoint is not None and checkpoint.step >= trainer.num_train_steps
     # a finished run trains no step to reweight: its weights.jsonl stays its checkpoint's log
@@ -155,12 +158,11 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     mixing = OnlineMixing.start(config, train_set, weight_log, checkpoint) if data.adaptive is not None else None
     eval_size = trainer.eval_batch_size or trainer.first_batch_size()
     validation = evaluated_sets(data.validation_sets(trainer.seq_len), train_set.names, eval_size, mesh.shape["data"])
-    mapping = {"batch": "data"}
     fingerprints: dict[int, str | None] = {}
     wait = busy = 0.0
     loss = float("nan")
     last_eval: dict[str, float] = {}
-    with DataLoader(train_set, trainer.train_batch_size, mesh, mapping, prefetch=trainer.prefetch, fingerprint=trainer.fingerprint,
+    with DataLoader(train_set, trainer.train_batch_size, mesh, BATCH_MAPPING, prefetch=trainer.prefetch, fingerprint=trainer.fingerprint,
                     positions=True, workers=trainer.loader_workers, read_timeout_s=trainer.loader_read_timeout_s) as loader, \
             open(_whole_lines(os.path.join(run_dir, METRICS)) if is_writer() else os.devnull, "a") as log:
         if checkpoint is not None and not changes and trainer.fingerprint:  # changed fields change the batches too
@@ -232,7 +234,7 @@ def evaluate(model: TinyLM, validation: dict[str, Dataset], batch_size: int, max
     out = {}
     for name, dataset in validation.items():
         total = count = 0.0
-        with DataLoader(dataset, batch_size, mesh, {"batch": "data"}, prefetch=0, positions=True) as loader:
+        with DataLoader(dataset, batch_size, mesh, BATCH_MAPPING, prefetch=0, positions=True) as loader:
             for step_batch in itertools.islice(loader, min(loader.num_steps(), max_batches)):
                 b = step_batch.batch.arrays()
                 t, c = _eval_loss(model, b["tokens"], b["loss_mask"], b["segment_ids"], b["positions"])
@@ -241,14 +243,18 @@ def evaluate(model: TinyLM, validation: dict[str, Dataset], batch_size: int, max
     return out
 
 
-def _check_eval_batch_size(config: TrainLmConfig, mesh: Mesh) -> None:
-    """Refuse, before any step, a ``trainer.eval_batch_size`` the mesh's data axis does not divide: the first evaluation
-    would fail, after the steps before it were trained (and, past the last checkpoint, lost)."""
-    size, shards = config.trainer.eval_batch_size, mesh.shape["data"]
-    if size is not None and size % shards:
-        raise ValueError(f"trainer.eval_batch_size {size} is not divisible by {shards}, the devices of trainer.mesh's data axis "
-                         f"(each evaluation batch is split over them); set it to a multiple of {shards}, or unset it to "
-                         "evaluate in batches of the first trainer.train_batch_size")
+def _check_batch_sizes(config: TrainLmConfig, mesh: Mesh) -> None:
+    """Refuse, before any step, a training or evaluation batch size the mesh does not split, naming the trainer's field:
+    the loader refused a training one naming only ``batch_size``, and an evaluation one at the first evaluation, after
+    the steps before it were trained (and, past the last checkpoint, lost)."""
+    trainer = config.trainer
+    sizes = [("trainer.train_batch_size", size) for _, size in BatchSchedule.of(trainer.train_batch_size).stages]
+    sizes += [("trainer.eval_batch_size", trainer.eval_batch_size)] if trainer.eval_batch_size is not None else []
+    for name, size in sizes:
+        try:
+            BatchLayout(mesh, BATCH_MAPPING, size, trainer.seq_len)
+        except ValueError as e:
+            raise ValueError(f"{name} {size} does not fit trainer.mesh {dict(mesh.shape)}: {e}") from None
 
 
 def _replicate_unplaced(state: Any, mesh: Mesh) -> Any:
