@@ -151,7 +151,8 @@ def test_a_damaged_checkpoint_is_refused_naming_it_and_the_one_before_it(tmp_pat
                                               r"from step-2, the checkpoint before it"):
         train(load_train_config(path))
     shutil.move(root / "step-4", tmp_path / "damaged")
-    assert train(load_train_config(path), stop_after=0).first_step == 2
+    resumed = train(load_train_config(path), stop_after=0)
+    assert (resumed.first_step, resumed.steps, resumed.final_loss) == (2, 0, None)  # no step: no loss (it was nan)
 
 
 def test_a_checkpoint_of_the_old_layout_is_refused_by_name(tmp_path, caches):

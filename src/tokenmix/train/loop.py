@@ -160,7 +160,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     validation = evaluated_sets(data.validation_sets(trainer.seq_len), train_set.names, eval_size, mesh.shape["data"])
     fingerprints: dict[int, str | None] = {}
     wait = busy = 0.0
-    loss = float("nan")
+    loss: float | None = None
     last_eval: dict[str, float] = {}
     with DataLoader(train_set, trainer.train_batch_size, mesh, BATCH_MAPPING, prefetch=trainer.prefetch, fingerprint=trainer.fingerprint,
                     positions=True, workers=trainer.loader_workers, read_timeout_s=trainer.loader_read_timeout_s) as loader, \
@@ -205,7 +205,8 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
                                 "weight_log": None if weight_log is None else as_records(weight_log),
                                 "mixing": None if mixing is None else mixing.state()}, trainer.keep_checkpoints)
     share = wait / busy if busy else 0.0
-    logger.info("trained steps %d to %d; waiting for data took %.2f%% of step time", start, end - 1, 100 * share)
+    if end > start:
+        logger.info("trained steps %d to %d; waiting for data took %.2f%% of step time", start, end - 1, 100 * share)
     return TrainResult(start, end - start, loss, last_eval, fingerprints, model, share)
 
 
