@@ -252,6 +252,8 @@ def test_a_data_batch_size_other_than_the_trainers_is_refused_naming_both(tmp_pa
         load_train_config(path)
     same = load_train_config(write_train_config(tmp_path, "same", trainer, TINY, batch_size=[[0, 8]], train_weights=stages))
     assert same.data.weight_schedule()[1][0] == 32  # step 4 of batches of 8
+    with pytest.raises(ValueError, match=r"data.batch_size \[\(0, 8\)\] is not trainer.train_batch_size 16"):
+        replace(same, trainer=replace(same.trainer, train_batch_size=16))  # a config built in code
 
 
 def test_a_seq_len_longer_than_the_models_positions_is_refused_at_start_naming_both_fields(tmp_path):

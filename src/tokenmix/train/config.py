@@ -97,13 +97,19 @@ class TrainerConfig:
 @dataclass(frozen=True)
 class TrainLmConfig:
     """``data`` + ``trainer`` + ``model``; refused when an example has more tokens than the model has positions (they
-    would share the last position's embedding, silently)."""
+    would share the last position's embedding, silently), and when the data's ``batch_size`` is not the trainer's."""
 
     data: LMMixtureDatasetConfig
     trainer: TrainerConfig
     model: ModelConfig
 
     def __post_init__(self) -> None:
+        batch_size = self.data.batch_size
+        if batch_size is not None and BatchSchedule.of(batch_size) != BatchSchedule.of(self.trainer.train_batch_size):
+            raise ValueError(f"data.batch_size {batch_size!r} is not trainer.train_batch_size {self.trainer.train_batch_size!r}: "
+                             "the run's batches are trainer.train_batch_size, and data.batch_size turns the data section's steps "
+                             "(weight stages, max_train_batches, train_steps) into examples, so they would fall at other steps "
+                             "than they say. Remove data.batch_size (the trainer's is taken), or make the two the same")
         extra = int(self.data.example_convention != "levanter")  # megatron and datatrove examples hold seq_len + 1 tokens
         width = self.trainer.seq_len + extra
         if width > self.model.max_position:
@@ -135,11 +141,6 @@ def load_train_config(path: str, overrides: Sequence[str] = ()) -> TrainLmConfig
     data = data_section_config(data_doc, f"{path}'s data section")
     if not isinstance(data, LMMixtureDatasetConfig):
         raise ConfigError(f"{path}: the data section must be a mixture (configs: or components:), so that each source is evaluated")
-    if data.batch_size is not None and BatchSchedule.of(data.batch_size) != BatchSchedule.of(trainer.train_batch_size):
-        raise ConfigError(f"{path}: data.batch_size {data.batch_size!r} is not trainer.train_batch_size {trainer.train_batch_size!r}: "
-                          "the run's batches are trainer.train_batch_size, and data.batch_size turns the data section's steps "
-                          "(weight stages, max_train_batches, train_steps) into examples, so they would fall at other steps than "
-                          "they say. Remove data.batch_size (the trainer's is taken), or make the two the same")
     try:
         return TrainLmConfig(data, trainer, model)
     except ValueError as e:
