@@ -212,6 +212,14 @@ def test_trainer_fields_at_their_edges_are_refused_naming_the_field(name, value)
     TrainerConfig(warmup_steps=0, weight_decay=0.0)  # the edges that are fine
 
 
+@pytest.mark.parametrize("mesh", [{"data": 0, "model": 1}, {"data": -1, "model": 0}, {"data": 4, "model": -1}])
+def test_a_mesh_axis_of_fewer_than_one_device_is_refused_naming_the_axis(mesh):
+    # refused only once the caches were built, as a mesh that "needs 0 devices" (model 0 with data -1: a ZeroDivisionError)
+    axis, size = next((a, s) for a, s in mesh.items() if s < 1 and not (a == "data" and s == -1))
+    with pytest.raises(ValueError, match=rf"trainer.mesh: axis {axis} has size {size}; an axis takes at least 1 device"):
+        TrainerConfig(mesh=mesh)
+
+
 def test_a_batch_size_the_mesh_does_not_divide_is_refused_before_any_step_naming_the_trainer_field(tmp_path):
     # it used to fail at the first evaluation, after the steps before it were trained; a training batch size was refused
     # naming only "batch_size"

@@ -71,6 +71,10 @@ class TrainerConfig:
         unknown = set(self.mesh) - {"data", "model"}
         if unknown:
             raise ValueError(f"trainer.mesh: axes {sorted(unknown)} are not used; name `data` and `model`")
+        for axis, size in self.mesh.items():
+            if size < 1 and not (axis == "data" and size == -1):
+                raise ValueError(f"trainer.mesh: axis {axis} has size {size}; an axis takes at least 1 device"
+                                 + (" (data: -1 takes the devices left)" if axis == "data" else ""))
         if self.num_processes < 1 or not 0 <= self.process_id < self.num_processes:
             raise ValueError(f"trainer.process_id must be 0 to trainer.num_processes - 1 (num_processes >= 1), got process_id "
                              f"{self.process_id} of {self.num_processes}")
