@@ -200,19 +200,68 @@ def test_trainer_fields_are_checked_naming_the_field(tmp_path):
         load_train_config(str(path))
 
 
-def test_a_data_batch_size_other_than_the_trainers_is_refused_naming_both_fields(tmp_path):
-    """The data's weight stages start at steps of data.batch_size's batches: with the trainer's of another size, each stage
-    would switch at another step than the one it names."""
-    trainer = {"train_batch_size": 16, "seq_len": 64, "checkpoint_dir": str(tmp_path / "run")}
-    stages = [[0, {"linux_doc": 1.0}], [10, {"webster": 1.0}]]
-    path = write_train_config(tmp_path, "two_sizes", trainer, TINY, batch_size=8, train_weights=stages)
-    with pytest.raises(ValueError, match=r"two_sizes.yaml: data.batch_size 8 differs from trainer.train_batch_size 16: .*"
-                                         r"Remove data.batch_size \(the data section takes the trainer's\), or make the two equal"):
+@pytest.mark.parametrize(("name", "value"), [("warmup_steps", -3), ("learning_rate", -0.01), ("learning_rate", 0.0),
+                                           ("learning_rate", float("nan")), ("weight_decay", -0.1), ("eval_batch_size", 0),
+                                           ("eval_batch_size", -8), ("cpu_devices", 0)])
+def test_trainer_fields_at_their_edges_are_refused_naming_the_field(name, value):
+    # each used to be taken: a negative warmup started the schedule mid-decay, a learning rate <= 0 or nan trained nothing
+    # or diverged, an eval_batch_size of 0 fell back to the training batch size and a negative one failed at the first
+    # evaluation, cpu_devices 0 asked for no devices
+    with pytest.raises(ValueError, match=rf"trainer.{name} must be .*got {value}"):
+        TrainerConfig(**{name: value})
+    TrainerConfig(warmup_steps=0, weight_decay=0.0)  # the edges that are fine
+
+
+@pytest.mark.parametrize("mesh", [{"data": 0, "model": 1}, {"data": -1, "model": 0}, {"data": 4, "model": -1}])
+def test_a_mesh_axis_of_fewer_than_one_device_is_refused_naming_the_axis(mesh):
+    # refused only once the caches were built, as a mesh that "needs 0 devices" (model 0 with data -1: a ZeroDivisionError)
+    axis, size = next((a, s) for a, s in mesh.items() if s < 1 and not (a == "data" and s == -1))
+    with pytest.raises(ValueError, match=rf"trainer.mesh: axis {axis} has size {size}; an axis takes at least 1 device"):
+        TrainerConfig(mesh=mesh)
+
+
+def test_a_batch_size_the_mesh_does_not_divide_is_refused_before_any_step_naming_the_trainer_field(tmp_path):
+    # it used to fail at the first evaluation, after the steps before it were trained; a training batch size was refused
+    # naming only "batch_size"
+    config = _config(tmp_path, "run", num_train_steps=2, steps_per_eval=1, steps_per_checkpoint=1, eval_batch_size=6)
+    with pytest.raises(ValueError, match=r"trainer.eval_batch_size 6 does not fit trainer.mesh \{'data': 4, 'model': 2\}: batch size 6 "
+                                         r"is not divisible by 4, .* use a multiple of 4"):
+        train(config)
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+    with pytest.raises(ValueError, match=r"trainer.train_batch_size 12 does not fit trainer.mesh .*: batch size 12 is not divisible by 8"):
+        train(_config(tmp_path, "ramp", train_batch_size=[[0, 8], [1, 12]], mesh={"data": 8, "model": 1}))
+
+
+def test_a_validation_set_smaller_than_an_evaluation_batch_is_named_with_a_batch_size_the_mesh_takes(tmp_path, caplog):
+    # the fix named was the set's size (667 on a data axis of 4; 2, or 0, for a set of 2), a batch size the mesh refuses
+    path = write_train_config(tmp_path, "run", {"num_train_steps": 1, "train_batch_size": 8, "seq_len": 64, "mesh": {"data": 4, "model": 2},
+                                                "eval_batch_size": 1000}, TINY)
+    doc = yaml.safe_load(open(path))
+    (tmp_path / "validation.jsonl").write_text(json.dumps({"text": " ".join(["word"] * 150)}) + "\n")  # 2 examples of 64 tokens
+    doc["data"]["configs"]["webster"]["validation_urls"] = [str(tmp_path / "validation.jsonl")]
+    with open(path, "w") as f:
+        yaml.safe_dump(doc, f)
+    with caplog.at_level(logging.WARNING, logger="tokenmix.train.loop"):
+        result = train(load_train_config(path))
+    assert result.validation == {}
+    assert "the validation set of linux_doc holds 667 examples, fewer than one evaluation batch (1000): it is not evaluated; set " \
+           "trainer.eval_batch_size to at most 664 to evaluate it" in caplog.text
+    assert "the validation set of webster holds 2 examples, fewer than one evaluation batch (1000): it is not evaluated; no " \
+           "evaluation batch fits it (a batch holds a multiple of the 4 devices of trainer.mesh's data axis): give it at least 4 " \
+           "validation examples to evaluate it" in caplog.text
+
+
+def test_a_data_batch_size_other_than_the_trainers_is_refused_naming_both(tmp_path):
+    # it was taken: a weight stage "from step 4" at data.batch_size 16 started at example 64, step 8 of the run's batches of 8
+    stages = [[0, {"linux_doc": 1.0, "python_doc": 0.0, "webster": 0.0}], [4, {"linux_doc": 0.0, "python_doc": 1.0, "webster": 0.0}]]
+    trainer = {"train_batch_size": 8, "checkpoint_dir": str(tmp_path / "run")}
+    path = write_train_config(tmp_path, "other", trainer, TINY, batch_size=16, train_weights=stages)
+    with pytest.raises(ValueError, match=r"other.yaml: data.batch_size 16 is not trainer.train_batch_size 8: .* Remove data.batch_size"):
         load_train_config(path)
-    for same in (16, [[0, 16]], None):
-        data = {} if same is None else {"batch_size": same}
-        config = load_train_config(write_train_config(tmp_path, "one_size", trainer, TINY, train_weights=stages, **data))
-        assert config.data.weight_schedule()[1][0] == 160  # step 10 of the trainer's 16-example batches
+    same = load_train_config(write_train_config(tmp_path, "same", trainer, TINY, batch_size=[[0, 8]], train_weights=stages))
+    assert same.data.weight_schedule()[1][0] == 32  # step 4 of batches of 8
+    with pytest.raises(ValueError, match=r"data.batch_size \[\(0, 8\)\] is not trainer.train_batch_size 16"):
+        replace(same, trainer=replace(same.trainer, train_batch_size=16))  # a config built in code
 
 
 def test_a_seq_len_longer_than_the_models_positions_is_refused_at_start_naming_both_fields(tmp_path):

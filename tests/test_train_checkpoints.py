@@ -151,7 +151,8 @@ def test_a_damaged_checkpoint_is_refused_naming_it_and_the_one_before_it(tmp_pat
                                               r"from step-2, the checkpoint before it"):
         train(load_train_config(path))
     shutil.move(root / "step-4", tmp_path / "damaged")
-    assert train(load_train_config(path), stop_after=0).first_step == 2
+    resumed = train(load_train_config(path), stop_after=0)
+    assert (resumed.first_step, resumed.steps, resumed.final_loss) == (2, 0, None)  # no step: no loss (it was nan)
 
 
 def test_a_checkpoint_of_the_old_layout_is_refused_by_name(tmp_path, caches):
@@ -165,3 +166,16 @@ def test_a_checkpoint_of_the_old_layout_is_refused_by_name(tmp_path, caches):
                                               r"and checkpoint.json\).* delete checkpoint.eqx and checkpoint.json"):
         train(load_train_config(path))
     assert len(read_metrics(str(run))[0]) == 2
+
+
+def test_a_metrics_line_left_unfinished_by_a_stop_mid_write_is_cut_off_at_the_resume(tmp_path, caches, caplog):
+    # the resumed run's lines used to follow the torn one on its line, and reading metrics.jsonl (train.png) failed
+    path = write_train_config(tmp_path, "run", {**TRAINER, "num_train_steps": 3, "steps_per_checkpoint": 1}, MODEL, caches)
+    train(load_train_config(path), stop_after=2)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    lines = metrics.read_bytes().splitlines(keepends=True)
+    metrics.write_bytes(b"".join(lines[:-1]) + lines[-1][:20] + b"\0" * 8)  # step 1's line torn, as a machine stopped mid-write
+    with caplog.at_level(logging.WARNING, logger="tokenmix.train.loop"):
+        train(load_train_config(path))
+    assert [record["step"] for record in read_metrics(str(tmp_path / "run"))[0]] == [0, 2]
+    assert f"{metrics}: cutting off its last line, which a stop mid-write left unfinished (28 bytes" in caplog.text

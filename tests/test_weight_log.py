@@ -101,3 +101,34 @@ def test_a_packed_sources_draws_go_on_across_an_appended_stage(tmp_path, caches)
     expected = packed.base.get_batch(packed.examples(np.arange(int(rows.sum()))))  # its first draws, in order, once each
     assert np.array_equal(batch.tokens[rows], expected.tokens) and np.array_equal(batch.segment_ids[rows], expected.segment_ids)
     assert rows[64:].sum() > rows[:64].sum() and isinstance(packed.base, PackedDataset)
+
+
+@pytest.mark.parametrize(("edit", "line", "says"), [
+    (lambda lines: [lines[0], lines[2], lines[1]], 3, "the stage starts at example 80, not after the line before's 160"),
+    (lambda lines: lines[1:], 1, "the first stage starts at example 80, not 0"),
+])
+def test_a_weight_log_edited_by_hand_out_of_order_is_refused_naming_its_line(tmp_path, edit, line, says):
+    # its stages were drawn unsorted (each step's weights looked up among starts out of order) or, the first removed, the
+    # steps before the next stage had no weights at all: a picture of weights no run drew by, without a word
+    config = write_train_config(tmp_path, "run", TRAINER, MODEL)
+    records = [{"start": 0, "step": 0, "weights": {"linux_doc": 0.5, "python_doc": 0.3, "webster": 0.2}, "by": "config"},
+               {"start": 80, "step": 10, "weights": {"linux_doc": 0.2, "python_doc": 0.2, "webster": 0.6}, "by": "odm", "decided_at_step": 5},
+               {"start": 160, "step": 20, "weights": {"linux_doc": 0.6, "python_doc": 0.2, "webster": 0.2}, "by": "odm", "decided_at_step": 15}]
+    log = tmp_path / WEIGHT_LOG
+    log.write_text("".join(edit([json.dumps(r) + "\n" for r in records])))
+    result = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", "plot", "--config_path", config, "--steps", "30",
+                             "--weight_log", str(log), "--out", str(tmp_path / "log.png")], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode != 0 and not (tmp_path / "log.png").exists()
+    assert f"{log}, line {line}: {says}: a weight log's stages start at example 0 and increase" in result.stderr
+    assert "Traceback" not in result.stderr and len([out for out in result.stderr.splitlines() if " ERROR " in out]) == 1
+
+
+def test_a_finished_run_run_again_with_new_weights_trains_nothing_and_keeps_its_weight_log(tmp_path, caches):
+    # weights.jsonl used to get a resume stage from the finished run's last step, which no step drew by and no
+    # checkpoint holds (and train.png drew it)
+    trainer = {**TRAINER, "num_train_steps": 2}
+    train(load_train_config(write_train_config(tmp_path, "run", trainer, MODEL, caches)))
+    logged = (tmp_path / "run" / WEIGHT_LOG).read_text()
+    again = train(load_train_config(_reweighted(tmp_path, caches, "run", num_train_steps=2, allow_data_change=True)))
+    assert (again.first_step, again.steps) == (2, 0)
+    assert (tmp_path / "run" / WEIGHT_LOG).read_text() == logged and [s.by for s in read_log(str(tmp_path / "run"))] == ["config"]

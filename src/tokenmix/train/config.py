@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,12 +71,25 @@ class TrainerConfig:
         unknown = set(self.mesh) - {"data", "model"}
         if unknown:
             raise ValueError(f"trainer.mesh: axes {sorted(unknown)} are not used; name `data` and `model`")
+        for axis, size in self.mesh.items():
+            if size < 1 and not (axis == "data" and size == -1):
+                raise ValueError(f"trainer.mesh: axis {axis} has size {size}; an axis takes at least 1 device"
+                                 + (" (data: -1 takes the devices left)" if axis == "data" else ""))
         if self.num_processes < 1 or not 0 <= self.process_id < self.num_processes:
             raise ValueError(f"trainer.process_id must be 0 to trainer.num_processes - 1 (num_processes >= 1), got process_id "
                              f"{self.process_id} of {self.num_processes}")
         if self.num_processes > 1 and self.coordinator_address is None:
             raise ValueError(f"trainer.num_processes {self.num_processes} needs trainer.coordinator_address (host:port of "
                              "process 0's coordinator, e.g. 127.0.0.1:12355 on one machine)")
+        if self.warmup_steps < 0:
+            raise ValueError(f"trainer.warmup_steps must be 0 or more (steps of rising learning rate), got {self.warmup_steps}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ValueError(f"trainer.learning_rate must be a finite number > 0 (the peak of the schedule), got {self.learning_rate}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"trainer.weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        for name in ("eval_batch_size", "cpu_devices"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be at least 1, or null (unset), got {getattr(self, name)}")
         if not self.loader_read_timeout_s > 0:
             raise ValueError(f"trainer.loader_read_timeout_s must be a number of seconds > 0, got {self.loader_read_timeout_s}")
 
@@ -95,6 +109,12 @@ class TrainLmConfig:
     model: ModelConfig
 
     def __post_init__(self) -> None:
+        batch_size = self.data.batch_size
+        if batch_size is not None and BatchSchedule.of(batch_size) != BatchSchedule.of(self.trainer.train_batch_size):
+            raise ValueError(f"data.batch_size {batch_size!r} is not trainer.train_batch_size {self.trainer.train_batch_size!r}: "
+                             "the run's batches are trainer.train_batch_size, and data.batch_size turns the data section's steps "
+                             "(weight stages, max_train_batches, train_steps) into examples, so they would fall at other steps "
+                             "than they say. Remove data.batch_size (the trainer's is taken), or make the two the same")
         extra = int(self.data.example_convention != "levanter")  # megatron and datatrove examples hold seq_len + 1 tokens
         width = self.trainer.seq_len + extra
         if width > self.model.max_position:
@@ -103,12 +123,6 @@ class TrainLmConfig:
             raise ValueError(f"{what} than model.max_position {self.model.max_position}: positions past "
                              f"{self.model.max_position - 1} would have no embedding of their own. Raise model.max_position to at "
                              f"least {width}, or lower trainer.seq_len to at most {self.model.max_position - extra}")
-        data_sizes = self.data.batch_schedule()
-        if data_sizes is not None and data_sizes != BatchSchedule.of(self.trainer.train_batch_size):
-            raise ValueError(f"data.batch_size {self.data.batch_size} differs from trainer.train_batch_size {self.trainer.train_batch_size}: "
-                             "the data's weight stages (train_weights) and max_train_batches count steps of data.batch_size's "
-                             "batches and training takes the trainer's, so each stage would switch at another step than the one "
-                             "it names. Remove data.batch_size (the data section takes the trainer's), or make the two equal")
 
 
 def load_train_config(path: str, overrides: Sequence[str] = ()) -> TrainLmConfig:

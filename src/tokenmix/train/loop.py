@@ -35,6 +35,7 @@ from tokenmix.datasets.base import Dataset
 from tokenmix.datasets.mixture import MixtureDataset
 from tokenmix.loader.batch_schedule import BatchSchedule
 from tokenmix.loader.loader import DataLoader
+from tokenmix.loader.sharding import BatchLayout
 from tokenmix.mixing.source_stats import SourceStats
 from tokenmix.train.checkpoint import RECORD_FILE, Checkpoint, latest_checkpoint, load_state, save_checkpoint
 from tokenmix.train.config import TrainLmConfig
@@ -47,6 +48,8 @@ from tokenmix.train.weight_log import LoggedStage, as_records, config_log, from_
 logger = logging.getLogger(__name__)
 
 METRICS = "metrics.jsonl"
+BATCH_MAPPING = {"batch": "data"}
+"""Training and evaluation batches are split over the mesh's data axis."""
 BATCH_CHANGED = ("Every field the checkpoint records is the same, so the caches' contents, or the way tokenmix orders the "
                  "data (another version), changed since")
 
@@ -103,8 +106,11 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     if not is_writer():
         build_caches(data, progress=False)
     mesh = make_mesh(config)
+    _check_batch_sizes(config, mesh)
     schedule = BatchSchedule.of(trainer.train_batch_size)
-    weight_log = _resumed_weight_log(config, checkpoint, changes, schedule)
+    finished = checkpoint is not None and checkpoint.step >= trainer.num_train_steps
+    # a finished run trains no step to reweight: its weights.jsonl stays its checkpoint's log
+    weight_log = _resumed_weight_log(config, checkpoint, {} if finished else changes, schedule)
     train_set = data.train_set(trainer.seq_len, weight_log=None if weight_log is None else stages(weight_log))
     if weight_log is None and isinstance(train_set, MixtureDataset):
         weight_log = config_log(train_set, schedule)
@@ -124,7 +130,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
         accept_data_change(cache_changes, start, checkpoint.path, trainer.allow_data_change)
         changes.update(cache_changes)
         model, opt_state = load_state(checkpoint, (model, opt_state))
-        if start >= trainer.num_train_steps:
+        if finished:
             logger.info("%s has trained %d steps, all that trainer.num_train_steps (%d) asks for: nothing to train; raise "
                         "trainer.num_train_steps to train further", run_dir, start, trainer.num_train_steps)
             return TrainResult(start, 0, None, {}, {}, model, 0.0)
@@ -151,15 +157,14 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
 
     mixing = OnlineMixing.start(config, train_set, weight_log, checkpoint) if data.adaptive is not None else None
     eval_size = trainer.eval_batch_size or trainer.first_batch_size()
-    validation = evaluated_sets(data.validation_sets(trainer.seq_len), train_set.names, eval_size)
-    mapping = {"batch": "data"}
+    validation = evaluated_sets(data.validation_sets(trainer.seq_len), train_set.names, eval_size, mesh.shape["data"])
     fingerprints: dict[int, str | None] = {}
     wait = busy = 0.0
-    loss = float("nan")
+    loss: float | None = None
     last_eval: dict[str, float] = {}
-    with DataLoader(train_set, trainer.train_batch_size, mesh, mapping, prefetch=trainer.prefetch, fingerprint=trainer.fingerprint,
+    with DataLoader(train_set, trainer.train_batch_size, mesh, BATCH_MAPPING, prefetch=trainer.prefetch, fingerprint=trainer.fingerprint,
                     positions=True, workers=trainer.loader_workers, read_timeout_s=trainer.loader_read_timeout_s) as loader, \
-            open(os.path.join(run_dir, METRICS) if is_writer() else os.devnull, "a") as log:
+            open(_whole_lines(os.path.join(run_dir, METRICS)) if is_writer() else os.devnull, "a") as log:
         if checkpoint is not None and not changes and trainer.fingerprint:  # changed fields change the batches too
             changes = _last_batch_change(loader, checkpoint)
             accept_data_change(changes, start, checkpoint.path, trainer.allow_data_change, cause=BATCH_CHANGED)
@@ -200,21 +205,27 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
                                 "weight_log": None if weight_log is None else as_records(weight_log),
                                 "mixing": None if mixing is None else mixing.state()}, trainer.keep_checkpoints)
     share = wait / busy if busy else 0.0
-    logger.info("trained steps %d to %d; waiting for data took %.2f%% of step time", start, end - 1, 100 * share)
+    if end > start:
+        logger.info("trained steps %d to %d; waiting for data took %.2f%% of step time", start, end - 1, 100 * share)
     return TrainResult(start, end - start, loss, last_eval, fingerprints, model, share)
 
 
-def evaluated_sets(validation: dict[str, Dataset], training: list[str], batch_size: int) -> dict[str, Dataset]:
-    """The validation sets a run evaluates: those holding at least one batch of ``batch_size``. Each training source
-    left out (no validation set, or one too small) is named in the log once, with the reason and the fix."""
+def evaluated_sets(validation: dict[str, Dataset], training: list[str], batch_size: int, shards: int) -> dict[str, Dataset]:
+    """The validation sets a run evaluates: those holding at least one batch of ``batch_size`` (split over ``shards``
+    devices of the mesh's data axis). Each training source left out (no validation set, or one too small) is named in
+    the log once, with the reason and the fix."""
     for name in training:
         if name not in validation:
             logger.warning("source %s has no validation set (no validation_urls, and no num_validation_sequences to hold "
                            "documents out of training): it is not evaluated", name)
     small = {name: len(dataset) for name, dataset in validation.items() if len(dataset) < batch_size}
     for name, size in small.items():
+        fits = size // shards * shards  # the largest evaluation batch the set fills that the data axis divides
+        fix = (f"set trainer.eval_batch_size to at most {fits} to evaluate it" if fits else
+               f"no evaluation batch fits it (a batch holds a multiple of the {shards} devices of trainer.mesh's data axis): "
+               f"give it at least {shards} validation examples to evaluate it")
         logger.warning("the validation set of %s holds %d examples, fewer than one evaluation batch (%d): it is not evaluated; "
-                       "set trainer.eval_batch_size to at most %d to evaluate it", name, size, batch_size, size)
+                       "%s", name, size, batch_size, fix)
     return {name: dataset for name, dataset in validation.items() if name not in small}
 
 
@@ -224,7 +235,7 @@ def evaluate(model: TinyLM, validation: dict[str, Dataset], batch_size: int, max
     out = {}
     for name, dataset in validation.items():
         total = count = 0.0
-        with DataLoader(dataset, batch_size, mesh, {"batch": "data"}, prefetch=0, positions=True) as loader:
+        with DataLoader(dataset, batch_size, mesh, BATCH_MAPPING, prefetch=0, positions=True) as loader:
             for step_batch in itertools.islice(loader, min(loader.num_steps(), max_batches)):
                 b = step_batch.batch.arrays()
                 t, c = _eval_loss(model, b["tokens"], b["loss_mask"], b["segment_ids"], b["positions"])
@@ -233,11 +244,48 @@ def evaluate(model: TinyLM, validation: dict[str, Dataset], batch_size: int, max
     return out
 
 
+def _check_batch_sizes(config: TrainLmConfig, mesh: Mesh) -> None:
+    """Refuse, before any step, a training or evaluation batch size the mesh does not split, naming the trainer's field:
+    the loader refused a training one naming only ``batch_size``, and an evaluation one at the first evaluation, after
+    the steps before it were trained (and, past the last checkpoint, lost)."""
+    trainer = config.trainer
+    sizes = [("trainer.train_batch_size", size) for _, size in BatchSchedule.of(trainer.train_batch_size).stages]
+    sizes += [("trainer.eval_batch_size", trainer.eval_batch_size)] if trainer.eval_batch_size is not None else []
+    for name, size in sizes:
+        try:
+            BatchLayout(mesh, BATCH_MAPPING, size, trainer.seq_len)
+        except ValueError as e:
+            raise ValueError(f"{name} {size} does not fit trainer.mesh {dict(mesh.shape)}: {e}") from None
+
+
 def _replicate_unplaced(state: Any, mesh: Mesh) -> Any:
     """``state`` with every array not laid out on ``mesh`` yet (the optimizer's step counts) replicated over it, so that
     every array a step takes in is laid out as the step lays out what it gives back."""
     replicated = NamedSharding(mesh, P())
     return jax.tree_util.tree_map(lambda a: a if isinstance(a.sharding, NamedSharding) else jax.device_put(a, replicated), state)
+
+
+def _whole_lines(path: str) -> str:
+    """``path``, its last line cut off first where it does not end in a newline (a machine that stopped mid-write left it
+    torn, or padded with zero bytes): the lines appended next would follow it on the same line, and no reader could
+    parse it. The cut is logged."""
+    if not os.path.exists(path):
+        return path
+    with open(path, "rb+") as f:
+        end = f.seek(0, os.SEEK_END)
+        tail = b""
+        while end and b"\n" not in tail:
+            start = max(0, end - 65536)
+            f.seek(start)
+            tail = f.read(end - start) + tail
+            end = start
+        if tail and not tail.endswith(b"\n"):
+            keep = end + tail.rfind(b"\n") + 1
+            torn = tail[tail.rfind(b"\n") + 1:]
+            logger.warning("%s: cutting off its last line, which a stop mid-write left unfinished (%d bytes: %r)", path, len(torn),
+                           torn[:80])
+            f.truncate(keep)
+    return path
 
 
 def _write(log, record: dict[str, Any]) -> None:

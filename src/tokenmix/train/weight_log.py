@@ -99,8 +99,10 @@ def read_log(run_dir: str) -> list[LoggedStage]:
 
 
 def read_log_file(path: str) -> list[LoggedStage]:
-    """The weight log in the JSON-lines file ``path`` (a run's ``weights.jsonl``)."""
-    records = []
+    """The weight log in the JSON-lines file ``path`` (a run's ``weights.jsonl``); refused, naming the line, where its
+    stages do not start at example 0 and go on in increasing order (a file edited by hand: lines reordered, the first
+    removed), which no run draws by."""
+    records, numbers = [], []
     with open(path) as f:
         for number, line in enumerate(f, 1):
             try:
@@ -108,4 +110,15 @@ def read_log_file(path: str) -> list[LoggedStage]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}, line {number}: not a JSON record ({e}); a weight log holds one JSON object a line "
                                  "(a run's weights.jsonl)") from None
-    return from_records(records, path)
+            numbers += [number] if line.strip() else []
+    log = from_records(records, path)
+    fix = ("as the run wrote them; restore the file (a resumed run rewrites it from its checkpoint's log, "
+           "<run>/checkpoints/step-<N>/checkpoint.json's weight_log)")
+    if log and log[0].start != 0:
+        raise ValueError(f"{path}, line {numbers[0]}: the first stage starts at example {log[0].start}, not 0: a weight log's "
+                         f"stages start at example 0 and increase, {fix}")
+    for number, before, stage in zip(numbers[1:], log, log[1:]):
+        if stage.start <= before.start:
+            raise ValueError(f"{path}, line {number}: the stage starts at example {stage.start}, not after the line before's "
+                             f"{before.start}: a weight log's stages start at example 0 and increase, {fix}")
+    return log
