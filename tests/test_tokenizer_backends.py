@@ -281,7 +281,7 @@ def test_a_build_whose_sample_was_checked_before_takes_the_verdict_and_loads_no_
 
 
 def test_a_remembered_sample_verdict_is_keyed_by_all_that_decides_the_sample_s_encoding(tmp_path):
-    spec, _ = _config(tmp_path, "c", TOKENIZER, {}, "auto").encoder_spec(TextLmDatasetFormat(), "source 's'")
+    spec, _ = _config(tmp_path, "c", TOKENIZER, {"s": ["unread.jsonl"]}, "auto").encoder_spec(TextLmDatasetFormat(), "source 's'")
     records = [b'{"text": "a document"}', b'{"text": "another"}']
     key = sample_verdict_key(spec, RawChunk(0, records))
     assert key == sample_verdict_key(dataclasses.replace(spec, backend="fastokens"), RawChunk(0, list(records)))
