@@ -528,4 +528,7 @@ def test_an_empty_ledger_is_named_damaged_not_a_missing_cache(tmp_path, built):
     with pytest.raises(DocumentDamagedError, match=rf"{location}/ledger.json is damaged: empty.*Delete the cache and build it again"):
         TokenCache(str(location))
     found = tokenmix_cli("verify", str(location))
-    assert found.returncode == 1 and f"cache at {location} is damaged: ledger.json: empty" in found.stderr, found.stdout + found.stderr
+    assert found.returncode == 1 and re.search(rf"{location}/ledger.json is damaged: empty.*Delete the cache and build it again",
+                                               found.stderr), found.stdout + found.stderr
+    repaired = tokenmix_cli("verify", str(location), "--repair")  # no repair mends a ledger, so none is offered
+    assert repaired.returncode == 1 and "--repair" not in repaired.stderr and "Delete the cache" in repaired.stderr, repaired.stderr

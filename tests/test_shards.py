@@ -145,6 +145,23 @@ def test_a_zstd_frame_needing_a_larger_window_than_readers_allow_is_refused_with
     assert "zstd -dc --long=31" in err.value.detail
 
 
+
+def test_a_larger_window_is_named_when_the_frame_header_straddles_a_read_of_the_file(tmp_path):
+    """The frame that needs the larger window begins 5 bytes before the end of the reader's first 64 KiB of input (after
+    a skippable frame), so its header arrives in two reads: it is named as the larger window all the same, where it was
+    called corrupt as soon as its header was cut that way."""
+    lines = [json.dumps(r).encode() + b"\n" for r in RECORDS]
+    first = zstandard.ZstdCompressor().compress(b"".join(lines[:10]))
+    padding = (1 << 16) - 5 - len(first) - 8
+    skippable = bytes([0x50, 0x2A, 0x4D, 0x18]) + padding.to_bytes(4, "little") + bytes(padding)
+    streamed = zstandard.ZstdCompressor(compression_params=zstandard.ZstdCompressionParameters(window_log=28)).compressobj()
+    path = tmp_path / "long.jsonl.zst"
+    path.write_bytes(first + skippable + streamed.compress(b"".join(lines[10:])) + streamed.flush())
+    with pytest.raises(ShardReadError) as err:
+        records_of(str(path))
+    assert err.value.reason == "unreadable_file" and err.value.position == 10, err.value.detail
+    assert f"the zstd frame that starts at byte {(1 << 16) - 5:,} needs a 256 MiB window" in err.value.detail
+
 def test_missing_file_is_a_shard_error(tmp_path):
     with pytest.raises(ShardReadError) as err:
         list(FileShard(str(tmp_path / "nope.jsonl")).read())

@@ -380,8 +380,10 @@ class TokenCache:
         offsets = self._array.offsets
         ends = self._array.awaited(offsets, [(r, r + 2) for r in rows], [offsets[r : r + 2].read() for r in rows])
         spans = [(0 if r == 0 else int(e[0]), int(e[1])) for r, e in zip(rows, ends)]
-        for r, span in zip(rows, spans):
-            self._checked_ends(r - 1, np.array(span, np.int64))
+        pairs = np.array(spans, np.int64)
+        last = self._finished_counts[0] - 1 if self._finished_counts is not None else -1
+        for i in np.flatnonzero((pairs[:, 1] < pairs[:, 0]) | (np.array(rows) == last)).tolist():  # those _checked_ends may refuse
+            self._checked_ends(rows[i] - 1, pairs[i])
         return self.read_spans(spans)
 
     def read_spans(self, spans: Sequence[tuple[int, int]]) -> list[np.ndarray]:

@@ -156,14 +156,14 @@ def scrub(location: str, shards: Sequence[Shard] | None = None, inputs: bool = T
 
 
 def stored_ledger(location: str) -> CacheLedger:
-    """The ledger of the cache at ``location``; damage or its absence named."""
+    """The ledger of the cache at ``location``; damage or its absence named (``DocumentDamagedError`` for an empty one)."""
     docs = JsonDocuments(location)
     try:
         doc = docs.read(LEDGER_FILE)
     except ValueError as e:
         raise CacheDamagedError(location, [DamagedChunk(LEDGER_FILE, 0, 0, f"unreadable ({e})")]) from None
-    if doc is None and docs.empty(LEDGER_FILE):
-        raise CacheDamagedError(location, [DamagedChunk(LEDGER_FILE, 0, 0, EMPTY_LEDGER)])
+    if doc is None and docs.empty(LEDGER_FILE):  # as a reader names it: no repair mends it, it reads the ledger
+        raise DocumentDamagedError(location, LEDGER_FILE, EMPTY_LEDGER)
     if doc is None:
         raise CacheNotFoundError(f"no tokenmix cache at {location} (no {LEDGER_FILE}); a cache Levanter built carries no checksums "
                                  "to verify")

@@ -29,6 +29,7 @@ from tokenmix import (
 )
 from tokenmix.cache.packed_source import PackNotFoundError
 from tokenmix.cache.packs import stored_cache_of
+from tokenmix.cache.store import DocumentDamagedError
 from tokenmix.cli.console import make_console
 from tokenmix.cli.parser import CommandParser
 from tokenmix.config.caches import cache_targets
@@ -81,7 +82,7 @@ def run(argv: list[str]) -> int:
             member = next((source for source, at in stored.items() if at == location and source != location), None)
             logger.error("%s", e if member is None else PackNotFoundError(member, location))
             failed += 1
-        except (CacheDamagedError, RepairError, CacheLockedError, TokenizerLoadError, UnsafeFileError) as e:
+        except (CacheDamagedError, DocumentDamagedError, RepairError, CacheLockedError, TokenizerLoadError, UnsafeFileError) as e:
             logger.error("%s", e)
             failed += 1
     if args.json:

@@ -11,7 +11,7 @@ import numpy as np
 from tokenmix.datasets.permutation import FeistelPermutation
 
 
-def held_out_documents(doc_lengths: np.ndarray, tokens_wanted: int, key: int, shuffle: bool = True, asked: str = "holding out") -> np.ndarray:
+def held_out_documents(doc_lengths: np.ndarray, tokens_wanted: int, key: int, asked: str, shuffle: bool = True) -> np.ndarray:
     """Sorted row numbers of the held-out documents: the fewest, in seeded order (``shuffle``) or from the end of the
     cache (not: Levanter's unshuffled split keeps its last sequences), holding ``tokens_wanted``. ``asked`` says what
     asks for them, for the message refusing to hold out every token."""

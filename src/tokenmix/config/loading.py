@@ -207,7 +207,7 @@ def _yaml_problem(error: yaml.YAMLError, path: str) -> str:
     """A YAML error on one line: where (the file when it is an included one, the line and column), what, and while doing
     what (PyYAML's own text spreads these over several lines)."""
     if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
-        return " ".join(str(error).split())
+        return _one_line(str(error))
 
     def at(mark: Any) -> str:
         return f"line {mark.line + 1}, column {mark.column + 1}"

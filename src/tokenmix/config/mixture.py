@@ -363,7 +363,7 @@ class LMMixtureDatasetConfig(DataConfigBase):
                  else f"validation_fraction {fraction}")
         # keyed by the source name alone: every run and seed validates on the same documents
         return held_out_documents(np.diff(bounds), max(by_sequences, by_fraction), derive_key("holdout", name),
-                                  self.shuffle_before_trainval_split, f"source {name!r}: {asked}")
+                                  f"source {name!r}: {asked}", self.shuffle_before_trainval_split)
 
     def train_set(self, seq_len: int, key: int | None = None,
                   weight_log: list[tuple[int, dict[str, float]]] | None = None) -> MixtureDataset | NanosetOrderDataset:

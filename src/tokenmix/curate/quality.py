@@ -78,7 +78,7 @@ class QualityClassifier(Stage):
             raise ValueError(f"quality.batch_size must be >= 1, got {self.batch_size}")
         if self.max_length < 1:
             raise ValueError(f"quality.max_length must be >= 1, got {self.max_length}")
-        written = [f for f in (self.label_field, self.score_field, self.scores_field) if f is not None]
+        written = list(self.written_fields())
         if len(set(written)) != len(written):
             raise ValueError(f"quality: label_field, score_field and scores_field must differ, got {written}")
         if importlib.util.find_spec("torch") is None:

@@ -488,7 +488,9 @@ class MixtureDataset(Dataset):
             if last.get(self._canon[c], 0.0) == 0 and drawn[c] < size:
                 raise ValueError(
                     f"stop_strategy 'all_exhausted': source {self._canon[c]!r} has weight 0 in the last stage and only "
-                    f"{int(drawn[c])} of its {int(size)} examples are drawn before it, so the mixture would never end"
+                    f"{int(drawn[c])} of its {int(size)} examples are drawn before it, so the mixture would never end: give it a "
+                    "weight above 0 in that stage, start the stage once the source is read through, or use stop_strategy "
+                    "first_exhausted or restart"
                 )
 
     def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:

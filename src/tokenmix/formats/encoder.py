@@ -359,5 +359,5 @@ def _parse_json_line(line: bytes) -> Any:
             value = json.loads(text)
             json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError for a lone surrogate
             return value
-        except (ValueError, TypeError):
+        except ValueError:  # json.JSONDecodeError, UnicodeEncodeError
             raise BadRecordError("malformed_json", str(e)) from None

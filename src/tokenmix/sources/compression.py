@@ -24,6 +24,8 @@ import zstandard
 _READ_SIZE = 1 << 20
 _FEED_SIZE = 1 << 16
 """Compressed bytes handed to the decoder at a time: how closely a failure's byte offset is known."""
+_FRAME_HEAD = 18
+"""The most bytes a frame's header takes (zstd's)."""
 
 
 class TruncatedInputError(EOFError):
@@ -111,7 +113,8 @@ class FrameCheckingReader(io.RawIOBase):
         self._frames = 0
         self._frame_start = 0
         self._frame_head = b""
-        """The first bytes of the frame being read (a zstd frame header is at most 18)."""
+        """The first bytes of the frame being read, up to ``_FRAME_HEAD`` (gathered from the pieces fed: a frame's
+        header may arrive in two reads of the file)."""
         self._offset = 0
         """Compressed bytes decoded so far."""
         self._input = b""
@@ -149,6 +152,8 @@ class FrameCheckingReader(io.RawIOBase):
                     break
                 piece, self._input = self._input[:_FEED_SIZE], self._input[_FEED_SIZE:]
                 piece_end = self._offset + len(piece)
+                if len(self._frame_head) < _FRAME_HEAD:
+                    self._frame_head += piece[: _FRAME_HEAD - len(self._frame_head)]
                 out.append(self._decoder.decompress(piece))
                 decoded += len(out[-1])
                 if self._decoder.eof:
@@ -191,7 +196,7 @@ class FrameCheckingReader(io.RawIOBase):
         else:
             self._decoder = self._new_decoder()
             self._frame_start = self._offset
-            self._frame_head = self._input[:18]
+            self._frame_head = b""
         return bool(starts)
 
     def _read_more(self) -> bool:

@@ -22,6 +22,9 @@ DTYPE_CODES: dict[int, type[np.generic]] = {
 }
 """Megatron's dtype codes (``indexed_dataset.DType``)."""
 HEADER = struct.Struct("<9sQBQQ")
+_WRITE_AGAIN = ("copy the files again from where they were written, or write them again with Megatron's preprocessing (or "
+                "`tokenmix export --to megatron` from a cache of the text)")
+"""What mends a cut or damaged pair of files, said alike by every refusal of one."""
 
 
 def dtype_code(dtype: np.dtype) -> int:
@@ -42,7 +45,8 @@ def open_megatron(prefix: str) -> TokenFile:
             raise TokenFileError(f"{path}: no such file; a Megatron source names the common prefix of its .bin and .idx files "
                                  "(or either file)")
     if (idx_size := os.path.getsize(idx_path)) < HEADER.size:  # before mapping it: numpy cannot map an empty file
-        raise TokenFileError(f"{idx_path}: {idx_size} bytes is shorter than the Megatron index header; the file is truncated")
+        raise TokenFileError(f"{idx_path}: {idx_size} bytes is shorter than the Megatron index header; the file is truncated: "
+                             f"{_WRITE_AGAIN}")
     index = np.memmap(idx_path, np.uint8, mode="r")
     magic, version, code, sequences, documents = HEADER.unpack(bytes(index[: HEADER.size]))
     if magic != MAGIC:
@@ -55,7 +59,7 @@ def open_megatron(prefix: str) -> TokenFile:
     expected = HEADER.size + sequences * (4 + 8) + documents * 8
     if len(index) < expected:
         raise TokenFileError(f"{idx_path}: {len(index)} bytes, but its header promises {sequences} sequences and {documents} "
-                             f"documents ({expected} bytes); the file is truncated")
+                             f"documents ({expected} bytes); the file is truncated: {_WRITE_AGAIN}")
     offset = HEADER.size
     lengths = np.frombuffer(index, np.int32, sequences, offset).astype(np.int64)
     pointers = np.frombuffer(index, np.int64, sequences, offset + 4 * sequences)
@@ -71,7 +75,7 @@ def open_megatron(prefix: str) -> TokenFile:
     total = int(ends[-1]) if sequences else 0
     if size < total * dtype.itemsize:
         raise TokenFileError(f"{bin_path}: {size} bytes, but {idx_path} indexes {total} {dtype} tokens ({total * dtype.itemsize} "
-                             "bytes); the .bin file is truncated or belongs to another index")
+                             f"bytes); the .bin file is truncated or belongs to another index: {_WRITE_AGAIN}")
     tokens = np.memmap(bin_path, dtype, mode="r", shape=(total,)).view(np.ndarray) if total else np.empty(0, dtype)
     return TokenFile(bin_path, tokens, ends, info={"format": "megatron", "dtype": dtype.name, "sequences": int(sequences),
                                                    "documents": max(int(documents) - 1, 0)})
@@ -92,4 +96,4 @@ def _check_document_index(idx_path: str, document_indices: np.ndarray, sequences
         problem = f"ends at sequence {int(document_indices[-1])}, not at the {sequences} sequences the index holds"
     if problem:
         raise TokenFileError(f"{idx_path}: the document index {problem}; the index is damaged or belongs to other sequences: "
-                             "write it again with Megatron's preprocessing (or `tokenmix export --to megatron` from a cache of the text)")
+                             f"{_WRITE_AGAIN}")

@@ -75,7 +75,6 @@ def _expand_glob(url: str) -> list[str]:
     path_part = url.split("://", 1)[-1]
     if not any(c in path_part for c in _GLOB_CHARS):
         return [url]
-
     fs, path = url_to_fs(url)
     if fs.isfile(path):
         return [url]  # a file whose name holds glob characters ("raw [v1]/s.jsonl") is that file, not what the glob matches
@@ -97,7 +96,6 @@ def urls_from_metadata_files(paths: list[str]) -> list[str]:
     Every entry is checked to exist (one ``exists`` call each, so a missing input is named with its listing file and
     line before any building starts); a missing or empty listing file, or a missing entry, raises ``NoShardsError``.
     """
-
     out: list[str] = []
     seen: set[str] = set()
     for listing in paths:
