@@ -3,10 +3,9 @@ written, and check before a later run trusts them."""
 
 from __future__ import annotations
 
-import fsspec
 import xxhash
 
-from tokenmix._object_stores import storage_options
+from tokenmix._object_stores import open_url
 
 _READ_BYTES = 8 << 20
 
@@ -15,7 +14,7 @@ def file_digest(url: str) -> tuple[int, str]:
     """The size of the file at ``url`` (a path or an fsspec URL) and its XXH3-128 digest in hex, from one read of it."""
     digest = xxhash.xxh3_128()
     size = 0
-    with fsspec.open(url, "rb", **storage_options(url)) as f:
+    with open_url(url) as f:
         while block := f.read(_READ_BYTES):
             digest.update(block)
             size += len(block)

@@ -32,3 +32,10 @@ def url_to_fs(url: str) -> tuple[Any, str]:
     import fsspec  # here: its import scans every installed package's entry points, which a reading process never needs
 
     return fsspec.core.url_to_fs(url, **storage_options(url))
+
+
+def open_url(url: str) -> Any:
+    """``url`` opened for reading through fsspec (with ``storage_options``), as a context manager of a binary file."""
+    import fsspec
+
+    return fsspec.open(url, "rb", **storage_options(url))

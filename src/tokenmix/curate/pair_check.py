@@ -12,11 +12,10 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import fsspec
 import numpy as np
 import pyarrow.parquet as pq
 
-from tokenmix._object_stores import storage_options
+from tokenmix._object_stores import open_url
 from tokenmix.curate.dedup_policy import pack, unpack
 from tokenmix.curate.minhash import MinHashConfig, set_jaccard, shingle_sets
 from tokenmix.curate.pipeline_config import CurationError
@@ -117,7 +116,7 @@ def _texts(docs: np.ndarray, check: PairCheck) -> Iterator[tuple[int, str]]:
     tasks, rows = unpack(docs)
     for task in np.unique(tasks).tolist():
         wanted = rows[tasks == task]
-        with fsspec.open(check.intermediate_urls[task], "rb", **storage_options(check.intermediate_urls[task])) as raw:
+        with open_url(check.intermediate_urls[task]) as raw:
             parquet = pq.ParquetFile(raw)
             starts = np.cumsum([0] + [parquet.metadata.row_group(g).num_rows for g in range(parquet.metadata.num_row_groups)])
             group_of = np.searchsorted(starts, wanted, side="right") - 1

@@ -21,13 +21,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import fsspec
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from tokenmix._object_stores import storage_options, url_to_fs
+from tokenmix._object_stores import open_url, url_to_fs
 from tokenmix.curate.partial_files import PartialFile
 from tokenmix.curate.records import (
     POSITION,
@@ -154,7 +153,7 @@ def _parse(raw: Any, text_field: str) -> tuple[dict[str, Any] | None, str | None
 
 def row_groups(url: str) -> Iterator[pa.Table]:
     """A Parquet file (local or fsspec URL) a row group at a time, so memory holds one group, not the file."""
-    with fsspec.open(url, "rb", **storage_options(url)) as raw:
+    with open_url(url) as raw:
         parquet = pq.ParquetFile(raw)
         for group in range(parquet.metadata.num_row_groups):
             yield parquet.read_row_group(group)
@@ -338,7 +337,7 @@ def write_table(url: str, table: pa.Table, statistics: bool = False) -> None:
 
 def read_table(url: str, **kwargs: Any) -> pa.Table:
     """A Parquet file (local or fsspec URL) as a table; ``kwargs`` go to ``pyarrow.parquet.read_table``."""
-    with fsspec.open(url, "rb", **storage_options(url)) as f:
+    with open_url(url) as f:
         return pq.read_table(f, **kwargs)
 
 

@@ -29,7 +29,7 @@ import ijson
 import orjson
 import xxhash
 
-from tokenmix._object_stores import storage_options, url_to_fs
+from tokenmix._object_stores import open_url, url_to_fs
 from tokenmix.sources.compression import (
     CorruptInputError,
     TrailingDataError,
@@ -388,9 +388,7 @@ def _open_input(url: str) -> Any:
     local = local_path(url)
     if local is not None:
         return open(local, "rb")
-    import fsspec
-
-    return fsspec.open(url, "rb", **storage_options(url))
+    return open_url(url)
 
 
 def _files_of(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
