@@ -424,11 +424,11 @@ def test_nanoset_and_datatrove_errors_name_the_fix(tmp_path, text_cache):
         mixture(tmp_path, {"d": {"train_urls": [path], "token_files": {"kind": "datatrove", "eos_id": 0}}})
 
 
-def nanotron_yaml(tmp_path, stages: str) -> str:
+def nanotron_yaml(tmp_path, stages: str, tokenizer: str = TOKENIZER) -> str:
     path = tmp_path / "nanotron.yaml"
     path.write_text(f"""
 tokenizer:
-  tokenizer_name_or_path: {TOKENIZER}
+  tokenizer_name_or_path: {tokenizer}
 tokens:
   sequence_length: {SEQ_LEN}
   micro_batch_size: 4
@@ -480,6 +480,36 @@ def test_a_nanotron_data_stages_config_loads_as_a_staged_mixture_of_nanosets(tmp
     bounds = split_bounds(samples, (949, 50, 1))
     assert len(config.train_sources(SEQ_LEN)["web"]) == bounds[1]
     assert len(config.validation_sets(SEQ_LEN)["web"]) == bounds[2] - bounds[1]
+
+
+@pytest.mark.parametrize("vocab_size", [65535, 65536])
+def test_a_nanoset_export_of_a_vocabulary_of_up_to_65536_ids_reads_back_through_a_nanotron_config(tmp_path, vocab_size):
+    """Nanotron stores ids as uint16 while ``len(tokenizer) <= 65536`` (run_train.py); a Nanotron config naming the
+    export must read it as the export wrote it, the highest ids included."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = Tokenizer(models.WordLevel({str(i): i for i in range(vocab_size)}, unk_token="0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    (tmp_path / "tok").mkdir()
+    words.save(str(tmp_path / "tok" / "tokenizer.json"))
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(vocab_size - 300, vocab_size, 50 + i) for i in range(20)]
+    location = str(tmp_path / "cache")
+    build(location, [write_jsonl(tmp_path / "ids.jsonl", [{"text": " ".join(map(str, d))} for d in docs])],
+          tokenizer=str(tmp_path / "tok"), tokenization={"enforce_eos": False})
+    cache = TokenCache(location)
+    export_nanoset(cache, str(tmp_path / "big_input_ids.npy"), progress=False)
+    path = nanotron_yaml(tmp_path, f"""
+  - name: Stable training
+    start_training_step: 1
+    data:
+      dataset:
+        data_path: {tmp_path}/big_input_ids.npy
+      seed: 1234
+""", tokenizer=str(tmp_path / "tok"))
+    read = tokenmix.open_cache(tokenmix.load_data_config(path), "big")
+    assert read.num_tokens() == cache.num_tokens()
+    np.testing.assert_array_equal(read.read_tokens(0, read.num_tokens()), cache.read_tokens(0, cache.num_tokens()))
 
 
 def test_a_nanotron_config_with_a_datatrove_folder_and_bad_stages(tmp_path, text_cache):

@@ -22,6 +22,7 @@ import re
 from typing import Any
 
 from tokenmix.formats.tokenizer_identity import tokenizer_identity
+from tokenmix.sources.nanoset import nanoset_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def nanotron_mixture(doc: dict[str, Any], where: str) -> dict[str, Any]:
                 name = by_path[path] = _source_name(path, set(sources))
                 token_files: dict[str, Any] = {"kind": kind}
                 if kind == "nanoset" and tokenizer:
-                    token_files["dtype"] = "uint16" if tokenizer_identity(tokenizer).vocab_size < 65535 else "int32"
+                    token_files["dtype"] = nanoset_dtype(tokenizer_identity(tokenizer).vocab_size)
                 if split is not None:
                     token_files["split"] = str(split)
                 sources[name] = {"train_urls": [path], "token_files": token_files}

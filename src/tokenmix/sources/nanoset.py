@@ -17,9 +17,15 @@ NANOSET_DTYPES = ("uint16", "int32")
 NPY_MAGIC = b"\x93NUMPY"
 
 
+def nanoset_dtype(vocab_size: int) -> str:
+    """The token type Nanotron gives a Nanoset of a vocabulary (run_train.py: int32 when ``len(tokenizer)`` is over
+    65,536, else uint16), so that what tokenmix writes and what it reads of a Nanotron config agree with Nanotron."""
+    return "uint16" if vocab_size <= 1 << 16 else "int32"
+
+
 def open_nanoset(path: str, dtype: str | None, eos_id: int | None) -> TokenFile:
     """One Nanoset token file, memory-mapped; ``dtype`` must be given for a headerless dump (Nanotron chose it from the
-    vocabulary size: uint16 below 65,536 tokens, else int32)."""
+    vocabulary size: ``nanoset_dtype``)."""
     path = local_path(path, "nanoset")
     if not os.path.exists(path):
         raise TokenFileError(f"{path}: no such file")
@@ -39,7 +45,7 @@ def open_nanoset(path: str, dtype: str | None, eos_id: int | None) -> TokenFile:
     else:
         if dtype not in NANOSET_DTYPES:
             raise TokenFileError(f"{path}: a headerless Nanoset dump; set token_files.dtype to the type it was written with "
-                                 f"({' or '.join(NANOSET_DTYPES)}: uint16 for vocabularies under 65,536 tokens)")
+                                 f"({' or '.join(NANOSET_DTYPES)}: uint16 for vocabularies of up to 65,536 tokens)")
         token_dtype = np.dtype(dtype)
         nbytes = os.path.getsize(path)
         if nbytes % token_dtype.itemsize:
