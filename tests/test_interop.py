@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -306,6 +307,43 @@ def test_an_export_that_fails_part_way_leaves_no_file(tmp_path, text_cache):
         streaming.BATCH_TOKENS = old
     assert os.listdir(tmp_path / "m") == []
     assert not os.path.exists(partial_name(str(tmp_path / "m" / "web.bin")))
+
+
+@pytest.mark.parametrize("kind", ["megatron", "datatrove", "nanoset"])
+def test_a_second_export_to_a_path_another_is_writing_is_refused_and_the_first_ends_whole(tmp_path, text_cache, bos_cache, kind):
+    """Two exports of different caches to one path at once: the second is refused while the first writes (it took the
+    first's partial files for an interrupted export's, and the first then renamed the second's into place)."""
+    export = {"megatron": export_megatron, "datatrove": export_datatrove, "nanoset": export_nanoset}[kind]
+    path = str(tmp_path / "out" / {"megatron": "web", "datatrove": "web.ds", "nanoset": "web_input_ids.npy"}[kind])
+    reading, go = threading.Event(), threading.Event()
+
+    class Held:
+        def __init__(self, cache):
+            self.cache = cache
+
+        def __getattr__(self, name):
+            return getattr(self.cache, name)
+
+        def read_tokens(self, start, stop):
+            reading.set()
+            assert go.wait(60)
+            return self.cache.read_tokens(start, stop)
+
+    first: dict = {}
+    writer = threading.Thread(target=lambda: first.update(export(Held(text_cache), path, progress=False)))
+    writer.start()
+    try:
+        assert reading.wait(60)
+        with pytest.raises(FileExistsError, match="another export is writing it"):
+            export(bos_cache, path, progress=False)
+    finally:
+        go.set()
+        writer.join(60)
+    assert first["tokens"] == text_cache.num_tokens()
+    assert not [n for n in os.listdir(tmp_path / "out") if n.endswith(".partial")]
+    options = {"kind": kind, **({"dtype": "uint16"} if kind == "nanoset" else {})}
+    opened = tokenmix.open_cache(mixture(tmp_path, {"web": {"train_urls": [path], "token_files": options}}), "web")
+    assert np.array_equal(opened.read_tokens(0, opened.num_tokens()), text_cache.read_tokens(0, text_cache.num_tokens()))
 
 
 @pytest.mark.parametrize("suffix", [".bin", ".idx"])

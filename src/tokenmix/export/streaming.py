@@ -4,6 +4,7 @@ renamed when complete, and a progress bar over tokens.
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -113,25 +114,70 @@ def partial_name(path: str) -> str:
     return os.path.join(head, f".{tail}.partial")
 
 
+def _locked(fd: int) -> bool:
+    """Take the lock an export holds on a partial file while it writes it; False where another export holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _claim_partial(path: str) -> IO[bytes]:
+    """The partial file of ``path``, new and locked by this export. One left by an interrupted export (unlocked) is
+    replaced; one another export is writing (locked) is refused, where it was replaced and then renamed into place by
+    its writer, with this export's bytes, half written, in it."""
+    partial = partial_name(path)
+    busy = FileExistsError(f"{path}: another export is writing it now (it holds {partial}); wait for it to finish, or "
+                           "export to another path")
+    try:
+        fd = os.open(partial, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # none there (a link there is refused by create_new)
+        pass
+    else:
+        try:
+            if not _locked(fd):
+                raise busy
+        finally:
+            os.close(fd)
+    f = create_new(partial, "partial export file")
+    try:
+        ours = _locked(f.fileno()) and os.fstat(f.fileno()).st_ino == os.lstat(partial).st_ino
+    except FileNotFoundError:
+        ours = False
+    if not ours:  # another export took it for an interrupted one's before it was locked
+        f.close()
+        raise busy
+    return f
+
+
 @contextmanager
 def atomic_files(*paths: str) -> Iterator[list[IO[bytes]]]:
     """Open ``paths`` for writing under temporary names; on success each is renamed into place, in the order given (so
-    the last one named, an index, appears only once the data it describes is whole); on failure none appears."""
+    the last one named, an index, appears only once the data it describes is whole); on failure none appears. A path
+    another export is writing is refused (``FileExistsError``)."""
     for path in paths:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     handles: list[IO[bytes]] = []
     try:
         for path in paths:
-            handles.append(create_new(partial_name(path), "partial export file"))
+            handles.append(_claim_partial(path))
         yield handles
         for f in handles:
             f.flush()
             os.fsync(f.fileno())
-            f.close()
-        for path in paths:
+        for path in paths:  # still locked: closed first, they could be taken for an interrupted export's
             os.replace(partial_name(path), path)
     finally:
         for path, f in zip(paths, handles):
+            _remove_if_ours(partial_name(path), f)
             f.close()
-            if os.path.isfile(partial_name(path)) and not os.path.islink(partial_name(path)):
-                os.remove(partial_name(path))
+
+
+def _remove_if_ours(partial: str, f: IO[bytes]) -> None:
+    """Remove ``partial`` where it is still the file ``f`` writes (not renamed into place, nor another export's since)."""
+    try:
+        if os.lstat(partial).st_ino == os.fstat(f.fileno()).st_ino:
+            os.remove(partial)
+    except FileNotFoundError:
+        pass
