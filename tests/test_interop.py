@@ -268,6 +268,19 @@ def test_levanter_export_refuses_rows_shaped_otherwise_than_levanters_tokenizer_
         export_levanter(bos_cache, str(tmp_path / "lev"), tokenizer=str(other), progress=False)
 
 
+def test_levanter_export_into_a_tokenmix_cache_is_refused_and_leaves_it_whole(tmp_path, bos_cache):
+    """The export replaces the arrays at its location: over a tokenmix cache (the exported one itself included) it
+    destroyed that cache, whose ledger.json, still there, made every reader take the Levanter arrays for a damaged cache."""
+    target = tmp_path / "cache"
+    shutil.copytree(bos_cache.location, target)
+    for cache in (bos_cache, TokenCache(str(target))):
+        with pytest.raises(ValueError, match=f"{re.escape(str(target))} holds a tokenmix cache .*export to another location"):
+            export_levanter(cache, str(target), tokenizer=TOKENIZER, progress=False)
+    kept = TokenCache(str(target))
+    assert not (target / "shard_ledger.json").exists() and kept.num_rows() == bos_cache.num_rows()
+    assert all(np.array_equal(a, b) for a, b in zip(rows_of(kept), rows_of(bos_cache)))
+
+
 def test_levanter_export_refuses_a_cache_that_masks_the_loss(tmp_path, supervised_cache):
     with pytest.raises(ValueError, match="Levanter's token caches hold ids only"):
         export_levanter(supervised_cache, str(tmp_path / "lev"), tokenizer=TOKENIZER, progress=False)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
+from tokenmix.cache.ledger import LEDGER_FILE
 from tokenmix.cache.levanter import LEVANTER_LEDGER
 from tokenmix.cache.store import TOKENS_ARRAY, JsonDocuments, kvstore_spec, open_kvstore
 from tokenmix.export.streaming import TokenSource, refuse_loss_spans, row_batches
@@ -139,7 +140,11 @@ def export_levanter(cache: TokenSource, location: str, tokenizer: str, progress:
     refuse_loss_spans(cache, "Levanter's token caches")
     layout = levanter_layout(tokenizer, enforce_eos=cache.identity.get("eos_id", 0) is not None)
     _check_rows(cache, tokenizer, layout)
-    open_kvstore(location).write(LEVANTER_LEDGER, None).result()  # an earlier export's ledger must not vouch for this one's arrays
+    store = open_kvstore(location)
+    if store.read(LEDGER_FILE).result().state == "value":  # its arrays would be replaced, its ledger left to misdescribe them
+        raise ValueError(f"{location} holds a tokenmix cache ({LEDGER_FILE}), whose arrays a Levanter export there would "
+                         "replace; export to another location (a Levanter cache directory of its own)")
+    store.write(LEVANTER_LEDGER, None).result()  # an earlier export's ledger must not vouch for this one's arrays
     writers = {field: (_ObjectWriter(_levanter_array(location, field, "data"), 0),
                        _ObjectWriter(_levanter_array(location, field, "offsets"), 1)) for field in LEVANTER_FIELDS}
     total = 0
