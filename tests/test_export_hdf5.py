@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
 
 import h5py
 import numpy as np
@@ -334,6 +335,37 @@ def test_a_failed_export_leaves_only_whole_files_and_a_rerun_finishes_it(caches,
     assert not [f for f in os.listdir(out) if f.endswith(".partial")]
     with pytest.raises(FileExistsError, match="finished HDF5 export"):
         export_hdf5(cache, str(out), Hdf5ExportOptions(max_seq_length=MSL), progress=False)
+
+
+def test_a_second_export_into_a_directory_another_is_writing_is_refused_and_the_first_ends_whole(caches, tmp_path):
+    """The second export took the first's files for an unfinished export's and removed them (the first's finished
+    files included), then both wrote samples and a data_params.json into one directory."""
+    cache = caches["text"]
+    _, clean, _ = export(cache, tmp_path / "clean", files_per_record=20)
+    out = tmp_path / "out"
+    reading, go = threading.Event(), threading.Event()
+
+    class Held(FailingCache):
+        def read_tokens(self, start: int, stop: int) -> np.ndarray:
+            if self._left == 0:
+                reading.set()
+                assert go.wait(60)
+            self._left -= 1
+            return self._cache.read_tokens(start, stop)
+
+    first = threading.Thread(target=export_hdf5, args=(Held(cache, reads=20), str(out), Hdf5ExportOptions(
+        max_seq_length=MSL, files_per_record=20, batch_tokens=500)), kwargs={"progress": False, "tokenizer": TOKENIZER})
+    first.start()
+    try:
+        assert reading.wait(60)
+        assert [f for f in os.listdir(out) if f.endswith(".h5")]  # the first has finished files already
+        with pytest.raises(FileExistsError, match=f"{out / DATA_PARAMS}: another export is writing it"):
+            export(caches["text"], out, files_per_record=5)
+    finally:
+        go.set()
+        first.join(60)
+    np.testing.assert_array_equal(np.concatenate(list(read_hdf5_samples(str(out)))), clean)
+    assert not [f for f in os.listdir(out) if f.endswith(".partial")]
 
 
 @pytest.mark.parametrize("name", [".examples_0_0.h5.partial", "examples_0_0.h5", ".data_params.json.partial"])

@@ -49,22 +49,32 @@ def export_hdf5(cache: TokenSource, output_dir: str, options: Hdf5ExportOptions,
     ``data_params.json`` records under ``h5_dataset_stats``.
 
     ``tokenizer`` (a name or path) is the one the cache was built with; None takes the one its ledger records. Exports
-    the rows committed when it starts. A directory holding a finished export (its ``data_params.json``) is refused; the
-    files of this ``output_name`` that an interrupted export left are removed first. On an error, the file being
-    written is removed and ``data_params.json`` is not written, so what remains reads as unfinished.
+    the rows committed when it starts. A directory holding a finished export (its ``data_params.json``), or one another
+    export is writing (its partial ``data_params.json``, locked from the start), is refused; the files of this
+    ``output_name`` that an interrupted export left are removed first. On an error, the file being written is removed and
+    ``data_params.json`` is not written, so what remains reads as unfinished.
     """
     output_dir = local_output(output_dir, "Cerebras HDF5")
     pad_id = _check_source(cache, options)
     tokenizer_name, backend = _tokenizer(cache, tokenizer)
     eos_id = cache.identity.get("eos_id")
     fim = _fim(options, backend, eos_id, pad_id) if options.mode == "fim" else None
-    os.makedirs(output_dir, exist_ok=True)
-    clear_unfinished(output_dir, options.output_name)
-    cutter = SampleCutter(cache, options, pad_id, fim)
+    with atomic_files(os.path.join(output_dir, DATA_PARAMS)) as (out,):  # held from the start: a second export here is refused
+        clear_unfinished(output_dir, options.output_name)
+        cutter = SampleCutter(cache, options, pad_id, fim)
+        logger.info("exporting %d documents (%d tokens) of %s to %s as Cerebras %s samples of %d positions", cutter.rows,
+                    cutter.stream_end - cutter.stream_start, cache.location, output_dir, MODES[options.mode], options.max_seq_length)
+        files = SampleFiles(output_dir, options, SampleStatistics(eos_id, pad_id, functools.partial(backend.decode_batch, skip_special_tokens=False)))
+        _write_samples(cutter, files, options, progress)
+        params = _data_params(cache, output_dir, options, tokenizer_name, pad_id, cutter, files)
+        out.write(json.dumps(params, indent=4, sort_keys=True).encode())
+    _report(output_dir, options, cutter, files)
+    return params["h5_dataset_stats"]
+
+
+def _write_samples(cutter: SampleCutter, files: SampleFiles, options: Hdf5ExportOptions, progress: bool) -> None:
+    """Every sample the cutter makes into the files, with a progress bar; on an error the file being written is dropped."""
     total = cutter.stream_end - cutter.stream_start
-    logger.info("exporting %d documents (%d tokens) of %s to %s as Cerebras %s samples of %d positions", cutter.rows, total,
-                cache.location, output_dir, MODES[options.mode], options.max_seq_length)
-    files = SampleFiles(output_dir, options, SampleStatistics(eos_id, pad_id, functools.partial(backend.decode_batch, skip_special_tokens=False)))
     rough = cutter.rows if options.mode == "summarization" else -(-total // options.max_seq_length)
     try:
         with tqdm(total=rough, desc=f"hdf5 {options.output_name}", unit="sample", disable=not progress, dynamic_ncols=True, mininterval=0.5) as bar:
@@ -78,11 +88,6 @@ def export_hdf5(cache: TokenSource, output_dir: str, options: Hdf5ExportOptions,
     except BaseException:
         files.abort()
         raise
-    params = _data_params(cache, output_dir, options, tokenizer_name, pad_id, cutter, files)
-    with atomic_files(os.path.join(output_dir, DATA_PARAMS)) as (out,):
-        out.write(json.dumps(params, indent=4, sort_keys=True).encode())
-    _report(output_dir, options, cutter, files)
-    return params["h5_dataset_stats"]
 
 
 def _check_source(cache: TokenSource, options: Hdf5ExportOptions) -> int:

@@ -115,11 +115,12 @@ class SampleFiles:
 
 
 def clear_unfinished(output_dir: str, output_name: str) -> None:
-    """Refuse a finished export; remove what an interrupted one of this ``output_name`` left."""
+    """Refuse a finished export; remove the samples an interrupted one of this ``output_name`` left (its partial
+    ``data_params.json`` is the running export's, which replaced a stale one when it claimed it)."""
     if os.path.exists(os.path.join(output_dir, DATA_PARAMS)):
         raise FileExistsError(f"{output_dir} holds a finished HDF5 export ({DATA_PARAMS}); remove it or export into another directory")
-    name, params = re.escape(output_name), re.escape(DATA_PARAMS)
-    ours = re.compile(rf"{name}_\d+_0\.h5|\.{name}_\d+_0\.h5\.partial|\.{params}\.partial")
+    name = re.escape(output_name)
+    ours = re.compile(rf"{name}_\d+_0\.h5|\.{name}_\d+_0\.h5\.partial")
     left = sorted(f for f in os.listdir(output_dir) if ours.fullmatch(f))
     for f in left:
         refuse_unsafe(os.path.join(output_dir, f), "file of an unfinished export")  # never an export's: a link planted there
