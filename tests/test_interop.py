@@ -608,6 +608,21 @@ def test_the_export_command_converts_a_sources_token_files_and_a_cache(tmp_path,
     assert main(["export", "--to", "nanoset", "--output", str(tmp_path / "x.npy"), "--cache", str(tmp_path / "nowhere")]) == 1
 
 
+def test_an_export_of_a_cache_whose_tokenizer_moved_names_the_option_that_gives_it(tmp_path, caplog):
+    """The path came from the cache's ledger, not from the command: the error said to check a path the user never gave."""
+    from tokenmix.cli.main import main
+
+    shutil.copytree(TOKENIZER, tmp_path / "tok")
+    build(str(tmp_path / "cache"), demo_urls("webster")[:1], tokenizer=str(tmp_path / "tok"), tokenization={"enforce_bos": True})
+    (tmp_path / "tok").rename(tmp_path / "moved")
+    for to in ("hdf5", "levanter"):
+        caplog.clear()
+        assert main(["export", "--to", to, "--output", str(tmp_path / to), "--cache", str(tmp_path / "cache")]) == 1
+        assert re.search(rf"{re.escape(str(tmp_path / 'tok'))}.* recorded in the cache's ledger .*give --tokenizer", caplog.text)
+        assert main(["export", "--to", to, "--output", str(tmp_path / to), "--cache", str(tmp_path / "cache"),
+                     "--tokenizer", str(tmp_path / "moved")]) == 0
+
+
 @pytest.mark.parametrize("pack", [True, False])
 def test_a_cerebras_lm_export_reads_back_as_a_source_with_identical_documents(tmp_path, text_cache, pack):
     from tokenmix.export import Hdf5ExportOptions, export_hdf5

@@ -23,6 +23,7 @@ from tokenmix import load_data_config, open_cache
 from tokenmix.cache.packs import open_cache_at
 from tokenmix.cli.parser import CommandParser
 from tokenmix.export import EXPORT_KINDS, Hdf5ExportOptions, export_cache
+from tokenmix.formats.tokenizer import TokenizerLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,12 @@ def run(argv: list[str]) -> int:
             return 1
         tokenizer = args.tokenizer or config.tokenizer
     with logging_redirect_tqdm():
-        result = export_cache(cache, args.to, args.output, tokenizer=tokenizer, hdf5=hdf5)
+        try:
+            result = export_cache(cache, args.to, args.output, tokenizer=tokenizer, hdf5=hdf5)
+        except TokenizerLoadError as e:
+            if not args.cache or args.tokenizer:
+                raise
+            raise TokenizerLoadError(f"{e}; {tokenizer!r} is the tokenizer recorded in the cache's ledger ({args.cache}) when it "
+                                     "was built: if it has moved, give --tokenizer WHERE_IT_IS_NOW") from None
     print(json.dumps(result, indent=1, default=str))
     return 0
