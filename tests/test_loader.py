@@ -28,7 +28,17 @@ import loader_worker
 import numpy as np
 import pytest
 import yaml
-from helpers import SEQ_LEN, CountingDataset, FailingDataset, ReadLogDataset, SlowDataset, Wrapped, demo_urls, mixture_yaml
+from helpers import (
+    SEQ_LEN,
+    CountingDataset,
+    FailingDataset,
+    ReadLogDataset,
+    SlowDataset,
+    Uint32TokensDataset,
+    Wrapped,
+    demo_urls,
+    mixture_yaml,
+)
 from jax.sharding import NamedSharding, PartitionSpec
 from s3_server import free_port
 
@@ -554,6 +564,24 @@ def test_steps_read_ahead_covers_each_readers_read_ahead_so_a_stage_past_it_give
     whole = mixture_config(config_path).train_set(SEQ_LEN, weight_log=grown.stages)
     with DataLoader(whole, 16, mesh, {"batch": "data"}, fingerprint=True, prefetch=0) as loader:
         assert got == [loader.batch(step).fingerprint for step in range(len(got))]
+
+
+@pytest.mark.timeout(120)
+def test_uint32_tokens_give_the_same_int32_batches_with_and_without_reader_processes(train):
+    """A dataset whose tokens come as uint32 gives int32 batches, as the readers' int32 slots do, whatever ``workers`` is:
+    one dtype, so a jitted step is not traced twice; a token id that int32 cannot hold is refused, naming step and field."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    want = [train.get_batch(np.arange(s * 16, (s + 1) * 16)) for s in range(3)]
+    for workers in (0, 1):
+        with DataLoader(Uint32TokensDataset(train), 16, mesh, {"batch": "data"}, workers=workers, fingerprint=True) as loader:
+            got = [sb for sb, _ in zip(loader, range(3))]
+        for sb, w in zip(got, want, strict=True):
+            tokens = sb.batch.tokens.array
+            assert tokens.dtype == np.int32, workers
+            assert np.array_equal(np.asarray(tokens), w.tokens) and sb.fingerprint == batch_fingerprint(w)
+    with DataLoader(Uint32TokensDataset(train, big=2**31), 16, mesh, {"batch": "data"}, prefetch=0) as loader:
+        with pytest.raises(LoaderError, match=r"step 0: .*tokens .*uint32.* int32"):
+            loader.batch(0)
 
 
 @pytest.mark.timeout(120)
