@@ -303,6 +303,18 @@ class FailingDataset(Wrapped):
         return self.base.read(indices)
 
 
+class Uint32TokensDataset(Wrapped):
+    """Gives its base's batches with uint32 tokens (a dataset over a uint32 token file could), ``big`` added to each."""
+
+    def __init__(self, base: Dataset, big: int = 0):
+        super().__init__(base)
+        self.big = big
+
+    def read(self, indices) -> Pending[TokenBatch]:
+        pending = self.base.read(indices)
+        return Pending(lambda: dataclasses.replace(batch := pending.result(), tokens=batch.tokens.astype(np.uint32) + np.uint32(self.big)))
+
+
 class SlowDataset(Wrapped):
     """Every read takes ``seconds`` longer (a slow disk or network), before it starts."""
 

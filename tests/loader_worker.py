@@ -1,12 +1,14 @@
 """One process of the two-process loader test (tests/test_loader.py launches two of these).
 
-    python tests/loader_worker.py PROCESS_ID PORT CONFIG_PATH OUT_DIR
+    python tests/loader_worker.py PROCESS_ID PORT CONFIG_PATH OUT_DIR [fail]
 
 with XLA_FLAGS=--xla_force_host_platform_device_count=4 in its environment (the test sets it), so each
 process has 4 CPU devices; together they form 8. For every mesh case it streams a few steps,
 records the example indices of each ``dataset.read`` it made and the fingerprints, gathers the global
 batch (``process_allgather``) and writes everything to OUT_DIR for the test to compare with a
 single-process run; then it appends ``LOG_STAGE`` to a mixture it iterates, and records the fingerprints and the log.
+With ``fail``, process 1's reads of step ``FAILED_STEP`` fail instead, and each process records the steps it took and
+the ``LoaderError`` that ended its iteration.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ import sys
 
 import jax
 import numpy as np
-from helpers import SEQ_LEN, CountingDataset
+from helpers import SEQ_LEN, CountingDataset, FailingDataset
 from jax.experimental import multihost_utils
 
-from tokenmix import DataLoader, load_data_config
+from tokenmix import DataLoader, LoaderError, load_data_config
 
 MESH_CASES = {
     "data8": ((8,), ("data",), {"batch": "data"}),
@@ -32,6 +34,7 @@ BATCH = 16
 STEPS = 3
 LOG_STAGE = {"linux_doc": 0.1, "webster": 0.9}
 """A weight stage each process appends while it iterates, as every host of an online-mixing run does."""
+FAILED_STEP = 2
 
 
 def main() -> None:
@@ -40,6 +43,9 @@ def main() -> None:
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id, initialization_timeout=60)
     assert jax.process_count() == 2 and jax.local_device_count() == 4 and jax.device_count() == 8
     train = load_data_config(config_path, []).train_set(SEQ_LEN)
+    if sys.argv[5:] == ["fail"]:
+        fail_on_one_process(train, process_id, out_dir)
+        return
     report: dict[str, dict] = {}
     for name, (shape, axes, mapping) in MESH_CASES.items():
         dataset = CountingDataset(train)
@@ -65,6 +71,23 @@ def main() -> None:
     report["log"] = {"fingerprints": fingerprints, "stages": grown.stages}
     with open(os.path.join(out_dir, f"report-{process_id}.json"), "w") as f:
         json.dump(report, f)
+    jax.distributed.shutdown()
+
+
+def fail_on_one_process(train, process_id: int, out_dir: str) -> None:
+    """Process 1's reads of step FAILED_STEP fail; both record the steps they took and the error that ended them."""
+    lo = FAILED_STEP * BATCH if process_id == 1 else 0
+    dataset = FailingDataset(train, lo, lo + BATCH if process_id == 1 else 0)
+    steps: list[int] = []
+    error = None
+    with DataLoader(dataset, BATCH, jax.make_mesh((8,), ("data",)), {"batch": "data"}, fingerprint=True, prefetch=2) as loader:
+        try:
+            for sb, _ in zip(loader, range(FAILED_STEP + 2)):
+                steps.append(sb.step)
+        except LoaderError as e:
+            error = {"step": e.step, "message": str(e)}
+    with open(os.path.join(out_dir, f"fail-{process_id}.json"), "w") as f:
+        json.dump({"steps": steps, "error": error}, f)
     jax.distributed.shutdown()
 
 

@@ -28,7 +28,17 @@ import loader_worker
 import numpy as np
 import pytest
 import yaml
-from helpers import SEQ_LEN, CountingDataset, FailingDataset, ReadLogDataset, SlowDataset, Wrapped, demo_urls, mixture_yaml
+from helpers import (
+    SEQ_LEN,
+    CountingDataset,
+    FailingDataset,
+    ReadLogDataset,
+    SlowDataset,
+    Uint32TokensDataset,
+    Wrapped,
+    demo_urls,
+    mixture_yaml,
+)
 from jax.sharding import NamedSharding, PartitionSpec
 from s3_server import free_port
 
@@ -557,6 +567,24 @@ def test_steps_read_ahead_covers_each_readers_read_ahead_so_a_stage_past_it_give
 
 
 @pytest.mark.timeout(120)
+def test_uint32_tokens_give_the_same_int32_batches_with_and_without_reader_processes(train):
+    """A dataset whose tokens come as uint32 gives int32 batches, as the readers' int32 slots do, whatever ``workers`` is:
+    one dtype, so a jitted step is not traced twice; a token id that int32 cannot hold is refused, naming step and field."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    want = [train.get_batch(np.arange(s * 16, (s + 1) * 16)) for s in range(3)]
+    for workers in (0, 1):
+        with DataLoader(Uint32TokensDataset(train), 16, mesh, {"batch": "data"}, workers=workers, fingerprint=True) as loader:
+            got = [sb for sb, _ in zip(loader, range(3))]
+        for sb, w in zip(got, want, strict=True):
+            tokens = sb.batch.tokens.array
+            assert tokens.dtype == np.int32, workers
+            assert np.array_equal(np.asarray(tokens), w.tokens) and sb.fingerprint == batch_fingerprint(w)
+    with DataLoader(Uint32TokensDataset(train, big=2**31), 16, mesh, {"batch": "data"}, prefetch=0) as loader:
+        with pytest.raises(LoaderError, match=r"step 0: .*tokens .*uint32.* int32"):
+            loader.batch(0)
+
+
+@pytest.mark.timeout(120)
 def test_reader_processes_end_a_finite_dataset_at_its_last_full_batch(train):
     webster = train.source("webster").base
     mesh = jax.make_mesh((4, 2), ("data", "model"))
@@ -767,17 +795,17 @@ def test_batches_that_do_not_fit_the_mesh_are_refused_naming_step_size_and_axes(
         DataLoader(train, 16, mesh, {"batch": "data"}, prefetch=-1)
 
 
-@pytest.mark.timeout(300)
-def test_two_processes_read_only_their_rows_and_see_the_single_process_batches(train, config_path, tmp_path):
+def run_two_processes(config_path: Path, out_dir: Path, *args: str, timeout_s: float = 240) -> None:
+    """Run tests/loader_worker.py as processes 0 and 1 of a two-process JAX job; both must exit 0 within ``timeout_s``."""
     port = free_port()
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
     procs = [
-        subprocess.Popen([sys.executable, str(TESTS / "loader_worker.py"), str(i), str(port), str(config_path), str(tmp_path)],
+        subprocess.Popen([sys.executable, str(TESTS / "loader_worker.py"), str(i), str(port), str(config_path), str(out_dir), *args],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i in range(2)
     ]
     outputs = []
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + timeout_s
     try:
         for p in procs:
             outputs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
@@ -786,6 +814,11 @@ def test_two_processes_read_only_their_rows_and_see_the_single_process_batches(t
             p.kill()
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out[-4000:]
+
+
+@pytest.mark.timeout(300)
+def test_two_processes_read_only_their_rows_and_see_the_single_process_batches(train, config_path, tmp_path):
+    run_two_processes(config_path, tmp_path)
     reports = [json.loads((tmp_path / f"report-{i}.json").read_text()) for i in range(2)]
     BATCH, STEPS = loader_worker.BATCH, loader_worker.STEPS
     expected = [train.get_batch(np.arange(s * BATCH, (s + 1) * BATCH)) for s in range(STEPS)]
@@ -810,3 +843,17 @@ def test_two_processes_read_only_their_rows_and_see_the_single_process_batches(t
     whole = mixture_config(config_path).train_set(SEQ_LEN, weight_log=[(start, w) for start, w in log["stages"]])
     with DataLoader(whole, BATCH, jax.make_mesh((8,), ("data",)), {"batch": "data"}, fingerprint=True, prefetch=0) as single:
         assert log["fingerprints"] == [single.batch(step).fingerprint for step in range(len(log["fingerprints"]))]  # 2 hosts -> 1
+
+
+@pytest.mark.timeout(300)
+def test_a_step_that_fails_on_one_process_fails_on_every_process_instead_of_hanging_the_others(config_path, tmp_path):
+    """Process 1's read of step 2 fails. With fingerprints on, process 0 would wait for process 1's row digests of step 2
+    in the all-gather until the job was torn down (5 minutes, naming nothing); now both raise the step's LoaderError,
+    process 1 with its cause and process 0 naming process 1, after the same steps."""
+    run_two_processes(config_path, tmp_path, "fail", timeout_s=120)
+    reports = [json.loads((tmp_path / f"fail-{i}.json").read_text()) for i in range(2)]
+    failed = loader_worker.FAILED_STEP
+    assert [r["steps"] for r in reports] == [list(range(failed))] * 2
+    assert [r["error"]["step"] for r in reports] == [failed, failed]
+    assert "simulated disk failure" in reports[1]["error"]["message"]
+    assert re.match(rf"step {failed}: process 1 of 2 failed to load its rows", reports[0]["error"]["message"]), reports[0]

@@ -29,7 +29,7 @@ from jax.sharding import Mesh
 from tokenmix.datasets.base import Dataset, Pending, TokenBatch
 from tokenmix.loader.batch import LmBatch, StepBatch
 from tokenmix.loader.batch_schedule import BatchSchedule, BatchSizeSpec
-from tokenmix.loader.fingerprint import combine
+from tokenmix.loader.fingerprint import DIGEST_BYTES, combine
 from tokenmix.loader.placement import ArrayPlacer
 from tokenmix.loader.prefetch import END, Prefetcher
 from tokenmix.loader.sharding import AxisMapping, BatchLayout
@@ -180,7 +180,11 @@ class DataLoader:
 
     def batch(self, step: int) -> StepBatch:
         """Step ``step``'s batch, read now (no prefetch). ``IndexError`` past a finite dataset's last full batch."""
-        placed = self._produce(step, threading.Event())
+        try:
+            placed = self._produce(step, threading.Event())
+        except LoaderError as e:
+            self._share_failure(e)
+            raise
         if placed is END:
             raise IndexError(self.reads.past_end_message(step))
         return self._finish(placed)
@@ -204,12 +208,38 @@ class DataLoader:
         fingerprint = None
         if placed.digests is not None:
             layout = placed.layout
-            digests = placed.digests
-            if not layout.fully_addressable:
-                local = jax.make_array_from_process_local_data(layout.row_sharding_2d, digests, (layout.batch_size, digests.shape[1]))
-                digests = np.asarray(multihost_utils.process_allgather(local, tiled=True))
+            digests = placed.digests if layout.fully_addressable else self._gather_digests(layout, placed.step, placed.digests)
             fingerprint = combine(digests, layout.seq_len)
         return StepBatch(placed.step, placed.offset, placed.batch, fingerprint)
+
+    def _gather_digests(self, layout: BatchLayout, step: int, digests: np.ndarray | None) -> np.ndarray:
+        """Every process's row digests of ``step`` in global row order. A process whose step failed (``digests`` None)
+        still joins the gather, flagged, so that the others raise a ``LoaderError`` naming it instead of waiting for it
+        in the gather until the job is torn down."""
+        local = np.zeros((len(layout.rows), DIGEST_BYTES + 1), np.uint8)
+        if digests is None:
+            local[:, DIGEST_BYTES] = 1
+        else:
+            local[:, :DIGEST_BYTES] = digests
+        gathered = np.asarray(multihost_utils.process_allgather(local, tiled=False))
+        failed = [p for p in range(len(gathered)) if gathered[p, :, DIGEST_BYTES].any()]
+        if failed and digests is not None:
+            raise LoaderError(f"step {step}: process{'es' if len(failed) > 1 else ''} {', '.join(map(str, failed))} of "
+                              f"{len(gathered)} failed to load {'their' if len(failed) > 1 else 'its'} rows of this step (its "
+                              f"own LoaderError, in its log, names the examples and the cause); this process stops with it",
+                              step, self.schedule.offset(step) + layout.rows, self.reads.sources_of(self.schedule.offset(step) + layout.rows))
+        out = np.empty((layout.batch_size, DIGEST_BYTES), np.uint8)
+        for rows, part in zip(layout.process_rows, gathered):
+            out[rows] = part[:, :DIGEST_BYTES]
+        return out
+
+    def _share_failure(self, error: LoaderError) -> None:
+        """Tell the other processes that this one's step failed, where they wait for its rows' digests (``_gather_digests``)."""
+        if not self.reads.fingerprint:
+            return
+        layout = self._layout(self.schedule.batch_size(error.step))
+        if not layout.fully_addressable:
+            self._gather_digests(layout, error.step, None)
 
     # --- the worker's side (the prefetch thread, or the caller with prefetch=0) ---
 
@@ -268,7 +298,11 @@ class BatchIterator(Iterator[StepBatch]):
         return self
 
     def __next__(self) -> StepBatch:
-        placed = self._prefetcher.get()
+        try:
+            placed = self._prefetcher.get()
+        except LoaderError as e:
+            self._loader._share_failure(e)
+            raise
         if placed is END:
             raise StopIteration
         assert isinstance(placed, _Placed)

@@ -50,8 +50,8 @@ class BatchLayout:
     """The shardings of a ``batch_size`` x ``seq_len`` batch on a mesh, and the rows and shards of this process.
 
     ``tokens`` / ``loss_mask`` / ``segment_ids`` use ``token_sharding`` over (Batch, Position);
-    ``source_ids`` use ``row_sharding`` over (Batch,); per-row values with a trailing unsharded axis
-    (the fingerprint's row digests) use ``row_sharding_2d``.
+    ``source_ids`` use ``row_sharding`` over (Batch,); ``process_rows`` says which rows every process holds (where
+    each process's fingerprint row digests go).
     """
 
     def __init__(self, mesh: Mesh, mapping: AxisMapping, batch_size: int, seq_len: int, batch_axis: str = "batch",
@@ -78,7 +78,6 @@ class BatchLayout:
         spec = pspec_for_axis((self.Batch, self.Position), dict(mapping))
         self.token_sharding = NamedSharding(mesh, spec)
         self.row_sharding = NamedSharding(mesh, PartitionSpec(spec[0]))
-        self.row_sharding_2d = NamedSharding(mesh, PartitionSpec(spec[0], None))
         placement = self.token_sharding.addressable_devices_indices_map((batch_size, seq_len))
         spans = {_bounds(index[0], batch_size) for index in placement.values()}
         self.rows = np.concatenate([np.arange(a, b) for a, b in sorted(spans)]) if spans else np.zeros(0, np.int64)
@@ -87,6 +86,11 @@ class BatchLayout:
         This is the order ``jax.make_array_from_process_local_data`` expects a process's rows in (its
         devices' row blocks, sorted), so the read can be handed to it as it is.
         """
+        by_process: dict[int, set[tuple[int, int]]] = {}
+        for device, index in self.token_sharding.devices_indices_map((batch_size, seq_len)).items():
+            by_process.setdefault(device.process_index, set()).add(_bounds(index[0], batch_size))
+        self.process_rows = [np.concatenate([np.arange(a, b) for a, b in sorted(by_process[p])]) for p in sorted(by_process)]
+        """Every process's ``rows``, by process index: where each process's row digests go in the global batch."""
         self.fully_addressable = self.token_sharding.is_fully_addressable
         """Whether this process holds every device of the mesh (then every row is local and nothing is gathered)."""
 

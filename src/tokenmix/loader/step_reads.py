@@ -81,7 +81,7 @@ class StepReads:
                 self._read_ahead(step, ahead, stride)
             if isinstance(started, Exception):
                 raise started
-            data = started.result()
+            data = _in_layout(started.result())
             return StepRead(step, offset, size, data, row_digests(data) if self.fingerprint else None)
         except Exception as e:
             raise self.load_error(step, indices, e) from e
@@ -155,6 +155,25 @@ class StepReads:
             return [repr(self.dataset)]
         counts = np.bincount(ids, minlength=len(names))
         return [f"{names[i]} ({int(counts[i])} row{'' if counts[i] == 1 else 's'})" for i in np.flatnonzero(counts)]
+
+
+_FIELDS = ("tokens", "loss_mask", "segment_ids", "source_ids")
+
+
+def _in_layout(data: TokenBatch) -> TokenBatch:
+    """``data`` with the dtypes of ``TokenBatch.layout`` (int32 tokens, say, where a dataset gave uint32), as a reader
+    process's slots hold it: so a batch has one dtype whatever ``workers`` is. Values the layout cannot hold are refused."""
+    n, length = data.tokens.shape
+    layout = TokenBatch.layout(n, length)
+    if all(getattr(data, f).dtype == dtype for f, (_, dtype) in zip(_FIELDS, layout)):
+        return data
+    out = TokenBatch.empty(n, length)
+    out.put(np.arange(n), data)
+    for f, (_, dtype) in zip(_FIELDS, layout):
+        if not np.array_equal(getattr(out, f), getattr(data, f)):
+            raise ValueError(f"the dataset's {f} ({getattr(data, f).dtype}) hold values that {dtype} cannot: the loader's batches "
+                             f"are {dtype}; give {f} that fit it")
+    return out
 
 
 def _ranges(indices: np.ndarray) -> str:
