@@ -4,11 +4,14 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
+from curate_kill import finished_tasks
 from helpers import DEMO_CORPUS, REPO, TOKENIZER
 
 from tokenmix import (
@@ -472,3 +475,26 @@ def test_export_takes_a_configs_overrides_as_every_command_reading_a_config_does
     stray = _cli("export", "--to", "megatron", "--output", str(tmp_path / "x"), "--cache", str(tmp_path / "caches" / "webster" / "train"),
                  "--cache_dir", "/x")
     assert stray.returncode == 2 and "--cache_dir /x (config overrides need --config_path)" in stray.stderr
+
+
+def test_ctrl_c_during_curate_is_one_line_and_exit_130_and_the_same_command_resumes(tmp_path):
+    """SIGINT to the command's process group (what Ctrl-C sends) once a task has finished: no traceback, one line saying
+    to run it again, the shell's 128 + SIGINT; the run again keeps the finished task (its record not written again) and completes."""
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", "config/curation/demo.yaml", "--output.path", str(out)]
+    with open(tmp_path / "stderr", "w+") as log:
+        proc = subprocess.Popen(args, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=log)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and not finished_tasks(out, ["pass-0/stats"]) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert proc.poll() is None, "the run ended before a task finished: nothing to interrupt"
+        kept = {p: p.stat().st_mtime_ns for p in finished_tasks(out, ["pass-0/stats"])}
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+        log.seek(0)
+        lines = [line for line in log.read().splitlines() if " ERROR " in line or "Traceback" in line or "Error" in line]
+    assert len(lines) == 1 and "interrupted (Ctrl-C): run the same command again" in lines[0], lines
+    again = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert all(p.stat().st_mtime_ns == written for p, written in kept.items()), "a finished task was done again"
+    assert json.loads(next(out.glob(".curate/*/curation_stats.json")).read_text())["accounted"]
