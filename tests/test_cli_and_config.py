@@ -12,7 +12,7 @@ import time
 import pytest
 import yaml
 from curate_kill import finished_tasks
-from helpers import DEMO_CORPUS, REPO, TOKENIZER
+from helpers import DEMO_CORPUS, REPO, TOKENIZER, build, demo_urls
 
 from tokenmix import (
     ConfigError,
@@ -498,3 +498,20 @@ def test_ctrl_c_during_curate_is_one_line_and_exit_130_and_the_same_command_resu
     assert again.returncode == 0, again.stderr
     assert all(p.stat().st_mtime_ns == written for p, written in kept.items()), "a finished task was done again"
     assert json.loads(next(out.glob(".curate/*/curation_stats.json")).read_text())["accounted"]
+
+
+def test_output_into_a_pipe_whose_reader_has_gone_ends_quietly_with_exit_1(tmp_path):
+    """``tokenmix ... | head`` once head has exited: no BrokenPipeError traceback nor an error line, exit 1 (as Python
+    advises and as rich does for the tables); the reader is closed before the command writes, so the pipe is surely gone."""
+    location = str(tmp_path / "cache")
+    build(location, demo_urls("webster")[:1])
+    for args in (["--help"], ["inspect", location, "--json"], ["verify", location, "--json", "--no_inputs"]):
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            result = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", *args], cwd=REPO, stdout=write, stderr=subprocess.PIPE,
+                                    text=True)
+        finally:
+            os.close(write)
+        assert result.returncode == 1, (args, result.stderr)
+        assert "Broken pipe" not in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
