@@ -515,3 +515,13 @@ def test_output_into_a_pipe_whose_reader_has_gone_ends_quietly_with_exit_1(tmp_p
             os.close(write)
         assert result.returncode == 1, (args, result.stderr)
         assert "Broken pipe" not in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+
+
+def test_plot_says_the_file_it_wrote_where_out_has_no_extension_and_makes_its_missing_directory(tmp_path):
+    """matplotlib adds ``.png`` to a name without an extension: plot said it wrote the name as given, a file that is not
+    there; a directory of ``--out`` that does not exist yet was a bare "No such file or directory"."""
+    result = _cli("plot", "--config_path", "config/demo.yaml", "--steps", "10", "--out", str(tmp_path / "new" / "schedule"))
+    assert result.returncode == 0, result.stderr
+    written = tmp_path / "new" / "schedule.png"
+    assert result.stdout.strip() == f"wrote {written}"
+    assert written.read_bytes().startswith(b"\x89PNG")
