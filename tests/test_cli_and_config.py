@@ -121,6 +121,8 @@ def test_cli_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path):
     (["export", "--to", "megatron", "--output", "out/x", "--config_path", "config/demo.yaml", "--source", "web"],
      "unknown source 'web'; the config defines ['linux_doc', 'python_doc', 'webster']"),
     (["inspect", "cache/nope"], "no cache at cache/nope"),
+    (["inspect", "cache/nope", "--samples", "-1"], "tokenmix inspect: argument --samples: must be at least 0 (documents to decode), got -1"),
+    (["inspect", "cache/nope", "--chars", "0"], "tokenmix inspect: argument --chars: must be at least 1 (characters shown per document), got 0"),
 ])
 def test_every_command_reports_a_bad_config_or_option_in_one_line_naming_it(args, message):
     """No traceback: one line on stderr naming the field (or option) and the fix, nothing on stdout, a non-zero exit."""
