@@ -527,3 +527,14 @@ def test_plot_says_the_file_it_wrote_where_out_has_no_extension_and_makes_its_mi
     written = tmp_path / "new" / "schedule.png"
     assert result.stdout.strip() == f"wrote {written}"
     assert written.read_bytes().startswith(b"\x89PNG")
+
+
+def test_build_cache_of_small_sources_built_as_packs_prints_its_table(tmp_path):
+    """A source built in a pack has the pack's seconds and no rate of its own: the table read its tokens/s and the
+    command failed with a KeyError after the caches were built."""
+    result = _cli("build-cache", "--config_path", "config/demo.yaml", "--cache_dir", str(tmp_path), "--build.pack_min_sources", "2")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "webster" / "train" / "packed.json").exists()
+    rows = [line.replace(" ", "") for line in result.stdout.splitlines() if line.startswith(("│ linux_doc", "│ python_doc", "│ webster"))]
+    assert len(rows) == 6 and all(row.endswith("│packed│") for row in rows), result.stdout
+    assert "packed: built in one pack with other small sources; its seconds are the pack's" in result.stdout
