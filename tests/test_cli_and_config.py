@@ -538,3 +538,20 @@ def test_build_cache_of_small_sources_built_as_packs_prints_its_table(tmp_path):
     rows = [line.replace(" ", "") for line in result.stdout.splitlines() if line.startswith(("│ linux_doc", "│ python_doc", "│ webster"))]
     assert len(rows) == 6 and all(row.endswith("│packed│") for row in rows), result.stdout
     assert "packed: built in one pack with other small sources; its seconds are the pack's" in result.stdout
+
+
+def test_inspect_decodes_a_levanter_cache_with_the_tokenizer_its_ledger_names(tmp_path):
+    """Levanter's ledger names its tokenizer in its metadata; inspect looked only where a tokenmix ledger keeps it, and
+    showed a Levanter cache's documents as token ids."""
+    location = str(tmp_path / "cache")
+    build(location, demo_urls("webster")[:1], tokenization={"enforce_bos": True})
+    levanter = str(tmp_path / "levanter" / "train")
+    exported = _cli("export", "--to", "levanter", "--output", levanter, "--cache", location)
+    assert exported.returncode == 0, exported.stderr
+
+    def first_document(cache: str) -> str:
+        shown = _cli("inspect", cache, "--samples", "1", "--chars", "200")
+        assert shown.returncode == 0, shown.stderr
+        return shown.stdout.split("document 0 (", 1)[1].split("\n", 1)[1]
+
+    assert first_document(levanter) == first_document(location) and not first_document(location).startswith("[")
