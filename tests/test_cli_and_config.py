@@ -555,3 +555,19 @@ def test_inspect_decodes_a_levanter_cache_with_the_tokenizer_its_ledger_names(tm
         return shown.stdout.split("document 0 (", 1)[1].split("\n", 1)[1]
 
     assert first_document(levanter) == first_document(location) and not first_document(location).startswith("[")
+
+
+@pytest.mark.parametrize("to", ["megatron", "nanoset", "hdf5"])
+def test_export_to_a_path_below_a_file_names_the_file_and_the_fix(tmp_path, to):
+    """A file where the output needs a directory gave "[Errno 17] File exists: FILE" or "[Errno 20] Not a directory",
+    naming a partial file or the file in the way but saying neither what is wrong nor what to do."""
+    location = str(tmp_path / "cache")
+    build(location, demo_urls("webster")[:1])
+    (tmp_path / "taken").write_text("a file")
+    output = tmp_path / "taken" / "out" / "x"
+    result = _cli("export", "--to", to, "--output", str(output), "--cache", location)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and errors[0].endswith(
+        f"cannot write the {to} export at {output}: {tmp_path / 'taken'} is a file, where a directory is needed; choose an "
+        "--output this user can write to"), result.stderr

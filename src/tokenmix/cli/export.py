@@ -14,8 +14,10 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import typing
 from collections.abc import Callable
+from pathlib import Path
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -44,6 +46,21 @@ def _converter(kind: object) -> Callable[[str], object]:
     if type(None) not in args:
         return convert  # type: ignore[return-value]
     return lambda text: None if text.lower() in ("none", "null") else convert(text)  # type: ignore[operator]
+
+
+def _write_failure(error: OSError, output: str) -> str | None:
+    """What stopped the export writing at ``output``, where ``error`` is about a path it writes (``output`` or a directory
+    above it, or a file beside or below it); None where ``error`` is about another path (the cache's, say)."""
+    if error.filename is None:
+        return None
+    failed, wanted = Path(os.fsdecode(error.filename)).absolute(), Path(output).absolute()
+    if failed == wanted or failed in wanted.parents:
+        blocking = next((path for path in (failed, *failed.parents) if path.is_file()), None)
+        if blocking is not None:
+            return f"{blocking} is a file, where a directory is needed"
+    elif wanted.parent not in failed.parents and wanted not in failed.parents:
+        return None
+    return f"{error.strerror} ({failed})"
 
 
 def _add_hdf5_options(parser: argparse.ArgumentParser) -> None:
@@ -92,5 +109,11 @@ def run(argv: list[str]) -> int:
                 raise
             raise TokenizerLoadError(f"{e}; {tokenizer!r} is the tokenizer recorded in the cache's ledger ({args.cache}) when it "
                                      "was built: if it has moved, give --tokenizer WHERE_IT_IS_NOW") from None
+        except OSError as e:
+            cause = _write_failure(e, args.output)
+            if cause is None:
+                raise
+            logger.error("cannot write the %s export at %s: %s; choose an --output this user can write to", args.to, args.output, cause)
+            return 1
     print(json.dumps(result, indent=1, default=str))
     return 0
