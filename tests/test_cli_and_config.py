@@ -571,3 +571,11 @@ def test_export_to_a_path_below_a_file_names_the_file_and_the_fix(tmp_path, to):
     assert len(errors) == 1 and errors[0].endswith(
         f"cannot write the {to} export at {output}: {tmp_path / 'taken'} is a file, where a directory is needed; choose an "
         "--output this user can write to"), result.stderr
+
+
+@pytest.mark.parametrize("command", [["build-cache"], ["verify"], ["plot"], ["train"], ["demo"],
+                                     ["export", "--to", "megatron", "--output", "out/x", "--source", "web"]])
+def test_a_missing_config_exits_1_from_every_command_that_reads_one(command):
+    """An error a user can hit exits 1 from every command (2 is argparse's, for a usage error); verify gave 2."""
+    result = _cli(*command, "--config_path", "config/nope.yaml")
+    assert result.returncode == 1 and "config/nope.yaml" in result.stderr and "Traceback" not in result.stderr, result.stderr
