@@ -120,6 +120,8 @@ def test_cli_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path):
     (["verify", "--config_path", "config/nope.yaml"], "config file config/nope.yaml does not exist"),
     (["export", "--to", "megatron", "--output", "out/x", "--config_path", "config/demo.yaml", "--source", "web"],
      "unknown source 'web'; the config defines ['linux_doc', 'python_doc', 'webster']"),
+    (["export", "--to", "megatron", "--output", "out/x", "--config_path", "config/demo.yaml", "--source", "webster", "--split", "test"],
+     "tokenmix export: argument --split: invalid choice: 'test' (choose from 'train', 'validation')"),
     (["inspect", "cache/nope"], "no cache at cache/nope"),
     (["inspect", "cache/nope", "--samples", "-1"], "tokenmix inspect: argument --samples: must be at least 0 (documents to decode), got -1"),
     (["inspect", "cache/nope", "--chars", "0"], "tokenmix inspect: argument --chars: must be at least 1 (characters shown per document), got 0"),

@@ -24,6 +24,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from tokenmix import load_data_config, open_cache
 from tokenmix.cache.packs import open_cache_at
 from tokenmix.cli.parser import CommandParser
+from tokenmix.config.sources import SPLITS
 from tokenmix.export import EXPORT_KINDS, Hdf5ExportOptions, export_cache
 from tokenmix.formats.tokenizer import TokenizerLoadError
 
@@ -77,7 +78,7 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--cache", help="a cache directory or URL (one source and split)")
     parser.add_argument("--config_path", help="a data config; with --source (and --split), export that source's cache or token files")
     parser.add_argument("--source", help="the config's source to export")
-    parser.add_argument("--split", default="train", help="train or validation")
+    parser.add_argument("--split", default="train", choices=SPLITS, help="the source's split to export")
     parser.add_argument("--tokenizer", help="the cache's tokenizer: recorded by datatrove and Levanter targets, decodes the HDF5 "
                                             "samples (default: the config's, else the cache ledger's)")
     _add_hdf5_options(parser)
