@@ -78,7 +78,7 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--cache", help="a cache directory or URL (one source and split)")
     parser.add_argument("--config_path", help="a data config; with --source (and --split), export that source's cache or token files")
     parser.add_argument("--source", help="the config's source to export")
-    parser.add_argument("--split", default="train", choices=SPLITS, help="the source's split to export")
+    parser.add_argument("--split", choices=SPLITS, help="the source's split to export (default: train)")
     parser.add_argument("--tokenizer", help="the cache's tokenizer: recorded by datatrove and Levanter targets, decodes the HDF5 "
                                             "samples (default: the config's, else the cache ledger's)")
     _add_hdf5_options(parser)
@@ -87,6 +87,8 @@ def run(argv: list[str]) -> int:
         parser.error("give either --cache DIR, or --config_path CFG.yaml with --source NAME")
     if overrides and not args.config_path:
         parser.error(f"unrecognized arguments: {' '.join(overrides)} (config overrides need --config_path)")
+    if args.cache and (args.source or args.split):
+        parser.error("--source and --split choose a config's cache, so they need --config_path; --cache names the cache itself")
     given = vars(args)
     hdf5 = Hdf5ExportOptions(**{f.name: given[f.name] for f in dataclasses.fields(Hdf5ExportOptions) if f.name in given})
     if args.cache:
@@ -97,7 +99,7 @@ def run(argv: list[str]) -> int:
             parser.error("--config_path needs --source NAME (the source to export)")
         config = load_data_config(args.config_path, overrides)
         try:
-            cache = open_cache(config, args.source, args.split)
+            cache = open_cache(config, args.source, args.split or "train")
         except KeyError as e:  # an unknown source: the message names the config's
             logger.error("%s", e.args[0])
             return 1

@@ -61,6 +61,8 @@ def run(argv: list[str]) -> int:
         args, overrides = parser.parse_known_args(argv)
     elif not args.caches:
         parser.error("give cache directories, or --config_path")
+    elif args.source:
+        parser.error("--source chooses a config's caches, so it needs --config_path")
     elif overrides:
         parser.error(f"unrecognized arguments: {' '.join(overrides)} (config overrides need --config_path)")
     config = load_data_config(args.config_path, overrides) if args.config_path else None
