@@ -4,12 +4,15 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
-from helpers import DEMO_CORPUS, REPO, TOKENIZER
+from curate_kill import finished_tasks
+from helpers import DEMO_CORPUS, REPO, TOKENIZER, build, demo_urls
 
 from tokenmix import (
     ConfigError,
@@ -117,7 +120,14 @@ def test_cli_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path):
     (["verify", "--config_path", "config/nope.yaml"], "config file config/nope.yaml does not exist"),
     (["export", "--to", "megatron", "--output", "out/x", "--config_path", "config/demo.yaml", "--source", "web"],
      "unknown source 'web'; the config defines ['linux_doc', 'python_doc', 'webster']"),
+    (["export", "--to", "megatron", "--output", "out/x", "--config_path", "config/demo.yaml", "--source", "webster", "--split", "test"],
+     "tokenmix export: argument --split: invalid choice: 'test' (choose from 'train', 'validation')"),
+    (["export", "--to", "megatron", "--output", "out/x", "--cache", "cache/nope", "--split", "validation"],
+     "tokenmix export: --source and --split choose a config's cache, so they need --config_path; --cache names the cache itself"),
+    (["verify", "cache/nope", "--source", "webster"], "tokenmix verify: --source chooses a config's caches, so it needs --config_path"),
     (["inspect", "cache/nope"], "no cache at cache/nope"),
+    (["inspect", "cache/nope", "--samples", "-1"], "tokenmix inspect: argument --samples: must be at least 0 (documents to decode), got -1"),
+    (["inspect", "cache/nope", "--chars", "0"], "tokenmix inspect: argument --chars: must be at least 1 (characters shown per document), got 0"),
 ])
 def test_every_command_reports_a_bad_config_or_option_in_one_line_naming_it(args, message):
     """No traceback: one line on stderr naming the field (or option) and the fix, nothing on stdout, a non-zero exit."""
@@ -472,3 +482,105 @@ def test_export_takes_a_configs_overrides_as_every_command_reading_a_config_does
     stray = _cli("export", "--to", "megatron", "--output", str(tmp_path / "x"), "--cache", str(tmp_path / "caches" / "webster" / "train"),
                  "--cache_dir", "/x")
     assert stray.returncode == 2 and "--cache_dir /x (config overrides need --config_path)" in stray.stderr
+
+
+def test_ctrl_c_during_curate_is_one_line_and_exit_130_and_the_same_command_resumes(tmp_path):
+    """SIGINT to the command's process group (what Ctrl-C sends) once a task has finished: no traceback, one line saying
+    to run it again, the shell's 128 + SIGINT; the run again keeps the finished task (its record not written again) and completes."""
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "tokenmix.cli.main", "curate", "--config_path", "config/curation/demo.yaml", "--output.path", str(out)]
+    with open(tmp_path / "stderr", "w+") as log:
+        proc = subprocess.Popen(args, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=log)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and not finished_tasks(out, ["pass-0/stats"]) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert proc.poll() is None, "the run ended before a task finished: nothing to interrupt"
+        kept = {p: p.stat().st_mtime_ns for p in finished_tasks(out, ["pass-0/stats"])}
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+        log.seek(0)
+        lines = [line for line in log.read().splitlines() if " ERROR " in line or "Traceback" in line or "Error" in line]
+    assert len(lines) == 1 and "interrupted (Ctrl-C): run the same command again" in lines[0], lines
+    again = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert all(p.stat().st_mtime_ns == written for p, written in kept.items()), "a finished task was done again"
+    assert json.loads(next(out.glob(".curate/*/curation_stats.json")).read_text())["accounted"]
+
+
+def test_output_into_a_pipe_whose_reader_has_gone_ends_quietly_with_exit_1(tmp_path):
+    """``tokenmix ... | head`` once head has exited: no BrokenPipeError traceback nor an error line, exit 1 (as Python
+    advises and as rich does for the tables); the reader is closed before the command writes, so the pipe is surely gone."""
+    location = str(tmp_path / "cache")
+    build(location, demo_urls("webster")[:1])
+    for args in (["--help"], ["inspect", location, "--json"], ["verify", location, "--json", "--no_inputs"]):
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            result = subprocess.run([sys.executable, "-m", "tokenmix.cli.main", *args], cwd=REPO, stdout=write, stderr=subprocess.PIPE,
+                                    text=True)
+        finally:
+            os.close(write)
+        assert result.returncode == 1, (args, result.stderr)
+        assert "Broken pipe" not in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+
+
+def test_plot_says_the_file_it_wrote_where_out_has_no_extension_and_makes_its_missing_directory(tmp_path):
+    """matplotlib adds ``.png`` to a name without an extension: plot said it wrote the name as given, a file that is not
+    there; a directory of ``--out`` that does not exist yet was a bare "No such file or directory"."""
+    result = _cli("plot", "--config_path", "config/demo.yaml", "--steps", "10", "--out", str(tmp_path / "new" / "schedule"))
+    assert result.returncode == 0, result.stderr
+    written = tmp_path / "new" / "schedule.png"
+    assert result.stdout.strip() == f"wrote {written}"
+    assert written.read_bytes().startswith(b"\x89PNG")
+
+
+def test_build_cache_of_small_sources_built_as_packs_prints_its_table(tmp_path):
+    """A source built in a pack has the pack's seconds and no rate of its own: the table read its tokens/s and the
+    command failed with a KeyError after the caches were built."""
+    result = _cli("build-cache", "--config_path", "config/demo.yaml", "--cache_dir", str(tmp_path), "--build.pack_min_sources", "2")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "webster" / "train" / "packed.json").exists()
+    rows = [line.replace(" ", "") for line in result.stdout.splitlines() if line.startswith(("│ linux_doc", "│ python_doc", "│ webster"))]
+    assert len(rows) == 6 and all(row.endswith("│packed│") for row in rows), result.stdout
+    assert "packed: built in one pack with other small sources; its seconds are the pack's" in result.stdout
+
+
+def test_inspect_decodes_a_levanter_cache_with_the_tokenizer_its_ledger_names(tmp_path):
+    """Levanter's ledger names its tokenizer in its metadata; inspect looked only where a tokenmix ledger keeps it, and
+    showed a Levanter cache's documents as token ids."""
+    location = str(tmp_path / "cache")
+    build(location, demo_urls("webster")[:1], tokenization={"enforce_bos": True})
+    levanter = str(tmp_path / "levanter" / "train")
+    exported = _cli("export", "--to", "levanter", "--output", levanter, "--cache", location)
+    assert exported.returncode == 0, exported.stderr
+
+    def first_document(cache: str) -> str:
+        shown = _cli("inspect", cache, "--samples", "1", "--chars", "200")
+        assert shown.returncode == 0, shown.stderr
+        return shown.stdout.split("document 0 (", 1)[1].split("\n", 1)[1]
+
+    assert first_document(levanter) == first_document(location) and not first_document(location).startswith("[")
+
+
+@pytest.mark.parametrize("to", ["megatron", "nanoset", "hdf5"])
+def test_export_to_a_path_below_a_file_names_the_file_and_the_fix(tmp_path, to):
+    """A file where the output needs a directory gave "[Errno 17] File exists: FILE" or "[Errno 20] Not a directory",
+    naming a partial file or the file in the way but saying neither what is wrong nor what to do."""
+    location = str(tmp_path / "cache")
+    build(location, demo_urls("webster")[:1])
+    (tmp_path / "taken").write_text("a file")
+    output = tmp_path / "taken" / "out" / "x"
+    result = _cli("export", "--to", to, "--output", str(output), "--cache", location)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and errors[0].endswith(
+        f"cannot write the {to} export at {output}: {tmp_path / 'taken'} is a file, where a directory is needed; choose an "
+        "--output this user can write to"), result.stderr
+
+
+@pytest.mark.parametrize("command", [["build-cache"], ["verify"], ["plot"], ["train"], ["demo"],
+                                     ["export", "--to", "megatron", "--output", "out/x", "--source", "web"]])
+def test_a_missing_config_exits_1_from_every_command_that_reads_one(command):
+    """An error a user can hit exits 1 from every command (2 is argparse's, for a usage error); verify gave 2."""
+    result = _cli(*command, "--config_path", "config/nope.yaml")
+    assert result.returncode == 1 and "config/nope.yaml" in result.stderr and "Traceback" not in result.stderr, result.stderr

@@ -25,7 +25,8 @@ def is_levanter(identity: dict[str, Any]) -> bool:
 
 def ledger_from_levanter(doc: dict[str, Any]) -> CacheLedger:
     """Levanter's ``shard_ledger.json`` as a ledger: its shards, rows and completion, and an identity made of what its
-    metadata says about the tokenizer (``dtype`` None: whatever the arrays hold, which the reader fills in)."""
+    metadata says about the tokenizer (``dtype`` None: whatever the arrays hold, which the reader fills in); its ``info``
+    names the tokenizer where a tokenmix ledger does, for what decodes a cache's rows (``tokenmix inspect``, exports)."""
     meta = (doc.get("metadata") or {}).get("preprocessor_metadata") or {}
     identity = {
         LEVANTER_KEY: True,
@@ -38,7 +39,7 @@ def ledger_from_levanter(doc: dict[str, Any]) -> CacheLedger:
     finished = set(doc.get("finished_shards") or [])
     shards = [ShardProgress(name, rows=int(rows), finished=name in finished) for name, rows in (doc.get("shard_rows") or {}).items()]
     return CacheLedger(identity=identity, shards=shards, rows=int(doc.get("total_num_rows", 0)), tokens=0,
-                       finished=bool(doc.get("is_finished")), info={"built_by": "levanter"})
+                       finished=bool(doc.get("is_finished")), info={"built_by": "levanter", "tokenizer": meta.get("tokenizer")})
 
 
 def check_levanter_identity(found: dict[str, Any], expected: dict[str, Any], location: str) -> None:

@@ -23,20 +23,28 @@ from tokenmix.cli.parser import CommandParser
 
 
 def summary_table(results: dict[tuple[str, str], dict[str, Any]]) -> Table:
-    """A table of what each cache holds and how fast this run built it ("-" for a cache that was finished already)."""
+    """A table of what each cache holds and how fast this run built it ("-" for a cache that was finished already;
+    a source built in a pack with others has the pack's seconds, and no rate of its own)."""
     already = [st.get(ALREADY_BUILT, False) for st in results.values()]
+    packed = [not built_before and "pack" in st["build"] for st, built_before in zip(results.values(), already)]
     if results and all(already):
         table = Table(title="caches: nothing needed building, every cache was finished already")
     else:
-        table = Table(title="caches", caption="-: finished already, nothing built" if any(already) else None)
+        notes = []
+        if any(already):
+            notes.append("-: finished already, nothing built")
+        if any(packed):
+            notes.append("packed: built in one pack with other small sources; its seconds are the pack's")
+        table = Table(title="caches", caption="\n".join(notes) or None)
     for col in ("source", "split", "documents", "tokens", "tokens/doc p50", "skipped", "seconds", "tokens/s"):
         table.add_column(col, justify="left" if col in ("source", "split") else "right")
-    for ((source, split), st), built_before in zip(results.items(), already):
+    for ((source, split), st), built_before, in_pack in zip(results.items(), already, packed):
         build = st["build"]
+        rate = "-" if built_before else "packed" if in_pack else f"{build['tokens_per_second'] or 0:,.0f}"
         table.add_row(
             source, split, f"{st['documents']:,}", f"{st['tokens']:,}",
             f"{st['document_length_tokens'].get('p50', 0):,.0f}", f"{st['skipped_records']:,}",
-            "-" if built_before else f"{build['seconds']:.1f}", "-" if built_before else f"{build['tokens_per_second'] or 0:,.0f}",
+            "-" if built_before else f"{build['seconds']:.1f}", rate,
         )
     return table
 

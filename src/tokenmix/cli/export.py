@@ -14,14 +14,17 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import typing
 from collections.abc import Callable
+from pathlib import Path
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tokenmix import load_data_config, open_cache
 from tokenmix.cache.packs import open_cache_at
 from tokenmix.cli.parser import CommandParser
+from tokenmix.config.sources import SPLITS
 from tokenmix.export import EXPORT_KINDS, Hdf5ExportOptions, export_cache
 from tokenmix.formats.tokenizer import TokenizerLoadError
 
@@ -46,6 +49,21 @@ def _converter(kind: object) -> Callable[[str], object]:
     return lambda text: None if text.lower() in ("none", "null") else convert(text)  # type: ignore[operator]
 
 
+def _write_failure(error: OSError, output: str) -> str | None:
+    """What stopped the export writing at ``output``, where ``error`` is about a path it writes (``output`` or a directory
+    above it, or a file beside or below it); None where ``error`` is about another path (the cache's, say)."""
+    if error.filename is None:
+        return None
+    failed, wanted = Path(os.fsdecode(error.filename)).absolute(), Path(output).absolute()
+    if failed == wanted or failed in wanted.parents:
+        blocking = next((path for path in (failed, *failed.parents) if path.is_file()), None)
+        if blocking is not None:
+            return f"{blocking} is a file, where a directory is needed"
+    elif wanted.parent not in failed.parents and wanted not in failed.parents:
+        return None
+    return f"{error.strerror} ({failed})"
+
+
 def _add_hdf5_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("hdf5 options (Cerebras's names)")
     hints = typing.get_type_hints(Hdf5ExportOptions)
@@ -60,7 +78,7 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--cache", help="a cache directory or URL (one source and split)")
     parser.add_argument("--config_path", help="a data config; with --source (and --split), export that source's cache or token files")
     parser.add_argument("--source", help="the config's source to export")
-    parser.add_argument("--split", default="train", help="train or validation")
+    parser.add_argument("--split", choices=SPLITS, help="the source's split to export (default: train)")
     parser.add_argument("--tokenizer", help="the cache's tokenizer: recorded by datatrove and Levanter targets, decodes the HDF5 "
                                             "samples (default: the config's, else the cache ledger's)")
     _add_hdf5_options(parser)
@@ -69,6 +87,8 @@ def run(argv: list[str]) -> int:
         parser.error("give either --cache DIR, or --config_path CFG.yaml with --source NAME")
     if overrides and not args.config_path:
         parser.error(f"unrecognized arguments: {' '.join(overrides)} (config overrides need --config_path)")
+    if args.cache and (args.source or args.split):
+        parser.error("--source and --split choose a config's cache, so they need --config_path; --cache names the cache itself")
     given = vars(args)
     hdf5 = Hdf5ExportOptions(**{f.name: given[f.name] for f in dataclasses.fields(Hdf5ExportOptions) if f.name in given})
     if args.cache:
@@ -79,7 +99,7 @@ def run(argv: list[str]) -> int:
             parser.error("--config_path needs --source NAME (the source to export)")
         config = load_data_config(args.config_path, overrides)
         try:
-            cache = open_cache(config, args.source, args.split)
+            cache = open_cache(config, args.source, args.split or "train")
         except KeyError as e:  # an unknown source: the message names the config's
             logger.error("%s", e.args[0])
             return 1
@@ -92,5 +112,11 @@ def run(argv: list[str]) -> int:
                 raise
             raise TokenizerLoadError(f"{e}; {tokenizer!r} is the tokenizer recorded in the cache's ledger ({args.cache}) when it "
                                      "was built: if it has moved, give --tokenizer WHERE_IT_IS_NOW") from None
+        except OSError as e:
+            cause = _write_failure(e, args.output)
+            if cause is None:
+                raise
+            logger.error("cannot write the %s export at %s: %s; choose an --output this user can write to", args.to, args.output, cause)
+            return 1
     print(json.dumps(result, indent=1, default=str))
     return 0

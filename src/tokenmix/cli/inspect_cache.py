@@ -11,7 +11,7 @@ from tokenmix import TokenizerLoadError
 from tokenmix.cache import stored_plans
 from tokenmix.cache.packs import open_cache_at
 from tokenmix.cli.console import make_console
-from tokenmix.cli.parser import CommandParser
+from tokenmix.cli.parser import CommandParser, at_least
 from tokenmix.formats import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -20,8 +20,8 @@ logger = logging.getLogger(__name__)
 def run(argv: list[str]) -> int:
     parser = CommandParser("inspect", __doc__)
     parser.add_argument("cache_dir", help="a cache directory or URL (one source and split)")
-    parser.add_argument("--samples", type=int, default=3, help="documents to decode")
-    parser.add_argument("--chars", type=int, default=300, help="characters shown per document")
+    parser.add_argument("--samples", type=at_least(0, "documents to decode"), default=3, help="documents to decode")
+    parser.add_argument("--chars", type=at_least(1, "characters shown per document"), default=300, help="characters shown per document")
     parser.add_argument("--tokenizer", help="tokenizer to decode with (default: the one recorded in the ledger)")
     parser.add_argument("--json", action="store_true", help="print ledger and statistics as JSON only")
     args = parser.parse_args(argv)

@@ -26,11 +26,16 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def _print_usage(asked: bool) -> int:
+    """The commands on stdout; 0 when ``--help`` asked for them, 2 when no command was given."""
+    print(_usage())
+    return 0 if asked else 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
-        return 0 if argv else 2
+        return run_command(__name__, lambda: _print_usage(asked=bool(argv)))
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(f"tokenmix: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)

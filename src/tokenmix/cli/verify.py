@@ -20,7 +20,6 @@ from tokenmix import (
     CacheLockedError,
     CacheNotFoundError,
     CacheReport,
-    ConfigError,
     RepairError,
     TokenizerLoadError,
     UnsafeFileError,
@@ -62,16 +61,14 @@ def run(argv: list[str]) -> int:
         args, overrides = parser.parse_known_args(argv)
     elif not args.caches:
         parser.error("give cache directories, or --config_path")
+    elif args.source:
+        parser.error("--source chooses a config's caches, so it needs --config_path")
     elif overrides:
         parser.error(f"unrecognized arguments: {' '.join(overrides)} (config overrides need --config_path)")
-    try:
-        config = load_data_config(args.config_path, overrides) if args.config_path else None
-        given = [t.location for t in cache_targets(config, args.source)] if config else list(args.caches)
-        stored = {location: stored_cache_of(location) for location in given}
-        locations = list(dict.fromkeys(stored.values()))  # a pack once for its sources
-    except (ConfigError, ValueError, FileNotFoundError) as e:
-        logger.error("%s", e)
-        return 2
+    config = load_data_config(args.config_path, overrides) if args.config_path else None
+    given = [t.location for t in cache_targets(config, args.source)] if config else list(args.caches)
+    stored = {location: stored_cache_of(location) for location in given}
+    locations = list(dict.fromkeys(stored.values()))  # a pack once for its sources
     reports, failed = [], 0
     for location in locations:
         try:

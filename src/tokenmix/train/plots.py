@@ -61,7 +61,12 @@ def source_colors(config: LMMixtureDatasetConfig) -> dict[str, tuple[float, ...]
 
 
 def plot_schedule(config: LMMixtureDatasetConfig, steps: int, path: str, weight_log: list[tuple[int, dict[str, float]]] | None = None) -> str:
-    """Each source's scheduled share of the examples by step (the config's, or a run's ``weight_log``), as a stacked area chart."""
+    """Each source's scheduled share of the examples by step (the config's, or a run's ``weight_log``), as a stacked area chart;
+    returns the file written: ``path``, with ``.png`` added where it has no extension (as matplotlib adds it), its
+    directory made where missing."""
+    if not os.path.splitext(path)[1][1:]:
+        path = path.rstrip(".") + ".png"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     plt = _pyplot()
     x, weights = scheduled_weights(config, steps, weight_log)
     colors = source_colors(config)
