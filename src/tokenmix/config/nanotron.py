@@ -22,7 +22,6 @@ import re
 from typing import Any
 
 from tokenmix.formats.tokenizer_identity import tokenizer_identity
-from tokenmix.sources.nanoset import nanoset_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +93,8 @@ def nanotron_mixture(doc: dict[str, Any], where: str) -> dict[str, Any]:
                 name = by_path[path] = _source_name(path, set(sources))
                 token_files: dict[str, Any] = {"kind": kind}
                 if kind == "nanoset" and tokenizer:
+                    from tokenmix.sources.nanoset import nanoset_dtype  # here: the Nanoset reader imports numpy, and reading a config must not
+
                     token_files["dtype"] = nanoset_dtype(tokenizer_identity(tokenizer).vocab_size)
                 if split is not None:
                     token_files["split"] = str(split)
