@@ -269,16 +269,24 @@ def test_a_member_per_row_opens_no_cache_thread_or_file_per_member(text_pack):
         return got
 
     def held() -> tuple[int, int, int]:
+        """Open caches, threads, and descriptors but sockets (a cluster an earlier test of this worker left running
+        talks on its own)."""
         gc.collect()
         caches = sum(isinstance(o, TokenCache) for o in gc.get_objects())
-        return caches, len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
+        files = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                files += not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+            except OSError:  # closed since the listing
+                pass
+        return caches, len(os.listdir("/proc/self/task")), files
 
     kept: list[PackedSourceCache] = []
     first = read(range(1))
     one = held()
     rest = read(range(1, len(bounds) - 1))
-    caches, threads, files = held()  # none more than for one member (fewer where another test's thread has ended since)
-    assert caches == one[0] and threads <= one[1] and files <= one[2] and len(kept) == len(bounds) - 1 > 100
+    caches, threads, files = held()  # as for one member, give or take a thread or file of another test's leftovers
+    assert caches == one[0] and threads <= one[1] + 4 and files <= one[2] + 4 and len(kept) == len(bounds) - 1 > 100
     whole = TokenCache(text_pack.pack)
     assert first + rest == [r.tolist() for r in whole.get_rows(range(len(bounds) - 1))]
 
