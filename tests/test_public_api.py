@@ -74,6 +74,35 @@ print(sorted(m for m in {HEAVY!r} if m in sys.modules))
     assert sorted(starts_jax.stdout.split()) == ["DataLoader", "LmBatch", "LoaderError", "StepBatch"], "as the package docstring says"
 
 
+_BLAS_SPIN = """
+import os, sys, time
+{first}
+import numpy
+time.sleep(0.3)  # OpenBLAS's threads, started by numpy's import, spin for 2**28 cycles (about 0.1 s) unless told less
+main = str(os.getpid())
+ticks = sum(sum(int(v) for v in open(f"/proc/self/task/{{t}}/stat").read().rsplit(")", 1)[1].split()[11:13])
+            for t in os.listdir("/proc/self/task") if t != main)
+print(os.environ.get("OPENBLAS_THREAD_TIMEOUT"), ticks)
+"""
+
+
+def test_importing_tokenmix_first_keeps_numpys_idle_blas_threads_from_spinning():
+    """numpy's import starts OpenBLAS threads that would burn about 0.1 s of each other core (numpy#29193); after
+    ``import tokenmix`` they sleep at once (a clock tick is 10 ms: a spin of 0.1 s is several). A user's own setting
+    is kept, and numpy imported first is left as it is."""
+    def run(first: str, **setting: str) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}  # this process set its own
+        done = subprocess.run([sys.executable, "-c", _BLAS_SPIN.format(first=first)], cwd=REPO, capture_output=True,
+                              text=True, env={**env, **setting}, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    setting, ticks = run("import tokenmix")
+    assert setting == "20" and int(ticks) <= 1, (setting, ticks)
+    assert run("import tokenmix", OPENBLAS_THREAD_TIMEOUT="28")[0] == "28"
+    assert run("import numpy, tokenmix")[0] == "None"
+
+
 ARRAY_LIBRARIES = ("numpy", "tensorstore")
 
 

@@ -104,7 +104,10 @@ Errors
 
 from typing import TYPE_CHECKING
 
+from tokenmix._blas_threads import shorten_idle_spin
 from tokenmix._lazy import lazy_exports
+
+shorten_idle_spin()
 
 if TYPE_CHECKING:
     from tokenmix._safe_files import UnsafeFileError
