@@ -15,7 +15,8 @@ from tokenmix import BuildOptions
 from tokenmix.cache import CacheBuilder
 from tokenmix.formats import encoder as encoder_module
 from tokenmix.formats.encoder import DocumentEncoder
-from tokenmix.formats.long_docs import exact_split_supported, split_text
+from tokenmix.formats.long_docs import split_text
+from tokenmix.formats.tokenizer_facts import tokenizer_facts
 from tokenmix.sources import FileShard
 from tokenmix.sources.shards import RawChunk
 
@@ -53,14 +54,14 @@ def test_pieces_respect_the_limit_when_a_cut_exists():
 def test_only_tokenizers_where_splitting_is_exact_are_split(hf_tokenizer):
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-    assert exact_split_supported(hf_tokenizer.backend_tokenizer.to_str())
+    assert tokenizer_facts(hf_tokenizer.backend_tokenizer.to_str()).exact_split
     metaspace = Tokenizer(models.BPE())
     metaspace.pre_tokenizer = pre_tokenizers.Metaspace()
-    assert not exact_split_supported(metaspace.to_str())
+    assert not tokenizer_facts(metaspace.to_str()).exact_split
     normalized = Tokenizer(models.BPE())
     normalized.normalizer = normalizers.Lowercase()
     normalized.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    assert not exact_split_supported(normalized.to_str())
+    assert not tokenizer_facts(normalized.to_str()).exact_split
 
 
 def test_a_cache_built_with_aggressive_splitting_is_byte_identical(tmp_path):

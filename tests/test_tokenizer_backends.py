@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import DEMO_CORPUS, REPO, TOKENIZER, cache_bytes, read_jsonl_zst, write_jsonl
 from hypothesis import given, settings
@@ -45,9 +46,9 @@ from tokenmix.formats.backends import (
     load_fast,
     load_reference,
     probe_texts,
-    token_byte_lengths,
 )
 from tokenmix.formats.probe_verdicts import verdict_key
+from tokenmix.formats.tokenizer_facts import tokenizer_facts
 from tokenmix.sources.shards import PlainText, RawChunk
 
 SOURCES = ("linux_doc", "python_doc", "webster")
@@ -238,12 +239,16 @@ def test_the_check_covers_every_added_token_written_inside_text_and_the_sample()
 
 
 def _build_in_a_new_process(tmp_path: Path, name: str, inputs: list[str], remembered: Path) -> dict:
-    """A cold ``auto`` build of ``inputs`` into a new cache, remembering in ``remembered``: its backend choice, and whether
-    it loaded ``tokenizers``."""
+    """A cold ``auto`` build of ``inputs`` into a new cache, remembering in ``remembered``: its backend choice, whether
+    it loaded ``tokenizers``, and how many times it derived the tokenizer's facts from its parsed serialization."""
     config = {"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / name), "configs": {"s": {"train_urls": inputs}}}
     code = ("import json, sys, tokenmix\n"
+            "from tokenmix.formats import tokenizer_facts as facts\n"
+            "derive, parsed = facts._derive, []\n"
+            "facts._derive = lambda spec: parsed.append(1) or derive(spec)\n"
             "stats = tokenmix.build_caches(tokenmix.load_data_config(json.loads(sys.argv[1])), progress=False)\n"
-            "print(json.dumps({**stats['s', 'train']['build']['tokenizer_backend'], 'tokenizers': 'tokenizers' in sys.modules}))")
+            "print(json.dumps({**stats['s', 'train']['build']['tokenizer_backend'], 'tokenizers': 'tokenizers' in sys.modules,\n"
+            "                  'parsed': len(parsed)}))")
     run = subprocess.run([sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TOKENMIX_CACHE_DIR": str(remembered)})
     assert run.returncode == 0, run.stderr
@@ -278,6 +283,55 @@ def test_a_build_whose_sample_was_checked_before_takes_the_verdict_and_loads_no_
     changed = _build_in_a_new_process(tmp_path, "changed", [other], remembered)
     assert changed["name"] == "fastokens" and changed["tokenizers"] and "checked by an earlier build" not in changed["reason"]
     assert len(list(remembered.rglob("*.sample.json"))) == 2
+
+
+def test_a_cold_build_takes_the_tokenizer_s_facts_remembered_and_parses_no_serialization(tmp_path):
+    """Parsing the serialization (2 MB here) for what the encoders and the check read of it held the GIL for 20-30 ms of
+    a cold build's start; a build of a tokenizer whose facts were derived before on this machine reads them back."""
+    remembered = tmp_path / "remembered"
+    url = write_jsonl(tmp_path / "records.jsonl", _records())
+    first = _build_in_a_new_process(tmp_path, "first", [url], remembered)
+    assert first["name"] == "fastokens" and first["parsed"] == 1, first
+    assert len(list(remembered.rglob("*.facts.json"))) == 1
+    again = _build_in_a_new_process(tmp_path, "again", [url], remembered)
+    assert again["name"] == "fastokens" and again["parsed"] == 0, again
+    assert cache_bytes(str(tmp_path / "again" / "s" / "train")) == cache_bytes(str(tmp_path / "first" / "s" / "train"))
+
+
+@pytest.mark.parametrize("damage", ["cut", "types", "base64", "length"])
+def test_remembered_tokenizer_facts_that_are_damaged_are_derived_again_and_rewritten(tmp_path, monkeypatch, damage):
+    """A facts file cut short by a crash, or holding what no version wrote, is never taken: the facts are derived from
+    the serialization again, equal to those first derived, and the file is written again; another serialization (a BPE
+    with dropout here) has facts of its own."""
+    monkeypatch.setenv("TOKENMIX_CACHE_DIR", str(tmp_path))
+    spec = json.loads(Path(TOKENIZER, "tokenizer.json").read_text())
+    tokenizer_json = json.dumps(spec)
+
+    def fresh(serialization: str):
+        tokenizer_facts.cache_clear()
+        return tokenizer_facts(serialization)
+
+    derived = fresh(tokenizer_json)
+    assert not derived.encodes_at_random and derived.exact_split and "<|endoftext|>" in derived.added_tokens
+    ids = [*spec["model"]["vocab"].values(), *(t["id"] for t in spec["added_tokens"])]
+    assert derived.byte_lengths is not None and len(derived.byte_lengths) == max(ids) + 1
+    (path,) = tmp_path.rglob("*.facts.json")
+    written = path.read_text()
+    damaged = json.loads(written)
+    if damage == "cut":
+        path.write_text(written[: len(written) // 2])
+    else:
+        damaged.update({"types": {"exact_split": "yes"}, "base64": {"byte_lengths": "not base64!"},
+                        "length": {"byte_lengths": "AAAA"}}[damage])
+        path.write_text(json.dumps(damaged))
+    again = fresh(tokenizer_json)
+    assert (again.encodes_at_random, again.added_tokens, again.exact_split) == (False, derived.added_tokens, True)
+    assert np.array_equal(again.byte_lengths, derived.byte_lengths) and again.byte_lengths.dtype == np.int64
+    assert path.read_text() == written
+    assert fresh(tokenizer_json).byte_lengths.tolist() == derived.byte_lengths.tolist()  # read back, as derived
+
+    spec["model"]["dropout"] = 0.1
+    assert fresh(json.dumps(spec)).encodes_at_random and len(list(tmp_path.rglob("*.facts.json"))) == 2
 
 
 def test_a_remembered_sample_verdict_is_keyed_by_all_that_decides_the_sample_s_encoding(tmp_path):
@@ -425,7 +479,7 @@ def test_character_offsets_derived_from_byte_level_ids_are_tokenizers_offsets(te
     reference = load_reference(tokenizer_json).encode(text, add_special_tokens=False)
     ids, _ = fast_ids(load_fast(tokenizer_json), [text])
     assert ids.tolist() == reference.ids
-    offsets = char_offsets(ids, text, token_byte_lengths(tokenizer_json))
+    offsets = char_offsets(ids, text, tokenizer_facts(tokenizer_json).byte_lengths)
     assert offsets is not None and offsets.tolist() == [list(o) for o in reference.offsets]
 
 

@@ -21,10 +21,11 @@ from concurrent.futures import Future
 
 import tokenmix.formats
 from tokenmix.cache.ledger import CacheLedger
-from tokenmix.formats.backends import FAST, REFERENCE, BackendChoice, TokenizerBackend, choose_backend, encodes_at_random
+from tokenmix.formats.backends import FAST, REFERENCE, BackendChoice, TokenizerBackend, choose_backend
 from tokenmix.formats.encoder import DocumentEncoder, chunk_difference
 from tokenmix.formats.encoder_spec import EncoderSpec
 from tokenmix.formats.probe_verdicts import ProbeVerdict, recall_verdict, remember_verdict, verdict_key
+from tokenmix.formats.tokenizer_facts import tokenizer_facts
 from tokenmix.sources.shards import RawChunk, Shard, ShardReadError, approx_size
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def sample_verdict_key(spec: EncoderSpec, sample: RawChunk) -> str | None:
     """The key under which the check's verdict on ``sample`` encoded by ``spec`` is remembered (``probe_verdicts.py``);
     None where it is not remembered: a tokenizer that encodes at random, or records that are not bytes (the parsed rows
     of a Hugging Face dataset, whose values need not have one exact serialization)."""
-    if encodes_at_random(spec.tokenizer_json) or not all(isinstance(r, bytes) for r in sample.records):
+    if tokenizer_facts(spec.tokenizer_json).encodes_at_random or not all(isinstance(r, bytes) for r in sample.records):
         return None
     described = repr(dataclasses.replace(spec, tokenizer_json="", backend=REFERENCE))
     checked = [described, str(sample.start), *(part for r in sample.records for part in (type(r).__name__, r))]

@@ -7,14 +7,13 @@ WordPiece, for instance) and does not report character offsets. Exactness is che
 build, a sample of its input (encoded into what the cache would hold: ids, lengths, loss spans) and a set of probes
 (every added token written inside text, whitespace, Unicode) are encoded by both, and any difference keeps the build
 on ``tokenizers``. Character offsets, which chat loss masks need, are derived from the ids for byte-level BPE
-(``token_byte_lengths``), and checked the same way. The backend never enters a cache's identity:
+(``tokenizer_facts.TokenizerFacts.byte_lengths``), and checked the same way. The backend never enters a cache's identity:
 the ids are the same, so caches built either way are byte-identical.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from tokenmix.formats.probe_verdicts import ProbeVerdict, recall_verdict, remember_verdict, verdict_key
+from tokenmix.formats.tokenizer_facts import tokenizer_facts
 
 if TYPE_CHECKING:
     import numpy as np
@@ -109,38 +109,6 @@ def fast_ids(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(ids, np.uint32), np.frombuffer(offsets, np.uint64).astype(np.int64)
 
 
-@functools.lru_cache(maxsize=4)
-def tokenizer_definition(tokenizer_json: str) -> dict[str, Any]:
-    """The parsed serialization of a tokenizer, parsed once per process and shared, read-only, by whatever reads it:
-    parsing megabytes of JSON holds the GIL for about 20 ms, and a build's start-up needs it three times."""
-    return json.loads(tokenizer_json)
-
-
-@functools.lru_cache(maxsize=4)
-def token_byte_lengths(tokenizer_json: str) -> np.ndarray | None:
-    """How many bytes of text each token id stands for, where every token is a byte sequence (byte-level BPE without a
-    normalizer, byte fallback or word affixes); None for other tokenizers. With it a token's character offsets follow
-    from the ids alone, which ``fastokens`` does not report."""
-    import numpy as np
-
-    spec = tokenizer_definition(tokenizer_json)
-    model = spec.get("model") or {}
-    steps = [spec.get("pre_tokenizer") or {}]
-    steps += steps[0].get("pretokenizers", []) if steps[0].get("type") == "Sequence" else []
-    if (spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("byte_fallback")
-            or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix")
-            or not any(step.get("type") == "ByteLevel" for step in steps)):
-        return None
-    added = {t["id"]: len(t["content"].encode("utf-8")) for t in spec.get("added_tokens", [])}
-    vocab = model.get("vocab") or {}
-    lengths = np.zeros(max([*vocab.values(), *added, -1]) + 1, np.int64)
-    for token, i in vocab.items():
-        lengths[i] = len(token)  # one character of the byte-level alphabet per byte
-    for i, n in added.items():
-        lengths[i] = n
-    return lengths
-
-
 def char_offsets(ids: np.ndarray, text: str, byte_lengths: np.ndarray) -> np.ndarray | None:
     """Each token's ``[start, end)`` in characters of ``text`` (a token covering part of a character covers all of it),
     as ``tokenizers`` reports offsets; None when the tokens' bytes do not add up to the text's."""
@@ -158,7 +126,7 @@ def char_offsets(ids: np.ndarray, text: str, byte_lengths: np.ndarray) -> np.nda
 @functools.lru_cache(maxsize=4)
 def probe_texts(tokenizer_json: str) -> tuple[str, ...]:
     """The fixed probes, and each added token (special or not) written inside text, alone and next to words."""
-    added = [t["content"] for t in tokenizer_definition(tokenizer_json).get("added_tokens", []) if t.get("content")]
+    added = tokenizer_facts(tokenizer_json).added_tokens
     inside = [f"text {a} more text{a}tail\n{a}" for a in added]
     return (*_PROBES, *inside, "".join(added))
 
@@ -176,7 +144,7 @@ def probe_difference(tokenizer_json: str) -> str | None:
     """Where ``fastokens`` and ``tokenizers`` first disagree on the probes, or None: the same for every build with this
     tokenizer and these libraries, so found once per process, and remembered on this machine (``probe_verdicts.py``)
     unless the tokenizer encodes at random."""
-    key = None if encodes_at_random(tokenizer_json) else verdict_key(tokenizer_json, _PROBES, [__file__])
+    key = None if tokenizer_facts(tokenizer_json).encodes_at_random else verdict_key(tokenizer_json, _PROBES, [__file__])
     known = recall_verdict(key) if key is not None else None
     if known is not None:
         return known.difference
@@ -184,11 +152,6 @@ def probe_difference(tokenizer_json: str) -> str | None:
     if key is not None:
         remember_verdict(key, ProbeVerdict(difference))
     return difference
-
-
-def encodes_at_random(tokenizer_json: str) -> bool:
-    """Whether the tokenizer's ids may change from one encoding to the next (a BPE with dropout)."""
-    return bool((tokenizer_definition(tokenizer_json).get("model") or {}).get("dropout"))
 
 
 def _difference(tokenizer_json: str, fast: Any, texts: list[str]) -> str | None:

@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tokenmix.formats.backends import FAST, char_offsets, fast_ids, load_fast, load_reference, token_byte_lengths
+from tokenmix.formats.backends import FAST, char_offsets, fast_ids, load_fast, load_reference
 from tokenmix.formats.base import BadRecordError, Rendered, token_ids
 from tokenmix.formats.encoder_spec import PRETOKENIZED_KEY, EncoderSpec, format_context
-from tokenmix.formats.long_docs import exact_split_supported, split_text
+from tokenmix.formats.long_docs import split_text
+from tokenmix.formats.tokenizer_facts import tokenizer_facts
 from tokenmix.sources.shards import PlainText, RawChunk
 
 LONG_DOC_BATCH_CHARS = 4_000_000
@@ -61,8 +62,9 @@ class DocumentEncoder:
     def __init__(self, spec: EncoderSpec):
         self.spec = spec
         self.fast = load_fast(spec.tokenizer_json) if spec.backend == FAST else None
-        self.byte_lengths = token_byte_lengths(spec.tokenizer_json) if self.fast is not None else None
-        self.split_long = exact_split_supported(spec.tokenizer_json)
+        facts = tokenizer_facts(spec.tokenizer_json)
+        self.byte_lengths = facts.byte_lengths if self.fast is not None else None
+        self.split_long = facts.exact_split
         self.dtype = np.dtype(spec.dtype)
         self.render = spec.format.bind(format_context(spec, (self.fast or self.tokenizer).token_to_id))
         self.masked = spec.format.masks_loss

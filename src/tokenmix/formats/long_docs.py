@@ -6,36 +6,18 @@ pieces' token ids gives the same ids when every cut falls on a pre-tokenization 
 byte-level BPE with the GPT-2 split regex (no normalizer, no prefix space), a single ASCII space
 between two ASCII letters or digits is always such a boundary: no regex alternative can consume a
 word character followed by a space, and matching restarts at the space. For other tokenizers no
-split is made.
+split is made (``tokenizer_facts.TokenizerFacts.exact_split`` says which tokenizers are of the first kind).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from collections.abc import Iterator
 
-from tokenmix.formats.backends import tokenizer_definition
-
 logger = logging.getLogger(__name__)
 
 _CUT = re.compile(r"(?<=[A-Za-z0-9]) (?=[A-Za-z0-9])")
-
-
-@functools.lru_cache(maxsize=8)
-def exact_split_supported(backend_json: str) -> bool:
-    """Whether ``split_text`` preserves token ids exactly for this serialized tokenizer."""
-    spec = tokenizer_definition(backend_json)
-    pre = spec.get("pre_tokenizer") or {}
-    if spec.get("normalizer") is not None:
-        return False
-    if pre.get("type") != "ByteLevel" or not pre.get("use_regex", True) or pre.get("add_prefix_space", False):
-        return False
-    for token in spec.get("added_tokens", []):
-        if token.get("lstrip") or token.get("rstrip") or " " in token.get("content", ""):
-            return False
-    return True
 
 
 def split_text(text: str, max_chars: int) -> Iterator[str]:

@@ -23,7 +23,6 @@ checked again.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -31,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenmix.formats.tokenizer_facts import serialization_digest
 from tokenmix.formats.tokenizer_identity import code_version, descriptions_dir, installed, remember_file
 
 logger = logging.getLogger(__name__)
@@ -56,17 +56,11 @@ def verdict_key(tokenizer_json: str, checked: Sequence[str | bytes], checkers: S
         digest.update(f"{package}={installed(package)}\0".encode())
     for checker in checkers:
         digest.update(f"{code_version(checker)}\0".encode())
-    digest.update(_serialization_digest(tokenizer_json))
+    digest.update(serialization_digest(tokenizer_json))
     for item in checked:
         data = item if isinstance(item, bytes) else item.encode("utf-8", "surrogatepass")
         digest.update(len(data).to_bytes(8, "little") + data)
     return digest.hexdigest()
-
-
-@functools.lru_cache(maxsize=4)
-def _serialization_digest(tokenizer_json: str) -> bytes:
-    """The SHA-256 of a serialization (megabytes), once per process: the probes' key and the sample's both need it."""
-    return hashlib.sha256(tokenizer_json.encode("utf-8", "surrogatepass")).digest()
 
 
 def verdict_path(key: str, kind: str = "probes") -> Path:
