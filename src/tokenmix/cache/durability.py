@@ -23,7 +23,6 @@ writes keep their own fsyncs. ``$TOKENMIX_BUILD_BARRIERS`` (1 or 0) overrides th
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 import threading
@@ -33,7 +32,7 @@ def _load_syncfs() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols, libc's among them
     except OSError:
         return None
     syncfs = getattr(libc, "syncfs", None)

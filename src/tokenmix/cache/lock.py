@@ -29,10 +29,8 @@ import fcntl
 import json
 import logging
 import os
-import socket
 import threading
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -69,7 +67,7 @@ class LockHolder:
     @staticmethod
     def me() -> LockHolder:
         now = time.time()
-        return LockHolder(socket.gethostname(), os.getpid(), now, uuid.uuid4().hex, now)
+        return LockHolder(os.uname().nodename, os.getpid(), now, os.urandom(16).hex(), now)  # as gethostname(), uuid4()
 
     @staticmethod
     def parse(data: bytes) -> LockHolder | None:
