@@ -147,9 +147,10 @@ def _recall(key: str) -> TokenizerIdentity | None:
 def _recall_info(key: str, name_or_path: str) -> TokenizerInfo | None:
     try:
         known = _read_description(key)
-        backend_json = (descriptions_dir() / f"{key}.backend").read_text(encoding="utf-8")
-        if _sha256(backend_json) != known["backend_sha256"]:
+        backend = (descriptions_dir() / f"{key}.backend").read_bytes()
+        if hashlib.sha256(backend).hexdigest() != known["backend_sha256"]:
             raise ValueError(f"{key}.backend is not the serialization described (damaged)")
+        backend_json = backend.decode("utf-8")
         return TokenizerInfo(**{name: known[name] for name in _IDENTITY_FIELDS}, name_or_path=name_or_path, backend_json=backend_json,
                              special_tokens=tuple((k, v) for k, v in known["special_tokens"]), chat_template=known["chat_template"])
     except FileNotFoundError:
