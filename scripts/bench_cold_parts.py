@@ -1,6 +1,7 @@
 """Where a cold ``build_caches`` call's time goes beyond limit (b): the same cold call with one cost taken away at a time.
 
     python scripts/bench_cold_parts.py [--corpus ../shared/corpus] [--tokenizer data/tokenizer] [--rounds 6]
+                                       [--only "as shipped"] [--compare before=/path/to/other/src]
 
 The cold whole call is ``bench_build.py``'s: ``build_caches(load_data_config(path))`` in a new process, timed from
 before ``import tokenmix`` to its return, tokenmix's bytecode compiled first and the backend check's verdict on the
@@ -9,15 +10,19 @@ limit (b) does not pay, in ways a library may not choose for its users, so that 
 than guessed (each also timed "once started", from the first backend choice logged):
 
 - ``uncompressed``: ``build.compression: none`` (the stored chunks' zstd, which limit (b) does not pay);
-- ``openblas 1``: ``OPENBLAS_NUM_THREADS=1`` in the process's environment (numpy's import starts OpenBLAS threads that
-  spin for about 0.1 s of a core, beside the imports and the tokenizer's load);
+- ``openblas 1``: ``OPENBLAS_NUM_THREADS=1`` in the process's environment (numpy's import starts OpenBLAS threads;
+  ``import tokenmix`` already keeps them from spinning for 0.1 s of a core each, ``_blas_threads.py``: this variant
+  shows what starting none would add);
 - ``no gc``: ``gc.disable()`` before ``import tokenmix`` (the collections the imports' allocations trigger);
 - ``early load``: the ``fastokens`` tokenizer's load begun before the config is read (it begins once the config names it);
 - then these together, without and with ``uncompressed``.
 
 Every round runs each variant once, in turn, and limit (b) (``bench_build.bench_fast_limit``) once, so that the load
 of a shared machine hits them alike; the medians and the best of each are printed, as seconds and as ratios to the
-best limit (b).
+best limit (b). ``--compare NAME=SRC`` adds a variant: the same cold call with the tokenmix at ``SRC`` first on
+``PYTHONPATH`` (a ``git worktree`` of another commit: before and after a change, in the same rounds); ``--only`` keeps
+the variants named. No call inherits this process's ``OPENBLAS_THREAD_TIMEOUT`` (its own ``import tokenmix`` set it):
+each call's code decides.
 """
 
 from __future__ import annotations
@@ -73,8 +78,9 @@ def cold_call(config: dict, scratch: str, tokenizer: str, parts: tuple[str, ...]
     with open(path, "w") as f:
         yaml.safe_dump(config, f)
     subprocess.run(["rm", "-rf", config["cache_dir"]], check=True)
+    inherited = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     done = subprocess.run([sys.executable, "-c", _CALL, path, tokenizer], check=True, capture_output=True, text=True,
-                          env={**os.environ, **env, "TOKENMIX_BENCH_PARTS": ",".join(parts)})
+                          env={**inherited, **env, "TOKENMIX_BENCH_PARTS": ",".join(parts)})
     whole, started = done.stdout.strip().splitlines()[-1].split()
     return float(whole), float(started)
 
@@ -84,21 +90,28 @@ def main() -> None:
     parser.add_argument("--corpus", default=str(REPO.parent / "shared" / "corpus"))
     parser.add_argument("--tokenizer", default=str(REPO / "data" / "tokenizer"))
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--only", action="append", default=[], help="a variant to run (repeatable); default: all")
+    parser.add_argument("--compare", action="append", default=[], help="NAME=SRC: the cold call with the tokenmix at SRC")
     args = parser.parse_args()
     import tokenmix
 
+    variants = {name: VARIANTS[name] for name in (args.only or VARIANTS)}
+    for name, src in (item.split("=", 1) for item in args.compare):
+        variants[name] = ((), {"PYTHONPATH": os.path.abspath(src)})
+        subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(src, "tokenmix")], check=True)
     subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.dirname(tokenmix.__file__)], check=True)
     sources = corpus_sources(args.corpus)
     files = [f for urls in sources.values() for f in urls]
     config = {"tokenizer": os.path.abspath(args.tokenizer), "configs": {s: {"train_urls": urls} for s, urls in sources.items()},
               "train_weights": {s: 1 + i % 7 for i, s in enumerate(sources)}, "build": {"tokenizer_backend": "auto"}}
     print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {len(files)} shards", flush=True)
-    seconds: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
+    seconds: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     limits = []
     with tempfile.TemporaryDirectory(prefix="tokenmix-bench-") as scratch:
-        cold_call(config, scratch, args.tokenizer, (), {})  # the sample's verdict remembered, as bench_build's cold call has it
+        for parts, env in variants.values():  # each code's verdicts and facts remembered, as bench_build's cold call has them
+            cold_call(config, scratch, args.tokenizer, parts, env)
         for _ in range(args.rounds):
-            for name, (parts, env) in VARIANTS.items():
+            for name, (parts, env) in variants.items():
                 seconds[name].append(cold_call(config, scratch, args.tokenizer, parts, env))
             limits.append(bench_fast_limit(files, args.tokenizer)["seconds"])
     limit = min(limits)
