@@ -6,7 +6,8 @@ executors and the YAML loading of config, and no stage of the flow uses it), and
 export beside it at the same rank (caches to other stacks' files) -> the
 public face (tokenmix/__init__.py) -> train (the example training launch) -> cli. A module imports from its own stage or a
 lower one; ``_lazy``, ``_waiting``, ``_safe_files``, ``_parent_death``, ``_child_fd``, ``_file_digest``,
-``_object_stores``, ``_blas_threads`` and ``_commands`` are private helpers below every stage. Imports inside functions count (they run when called), and
+``_object_stores``, ``_blas_threads`` and ``_commands`` are private helpers below every stage. Imports inside functions
+count (they run when called), and
 so do imports under ``if TYPE_CHECKING:``: two modules that need each other's names, if only for a type, are a cycle hidden, not removed.
 The one exception is a package's own ``__init__.py``, whose ``TYPE_CHECKING`` block declares the names it exports
 lazily (``_lazy.py``): a module of the package may import from the package. Only the execution stage imports Ray or Dask.
@@ -23,7 +24,8 @@ import pytest
 from helpers import REPO
 
 SRC = REPO / "src"
-RANK = {"_lazy": 0, "_blas_threads": 0, "_waiting": 0, "_safe_files": 0, "_parent_death": 0, "_child_fd": 0, "_file_digest": 0, "_object_stores": 0, "_commands": 0,
+RANK = {"_lazy": 0, "_blas_threads": 0, "_waiting": 0, "_safe_files": 0, "_parent_death": 0, "_child_fd": 0, "_file_digest": 0,
+        "_object_stores": 0, "_commands": 0,
         "execution": 1, "sources": 2, "formats": 3, "cache": 4, "datasets": 5, "loader": 6, "config": 7, "curate": 8, "export": 8, "mixing": 8,
         "": 9, "train": 10, "cli": 11}
 """Stage of each top-level name under tokenmix ("" is the package itself, its public face)."""
