@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from tokenmix.cache.damage import CacheDamagedError
+from tokenmix.cache.damage import CacheDamagedError, DamagedChunk
 from tokenmix.cache.ledger import CacheLedger, Run
 from tokenmix.cache.lock import build_lock
 from tokenmix.cache.open_object import OPEN_FILE, forget_open_object, write_open_object
@@ -59,7 +59,8 @@ def repair(location: str, report: CacheReport, shards: Sequence[Shard], spec: En
         if ledger.identity.get("loss_spans"):
             arrays[LOSS_SPANS_ARRAY] = JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64", create=True)
         objects = _damaged_objects(report, arrays, runs)
-        needed = {o: _runs_over(runs, *o) for o in objects}
+        suspects = [o for o in _objects_holding(report.other_values, arrays, report.rows) if o not in objects]
+        needed = {o: _runs_over(runs, *o) for o in objects + suspects}
         wanted = sorted({k for ks in needed.values() for k in ks})
         unchanged = {i.shard for i in report.inputs if i.state == "same"}
         stale = sorted({ledger.shards[runs[k].shard].name for k in wanted} - unchanged)
@@ -73,6 +74,17 @@ def repair(location: str, report: CacheReport, shards: Sequence[Shard], spec: En
             values = _values(runs, encoded, needed[(name, which, begin, end)], name, which, begin, end, report.rows)
             _check_intact(location, arrays[name], which, begin, values, report)
             writes.append((name, which, begin, end, values, len({runs[k].shard for k in needed[(name, which, begin, end)]})))
+        for name, which, begin, end in suspects:  # whole and checksummed: rewritten where they differ from their inputs
+            values = _values(runs, encoded, needed[(name, which, begin, end)], name, which, begin, end, report.rows)
+            stored = np.asarray(getattr(arrays[name], which)[begin:end].read().result())
+            if np.array_equal(stored[1:] if begin == 0 else stored, values[1:] if begin == 0 else values):
+                continue
+            _check_bounded_values(location, arrays[name], runs, encoded, needed[(name, which, begin, end)], report)
+            writes.append((name, which, begin, end, values, len({runs[k].shard for k in needed[(name, which, begin, end)]})))
+        if report.other_values and not any(which == "offsets" for _, which, *_ in writes):
+            raise RepairError(f"cannot repair {location}: {report.other_values[0].problem}, but every stored object of row ends "
+                              "there holds what reading its inputs again gives, so the ledger is what disagrees. Delete the cache "
+                              "and build it again")
         for name, which, begin, end, values, inputs in writes:
             array = getattr(arrays[name], which)
             key = f"c/{begin // write_unit(array)}"
@@ -99,7 +111,8 @@ def _can_repair(location: str, ledger: CacheLedger, report: CacheReport) -> None
         raise RepairError(f"cannot repair {location}: it was built before tokenmix recorded where its rows came from; delete it "
                           "and build it again")
     outside = [c for c in report.damaged if not c.array.startswith((TOKENS_ARRAY + "/", LOSS_SPANS_ARRAY + "/"))]
-    problems = [p for p in report.problems if p not in _open_object_problems(report) and not p.endswith(STATS_FIX)]
+    mended = set(_open_object_problems(report)) | {c.problem for c in report.other_values}
+    problems = [p for p in report.problems if p not in mended and not p.endswith(STATS_FIX)]
     if outside or problems:
         what = "; ".join([c.describe() for c in outside] + problems)
         plans = " (a damaged packing plan: delete its directory under packing/, and readers plan again)" if outside else ""
@@ -129,6 +142,18 @@ def _damaged_objects(report: CacheReport, arrays: dict[str, JaggedArray], runs: 
         for first in range(chunk.start - chunk.start % unit, chunk.stop, unit):
             if first < totals[(name, which)]:
                 objects.add((name, which, first, min(first + unit, totals[(name, which)])))
+    return sorted(objects)
+
+
+def _objects_holding(chunks: list[DamagedChunk], arrays: dict[str, JaggedArray], rows: int) -> list[tuple[str, str, int, int]]:
+    """``(array, offsets, start, stop)`` of each stored object of row ends holding an element of ``chunks``."""
+    objects = set()
+    for chunk in chunks:
+        name = chunk.array.rsplit("/", 1)[0]
+        unit = write_unit(arrays[name].offsets)
+        for element in range(chunk.start, min(chunk.stop, rows + 1)):
+            first = element - element % unit
+            objects.add((name, "offsets", first, min(first + unit, rows + 1)))
     return sorted(objects)
 
 
@@ -184,6 +209,15 @@ def _values(runs: list[Run], encoded: dict[int, _Encoded], needed: list[int], na
     out[index == 0] = rows
     out[index > 0] = ends[index[index > 0] - 1 - first.row]
     return out
+
+
+def _check_bounded_values(location: str, jagged: JaggedArray, runs: list[Run], encoded: dict[int, _Encoded], needed: list[int],
+                          report: CacheReport) -> None:
+    """The values the runs ``needed`` give ``jagged``'s data (tokens or loss spans) must be those stored (where their chunks
+    are not damaged): row ends made from them are then the build's, those stored being checksummed but other values."""
+    tokens = jagged.name == TOKENS_ARRAY
+    values = np.concatenate([encoded[k].tokens if tokens else encoded[k].spans for k in needed])
+    _check_intact(location, jagged, "data", runs[needed[0]].token if tokens else runs[needed[0]].span, values, report)
 
 
 def _check_intact(location: str, jagged: JaggedArray, which: str, begin: int, values: np.ndarray, report: CacheReport) -> None:
