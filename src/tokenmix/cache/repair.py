@@ -3,7 +3,9 @@
 The repair rewrites each damaged stored object whole, from the rows of the runs that fill it, read again from their
 inputs (which must be unchanged) and encoded as the build encoded them; before anything is written, the rows read again
 must match the ledger's counts and every intact chunk of the objects rewritten, so a repair never writes tokens other
-than the build's. A finished cache's open object is written again from the repaired ledger and arrays when the scrub
+than the build's. An object of row ends whose checksums hold but whose ends disagree with their neighbours or the ledger
+(another object copied over it) is rewritten the same way where it differs from what the inputs give, once the tokens
+(or loss spans) those inputs give are found equal to the stored ones. A finished cache's open object is written again from the repaired ledger and arrays when the scrub
 found it wrong or anything was rewritten. It holds the cache's build lock while it writes, and scrubs the cache again after.
 """
 
@@ -81,10 +83,6 @@ def repair(location: str, report: CacheReport, shards: Sequence[Shard], spec: En
                 continue
             _check_bounded_values(location, arrays[name], runs, encoded, needed[(name, which, begin, end)], report)
             writes.append((name, which, begin, end, values, len({runs[k].shard for k in needed[(name, which, begin, end)]})))
-        if report.other_values and not any(which == "offsets" for _, which, *_ in writes):
-            raise RepairError(f"cannot repair {location}: {report.other_values[0].problem}, but every stored object of row ends "
-                              "there holds what reading its inputs again gives, so the ledger is what disagrees. Delete the cache "
-                              "and build it again")
         for name, which, begin, end, values, inputs in writes:
             array = getattr(arrays[name], which)
             key = f"c/{begin // write_unit(array)}"
