@@ -496,6 +496,33 @@ def test_loss_span_bounds_replaced_by_other_valid_ones_are_an_error_never_other_
             pytest.fail(f"{name} read other loss masks")
 
 
+@pytest.mark.parametrize("name, array, replaced, by", [("zstd", "input_ids", "1", "0"), ("zstd", "input_ids", "2", "1"),
+                                                       ("spans", "loss_spans", "1", "0")])
+def test_row_ends_replaced_by_other_valid_ones_are_repaired_by_the_fix_the_read_error_names(tmp_path, built, name, array, replaced, by):
+    """An object of row ends (or loss-span bounds) replaced by another whose checksums hold: the read error says to run
+    `tokenmix verify CACHE --repair`, and that command, run as the error words it, rewrites the object from the inputs to
+    the build's bytes. It used to refuse ("delete the cache and build it again"): the scrub named the disagreeing row ends
+    as problems, and a repair mended damaged chunks only."""
+    cache_dir, location = fresh(built, name, tmp_path)
+    pristine_location = built[name] / location.relative_to(cache_dir)
+    pristine = cache_bytes(str(pristine_location))
+    (location / "open.bin").unlink()  # readers take the row ends from the stored offsets, not the open object's copy
+    offsets = location / array / "offsets" / "c"
+    shutil.copy(offsets / by, offsets / replaced)
+    cache = TokenCache(str(location))
+    with pytest.raises(CacheDamagedError) as damaged:
+        cache.get_rows(range(cache.num_rows())) if array == "input_ids" else cache.loss_spans(0, cache.num_rows())
+    fix = re.search(r"Run `tokenmix (verify \S+ --repair)`", str(damaged.value))
+    assert fix and fix.group(1) == f"verify {location} --repair", str(damaged.value)
+    repaired = tokenmix_cli(*fix.group(1).split())
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert f"repaired: {array}/offsets c/{replaced}:" in repaired.stdout and f"{array}/offsets c/{by}:" not in repaired.stdout
+    assert cache_bytes(str(location)) == pristine
+    built_cache, again = TokenCache(str(pristine_location)), TokenCache(str(location))
+    rows = range(built_cache.num_rows())
+    assert all(np.array_equal(a, b) for a, b in zip(again.get_rows(rows), built_cache.get_rows(rows), strict=True))
+
+
 @pytest.mark.parametrize("damage", ["flipped bit", "zarr.json cut"])
 def test_a_damaged_packing_plan_is_planned_again_never_a_failed_dataset(tmp_path, built, damage):
     """A stored packing plan is made again from the cache by any reader: damage in it (a flipped bit in its examples, a

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,6 +26,7 @@ from tokenmix.train.checkpoint import CheckpointError
 from tokenmix.train.config import load_train_config
 from tokenmix.train.data_identity import DataChangedError
 from tokenmix.train.loop import TrainResult, train
+from tokenmix.train.optimizer import OptimizerChangedError
 from tokenmix.train.plots import read_metrics
 
 TRAINER = {"num_train_steps": 6, "train_batch_size": 8, "seq_len": 64, "mesh": {"data": 1, "model": 1}, "learning_rate": 0.01,
@@ -179,3 +182,82 @@ def test_a_metrics_line_left_unfinished_by_a_stop_mid_write_is_cut_off_at_the_re
         train(load_train_config(path))
     assert [record["step"] for record in read_metrics(str(tmp_path / "run"))[0]] == [0, 2]
     assert f"{metrics}: cutting off its last line, which a stop mid-write left unfinished (28 bytes" in caplog.text
+
+
+def _learning_rates(run: Path) -> dict[int, float]:
+    return {record["step"]: record["learning_rate"] for record in read_metrics(str(run))[0]}
+
+
+def _cosine(step: int, peak: float, warmup: int, end: int) -> float:
+    """The learning rate of the warmup-cosine schedule after its warmup, computed here apart from optax."""
+    return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (end - warmup)))
+
+
+def test_a_resume_with_other_optimizer_settings_is_refused_naming_each_and_what_it_does_to_the_learning_rate(tmp_path, caches):
+    # a resume used to re-stretch the cosine (or take another peak, warmup, weight decay) silently
+    train(load_train_config(write_train_config(tmp_path, "run", TRAINER, MODEL, caches)), stop_after=4)
+    longer = write_train_config(tmp_path, "run", {**TRAINER, "num_train_steps": 12}, MODEL, caches, "longer")
+    with pytest.raises(OptimizerChangedError) as refused:
+        train(load_train_config(longer))
+    message = str(refused.value)
+    assert f"{tmp_path / 'run' / 'checkpoints' / 'step-4'} was trained up to step 4 with other optimizer settings" in message
+    assert "\n  trainer.num_train_steps: 6 -> 12\n" in message
+    said = re.search(r"at step 4 it is ([\d.]+) where the checkpoint's schedule gives 0.005, and the cosine decay is "
+                     r"stretched again over steps 2 to 12 \(it reaches 0 at step 12 instead of step 6\)", message)
+    assert said and float(said.group(1)) == pytest.approx(_cosine(4, 0.01, 2, 12), rel=1e-5), message
+    assert "--trainer.allow_optimizer_change true" in message and "Restore the checkpoint's values" in message
+    other = write_train_config(tmp_path, "run", {**TRAINER, "learning_rate": 0.02, "weight_decay": 0.0, "warmup_steps": 1}, MODEL, caches,
+                               "other")
+    with pytest.raises(OptimizerChangedError, match=r"\n  trainer.learning_rate: 0.01 -> 0.02\n  trainer.warmup_steps: 2 -> 1\n"
+                                                    r"  trainer.weight_decay: 0.1 -> 0.0\n(?s:.*)decay by 0.0 from step 4 \(by 0.1"):
+        train(load_train_config(other))
+    assert max(_learning_rates(tmp_path / "run")) == 3  # nothing trained past the checkpoint
+
+
+def test_a_longer_run_allowed_follows_the_new_schedule_from_the_resumed_step_and_records_the_change(tmp_path, caches, caplog):
+    path = write_train_config(tmp_path, "run", TRAINER, MODEL, caches)
+    train(load_train_config(path), stop_after=4)
+    before = _learning_rates(tmp_path / "run")
+    assert before[3] == pytest.approx(_cosine(3, 0.01, 2, 6))
+    longer = write_train_config(tmp_path, "run", {**TRAINER, "num_train_steps": 12}, MODEL, caches, "longer")
+    with caplog.at_level(logging.WARNING, "tokenmix.train"):
+        resumed = train(load_train_config(longer, ["--trainer.allow_optimizer_change", "true"]), stop_after=2)
+    assert resumed.first_step == 4
+    assert "with changed optimizer settings (trainer.allow_optimizer_change" in caplog.text and "trainer.num_train_steps: 6 -> 12" in caplog.text
+    after = _learning_rates(tmp_path / "run")
+    assert {step: after[step] for step in before} == before  # the steps trained before keep their lines
+    for step in (4, 5):  # the new schedule at the resumed step, not the old one's 0.005 nor a schedule restarted at 0
+        assert after[step] == pytest.approx(_cosine(step, 0.01, 2, 12), rel=1e-6)
+    record = json.loads((tmp_path / "run" / "checkpoints" / "step-6" / "checkpoint.json").read_text())
+    assert record["optimizer_changes"] == [{"step": 4, "changed": {"trainer.num_train_steps": [6, 12]}}]
+    assert record["optimizer"]["trainer.num_train_steps"] == 12
+    again = train(load_train_config(longer), stop_after=1)  # the new settings recorded: no flag needed to go on with them
+    assert again.first_step == 6
+
+
+def test_a_resume_changing_only_what_does_not_change_the_updates_goes_on_without_a_word(tmp_path, caches, caplog):
+    train(load_train_config(write_train_config(tmp_path, "run", TRAINER, MODEL, caches)), stop_after=2)
+    cadence = {**TRAINER, "steps_per_checkpoint": 1, "keep_checkpoints": 3, "steps_per_eval": 1, "max_eval_batches": 2, "prefetch": 0,
+               "fingerprint": False, "eval_batch_size": 4, "seed": 7}
+    with caplog.at_level(logging.WARNING, "tokenmix.train"):
+        resumed = train(load_train_config(write_train_config(tmp_path, "run", cadence, MODEL, caches, "cadence")), stop_after=2)
+    assert resumed.first_step == 2 and not [r for r in caplog.records if "optimizer" in r.getMessage()]
+    record = json.loads((tmp_path / "run" / "checkpoints" / "step-3" / "checkpoint.json").read_text())
+    assert record["optimizer_changes"] == [] and record["optimizer"]["trainer.num_train_steps"] == 6
+
+
+def test_a_checkpoint_written_before_optimizer_settings_were_recorded_resumes_with_a_warning_and_records_them(tmp_path, caches, caplog):
+    path = write_train_config(tmp_path, "run", TRAINER, MODEL, caches)
+    train(load_train_config(path), stop_after=2)
+    record_path = tmp_path / "run" / "checkpoints" / "step-2" / "checkpoint.json"
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps({k: v for k, v in record.items() if k not in ("optimizer", "optimizer_changes")}))
+    with caplog.at_level(logging.WARNING, "tokenmix.train"):
+        resumed = train(load_train_config(path), stop_after=1)
+    assert resumed.first_step == 2
+    assert f"{record_path.parent} records no optimizer settings (it was written before tokenmix recorded them)" in caplog.text
+    written = json.loads((tmp_path / "run" / "checkpoints" / "step-3" / "checkpoint.json").read_text())
+    assert written["optimizer_changes"] == [{"step": 2, "changed": {k: [None, v] for k, v in written["optimizer"].items()}}]
+    assert written["optimizer"]["trainer.learning_rate"] == 0.01
+    with pytest.raises(OptimizerChangedError, match=r"\n  trainer.num_train_steps: 6 -> 12\n"):  # checked from then on
+        train(load_train_config(write_train_config(tmp_path, "run", {**TRAINER, "num_train_steps": 12}, MODEL, caches, "longer")))

@@ -3,7 +3,9 @@
 The repair rewrites each damaged stored object whole, from the rows of the runs that fill it, read again from their
 inputs (which must be unchanged) and encoded as the build encoded them; before anything is written, the rows read again
 must match the ledger's counts and every intact chunk of the objects rewritten, so a repair never writes tokens other
-than the build's. A finished cache's open object is written again from the repaired ledger and arrays when the scrub
+than the build's. An object of row ends whose checksums hold but whose ends disagree with their neighbours or the ledger
+(another object copied over it) is rewritten the same way where it differs from what the inputs give, once the tokens
+(or loss spans) those inputs give are found equal to the stored ones. A finished cache's open object is written again from the repaired ledger and arrays when the scrub
 found it wrong or anything was rewritten. It holds the cache's build lock while it writes, and scrubs the cache again after.
 """
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from tokenmix.cache.damage import CacheDamagedError
+from tokenmix.cache.damage import CacheDamagedError, DamagedChunk
 from tokenmix.cache.ledger import CacheLedger, Run
 from tokenmix.cache.lock import build_lock
 from tokenmix.cache.open_object import OPEN_FILE, forget_open_object, write_open_object
@@ -59,7 +61,8 @@ def repair(location: str, report: CacheReport, shards: Sequence[Shard], spec: En
         if ledger.identity.get("loss_spans"):
             arrays[LOSS_SPANS_ARRAY] = JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64", create=True)
         objects = _damaged_objects(report, arrays, runs)
-        needed = {o: _runs_over(runs, *o) for o in objects}
+        suspects = [o for o in _objects_holding(report.other_values, arrays, report.rows) if o not in objects]
+        needed = {o: _runs_over(runs, *o) for o in objects + suspects}
         wanted = sorted({k for ks in needed.values() for k in ks})
         unchanged = {i.shard for i in report.inputs if i.state == "same"}
         stale = sorted({ledger.shards[runs[k].shard].name for k in wanted} - unchanged)
@@ -72,6 +75,13 @@ def repair(location: str, report: CacheReport, shards: Sequence[Shard], spec: En
         for name, which, begin, end in objects:
             values = _values(runs, encoded, needed[(name, which, begin, end)], name, which, begin, end, report.rows)
             _check_intact(location, arrays[name], which, begin, values, report)
+            writes.append((name, which, begin, end, values, len({runs[k].shard for k in needed[(name, which, begin, end)]})))
+        for name, which, begin, end in suspects:  # whole and checksummed: rewritten where they differ from their inputs
+            values = _values(runs, encoded, needed[(name, which, begin, end)], name, which, begin, end, report.rows)
+            stored = np.asarray(getattr(arrays[name], which)[begin:end].read().result())
+            if np.array_equal(stored[1:] if begin == 0 else stored, values[1:] if begin == 0 else values):
+                continue
+            _check_bounded_values(location, arrays[name], runs, encoded, needed[(name, which, begin, end)], report)
             writes.append((name, which, begin, end, values, len({runs[k].shard for k in needed[(name, which, begin, end)]})))
         for name, which, begin, end, values, inputs in writes:
             array = getattr(arrays[name], which)
@@ -99,7 +109,8 @@ def _can_repair(location: str, ledger: CacheLedger, report: CacheReport) -> None
         raise RepairError(f"cannot repair {location}: it was built before tokenmix recorded where its rows came from; delete it "
                           "and build it again")
     outside = [c for c in report.damaged if not c.array.startswith((TOKENS_ARRAY + "/", LOSS_SPANS_ARRAY + "/"))]
-    problems = [p for p in report.problems if p not in _open_object_problems(report) and not p.endswith(STATS_FIX)]
+    mended = set(_open_object_problems(report)) | {c.problem for c in report.other_values}
+    problems = [p for p in report.problems if p not in mended and not p.endswith(STATS_FIX)]
     if outside or problems:
         what = "; ".join([c.describe() for c in outside] + problems)
         plans = " (a damaged packing plan: delete its directory under packing/, and readers plan again)" if outside else ""
@@ -129,6 +140,18 @@ def _damaged_objects(report: CacheReport, arrays: dict[str, JaggedArray], runs: 
         for first in range(chunk.start - chunk.start % unit, chunk.stop, unit):
             if first < totals[(name, which)]:
                 objects.add((name, which, first, min(first + unit, totals[(name, which)])))
+    return sorted(objects)
+
+
+def _objects_holding(chunks: list[DamagedChunk], arrays: dict[str, JaggedArray], rows: int) -> list[tuple[str, str, int, int]]:
+    """``(array, offsets, start, stop)`` of each stored object of row ends holding an element of ``chunks``."""
+    objects = set()
+    for chunk in chunks:
+        name = chunk.array.rsplit("/", 1)[0]
+        unit = write_unit(arrays[name].offsets)
+        for element in range(chunk.start, min(chunk.stop, rows + 1)):
+            first = element - element % unit
+            objects.add((name, "offsets", first, min(first + unit, rows + 1)))
     return sorted(objects)
 
 
@@ -184,6 +207,15 @@ def _values(runs: list[Run], encoded: dict[int, _Encoded], needed: list[int], na
     out[index == 0] = rows
     out[index > 0] = ends[index[index > 0] - 1 - first.row]
     return out
+
+
+def _check_bounded_values(location: str, jagged: JaggedArray, runs: list[Run], encoded: dict[int, _Encoded], needed: list[int],
+                          report: CacheReport) -> None:
+    """The values the runs ``needed`` give ``jagged``'s data (tokens or loss spans) must be those stored (where their chunks
+    are not damaged): row ends made from them are then the build's, those stored being checksummed but other values."""
+    tokens = jagged.name == TOKENS_ARRAY
+    values = np.concatenate([encoded[k].tokens if tokens else encoded[k].spans for k in needed])
+    _check_intact(location, jagged, "data", runs[needed[0]].token if tokens else runs[needed[0]].span, values, report)
 
 
 def _check_intact(location: str, jagged: JaggedArray, which: str, begin: int, values: np.ndarray, report: CacheReport) -> None:

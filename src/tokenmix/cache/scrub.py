@@ -72,6 +72,10 @@ class CacheReport:
     damaged: list[DamagedChunk] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     """Row bounds or counts that disagree with each other or with the ledger, in words."""
+    other_values: list[DamagedChunk] = field(default_factory=list)
+    """Row ends or loss-span bounds that disagree with each other or with the ledger, their checksums intact: a stored
+    object holding them holds other values than the build stored (another object copied over it). Each is in
+    ``problems`` too, in the words of its ``problem``; a repair compares the objects holding them with their inputs."""
     inputs: list[InputCheck] = field(default_factory=list)
     repaired: list[str] = field(default_factory=list)
     """What a repair rewrote, in words."""
@@ -215,8 +219,8 @@ def _scan_bounds(jagged: JaggedArray, rows: int, wanted: set[int], report: Cache
         bad = np.flatnonzero((lengths < 0) | (pairs & (lengths % 2 != 0)))
         if len(bad):
             row = begin - 1 + int(bad[0]) + (0 if joined else 1)
-            report.problems.append(f"{name}: row {row:,} has length {int(lengths[bad[0]]):,} (a row ends where it starts or later"
-                                   f"{'; loss spans are pairs' if pairs else ''})")
+            _other_values(report, name, row, row + 2, f"{name}: row {row:,} has length {int(lengths[bad[0]]):,} (a row ends where "
+                          f"it starts or later{'; loss spans are pairs' if pairs else ''})")
         for row in wanted:
             if begin <= row < begin + len(values):
                 found[row] = int(values[row - begin])
@@ -237,24 +241,32 @@ def _check_ledger(ledger: CacheLedger, report: CacheReport, bounds: dict[str, di
     if report.rows > ledger.rows or (ledger.finished and report.rows != ledger.rows):
         report.problems.append(f"{report.rows:,} rows are published, the ledger accounts for {ledger.rows:,}")
     if report.rows == ledger.rows and report.rows in bounds["tokens"] and report.tokens != ledger.tokens:
-        report.problems.append(f"the rows end at token {report.tokens:,}, the ledger accounts for {ledger.tokens:,} tokens")
+        _other_values(report, f"{TOKENS_ARRAY}/offsets", report.rows, report.rows + 1,
+                      f"the rows end at token {report.tokens:,}, the ledger accounts for {ledger.tokens:,} tokens")
     if sum(s.rows for s in ledger.shards) != ledger.rows or sum(s.tokens for s in ledger.shards) != ledger.tokens:
         report.problems.append("the ledger's shards do not add up to its rows and tokens")
     if ledger.runs is None:
         return
     runs = ledger.run_extents()
     for run in runs:
-        for kind, expected, what in (("tokens", run.token, "token"), ("spans", run.span, "loss-span value")):
+        for kind, array, expected, what in (("tokens", TOKENS_ARRAY, run.token, "token"),
+                                            ("spans", LOSS_SPANS_ARRAY, run.span, "loss-span value")):
             found = bounds.get(kind, {}).get(run.row) if run.row <= report.rows else None
             if found is not None and found != expected:
-                report.problems.append(f"row {run.row:,} (the first read from {ledger.shards[run.shard].name}) starts at {what} "
-                                       f"{found:,}, the ledger says {expected:,}")
+                _other_values(report, f"{array}/offsets", run.row, run.row + 1, f"row {run.row:,} (the first read from "
+                              f"{ledger.shards[run.shard].name}) starts at {what} {found:,}, the ledger says {expected:,}")
     for index, shard in enumerate(ledger.shards):
         rows = sum(r.stop_row - r.row for r in runs if r.shard == index)
         tokens = sum(r.stop_token - r.token for r in runs if r.shard == index)
         if (rows, tokens) != (shard.rows, shard.tokens):
             report.problems.append(f"the ledger's runs give {shard.name} {rows:,} rows and {tokens:,} tokens, its account says "
                                    f"{shard.rows:,} and {shard.tokens:,}")
+
+
+def _other_values(report: CacheReport, array: str, start: int, stop: int, words: str) -> None:
+    """Elements ``[start, stop)`` of ``array`` (an ``offsets``) disagree with each other or with the ledger (``words``)."""
+    report.problems.append(words)
+    report.other_values.append(DamagedChunk(array, start, stop, words))
 
 
 def _check_open_object(location: str, ledger: CacheLedger, tokens: JaggedArray, report: CacheReport) -> None:

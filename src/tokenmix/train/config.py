@@ -48,6 +48,10 @@ class TrainerConfig:
     allow_data_change: bool = False
     """Resume from a checkpoint trained on other data (another seed, weights, sources, seq_len, batch size, caches):
     the change is logged and recorded. Unset, such a resume is refused, naming each changed field."""
+    allow_optimizer_change: bool = False
+    """Resume from a checkpoint trained with other optimizer settings (``num_train_steps``, ``learning_rate``,
+    ``warmup_steps``, ``weight_decay``): the new ones apply from the resumed step, and the change is logged and recorded.
+    Unset, such a resume is refused, naming each changed field and what it does to the learning rate."""
     prefetch: int = 2
     loader_workers: int = 0
     """Processes that read the training batches (``DataLoader(workers=...)``); 0 reads them in a thread of this one."""

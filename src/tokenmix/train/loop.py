@@ -26,7 +26,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -38,10 +37,11 @@ from tokenmix.loader.loader import DataLoader
 from tokenmix.loader.sharding import BatchLayout
 from tokenmix.mixing.source_stats import SourceStats
 from tokenmix.train.checkpoint import RECORD_FILE, Checkpoint, latest_checkpoint, load_state, save_checkpoint
-from tokenmix.train.config import TrainLmConfig
+from tokenmix.train.config import TrainerConfig, TrainLmConfig
 from tokenmix.train.data_identity import accept_data_change, caches_identity, changed_fields, data_identity
 from tokenmix.train.model import TinyLM, loss_and_count, per_source, row_losses, shard_params
 from tokenmix.train.online_mixing import OnlineMixing
+from tokenmix.train.optimizer import accept_optimizer_change, applied_learning_rate, make_optimizer, optimizer_identity
 from tokenmix.train.processes import check_processes, global_value, is_writer, wait_for_all
 from tokenmix.train.weight_log import LoggedStage, as_records, config_log, from_records, reweight_at_resume, stages, write_log
 
@@ -95,11 +95,16 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     run_dir = trainer.checkpoint_dir
     os.makedirs(run_dir, exist_ok=True)
     checkpoint = latest_checkpoint(run_dir)
+    finished = checkpoint is not None and checkpoint.step >= trainer.num_train_steps
     identity = data_identity(config)
+    optimizer_settings = optimizer_identity(trainer)
     changes: dict[str, list[Any]] = {}
+    optimizer_history: list[dict[str, Any]] = []
     if checkpoint is not None:  # before the caches are built: a config listing other shards must not extend them
         changes = changed_fields(checkpoint.record["data"], identity)
         accept_data_change(changes, checkpoint.step, checkpoint.path, trainer.allow_data_change)
+        if not finished:  # a finished run trains no step with the settings it is given
+            optimizer_history = _resumed_optimizer_history(checkpoint, optimizer_settings, trainer)
     if is_writer():  # one builder at a time; the others then find the caches built (or build their own on local disks)
         build_caches(data, progress=False)
     wait_for_all("caches built")
@@ -108,7 +113,6 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     mesh = make_mesh(config)
     _check_batch_sizes(config, mesh)
     schedule = BatchSchedule.of(trainer.train_batch_size)
-    finished = checkpoint is not None and checkpoint.step >= trainer.num_train_steps
     # a finished run trains no step to reweight: its weights.jsonl stays its checkpoint's log
     weight_log = _resumed_weight_log(config, checkpoint, {} if finished else changes, schedule)
     train_set = data.train_set(trainer.seq_len, weight_log=None if weight_log is None else stages(weight_log))
@@ -118,9 +122,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
         write_log(run_dir, weight_log)
     vocab = int(open_cache(data, train_set.names[0]).identity["vocab_size"])
     model = shard_params(TinyLM.init(config.model, vocab, jax.random.PRNGKey(trainer.seed)), mesh)
-    optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, trainer.learning_rate, trainer.warmup_steps,
-                                                               max(trainer.num_train_steps, trainer.warmup_steps + 1)),
-                            weight_decay=trainer.weight_decay)
+    optimizer = make_optimizer(trainer)
     opt_state = _replicate_unplaced(optimizer.init(eqx.filter(model, eqx.is_array)), mesh)
     caches = caches_identity(config, train_set.names)
     start = 0
@@ -132,7 +134,8 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
         model, opt_state = load_state(checkpoint, (model, opt_state))
         if finished:
             logger.info("%s has trained %d steps, all that trainer.num_train_steps (%d) asks for: nothing to train; raise "
-                        "trainer.num_train_steps to train further", run_dir, start, trainer.num_train_steps)
+                        "trainer.num_train_steps to train further (with trainer.allow_optimizer_change: it stretches the "
+                        "learning rate's decay again)", run_dir, start, trainer.num_train_steps)
             return TrainResult(start, 0, None, {}, {}, model, 0.0)
         logger.info("resuming %s at step %d", run_dir, start)
     shardings = jax.tree_util.tree_map(lambda a: a.sharding, (model, opt_state))
@@ -140,20 +143,22 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     num_sources = len(train_set.names)
 
     @eqx.filter_jit
-    def step_fn(model: TinyLM, opt_state: Any, batch: dict[str, jax.Array]) -> tuple[TinyLM, Any, jax.Array, jax.Array]:
-        """One optimizer step; its loss, and per source the summed loss and the tokens trained on (``SourceStats``)."""
+    def step_fn(model: TinyLM, opt_state: Any, batch: dict[str, jax.Array]) -> tuple[TinyLM, Any, jax.Array, jax.Array, jax.Array]:
+        """One optimizer step; its loss, per source the summed loss and the tokens trained on (``SourceStats``), and the
+        learning rate it applied."""
         def loss_fn(m: TinyLM) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
             rows, counts = row_losses(m, batch["tokens"], batch["loss_mask"], batch["segment_ids"], batch["positions"])
             return jnp.sum(rows) / jnp.maximum(jnp.sum(counts), 1.0), (rows, counts)
 
         (loss, (rows, counts)), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(model)
+        learning_rate = applied_learning_rate(trainer, opt_state)
         updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_array))
         # laid out as they came in, so that the next step's inputs are those this step was compiled for (XLA's own choice
         # of output layouts, written differently, made step 1 compile again)
         model, opt_state = jax.lax.with_sharding_constraint((eqx.apply_updates(model, updates), opt_state), shardings)
         by_source = jnp.stack([per_source(jax.lax.stop_gradient(rows), batch["source_ids"], num_sources),
                                per_source(counts, batch["source_ids"], num_sources)])
-        return model, opt_state, loss, by_source
+        return model, opt_state, loss, by_source, learning_rate
 
     mixing = OnlineMixing.start(config, train_set, weight_log, checkpoint) if data.adaptive is not None else None
     eval_size = trainer.eval_batch_size or trainer.first_batch_size()
@@ -176,7 +181,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
             began = time.perf_counter()
             step_batch = next(iterator)
             fetched = time.perf_counter()
-            model, opt_state, loss, by_source = step_fn(model, opt_state, step_batch.batch.arrays())
+            model, opt_state, loss, by_source, learning_rate = step_fn(model, opt_state, step_batch.batch.arrays())
             loss = float(loss)  # waits for the step: what the step cost, apart from waiting for data
             stats = SourceStats.of(train_set.names, global_value(by_source))
             if mixing is not None and (stage := mixing.observe(step, stats)) is not None:
@@ -191,7 +196,8 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
                 busy += done - began
             fingerprints[step] = step_batch.fingerprint
             counts = np.bincount(global_value(step_batch.batch.source_ids.array), minlength=len(train_set.names))
-            _write(log, {"kind": "train", "step": step, "loss": loss, "examples": step_batch.size, "seconds": done - began,
+            _write(log, {"kind": "train", "step": step, "loss": loss, "learning_rate": float(learning_rate), "examples": step_batch.size,
+                         "seconds": done - began,
                          "data_wait_s": fetched - began, "fingerprint": step_batch.fingerprint,
                          "sources": {n: int(c) for n, c in zip(train_set.names, counts)}, **stats.as_record()})
             if (step + 1) % trainer.steps_per_eval == 0 or step + 1 == trainer.num_train_steps:
@@ -203,6 +209,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
                 save_checkpoint(run_dir, step, (model, opt_state), {"data": identity, "caches": caches, "data_changes": history, "last_batch":
                                 {"step": step - 1, "fingerprint": fingerprints[step - 1]},
                                 "weight_log": None if weight_log is None else as_records(weight_log),
+                                "optimizer": optimizer_settings, "optimizer_changes": optimizer_history,
                                 "mixing": None if mixing is None else mixing.state()}, trainer.keep_checkpoints)
     share = wait / busy if busy else 0.0
     if end > start:
@@ -305,6 +312,21 @@ def _resumed_weight_log(config: TrainLmConfig, checkpoint: Checkpoint | None, ch
     if any(name == "data.train_weights" or name.startswith("data.train_weights.") for name in changes):
         return reweight_at_resume(log, config.data.weight_schedule(), schedule, checkpoint.step)  # type: ignore[union-attr]
     return log
+
+
+def _resumed_optimizer_history(checkpoint: Checkpoint, settings: dict[str, Any], trainer: TrainerConfig) -> list[dict[str, Any]]:
+    """The checkpoint's history of optimizer changes, with this resume's (``[recorded, current]`` per field) once allowed.
+    A checkpoint written before they were recorded cannot show its settings: it resumes with the config's, logged, and
+    the change recorded from None (not recorded), so that every resume after it is checked."""
+    if "optimizer" not in checkpoint.record:
+        logger.warning("%s records no optimizer settings (it was written before tokenmix recorded them), so they cannot be "
+                       "checked: resuming at step %d with this config's (%s). If the run was started with others, restore them "
+                       "before it trains further; the checkpoints from here on record these", checkpoint.path, checkpoint.step,
+                       ", ".join(f"{k} {v!r}" for k, v in settings.items()))
+        return [{"step": checkpoint.step, "changed": {k: [None, v] for k, v in settings.items()}}]
+    changes = changed_fields(checkpoint.record["optimizer"], settings)
+    accept_optimizer_change(changes, trainer, checkpoint.step, checkpoint.path)
+    return checkpoint.record["optimizer_changes"] + ([{"step": checkpoint.step, "changed": changes}] if changes else [])
 
 
 def _last_batch_change(loader: DataLoader, checkpoint: Checkpoint) -> dict[str, list[Any]]:
