@@ -5,8 +5,9 @@ inputs (which must be unchanged) and encoded as the build encoded them; before a
 must match the ledger's counts and every intact chunk of the objects rewritten, so a repair never writes tokens other
 than the build's. An object of row ends whose checksums hold but whose ends disagree with their neighbours or the ledger
 (another object copied over it) is rewritten the same way where it differs from what the inputs give, once the tokens
-(or loss spans) those inputs give are found equal to the stored ones. A finished cache's open object is written again from the repaired ledger and arrays when the scrub
-found it wrong or anything was rewritten. It holds the cache's build lock while it writes, and scrubs the cache again after.
+(or loss spans) those inputs give are found equal to the stored ones. A finished cache's open object is written again
+from the repaired ledger and arrays when the scrub found it wrong or anything was rewritten. It holds the cache's build
+lock while it writes, and scrubs the cache again after.
 """
 
 from __future__ import annotations
