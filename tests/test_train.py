@@ -17,12 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
-from helpers import REPO, CountingDataset, write_train_config
+from helpers import DEMO_CORPUS, REPO, CountingDataset, read_jsonl_zst, write_train_config
+from jax.sharding import Mesh
 
 from tokenmix import build_caches
+from tokenmix.datasets.subset import ExampleRange
 from tokenmix.loader.loader import DataLoader
 from tokenmix.train.config import TrainerConfig, TrainLmConfig, load_train_config
-from tokenmix.train.loop import evaluate, make_mesh, train
+from tokenmix.train.loop import evaluate, evaluation_batches, make_mesh, train
 from tokenmix.train.model import ModelConfig, TinyLM, loss_and_count, per_source, row_losses, shard_params
 from tokenmix.train.plots import plot_run, read_metrics, run_figure, scheduled_weights
 from tokenmix.train.processes import check_processes
@@ -232,23 +234,82 @@ def test_a_batch_size_the_mesh_does_not_divide_is_refused_before_any_step_naming
         train(_config(tmp_path, "ramp", train_batch_size=[[0, 8], [1, 12]], mesh={"data": 8, "model": 1}))
 
 
-def test_a_validation_set_smaller_than_an_evaluation_batch_is_named_with_a_batch_size_the_mesh_takes(tmp_path, caplog):
-    # the fix named was the set's size (667 on a data axis of 4; 2, or 0, for a set of 2), a batch size the mesh refuses
-    path = write_train_config(tmp_path, "run", {"num_train_steps": 1, "train_batch_size": 8, "seq_len": 64, "mesh": {"data": 4, "model": 2},
-                                                "eval_batch_size": 1000}, TINY)
+def test_every_validation_example_is_evaluated_the_last_batch_padded_with_examples_that_weigh_nothing(tmp_path, caplog):
+    """Evaluation took whole batches only: the examples past the last whole batch were never evaluated (linux_doc's set
+    of 667 lost 3 at batches of 8), and a set smaller than one batch was not evaluated at all. With max_eval_batches
+    null each set is evaluated whole, its last batch padded, and each loss is the mean over every trained token of its
+    examples, computed here apart from the loop. An empty set is still left out, named."""
+    path = write_train_config(tmp_path, "run", {"num_train_steps": 2, "train_batch_size": 8, "seq_len": 64, "mesh": {"data": 4, "model": 2},
+                                                "steps_per_eval": 2, "max_eval_batches": None, "eval_batch_size": 8}, TINY)
     doc = yaml.safe_load(open(path))
-    (tmp_path / "validation.jsonl").write_text(json.dumps({"text": " ".join(["word"] * 150)}) + "\n")  # 2 examples of 64 tokens
-    doc["data"]["configs"]["webster"]["validation_urls"] = [str(tmp_path / "validation.jsonl")]
-    with open(path, "w") as f:
-        yaml.safe_dump(doc, f)
+    sets = {"linux_doc": read_jsonl_zst(DEMO_CORPUS / "linux_doc" / "validation.jsonl.zst")[:4],  # a tail past whole batches
+            "webster": [{"text": " ".join(["word"] * 150)}],  # 2 examples: fewer than a batch and than the 4 devices of the data axis
+            "python_doc": [{"text": "too short"}]}  # no example
+    for name, docs in sets.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+        doc["data"]["configs"][name]["validation_urls"] = [str(tmp_path / f"{name}.jsonl")]
+    open(path, "w").write(yaml.safe_dump(doc))
+    config = load_train_config(path)
     with caplog.at_level(logging.WARNING, logger="tokenmix.train.loop"):
-        result = train(load_train_config(path))
-    assert result.validation == {}
-    assert "the validation set of linux_doc holds 667 examples, fewer than one evaluation batch (1000): it is not evaluated; set " \
-           "trainer.eval_batch_size to at most 664 to evaluate it" in caplog.text
-    assert "the validation set of webster holds 2 examples, fewer than one evaluation batch (1000): it is not evaluated; no " \
-           "evaluation batch fits it (a batch holds a multiple of the 4 devices of trainer.mesh's data axis): give it at least 4 " \
-           "validation examples to evaluate it" in caplog.text
+        result = train(config)
+    validation = config.data.validation_sets(64)
+    sizes = {name: len(dataset) for name, dataset in validation.items()}
+    assert sizes["linux_doc"] > 8 and sizes["linux_doc"] % 8 and sizes["webster"] == 2 and sizes["python_doc"] == 0
+    assert "the validation set of python_doc holds no examples (its documents are shorter than one example, or there are none): " \
+           "it is not evaluated; give it validation documents of at least one example" in caplog.text
+    assert set(result.validation) == {"linux_doc", "webster"}
+    _, evals = read_metrics(config.trainer.checkpoint_dir)
+    assert evals[-1]["loss"] == result.validation
+    model = jax.device_put(result.model, jax.devices()[0])
+    for name in ("linux_doc", "webster"):
+        examples = validation[name].get_batch(range(sizes[name]))
+        rows, counts = row_losses(model, jnp.asarray(examples.tokens), jnp.asarray(examples.loss_mask),
+                                  jnp.asarray(examples.segment_ids), jnp.asarray(examples.positions()))
+        assert float(jnp.sum(counts)) > 0
+        assert result.validation[name] == pytest.approx(float(jnp.sum(rows) / jnp.sum(counts)), rel=1e-5), name
+
+
+def test_evaluation_batches_hold_the_examples_and_padding_of_levanters_padded_final_batch(tmp_path):
+    """``tests/data/levanter/eval_batches.json`` holds the batches Levanter's own ``DataLoader(pad_final_batch=True)``
+    (Levanter 1.2.dev1644, jax 0.10.2 CPU, a data axis of 2 devices) gave over sets of 11, 3, 1, 8 and 13 examples, and
+    over 11 with max_eval_batches 2 (``train_lm`` keeps that many batches of examples of each set): which example each
+    row holds, which rows are padding, and each row's loss weight. Made in the side venv by
+    ``tests/data/levanter/make_eval_batches.py`` (its docstring gives the command). tokenmix's evaluation batches over the
+    first N examples of a real validation set, on a data axis of 2, hold the same examples in the same rows and pad the
+    same rows, with no position trained: before, the examples past the last whole batch were never read."""
+    levanter = json.loads((REPO / "tests" / "data" / "levanter" / "eval_batches.json").read_text())
+    config = _config(tmp_path, "levanter")
+    build_caches(config.data, progress=False)
+    whole = config.data.validation_sets(config.trainer.seq_len)["linux_doc"]
+    mesh = Mesh(np.array(jax.devices()[: levanter["data_axis"]]).reshape(-1, 1), ("data", "model"))
+    for case in levanter["cases"]:
+        n, size = case["examples"], case["batch_size"]
+        tokens = whole.get_batch(range(n)).tokens
+        assert len({row.tobytes() for row in tokens}) == n  # each row names its example
+        batches = []
+        for step_batch in evaluation_batches(ExampleRange(whole, 0, n), size, case["max_eval_batches"], mesh):
+            arrays = {k: np.asarray(v) for k, v in step_batch.batch.arrays().items()}
+            assert [s.data.shape[0] for s in step_batch.batch.tokens.array.addressable_shards] == [size // 2] * 2
+            examples = [next((i for i in range(n) if np.array_equal(row, tokens[i])), -1) for row in arrays["tokens"]]
+            weight = arrays["loss_mask"].sum(axis=1)
+            assert all((weight[r] == 0) == (e == -1) for r, e in enumerate(examples))
+            batches.append({"examples": examples, "padding": [e == -1 for e in examples]})
+        assert batches == [{"examples": b["examples"], "padding": b["padding"]} for b in case["batches"]], case
+        assert all((w == 0) == p for b in case["batches"] for w, p in zip(b["loss_weight"], b["padding"]))
+
+
+def test_max_eval_batches_null_reads_every_example_once_and_no_more(tmp_path):
+    # Levanter's max_eval_batches: None evaluates every example; here it was refused (at least 1), and any number of
+    # batches left out the examples past the last whole one
+    config = _config(tmp_path, "eval")
+    build_caches(config.data, progress=False)
+    mesh = make_mesh(config)
+    model = shard_params(TinyLM.init(config.model, 32000, jax.random.PRNGKey(0)), mesh)
+    counting = CountingDataset(ExampleRange(config.data.validation_sets(config.trainer.seq_len)["linux_doc"], 0, 19))
+    losses = evaluate(model, {"linux_doc": counting}, 8, None, mesh)
+    assert losses["linux_doc"] > 0
+    assert [r.tolist() for r in counting.reads] == [list(range(8)), list(range(8, 16)), [16, 17, 18]]
+    assert TrainerConfig().max_eval_batches is None  # Levanter's default
 
 
 def test_a_data_batch_size_other_than_the_trainers_is_refused_naming_both(tmp_path):

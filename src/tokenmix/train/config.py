@@ -36,7 +36,9 @@ class TrainerConfig:
     """Initial parameters (the data order is the data config's ``seed``)."""
     steps_per_eval: int = 20
     """Evaluate on every source's validation set every this many steps (and after the last)."""
-    max_eval_batches: int = 4
+    max_eval_batches: int | None = None
+    """Evaluate the first this many batches of each validation set; None (Levanter's default too): every example of it,
+    the last batch padded with examples that weigh nothing."""
     eval_batch_size: int | None = None
     """None: the first training batch size."""
     checkpoint_dir: str = "runs/train_lm"
@@ -68,8 +70,7 @@ class TrainerConfig:
     """This process's number, 0 to ``num_processes - 1`` (a different one for each, e.g. ``--trainer.process_id 1``)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_train_steps", "seq_len", "steps_per_eval", "steps_per_checkpoint", "max_eval_batches",
-                     "keep_checkpoints"):
+        for name in ("num_train_steps", "seq_len", "steps_per_eval", "steps_per_checkpoint", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be at least 1, got {getattr(self, name)}")
         unknown = set(self.mesh) - {"data", "model"}
@@ -91,6 +92,9 @@ class TrainerConfig:
             raise ValueError(f"trainer.learning_rate must be a finite number > 0 (the peak of the schedule), got {self.learning_rate}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"trainer.weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if self.max_eval_batches is not None and self.max_eval_batches < 1:
+            raise ValueError(f"trainer.max_eval_batches must be at least 1, or null to evaluate every example of each "
+                             f"validation set, got {self.max_eval_batches}")
         for name in ("eval_batch_size", "cpu_devices"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be at least 1, or null (unset), got {getattr(self, name)}")

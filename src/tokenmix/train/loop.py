@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,8 @@ from jax.sharding import PartitionSpec as P
 from tokenmix.config.caches import build_caches, open_cache
 from tokenmix.datasets.base import Dataset
 from tokenmix.datasets.mixture import MixtureDataset
+from tokenmix.datasets.padded import PaddedDataset
+from tokenmix.loader.batch import StepBatch
 from tokenmix.loader.batch_schedule import BatchSchedule
 from tokenmix.loader.loader import DataLoader
 from tokenmix.loader.sharding import BatchLayout
@@ -162,7 +165,7 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
 
     mixing = OnlineMixing.start(config, train_set, weight_log, checkpoint) if data.adaptive is not None else None
     eval_size = trainer.eval_batch_size or trainer.first_batch_size()
-    validation = evaluated_sets(data.validation_sets(trainer.seq_len), train_set.names, eval_size, mesh.shape["data"])
+    validation = evaluated_sets(data.validation_sets(trainer.seq_len), train_set.names)
     fingerprints: dict[int, str | None] = {}
     wait = busy = 0.0
     loss: float | None = None
@@ -217,36 +220,39 @@ def train(config: TrainLmConfig, stop_after: int | None = None) -> TrainResult:
     return TrainResult(start, end - start, loss, last_eval, fingerprints, model, share)
 
 
-def evaluated_sets(validation: dict[str, Dataset], training: list[str], batch_size: int, shards: int) -> dict[str, Dataset]:
-    """The validation sets a run evaluates: those holding at least one batch of ``batch_size`` (split over ``shards``
-    devices of the mesh's data axis). Each training source left out (no validation set, or one too small) is named in
-    the log once, with the reason and the fix."""
+def evaluated_sets(validation: dict[str, Dataset], training: list[str]) -> dict[str, Dataset]:
+    """The validation sets a run evaluates: those holding at least one example. Each training source left out (no
+    validation set, or an empty one) is named in the log once, with the reason and the fix."""
     for name in training:
         if name not in validation:
             logger.warning("source %s has no validation set (no validation_urls, and no num_validation_sequences to hold "
                            "documents out of training): it is not evaluated", name)
-    small = {name: len(dataset) for name, dataset in validation.items() if len(dataset) < batch_size}
-    for name, size in small.items():
-        fits = size // shards * shards  # the largest evaluation batch the set fills that the data axis divides
-        fix = (f"set trainer.eval_batch_size to at most {fits} to evaluate it" if fits else
-               f"no evaluation batch fits it (a batch holds a multiple of the {shards} devices of trainer.mesh's data axis): "
-               f"give it at least {shards} validation examples to evaluate it")
-        logger.warning("the validation set of %s holds %d examples, fewer than one evaluation batch (%d): it is not evaluated; "
-                       "%s", name, size, batch_size, fix)
-    return {name: dataset for name, dataset in validation.items() if name not in small}
+    empty = [name for name, dataset in validation.items() if len(dataset) == 0]
+    for name in empty:
+        logger.warning("the validation set of %s holds no examples (its documents are shorter than one example, or there are "
+                       "none): it is not evaluated; give it validation documents of at least one example", name)
+    return {name: dataset for name, dataset in validation.items() if name not in empty}
 
 
-def evaluate(model: TinyLM, validation: dict[str, Dataset], batch_size: int, max_batches: int, mesh: Mesh) -> dict[str, float]:
-    """Mean next-token loss over the first ``max_batches`` batches of each source's validation set (each holding at least
-    one batch: ``evaluated_sets``); no batch past those is read."""
+def evaluation_batches(dataset: Dataset, batch_size: int, max_batches: int | None, mesh: Mesh) -> Iterator[StepBatch]:
+    """The batches that evaluate ``dataset``: the first ``max_batches`` (None: every one), the last padded to
+    ``batch_size`` with examples that weigh nothing (``PaddedDataset``), so that every example is evaluated, a set
+    smaller than one batch included, as Levanter's ``pad_final_batch`` does. No batch past those is read."""
+    with DataLoader(PaddedDataset(dataset, batch_size), batch_size, mesh, BATCH_MAPPING, prefetch=0, positions=True) as loader:
+        steps = loader.num_steps() or 0
+        yield from itertools.islice(loader, steps if max_batches is None else min(steps, max_batches))
+
+
+def evaluate(model: TinyLM, validation: dict[str, Dataset], batch_size: int, max_batches: int | None, mesh: Mesh) -> dict[str, float]:
+    """Per source, the mean next-token loss over every trained token of its ``evaluation_batches`` (token-weighted: a
+    batch counts by its tokens, not as one batch among others, so the padded last one weighs what its examples do)."""
     out = {}
     for name, dataset in validation.items():
         total = count = 0.0
-        with DataLoader(dataset, batch_size, mesh, BATCH_MAPPING, prefetch=0, positions=True) as loader:
-            for step_batch in itertools.islice(loader, min(loader.num_steps(), max_batches)):
-                b = step_batch.batch.arrays()
-                t, c = _eval_loss(model, b["tokens"], b["loss_mask"], b["segment_ids"], b["positions"])
-                total, count = total + float(t), count + float(c)
+        for step_batch in evaluation_batches(dataset, batch_size, max_batches, mesh):
+            b = step_batch.batch.arrays()
+            t, c = _eval_loss(model, b["tokens"], b["loss_mask"], b["segment_ids"], b["positions"])
+            total, count = total + float(t), count + float(c)
         out[name] = total / max(count, 1.0)
     return out
 
