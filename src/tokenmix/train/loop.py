@@ -238,8 +238,9 @@ def evaluation_batches(dataset: Dataset, batch_size: int, max_batches: int | Non
     """The batches that evaluate ``dataset``: the first ``max_batches`` (None: every one), the last padded to
     ``batch_size`` with examples that weigh nothing (``PaddedDataset``), so that every example is evaluated, a set
     smaller than one batch included, as Levanter's ``pad_final_batch`` does. No batch past those is read."""
-    with DataLoader(PaddedDataset(dataset, batch_size), batch_size, mesh, BATCH_MAPPING, prefetch=0, positions=True) as loader:
-        steps = loader.num_steps() or 0
+    padded = PaddedDataset(dataset, batch_size)
+    steps = len(padded) // batch_size
+    with DataLoader(padded, batch_size, mesh, BATCH_MAPPING, prefetch=0, positions=True) as loader:
         yield from itertools.islice(loader, steps if max_batches is None else min(steps, max_batches))
 
 
