@@ -158,6 +158,24 @@ def check_lease_lifecycle(location: str, lease_s: float, caplog: Any) -> None:
     third.release()
 
 
+def wait_until(get: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    """Poll ``get()`` until it returns something true, and return that; fails naming ``what`` after ``timeout`` seconds
+    (a fixed bound, generous for a busy machine: a test waits for a condition, never for a guessed time)."""
+    deadline = time.monotonic() + timeout
+    while not (got := get()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(0.01)
+    return got
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (Linux: reads ``/proc``)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 class GrowingCache:
     """A cache building in a background thread whose shards from ``held_from`` on wait for ``release()``.
 
@@ -316,13 +334,17 @@ class Uint32TokensDataset(Wrapped):
 
 
 class SlowDataset(Wrapped):
-    """Every read takes ``seconds`` longer (a slow disk or network), before it starts."""
+    """Every read takes ``seconds`` longer (a slow disk or network), before it starts. With ``marks`` (a directory), each
+    read first leaves a file there named ``<pid>-<CLOCK_MONOTONIC ns>``: which process started a read, and when."""
 
-    def __init__(self, base, seconds: float):
+    def __init__(self, base, seconds: float, marks: Path | None = None):
         super().__init__(base)
         self.seconds = seconds
+        self.marks = marks
 
     def read(self, indices) -> Pending[TokenBatch]:
+        if self.marks is not None:
+            (self.marks / f"{os.getpid()}-{time.monotonic_ns()}").touch()
         time.sleep(self.seconds)
         return self.base.read(indices)
 

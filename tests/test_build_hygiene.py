@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TOKENIZER, demo_urls, encoder_for
+from helpers import REPO, TOKENIZER, demo_urls, encoder_for, process_alive, wait_until
 
 import tokenmix
 from tokenmix.cache import encoding as encoding_module
@@ -176,13 +176,6 @@ def _children(pid: int) -> set[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _workers(pid: int) -> set[int]:
     """The pool's workers among the children of ``pid`` (the other one is multiprocessing's resource tracker)."""
     found = set()
@@ -195,25 +188,19 @@ def _workers(pid: int) -> set[int]:
     return found
 
 
-def _wait_until(condition, timeout: float) -> float:
-    """Seconds until ``condition()`` held; fails after ``timeout``."""
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"not within {timeout} s"
-        time.sleep(0.02)
-    return time.monotonic() - started
-
-
 def _kill_after(command: list[str], env: dict[str, str], delay: float) -> tuple[int, float]:
     """Start a build, SIGKILL its driver (only) ``delay`` seconds after its workers are up, and wait for every process it
     started to exit; returns how many there were and how many seconds the last outlived the driver."""
     driver = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_until(lambda: len(_workers(driver.pid)) == 2 or driver.poll() is not None, timeout=120)
-    time.sleep(delay)
+    wait_until(lambda: len(_workers(driver.pid)) == 2 or driver.poll() is not None, "the build's workers starting", timeout=120)
+    time.sleep(delay)  # a kill at a random instant of the build, not a wait for something to happen
     children = _children(driver.pid)
     driver.send_signal(signal.SIGKILL)
     assert driver.wait() == -signal.SIGKILL, "the build finished before it was killed"
-    return len(children), _wait_until(lambda: not any(_alive(p) for p in children), timeout=5)
+    killed = time.monotonic()
+    # they exit within about a second of the driver (their watch polls it); the bound is for a busy machine
+    wait_until(lambda: not any(process_alive(p) for p in children), "the killed build's workers exiting")
+    return len(children), time.monotonic() - killed
 
 
 @linux_only
