@@ -6,6 +6,7 @@ Importing this module does not import JAX, so the multi-process loader worker ca
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,40 @@ def wait_until(get: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
         assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
         time.sleep(0.01)
     return got
+
+
+_NETWORK_EVENTS = ("socket.getaddrinfo", "socket.gethostbyname", "socket.connect")
+_network_attempts: list[str] | None = None
+"""Where the audit hook writes while ``network_attempts`` records (None otherwise)."""
+
+
+def _record_network_attempt(event: str, args: tuple) -> None:
+    if _network_attempts is None or event not in _NETWORK_EVENTS:
+        return
+    address = args[1] if event == "socket.connect" else args[0]
+    if event == "socket.connect" and not isinstance(address, tuple):
+        return  # a Unix socket's path
+    host = address[0] if isinstance(address, tuple) else address
+    host = host.decode() if isinstance(host, bytes) else host
+    if host is None or host == "localhost" or host.startswith("127.") or host == "::1":
+        return  # this machine: another test's cluster or server may be talking on it
+    _network_attempts.append(f"{event} {address!r}")
+
+
+@contextlib.contextmanager
+def network_attempts() -> Iterator[list[str]]:
+    """The attempts of this process to reach a host other than this machine (name lookups and connects, from Python's
+    audit events) while the block runs: what a test asserts is empty where nothing may go to the network, instead of
+    timing it. The hook stays installed (audit hooks cannot be removed) and records nothing outside the block."""
+    global _network_attempts
+    if not getattr(network_attempts, "hooked", False):
+        sys.addaudithook(_record_network_attempt)
+        network_attempts.hooked = True  # type: ignore[attr-defined]
+    _network_attempts = attempts = []
+    try:
+        yield attempts
+    finally:
+        _network_attempts = None
 
 
 def process_alive(pid: int) -> bool:
