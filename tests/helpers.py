@@ -203,6 +203,18 @@ def network_attempts() -> Iterator[list[str]]:
         _network_attempts = None
 
 
+def library_threads() -> int:
+    """This process's threads that tokenmix and the native libraries under it start: its own named Python threads,
+    unnamed executors' workers, and threads Python did not start (tensorstore's pools, the fast tokenizer's). Not other
+    Python threads: a cluster client that an earlier test of the same worker left behind starts and ends its own."""
+    python = {t.native_id: t.name for t in threading.enumerate()}
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        name = python.get(int(task))
+        count += name is None or name.startswith(("tokenmix-", "ThreadPoolExecutor-"))
+    return count
+
+
 def process_alive(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie (Linux: reads ``/proc``)."""
     try:
