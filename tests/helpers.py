@@ -406,10 +406,16 @@ def start_builders(configs: Sequence[Path], go: Path | None, *overrides: str) ->
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for config in configs]
     if go is not None:
-        for proc in procs:
-            assert proc.stdout is not None
-            said = proc.stdout.readline()
-            assert said == "ready\n", said + proc.stdout.read()
+        try:
+            for proc in procs:
+                assert proc.stdout is not None
+                said = proc.stdout.readline()
+                assert said == "ready\n", said + proc.stdout.read()
+        except BaseException:  # the others would wait for ``go`` for ever, after the test too
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+            raise
         go.touch()
     return procs
 

@@ -660,13 +660,19 @@ def test_reader_processes_stop_promptly_ignore_ctrl_c_and_do_not_outlive_a_kille
             time.sleep(600)
     """))
     with open(tmp_path / "killed.err", "w") as err:  # its resource tracker reports the shared memory it cleans up
-        parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err, text=True)
-    line = parent.stdout.readline()
-    assert line.strip().isdigit(), (tmp_path / "killed.err").read_text()
-    orphan = int(line)
-    parent.kill()  # while its reader is inside a 60 s read
-    parent.wait()
-    wait_until(lambda: not process_alive(orphan), f"the orphaned reader {orphan} exiting")  # it exits after a grace of 5 s
+        parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+    try:
+        line = parent.stdout.readline()
+        assert line.strip().isdigit(), (tmp_path / "killed.err").read_text()
+        orphan = int(line)
+        parent.kill()  # while its reader is inside a 60 s read
+        parent.wait()
+        wait_until(lambda: not process_alive(orphan), f"the orphaned reader {orphan} exiting")  # it exits after a grace of 5 s
+    except BaseException:  # not left sleeping 10 minutes beside the tests that follow
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+        raise
 
 
 @pytest.mark.timeout(120)
