@@ -403,10 +403,13 @@ def test_loader_waits_for_a_growing_cache_and_says_why(train, caplog):
     dataset = GrowingDataset(train, 40)
 
     def grow() -> None:
-        while dataset.length < 170:
-            time.sleep(0.05)
-            dataset.length += 10
-        dataset.finished = True
+        try:  # the cache grows once the loader waits for it, however long the loader takes to get there
+            wait_until(lambda: "step 2 needs examples" in caplog.text, "the loader waiting at step 2")
+        finally:
+            while dataset.length < 170:
+                time.sleep(0.05)
+                dataset.length += 10
+            dataset.finished = True
 
     grower = threading.Thread(target=grow)
     with caplog.at_level(logging.INFO, logger="tokenmix.loader"), DataLoader(dataset, 16, mesh, {"batch": "data"}, fingerprint=True) as loader:
@@ -432,7 +435,14 @@ def test_loader_streams_a_real_cache_while_it_builds(growing_cache, caplog):
         it = iter(loader)
         seen = [np.asarray(next(it).batch.tokens.array)]
         assert dataset.final_len() is None, "the build must still be held at its second shard"
-        threading.Timer(0.5, building.release).start()
+
+        def release_once_waiting() -> None:
+            try:  # the build goes on once the loader has served what was committed and waits, not after a guessed time
+                wait_until(lambda: "waiting for its cache to grow" in caplog.text, "the loader waiting for the build")
+            finally:
+                building.release()
+
+        threading.Thread(target=release_once_waiting, daemon=True).start()
         seen += [np.asarray(sb.batch.tokens.array) for sb in it]
     building.finish()
     finished = TokenSeqDataset(TokenCache(building.location), SEQ_LEN)
