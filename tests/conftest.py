@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from typing import Any
@@ -34,6 +35,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in CLUSTER_TESTS:
             item.add_marker(pytest.mark.xdist_group("clusters"))
+
+
+@pytest.fixture(autouse=True)
+def _command_logging_undone():
+    """A command run in the test's process (``tokenmix.cli.main.main``) sets logging up for its process: tokenmix's
+    loggers at INFO, and Dask's level in the environment. Both are put back after each test, so that what a later test
+    of the same worker logs and captures does not depend on whether such a test ran before it."""
+    ours = logging.getLogger("tokenmix")
+    level, dask = ours.level, os.environ.get("DASK_LOGGING__DISTRIBUTED")
+    yield
+    ours.setLevel(level)
+    if dask is None:
+        os.environ.pop("DASK_LOGGING__DISTRIBUTED", None)
+    else:
+        os.environ["DASK_LOGGING__DISTRIBUTED"] = dask
 
 
 @pytest.fixture(scope="session")

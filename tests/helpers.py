@@ -6,6 +6,7 @@ Importing this module does not import JAX, so the multi-process loader worker ca
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,70 @@ def check_lease_lifecycle(location: str, lease_s: float, caplog: Any) -> None:
     third = LeaseBuildLock(location, timeout=0, lease_s=lease_s)
     third.acquire()  # released: free at once
     third.release()
+
+
+def wait_until(get: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    """Poll ``get()`` until it returns something true, and return that; fails naming ``what`` after ``timeout`` seconds
+    (a fixed bound, generous for a busy machine: a test waits for a condition, never for a guessed time)."""
+    deadline = time.monotonic() + timeout
+    while not (got := get()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(0.01)
+    return got
+
+
+_NETWORK_EVENTS = ("socket.getaddrinfo", "socket.gethostbyname", "socket.connect")
+_network_attempts: list[str] | None = None
+"""Where the audit hook writes while ``network_attempts`` records (None otherwise)."""
+
+
+def _record_network_attempt(event: str, args: tuple) -> None:
+    if _network_attempts is None or event not in _NETWORK_EVENTS:
+        return
+    address = args[1] if event == "socket.connect" else args[0]
+    if event == "socket.connect" and not isinstance(address, tuple):
+        return  # a Unix socket's path
+    host = address[0] if isinstance(address, tuple) else address
+    host = host.decode() if isinstance(host, bytes) else host
+    if host is None or host == "localhost" or host.startswith("127.") or host == "::1":
+        return  # this machine: another test's cluster or server may be talking on it
+    _network_attempts.append(f"{event} {address!r}")
+
+
+@contextlib.contextmanager
+def network_attempts() -> Iterator[list[str]]:
+    """The attempts of this process to reach a host other than this machine (name lookups and connects, from Python's
+    audit events) while the block runs: what a test asserts is empty where nothing may go to the network, instead of
+    timing it. The hook stays installed (audit hooks cannot be removed) and records nothing outside the block."""
+    global _network_attempts
+    if not getattr(network_attempts, "hooked", False):
+        sys.addaudithook(_record_network_attempt)
+        network_attempts.hooked = True  # type: ignore[attr-defined]
+    _network_attempts = attempts = []
+    try:
+        yield attempts
+    finally:
+        _network_attempts = None
+
+
+def library_threads() -> int:
+    """This process's threads that tokenmix and the native libraries under it start: its own named Python threads,
+    unnamed executors' workers, and threads Python did not start (tensorstore's pools, the fast tokenizer's). Not other
+    Python threads: a cluster client that an earlier test of the same worker left behind starts and ends its own."""
+    python = {t.native_id: t.name for t in threading.enumerate()}
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        name = python.get(int(task))
+        count += name is None or name.startswith(("tokenmix-", "ThreadPoolExecutor-"))
+    return count
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (Linux: reads ``/proc``)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 class GrowingCache:
@@ -316,13 +381,17 @@ class Uint32TokensDataset(Wrapped):
 
 
 class SlowDataset(Wrapped):
-    """Every read takes ``seconds`` longer (a slow disk or network), before it starts."""
+    """Every read takes ``seconds`` longer (a slow disk or network), before it starts. With ``marks`` (a directory), each
+    read first leaves a file there named ``<pid>-<CLOCK_MONOTONIC ns>``: which process started a read, and when."""
 
-    def __init__(self, base, seconds: float):
+    def __init__(self, base, seconds: float, marks: Path | None = None):
         super().__init__(base)
         self.seconds = seconds
+        self.marks = marks
 
     def read(self, indices) -> Pending[TokenBatch]:
+        if self.marks is not None:
+            (self.marks / f"{os.getpid()}-{time.monotonic_ns()}").touch()
         time.sleep(self.seconds)
         return self.base.read(indices)
 
@@ -337,10 +406,16 @@ def start_builders(configs: Sequence[Path], go: Path | None, *overrides: str) ->
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for config in configs]
     if go is not None:
-        for proc in procs:
-            assert proc.stdout is not None
-            said = proc.stdout.readline()
-            assert said == "ready\n", said + proc.stdout.read()
+        try:
+            for proc in procs:
+                assert proc.stdout is not None
+                said = proc.stdout.readline()
+                assert said == "ready\n", said + proc.stdout.read()
+        except BaseException:  # the others would wait for ``go`` for ever, after the test too
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+            raise
         go.touch()
     return procs
 

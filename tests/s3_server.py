@@ -20,8 +20,11 @@ import threading
 import time
 import urllib.request
 
+import psutil
+
 BUCKET = "tokenmix-test"
 """The bucket the tests' server (the ``s3`` fixture) holds."""
+_PORT_TRIES = 5
 
 
 def free_port() -> int:
@@ -36,36 +39,61 @@ class S3Server:
     is the environment its clients need besides the endpoint."""
 
     def __init__(self, scratch: str, bucket: str, kind: str = "moto"):
-        self.port = free_port()
         self.bucket = bucket
         self.log_path = os.path.join(scratch, f"{kind}.log")
         if kind == "moto":
             server = shutil.which("moto_server", path=os.path.dirname(sys.executable))
             if server is None:
                 raise FileNotFoundError("moto_server is not installed: pip install 'tokenmix[dev]'")
-            command = [server, "-H", "127.0.0.1", "-p", str(self.port)]
+            command = [server, "-H", "127.0.0.1", "-p"]
             self.keys = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
         elif kind == "s3rver":
             server = shutil.which("s3rver") or shutil.which("s3rver", path="node_modules/.bin")
             if server is None:
                 raise FileNotFoundError("s3rver is not installed: npm install s3rver@3 (here, or globally)")
             os.makedirs(os.path.join(scratch, "s3rver"), exist_ok=True)
-            command = [server, "-d", os.path.join(scratch, "s3rver"), "-a", "127.0.0.1", "-p", str(self.port), "--silent"]
+            command = [server, "-d", os.path.join(scratch, "s3rver"), "-a", "127.0.0.1", "--silent", "-p"]
             self.keys = {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER"}
         else:
             raise ValueError(f"S3 server kind must be moto or s3rver, got {kind!r}")
         self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        # the server binds a port found free a moment before: where another process took it since (a server of another
+        # test worker, which would answer in its place), it starts again on another
+        for _ in range(_PORT_TRIES):
+            self.port = free_port()
+            self.process = subprocess.Popen([*command, str(self.port)], stdout=self._log, stderr=subprocess.STDOUT)
+            if self._serving():
+                return
+        self.stop()
+        raise RuntimeError(f"the S3 server did not start on any of {_PORT_TRIES} ports; see {self.log_path}")
+
+    def _serving(self) -> bool:
+        """Wait until this server answers on ``port`` holding ``bucket``: True, or False (stopped) where it exited, or
+        another process listens there."""
         deadline = time.monotonic() + 60
         while True:
             try:
-                urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{bucket}", method="PUT"), timeout=2).read()
-                return
+                urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{self.bucket}", method="PUT"), timeout=2).read()
+                if self._listening():
+                    return True
             except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
+                if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"the S3 server did not start; see {self.log_path}") from None
-                time.sleep(0.1)
+                    raise RuntimeError(f"the S3 server did not start in 60 s; see {self.log_path}") from None
+            if self.process.poll() is not None:
+                return False
+            time.sleep(0.1)
+
+    def _listening(self) -> bool:
+        """Whether this server's process (or a child of it) is the one listening on ``port``."""
+        me = psutil.Process(self.process.pid)
+        for process in [me, *me.children(recursive=True)]:
+            try:
+                if any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.port for c in process.net_connections("tcp")):
+                    return True
+            except psutil.NoSuchProcess:
+                continue
+        return False
 
     @property
     def endpoint(self) -> str:
@@ -74,7 +102,8 @@ class S3Server:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=30)
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
 
 
 class LatencyProxy:
@@ -84,7 +113,7 @@ class LatencyProxy:
 
     def __init__(self, upstream_port: int, latency: float):
         self.upstream_port, self.latency = upstream_port, latency
-        self.port = free_port()
+        self.port = 0  # the one the system gives the server, set before it is started
         self.requests = 0
         self.bytes_returned = 0
         self.most_held = 0
@@ -104,7 +133,8 @@ class LatencyProxy:
 
     def _serve(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(asyncio.start_server(self._connection, "127.0.0.1", self.port))
+        server = self._loop.run_until_complete(asyncio.start_server(self._connection, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
         started.set()
         self._loop.run_until_complete(server.serve_forever())
 

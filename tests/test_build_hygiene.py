@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TOKENIZER, demo_urls, encoder_for
+from helpers import REPO, TOKENIZER, demo_urls, encoder_for, network_attempts, process_alive, wait_until
 
 import tokenmix
 from tokenmix.cache import encoding as encoding_module
@@ -32,22 +32,25 @@ linux_only = pytest.mark.skipif(sys.platform != "linux", reason="reads processes
 # -- a tokenizer path that does not exist --------------------------------------------------------------------------------
 
 
-def _timed_failure(name: str) -> tuple[str, float]:
-    """The message of the ``TokenizerLoadError`` that loading ``name`` raises, and the seconds it took."""
-    started = time.monotonic()
-    with pytest.raises(TokenizerLoadError) as failure:
+def _local_failure(name: str) -> str:
+    """The message of the ``TokenizerLoadError`` that loading ``name`` raises, having tried no host but this machine."""
+    with network_attempts() as attempts, pytest.raises(TokenizerLoadError) as failure:
         load_tokenizer(name)
-    return str(failure.value), time.monotonic() - started
+    assert attempts == [], attempts
+    return str(failure.value)
 
 
-_TIMED_LOAD = """
+_LOCAL_LOAD = f"""
 import json, sys, time
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from helpers import network_attempts
 from tokenmix.formats import TokenizerLoadError, load_tokenizer
 started = time.monotonic()
-try:
-    load_tokenizer(sys.argv[1])
-except TokenizerLoadError as e:
-    print(json.dumps({"seconds": time.monotonic() - started, "message": str(e)}))
+with network_attempts() as attempts:
+    try:
+        load_tokenizer(sys.argv[1])
+    except TokenizerLoadError as e:
+        print(json.dumps({{"seconds": time.monotonic() - started, "message": str(e), "network": attempts}}))
 """
 
 
@@ -58,10 +61,10 @@ def test_a_mistyped_relative_tokenizer_path_fails_at_once_naming_where_it_looked
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     if offline:
         env[offline] = "1"
-    run = subprocess.run([sys.executable, "-c", _TIMED_LOAD, "data/tokenizr"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-c", _LOCAL_LOAD, "data/tokenizr"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     failure = json.loads(run.stdout)
     print(f"failed in {failure['seconds']:.3f} s")
-    assert failure["seconds"] < 1.0  # it took about 46 s of hub retries
+    assert failure["network"] == []  # it took about 46 s of hub retries
     for part in ("'data/tokenizr'", str(tmp_path / "data" / "tokenizr"), f"current directory, {tmp_path}",
                  "did you mean 'tokenizer'?", "check the path", "'gpt2'"):
         assert part in failure["message"]
@@ -71,8 +74,7 @@ def test_a_mistyped_relative_tokenizer_path_fails_at_once_naming_where_it_looked
                                   "~/tokenmix-no-such-dir/tokenizer", "a/b/c", "a b"])
 def test_what_cannot_be_a_hub_id_is_a_local_path_and_never_goes_to_the_hub(tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
-    message, seconds = _timed_failure(name)
-    assert seconds < 1.0
+    message = _local_failure(name)
     assert f"no such local file or directory {os.path.abspath(os.path.expanduser(name))}" in message
     assert "check the path" in message
 
@@ -81,8 +83,7 @@ def test_a_hub_id_offline_is_looked_up_in_the_local_hub_cache_only(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-    message, seconds = _timed_failure("tokenmix-no-such-org/no-such-tokenizer")
-    assert seconds < 5.0
+    message = _local_failure("tokenmix-no-such-org/no-such-tokenizer")
     assert "TRANSFORMERS_OFFLINE is set, so only the local Hugging Face cache was searched" in message
     assert "unset TRANSFORMERS_OFFLINE" in message
 
@@ -176,13 +177,6 @@ def _children(pid: int) -> set[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _workers(pid: int) -> set[int]:
     """The pool's workers among the children of ``pid`` (the other one is multiprocessing's resource tracker)."""
     found = set()
@@ -195,25 +189,19 @@ def _workers(pid: int) -> set[int]:
     return found
 
 
-def _wait_until(condition, timeout: float) -> float:
-    """Seconds until ``condition()`` held; fails after ``timeout``."""
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"not within {timeout} s"
-        time.sleep(0.02)
-    return time.monotonic() - started
-
-
 def _kill_after(command: list[str], env: dict[str, str], delay: float) -> tuple[int, float]:
     """Start a build, SIGKILL its driver (only) ``delay`` seconds after its workers are up, and wait for every process it
     started to exit; returns how many there were and how many seconds the last outlived the driver."""
     driver = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_until(lambda: len(_workers(driver.pid)) == 2 or driver.poll() is not None, timeout=120)
-    time.sleep(delay)
+    wait_until(lambda: len(_workers(driver.pid)) == 2 or driver.poll() is not None, "the build's workers starting", timeout=120)
+    time.sleep(delay)  # a kill at a random instant of the build, not a wait for something to happen
     children = _children(driver.pid)
     driver.send_signal(signal.SIGKILL)
     assert driver.wait() == -signal.SIGKILL, "the build finished before it was killed"
-    return len(children), _wait_until(lambda: not any(_alive(p) for p in children), timeout=5)
+    killed = time.monotonic()
+    # they exit within about a second of the driver (their watch polls it); the bound is for a busy machine
+    wait_until(lambda: not any(process_alive(p) for p in children), "the killed build's workers exiting")
+    return len(children), time.monotonic() - killed
 
 
 @linux_only

@@ -8,10 +8,10 @@ import heapq
 import math
 import pickle
 import re
-import time
 import tracemalloc
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pytest
@@ -208,14 +208,29 @@ def test_a_wrong_guess_still_lands_on_the_true_state():
         assert alloc.counts_after(k).tolist() == truth[k]
 
 
+class _WalkLog(BlockAllocator):
+    """A ``BlockAllocator`` that notes the slots each earliest-deadline walk hands out (the work a read costs, counted),
+    and refuses, before it starts, a walk longer than ``memory`` blocks (give or take the rounding of the group's
+    slots): random access never needs one."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.walked: list[int] = []
+
+    def _walk(self, done: int, counts: list[int], slots: int, exact: bool) -> list[int]:
+        self.walked.append(slots - done)
+        assert slots - done <= self.worst_walk + 1, f"a walk of {slots - done} slots, from slot {done}; worst_walk is {self.worst_walk}"
+        return super()._walk(done, counts, slots, exact)
+
+
 def test_random_access_keeps_a_bounded_number_of_states():
-    alloc = BlockAllocator((10.0 ** np.random.default_rng(1).uniform(-5, -1, 300)).tolist(), 2048)
+    alloc = _WalkLog((10.0 ** np.random.default_rng(1).uniform(-5, -1, 300)).tolist(), 2048)
     for k in range(0, 3000, 7):
         alloc.counts_after(k)
     assert len(alloc._tiny_states) <= _STATES_KEPT
-    start = time.perf_counter()
+    alloc.walked.clear()
     far = alloc.counts_after(10**15)
-    assert time.perf_counter() - start < 5  # walks at most `memory` blocks, not 10**15
+    assert len(alloc.walked) == 1  # one walk of at most `memory` blocks, not 10**15
     assert far.sum() == 10**15 * 2048
     assert all(abs(int(c) - t) < 1 for c, t in zip(far, alloc.target(10**15)))
 
@@ -454,15 +469,20 @@ def test_usage_of_an_empty_source_is_zero_examples_and_epochs():
     assert usage["a"] == SourceUsage(0, 0, 0, 0.0) and usage["b"] == SourceUsage(0, 0, 0, 0.0)
 
 
-def test_a_thousand_huge_sources_start_in_milliseconds_and_constant_memory():
+def test_a_thousand_huge_sources_start_in_constant_memory():
     sizes = {f"source{i:04d}": 10**10 for i in range(1000)}
     rng = np.random.default_rng(0)
     weights = dict(zip(sizes, (rng.random(1000) + 0.5).tolist()))
     datasets = {name: RangeDataset(n) for name, n in sizes.items()}
-    start = time.perf_counter()
-    mix = MixtureDataset(datasets, weights)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0  # the benchmark reports the real figure; this only guards against per-example work
+    tracemalloc.start()
+    try:
+        mix = MixtureDataset(datasets, weights)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # a few KiB a source (its name, weight and rates; 0.4 MiB traced in all here), where an array over a source's
+    # examples would take 80 GB: the benchmark reports the time it takes
+    assert peak < 4 * 2**20, f"{peak / 2**20:.1f} MiB traced"
     ids, draws = mix.locate(np.arange(10**12, 10**12 + 4096))
     assert len(np.unique(ids)) > 500 and draws.max() < 10**10
 

@@ -11,10 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import yaml
-from helpers import TOKENIZER, cache_bytes, start_builders, write_jsonl
+from helpers import TOKENIZER, cache_bytes, library_threads, start_builders, write_jsonl
 
 from tokenmix import BuildOptions, LMDatasetSourceConfig, LMMixtureDatasetConfig, build_caches
 from tokenmix.cache.appending import BadInputError
@@ -46,10 +45,10 @@ def _config(sources: dict[str, str], cache_dir: Path, **build: Any) -> LMMixture
 
 
 class _Peaks:
-    """Samples, while a build runs: this process's threads; its open files under ``under`` (the inputs and caches of
+    """Samples, while a build runs: this process's threads of tokenmix and the libraries under it (not a cluster's
+    that an earlier test of the same worker left running); its open files under ``under`` (the inputs and caches of
     the test: what a handle kept per source would add to); its other descriptors but sockets, as a rise over the
-    start (sockets are left out: a cluster an earlier test of the same worker left running talks on its own); and
-    the build locks held under ``cache_dir``."""
+    start (sockets are left out: such a cluster talks on its own); and the build locks held under ``cache_dir``."""
 
     def __init__(self, cache_dir: Path, under: Path):
         self.cache_dir = cache_dir
@@ -82,9 +81,8 @@ class _Peaks:
         return files, other
 
     def _sample(self) -> None:
-        me = psutil.Process()
         while not self._stop.is_set():
-            self.threads = max(self.threads, me.num_threads() - 1)  # not the sampler itself
+            self.threads = max(self.threads, library_threads())
             files, other = self._descriptors()
             self.files = max(self.files, files)
             self.other_rise = max(self.other_rise, other - self._other_at_start)
@@ -105,7 +103,7 @@ def test_two_hundred_sources_build_concurrently_with_bounded_threads_files_and_l
     assert len(results) == 200 and all(r["documents"] == DOCS_PER_SOURCE for r in results.values())
     # the caches' fixed costs overlap: several held at once, never more than the run opens ahead
     assert 2 <= peaks.locks <= OPEN_AHEAD + 1, peaks.locks
-    # threads do not grow with the number of sources (slack: tensorstore's and the sampler's own)
+    # threads do not grow with the number of sources (slack: tensorstore's pools grow with the work in flight)
     assert peaks.threads <= few_peaks.threads + 4, (peaks.threads, few_peaks.threads)
     # nor open files: a lock file and its directory for each cache held (open or finishing: OPEN_AHEAD + 1 at most),
     # the inputs being read and tensorstore's reads and writes in flight; 200 sources each keeping a handle would pass it

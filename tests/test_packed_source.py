@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, build, write_jsonl
+from helpers import REPO, build, library_threads, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from s3_server import BUCKET
@@ -269,17 +269,17 @@ def test_a_member_per_row_opens_no_cache_thread_or_file_per_member(text_pack):
         return got
 
     def held() -> tuple[int, int, int]:
-        """Open caches, threads, and descriptors but sockets (a cluster an earlier test of this worker left running
-        talks on its own)."""
+        """Open caches of the pack's directory, tokenmix's and its libraries' threads, and descriptors but sockets (not
+        what a cluster an earlier test of this worker left running starts, or its talk)."""
         gc.collect()
-        caches = sum(isinstance(o, TokenCache) for o in gc.get_objects())
+        caches = sum(isinstance(o, TokenCache) and str(o.location).startswith(f"{text_pack.root}/") for o in gc.get_objects())
         files = 0
         for fd in os.listdir("/proc/self/fd"):
             try:
                 files += not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
             except OSError:  # closed since the listing
                 pass
-        return caches, len(os.listdir("/proc/self/task")), files
+        return caches, library_threads(), files
 
     kept: list[PackedSourceCache] = []
     first = read(range(1))
