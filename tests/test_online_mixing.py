@@ -45,10 +45,6 @@ def caches(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("caches")
 
 
-WHOLE_IN_BLOCKS_OF_8 = pytest.mark.xdist_group("online_mixing_whole_in_blocks_of_8")
-"""The tests that compare against ``whole_in_blocks_of_8``: under pytest-xdist they share a worker, which trains it once."""
-
-
 @pytest.fixture(scope="module")
 def whole_in_blocks_of_8(tmp_path_factory, caches) -> Path:
     """The run directory of an ODM run trained uninterrupted in mixture blocks of 8, what a resumed run must end as; the
@@ -304,7 +300,6 @@ def test_under_a_batch_size_ramp_updates_start_where_the_ramp_puts_step_s_plus_d
 
 
 @pytest.mark.slow
-@WHOLE_IN_BLOCKS_OF_8
 def test_a_run_with_delay_unset_resumed_with_another_prefetch_keeps_its_update_starts_and_batches(tmp_path, caches, whole_in_blocks_of_8):
     """Unset, ``adaptive.delay`` is the loader's read-ahead, which ``trainer.prefetch`` and ``trainer.loader_workers`` set:
     neither is data, so a resume may change them. The resume goes on with the delay the run so far used (4 steps), not
@@ -326,7 +321,6 @@ def test_a_run_with_delay_unset_resumed_with_another_prefetch_keeps_its_update_s
 
 
 @pytest.mark.slow
-@WHOLE_IN_BLOCKS_OF_8
 def test_a_run_resumed_with_its_sources_listed_in_another_order_decides_the_uninterrupted_runs_weights(tmp_path, caches,
                                                                                                        whole_in_blocks_of_8):
     """Listing the sources in another order renumbers them (a batch's source ids, hence its fingerprint: allowed as a data

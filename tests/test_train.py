@@ -36,10 +36,6 @@ def _config(tmp_path, run: str, **trainer) -> TrainLmConfig:
         "warmup_steps": 4, "steps_per_eval": 12, "max_eval_batches": 2, "steps_per_checkpoint": 6, **trainer}, TINY))
 
 
-UNINTERRUPTED = pytest.mark.xdist_group("train_uninterrupted")
-"""The tests that read ``uninterrupted``: under pytest-xdist they share a worker, which trains it once."""
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> tuple[TrainLmConfig, TrainResult]:
     """A run of 24 steps trained without a stop, and its result; the tests only read them."""
@@ -47,7 +43,6 @@ def uninterrupted(tmp_path_factory) -> tuple[TrainLmConfig, TrainResult]:
     return config, train(config)
 
 
-@UNINTERRUPTED
 def test_a_few_dozen_steps_lower_the_loss_and_every_source_is_evaluated(uninterrupted):
     config, result = uninterrupted
     steps, evals = read_metrics(config.trainer.checkpoint_dir)
@@ -62,7 +57,6 @@ def test_a_few_dozen_steps_lower_the_loss_and_every_source_is_evaluated(uninterr
     assert open(picture, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-@UNINTERRUPTED
 def test_a_run_stopped_and_resumed_sees_the_batches_and_reaches_the_parameters_of_an_uninterrupted_one(tmp_path, uninterrupted):
     _, whole = uninterrupted
     stopped = _config(tmp_path, "stopped", loader_workers=1)  # its batches read in a process of their own
