@@ -290,9 +290,8 @@ def test_a_seq_len_longer_than_the_models_positions_is_refused_at_start_naming_b
     assert not (tmp_path / "run").exists()  # refused before anything was built or trained
 
 
-def test_the_step_gives_each_sources_loss_sum_and_tokens_reduced_over_the_mesh_and_logs_them(tmp_path):
-    config = _config(tmp_path, "stats", num_train_steps=3, steps_per_eval=3)
-    result = train(config)
+def test_the_step_gives_each_sources_loss_sum_and_tokens_reduced_over_the_mesh_and_logs_them(uninterrupted):
+    config, result = uninterrupted
     steps, _ = read_metrics(config.trainer.checkpoint_dir)
     names = ["linux_doc", "python_doc", "webster"]
     for r in steps:
