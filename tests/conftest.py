@@ -27,14 +27,33 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 from helpers import DEMO_CORPUS, TOKENIZER, GrowingCache, read_jsonl_zst  # noqa: E402
 from s3_server import BUCKET, S3Server  # noqa: E402
 
-CLUSTER_TESTS = {"test_executors.py", "test_curate.py", "test_readme.py"}
-"""Files whose tests start Ray or Dask clusters: under pytest-xdist they run in one worker, one cluster at a time."""
+WORKER_GROUPS = {
+    # their tests start Ray or Dask clusters: one cluster at a time
+    "test_executors.py": "clusters", "test_curate.py": "clusters", "test_readme.py": "clusters",
+    # their module fixtures train runs that several tests compare against: trained once, not once per worker
+    "test_train.py": "test_train.py", "test_train_checkpoints.py": "test_train_checkpoints.py",
+    "test_online_mixing.py": "test_online_mixing.py",
+}
+"""Test files whose tests pytest-xdist (``--dist loadgroup``) runs in one worker, by group; every other test is
+scheduled on its own."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.name in CLUSTER_TESTS:
-            item.add_marker(pytest.mark.xdist_group("clusters"))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` scheduling by ``WORKER_GROUPS`` (pytest-xdist sends larger groups first). pytest-xdist groups
+    the tests marked ``xdist_group`` through a suffix it writes into their node ids on the worker, which pytest 9.2 no
+    longer reads (pytest-xdist issue 1386): every test went its own way, Ray and Dask clusters ran at once in both
+    workers, and each worker computed every module fixture. Here the controller groups the node ids by their file."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FileGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = WORKER_GROUPS.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1])
+            return group or super()._split_scope(nodeid)
+
+    return FileGroupScheduling(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -45,6 +45,15 @@ def caches(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("caches")
 
 
+@pytest.fixture(scope="module")
+def whole_in_blocks_of_8(tmp_path_factory, caches) -> Path:
+    """The run directory of an ODM run trained uninterrupted in mixture blocks of 8, what a resumed run must end as; the
+    tests only read it."""
+    directory = tmp_path_factory.mktemp("whole-in-blocks-of-8")
+    train(load_train_config(write_train_config(directory, "whole", TRAINER, MODEL, caches, adaptive=ODM, mixture_block_size=8)))
+    return directory / "whole"
+
+
 def _stats(losses: list[float], tokens: list[int]) -> SourceStats:
     return SourceStats(("a", "b", "c")[: len(losses)], np.array(losses) * np.array(tokens), np.array(tokens, np.float64))
 
@@ -292,15 +301,13 @@ def test_under_a_batch_size_ramp_updates_start_where_the_ramp_puts_step_s_plus_d
 
 
 @pytest.mark.slow
-def test_a_run_with_delay_unset_resumed_with_another_prefetch_keeps_its_update_starts_and_batches(tmp_path, caches):
+def test_a_run_with_delay_unset_resumed_with_another_prefetch_keeps_its_update_starts_and_batches(tmp_path, caches, whole_in_blocks_of_8):
     """Unset, ``adaptive.delay`` is the loader's read-ahead, which ``trainer.prefetch`` and ``trainer.loader_workers`` set:
     neither is data, so a resume may change them. The resume goes on with the delay the run so far used (4 steps), not
     its own loader's (2, prefetching nothing), so its updates start where the uninterrupted run's do; a resume reading
     further ahead than that delay (6 steps, with a reader process) is refused naming adaptive.delay."""
-    paths = {run: write_train_config(tmp_path, run, TRAINER, MODEL, caches, adaptive=ODM, mixture_block_size=8)
-             for run in ("whole", "resumed")}
-    train(load_train_config(paths["whole"]))
-    assert train(load_train_config(paths["resumed"]), stop_after=6).first_step == 0
+    path = write_train_config(tmp_path, "resumed", TRAINER, MODEL, caches, adaptive=ODM, mixture_block_size=8)
+    assert train(load_train_config(path), stop_after=6).first_step == 0
     workers = write_train_config(tmp_path, "resumed", {**TRAINER, "loader_workers": 1}, MODEL, caches, config_name="workers",
                                  adaptive=ODM, mixture_block_size=8)
     with pytest.raises(ValueError, match=r"adaptive.delay is unset, and the run so far applied each update 4 steps .* now read 6 steps"):
@@ -308,22 +315,21 @@ def test_a_run_with_delay_unset_resumed_with_another_prefetch_keeps_its_update_s
     no_prefetch = write_train_config(tmp_path, "resumed", {**TRAINER, "prefetch": 0}, MODEL, caches, config_name="no-prefetch",
                                      adaptive=ODM, mixture_block_size=8)
     assert train(load_train_config(no_prefetch)).first_step == 6
-    whole, resumed = (read_metrics(str(tmp_path / run))[0] for run in ("whole", "resumed"))
+    whole, resumed = (read_metrics(str(run))[0] for run in (whole_in_blocks_of_8, tmp_path / "resumed"))
     assert {r["step"]: r["fingerprint"] for r in resumed} == {r["step"]: r["fingerprint"] for r in whole}
-    assert (tmp_path / "resumed" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()
-    assert [(s.decided_at_step, s.step) for s in read_log(str(tmp_path / "whole"))[1:]] == [(2, 6), (5, 9), (8, 12), (11, 15)]
+    assert (tmp_path / "resumed" / WEIGHT_LOG).read_text() == (whole_in_blocks_of_8 / WEIGHT_LOG).read_text()
+    assert [(s.decided_at_step, s.step) for s in read_log(str(whole_in_blocks_of_8))[1:]] == [(2, 6), (5, 9), (8, 12), (11, 15)]
 
 
 @pytest.mark.slow
-def test_a_run_resumed_with_its_sources_listed_in_another_order_decides_the_uninterrupted_runs_weights(tmp_path, caches):
+def test_a_run_resumed_with_its_sources_listed_in_another_order_decides_the_uninterrupted_runs_weights(tmp_path, caches,
+                                                                                                       whole_in_blocks_of_8):
     """Listing the sources in another order renumbers them (a batch's source ids, hence its fingerprint: allowed as a data
     change) but changes no example; the resume restores the updater's state and its window's sums by source name, so it
     decides the weights the uninterrupted run decides."""
-    paths = {run: write_train_config(tmp_path, run, TRAINER, MODEL, caches, adaptive=ODM, mixture_block_size=8)
-             for run in ("whole", "resumed")}
-    train(load_train_config(paths["whole"]))
-    train(load_train_config(paths["resumed"]), stop_after=7)  # its last checkpoint holds step 6's statistics, a window under way
-    doc = yaml.safe_load(Path(paths["resumed"]).read_text())
+    path = write_train_config(tmp_path, "resumed", TRAINER, MODEL, caches, adaptive=ODM, mixture_block_size=8)
+    train(load_train_config(path), stop_after=7)  # its last checkpoint holds step 6's statistics, a window under way
+    doc = yaml.safe_load(Path(path).read_text())
     doc["data"]["configs"] = dict(reversed(doc["data"]["configs"].items()))
     doc["trainer"]["allow_data_change"] = True
     reordered = tmp_path / "reordered.yaml"
@@ -337,4 +343,4 @@ def test_a_run_resumed_with_its_sources_listed_in_another_order_decides_the_unin
     assert under_way.names == tuple(train_set.names) and min(saved["tokens"]) > 0
     assert under_way.mean_losses() == {n: s / t for n, s, t in zip(sorted(train_set.names), saved["loss_sums"], saved["tokens"])}
     assert train(config).first_step == 7
-    assert (tmp_path / "resumed" / WEIGHT_LOG).read_text() == (tmp_path / "whole" / WEIGHT_LOG).read_text()
+    assert (tmp_path / "resumed" / WEIGHT_LOG).read_text() == (whole_in_blocks_of_8 / WEIGHT_LOG).read_text()

@@ -24,7 +24,7 @@ from tokenmix import build_caches
 from tokenmix.datasets.subset import ExampleRange
 from tokenmix.loader.loader import DataLoader
 from tokenmix.train.config import TrainerConfig, TrainLmConfig, load_train_config
-from tokenmix.train.loop import evaluate, evaluation_batches, make_mesh, train
+from tokenmix.train.loop import TrainResult, evaluate, evaluation_batches, make_mesh, train
 from tokenmix.train.model import ModelConfig, TinyLM, loss_and_count, per_source, row_losses, shard_params
 from tokenmix.train.plots import plot_run, read_metrics, run_figure, scheduled_weights
 from tokenmix.train.processes import check_processes
@@ -38,23 +38,29 @@ def _config(tmp_path, run: str, **trainer) -> TrainLmConfig:
         "warmup_steps": 4, "steps_per_eval": 12, "max_eval_batches": 2, "steps_per_checkpoint": 6, **trainer}, TINY))
 
 
-def test_a_few_dozen_steps_lower_the_loss_and_every_source_is_evaluated(tmp_path):
-    config = _config(tmp_path, "run", num_train_steps=36)
-    result = train(config)
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[TrainLmConfig, TrainResult]:
+    """A run of 24 steps trained without a stop, and its result; the tests only read them."""
+    config = _config(tmp_path_factory.mktemp("uninterrupted"), "whole")
+    return config, train(config)
+
+
+def test_a_few_dozen_steps_lower_the_loss_and_every_source_is_evaluated(uninterrupted):
+    config, result = uninterrupted
     steps, evals = read_metrics(config.trainer.checkpoint_dir)
     losses = [r["loss"] for r in steps]
-    assert len(losses) == 36 and np.mean(losses[-6:]) < np.mean(losses[:6]) - 1.0
-    assert [e["step"] for e in evals] == [11, 23, 35]  # evaluated after steps 11, 23 and 35 (12, 24 and 36 steps trained)
+    assert len(losses) == 24 and np.mean(losses[-6:]) < np.mean(losses[:6]) - 1.0  # (it falls by about 2.2)
+    assert [e["step"] for e in evals] == [11, 23]  # evaluated after steps 11 and 23 (12 and 24 steps trained)
     assert set(result.validation) == {"linux_doc", "python_doc", "webster"}
     assert all(evals[-1]["loss"][n] < evals[0]["loss"][n] for n in result.validation)
-    assert sum(sum(r["sources"].values()) == 8 for r in steps) == 36 and all(r["fingerprint"] for r in steps)
+    assert sum(sum(r["sources"].values()) == 8 for r in steps) == 24 and all(r["fingerprint"] for r in steps)
     assert 0 <= result.data_wait_share < 0.5
     picture = plot_run(config)
     assert open(picture, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_run_stopped_and_resumed_sees_the_batches_and_reaches_the_parameters_of_an_uninterrupted_one(tmp_path):
-    whole = train(_config(tmp_path, "whole"))
+def test_a_run_stopped_and_resumed_sees_the_batches_and_reaches_the_parameters_of_an_uninterrupted_one(tmp_path, uninterrupted):
+    _, whole = uninterrupted
     stopped = _config(tmp_path, "stopped", loader_workers=1)  # its batches read in a process of their own
     first = train(stopped, stop_after=9)  # checkpoints at 6 and at 9, where it stops
     assert first.steps == 9
@@ -345,9 +351,8 @@ def test_a_seq_len_longer_than_the_models_positions_is_refused_at_start_naming_b
     assert not (tmp_path / "run").exists()  # refused before anything was built or trained
 
 
-def test_the_step_gives_each_sources_loss_sum_and_tokens_reduced_over_the_mesh_and_logs_them(tmp_path):
-    config = _config(tmp_path, "stats", num_train_steps=3, steps_per_eval=3)
-    result = train(config)
+def test_the_step_gives_each_sources_loss_sum_and_tokens_reduced_over_the_mesh_and_logs_them(uninterrupted):
+    config, result = uninterrupted
     steps, _ = read_metrics(config.trainer.checkpoint_dir)
     names = ["linux_doc", "python_doc", "webster"]
     for r in steps:
