@@ -286,6 +286,36 @@ def test_a_build_whose_sample_was_checked_before_takes_the_verdict_and_loads_no_
     assert len(list(remembered.rglob("*.sample.json"))) == 2
 
 
+FAST_THREADS_AFTER_A_BUILD = """
+import json, os, sys, tokenmix
+config = tokenmix.load_data_config(json.loads(sys.argv[1]))
+stats = tokenmix.build_caches(config, progress=False)
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print(json.dumps({"backend": stats["s", "train"]["build"]["tokenizer_backend"]["name"], "cores": os.cpu_count(),
+                  "setting": os.environ.get("FASTOKENS_BPE_THREADS"), "own": sum(name.startswith("fastokens") for name in names)}))
+"""
+
+
+@pytest.mark.parametrize(("workers", "given"), [(None, None), (1, None), (0, None), (None, "2")])
+def test_a_pool_of_encoding_threads_gives_each_its_share_of_the_cores_not_fastokens_own_threads_beside_them(tmp_path, workers, given):
+    """``fastokens`` spreads a batch over every core with threads of its own; beside a pool thread per core they only
+    spun (0.13 s of CPU in the shared corpus's cold build on 2 cores). A pool of N threads gives each ``cores // N``
+    (``FASTOKENS_BPE_THREADS``, read at the first encoding); a build in the calling thread leaves ``fastokens`` its own
+    (every core it may run on: 2, under ``taskset``), and a user's setting is kept."""
+    url = write_jsonl(tmp_path / "records.jsonl", _records())
+    config = {"tokenizer": TOKENIZER, "cache_dir": str(tmp_path / "cache"), "configs": {"s": {"train_urls": [url]}},
+              "build": {"tokenizer_backend": "fastokens", **({} if workers is None else {"num_workers": workers})}}
+    env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"} | ({} if given is None else {"FASTOKENS_BPE_THREADS": given})
+    run = subprocess.run(["taskset", "-c", "0,1", sys.executable, "-c", FAST_THREADS_AFTER_A_BUILD, json.dumps(config)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    pool = got["cores"] if workers is None else workers
+    setting = given or (str(max(1, got["cores"] // pool)) if pool else None)
+    assert got["backend"] == "fastokens" and got["setting"] == setting, got
+    assert got["own"] == int(setting or 2) - 1, got  # it encodes in its caller too, beside (threads - 1) of its own
+
+
 def test_a_cold_build_takes_the_tokenizer_s_facts_remembered_and_parses_no_serialization(tmp_path):
     """Parsing the serialization (2 MB here) for what the encoders and the check read of it held the GIL for 20-30 ms of
     a cold build's start; a build of a tokenizer whose facts were derived before on this machine reads them back."""
