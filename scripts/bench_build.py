@@ -12,8 +12,9 @@ is exact) and with ``tokenizers``. Two limits are timed on the same shards, on t
 (a) raw Hugging Face ``tokenizers`` ``encode_batch_fast`` over the documents already read and parsed
     into memory (its own thread pool, all cores): the limit of every builder that tokenizes with it;
 (b) read + decompress + parse (orjson) + ``fastokens`` ``encode_batch_flat``, chunk by chunk, in
-    one thread (``fastokens`` spreads each batch over every core): the limit of a builder with an
-    exact fast tokenizer, with nothing written.
+    one thread (``fastokens`` spreads each batch over every core), in a process of its own (a build's pool sets how
+    many threads ``fastokens`` uses, once per process): the limit of a builder with an exact fast tokenizer, with
+    nothing written.
 
 Builds and limits alternate, --repeats times each, and the best of each is compared, so that noise
 from other tenants of the machine hits both alike. Every build and every run of (b) starts from a
@@ -48,6 +49,7 @@ import logging
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -188,8 +190,21 @@ def bench_raw(files: list[str], tokenizer: str) -> dict:
 
 
 def bench_fast_limit(files: list[str], tokenizer: str) -> dict:
-    """Limit (b): read, decompress, parse and ``fastokens``-encode the shards chunk by chunk (1 MiB, as the build reads),
-    with a freshly loaded tokenizer; the seconds of each step are kept for the breakdown."""
+    """Limit (b) (``fast_limit_here``) in a new process, as ``fastokens`` runs left to itself: a build's encoding pool
+    gives each of its threads a share of the cores (``FASTOKENS_BPE_THREADS``, which ``fastokens`` reads once per
+    process), which in this process would have bound the limit to one core."""
+    import subprocess
+
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); from bench_build import fast_limit_here; "
+            "print(json.dumps(fast_limit_here(json.loads(sys.argv[1]), sys.argv[2])))")
+    env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"}
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(files), tokenizer], check=True, capture_output=True, text=True, env=env)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def fast_limit_here(files: list[str], tokenizer: str) -> dict:
+    """Limit (b) in this process: read, decompress, parse and ``fastokens``-encode the shards chunk by chunk (1 MiB, as
+    the build reads), with a freshly loaded tokenizer; the seconds of each step are kept for the breakdown."""
     import fastokens
 
     from tokenmix.sources import FileShard
