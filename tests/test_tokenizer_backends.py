@@ -365,6 +365,25 @@ def test_remembered_tokenizer_facts_that_are_damaged_are_derived_again_and_rewri
     assert fresh(json.dumps(spec)).encodes_at_random and len(list(tmp_path.rglob("*.facts.json"))) == 2
 
 
+def test_the_remembered_facts_of_a_byte_level_bpe_with_no_tokens_are_read_back(tmp_path, monkeypatch):
+    """A byte-level BPE with an empty vocabulary and no added tokens has byte lengths for no id (an empty array): its
+    facts file is read back as such, not taken for a damaged one and derived and written again at every build."""
+    monkeypatch.setenv("TOKENMIX_CACHE_DIR", str(tmp_path))
+    empty = Tokenizer(models.BPE(vocab={}, merges=[]))
+    empty.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    serialization = empty.to_str()
+    tokenizer_facts.cache_clear()
+    derived = tokenizer_facts(serialization)
+    assert derived.byte_lengths is not None and len(derived.byte_lengths) == 0
+    (path,) = tmp_path.rglob("*.facts.json")
+    written = path.stat().st_ino
+    tokenizer_facts.cache_clear()
+    again = tokenizer_facts(serialization)
+    assert path.stat().st_ino == written, "the remembered facts were derived and written again"
+    assert again.byte_lengths is not None and len(again.byte_lengths) == 0 and again.byte_lengths.dtype == np.int64
+    assert (again.encodes_at_random, again.added_tokens, again.exact_split) == (False, (), derived.exact_split)
+
+
 def test_a_remembered_sample_verdict_is_keyed_by_all_that_decides_the_sample_s_encoding(tmp_path):
     spec, _ = _config(tmp_path, "c", TOKENIZER, {"s": ["unread.jsonl"]}, "auto").encoder_spec(TextLmDatasetFormat(), "source 's'")
     records = [b'{"text": "a document"}', b'{"text": "another"}']

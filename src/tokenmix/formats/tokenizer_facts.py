@@ -115,7 +115,7 @@ def _recall(path: Any) -> TokenizerFacts | None:
             import numpy as np
 
             raw = base64.b64decode(lengths, validate=True)
-            if not raw or len(raw) % 4:
+            if len(raw) % 4:  # empty for a tokenizer with no tokens
                 raise ValueError(f"byte lengths of {len(raw)} bytes")
             lengths = np.frombuffer(raw, "<u4").astype(np.int64)
         return TokenizerFacts(encodes_at_random=flags[0], added_tokens=tuple(added), exact_split=flags[1], byte_lengths=lengths)
