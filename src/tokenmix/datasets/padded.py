@@ -12,14 +12,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tokenmix.datasets.base import Dataset, Pending, TokenBatch, as_indices
+from tokenmix.datasets.base import Dataset, DirectDataset, Pending, TokenBatch, as_indices
 
 PADDING_ID = -1
 """The segment and source id of a padding example: padding after packed documents has segment id -1 already, and a
 per-source sum (``jax.ops.segment_sum``) drops an id outside its sources."""
 
 
-class PaddedDataset(Dataset):
+class PaddedDataset(DirectDataset):
     """``base``'s examples, then padding examples up to the next multiple of ``multiple``: tokens 0, no position trained
     (``loss_mask`` false, so no loss and no token counted), segment and source id ``PADDING_ID``. ``examples`` is how
     many of the examples are ``base``'s."""
@@ -48,22 +48,12 @@ class PaddedDataset(Dataset):
         return self.padded_len
 
     def read(self, indices: Sequence[int] | np.ndarray) -> Pending[TokenBatch]:
-        idx = self._checked(indices)
-        real = idx < self.examples
-        if real.all():
+        idx = as_indices(indices)
+        if len(idx) and int(idx.max()) < self.examples:  # real examples only: as ``base`` reads them
             return self.base.read(idx)
-        out = TokenBatch.empty(len(idx), self.tokens_per_example)
-        finish = self.read_into(idx, out, np.arange(len(idx)))
+        return super().read(idx)
 
-        def assemble() -> TokenBatch:
-            finish()
-            return out
-
-        return Pending(assemble)
-
-    def read_into(self, indices: Sequence[int] | np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
-        idx = self._checked(indices)
-        rows = np.asarray(rows, np.int64)
+    def _write(self, idx: np.ndarray, out: TokenBatch, rows: np.ndarray) -> Callable[[], None]:
         real = idx < self.examples
         padding = rows[~real]
         out.tokens[padding] = 0
@@ -71,9 +61,3 @@ class PaddedDataset(Dataset):
         out.segment_ids[padding] = PADDING_ID
         out.source_ids[padding] = PADDING_ID
         return self.base.read_into(idx[real], out, rows[real]) if real.any() else lambda: None
-
-    def _checked(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
-        idx = as_indices(indices)
-        if idx.size and int(idx.max()) >= self.padded_len:
-            raise IndexError(f"{self!r}: example {int(idx.max())} is beyond its {self.padded_len} examples (padding included)")
-        return idx
