@@ -68,12 +68,16 @@ class EncoderPool:
     def __init__(self, num_workers: int | None = None):
         self.num_workers = (os.cpu_count() or 1) if num_workers is None else num_workers
         if self.num_workers > 0:
-            os.environ.setdefault(FAST_THREADS, str(max(1, (os.cpu_count() or 1) // self.num_workers)))
+            os.environ.setdefault(FAST_THREADS, str(self._cores_each()))
         self._specs: dict[EncoderSpec, tuple[int, SpecLocation]] = {}
         self._local: dict[EncoderSpec, DocumentEncoder] = {}
         self._pool: ProcessPoolExecutor | None = None
         self._threads: ThreadPoolExecutor | None = None
         self._spec_file: IO[bytes] | None = None
+
+    def _cores_each(self) -> int:
+        """The cores each of the ``num_workers`` workers (at least one) has to itself: its library's own threads."""
+        return max(1, (os.cpu_count() or 1) // self.num_workers)
 
     def start_processes(self) -> None:
         """Start the worker processes now, for a run known to encode with ``tokenizers`` (they take a second to start)."""
@@ -83,7 +87,7 @@ class EncoderPool:
     def _processes(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._spec_file = _anonymous_file() if _PASSES_FDS else None
-            threads = max(1, (os.cpu_count() or 1) // self.num_workers)
+            threads = self._cores_each()
             self._pool = worker_process_pool(self.num_workers, init_worker,
                                              (threads, None if self._spec_file is None else ChildFd(self._spec_file.fileno())))
             for _ in range(self.num_workers):
