@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from tokenmix.datasets.mixture import MixtureDataset, SourceUsage
     from tokenmix.datasets.order import SourceOrder
     from tokenmix.datasets.packed import PackedDataset
+    from tokenmix.datasets.padded import PaddedDataset
     from tokenmix.datasets.permutation import FeistelPermutation
     from tokenmix.datasets.settings import STOP_STRATEGIES
     from tokenmix.datasets.token_seq import TokenSeqDataset
@@ -25,6 +26,7 @@ __all__ = [
     "FeistelPermutation",
     "MixtureDataset",
     "PackedDataset",
+    "PaddedDataset",
     "Pending",
     "SourceOrder",
     "SourceUsage",
