@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenmix.formats.tokenizer_identity import code_version, descriptions_dir, remember_file
@@ -102,7 +103,7 @@ def _serialized(facts: TokenizerFacts) -> bytes:
                        "exact_split": facts.exact_split, "byte_lengths": lengths}).encode("utf-8")
 
 
-def _recall(path: Any) -> TokenizerFacts | None:
+def _recall(path: Path) -> TokenizerFacts | None:
     """The facts remembered at ``path``, or None (never remembered, or unreadable: they are derived again)."""
     try:
         known = json.loads(path.read_text(encoding="utf-8"))
