@@ -41,8 +41,13 @@ class OptimizerChangedError(ValueError):
 def learning_rate_schedule(trainer: TrainerConfig) -> optax.Schedule:
     """The learning rate by step: rising linearly from 0 over ``warmup_steps`` to ``learning_rate``, then decaying by a
     cosine to 0 at ``num_train_steps``."""
-    return optax.warmup_cosine_decay_schedule(0.0, trainer.learning_rate, trainer.warmup_steps,
-                                              max(trainer.num_train_steps, trainer.warmup_steps + 1))
+    return optax.warmup_cosine_decay_schedule(0.0, trainer.learning_rate, trainer.warmup_steps, _decay_end(trainer))
+
+
+def _decay_end(trainer: TrainerConfig) -> int:
+    """The step at which the learning rate has decayed to 0: ``num_train_steps``, or the step after the warmup where the
+    run is no longer than its warmup (optax needs a decay of at least one step)."""
+    return max(trainer.num_train_steps, trainer.warmup_steps + 1)
 
 
 def make_optimizer(trainer: TrainerConfig) -> optax.GradientTransformation:
@@ -91,10 +96,10 @@ def _effect(changes: dict[str, list[Any]], trainer: TrainerConfig, step: int) ->
         was, now = (float(learning_rate_schedule(t)(step)) for t in (before, trainer))
         words += (f"The learning rate from step {step} follows this config's schedule: at step {step} it is {now:.6g} where "
                   f"the checkpoint's schedule gives {was:.6g}, ")
-        end = max(trainer.num_train_steps, trainer.warmup_steps + 1)
+        end = _decay_end(trainer)
         if "num_train_steps" in recorded:
             words += (f"and the cosine decay is stretched again over steps {trainer.warmup_steps} to {end} (it reaches 0 at step "
-                      f"{end} instead of step {max(before.num_train_steps, before.warmup_steps + 1)}); the steps before {step} "
+                      f"{end} instead of step {_decay_end(before)}); the steps before {step} "
                       "are not trained again.\n")
         else:
             words += f"decaying to 0 at step {end}.\n"
