@@ -7,7 +7,8 @@ is pickled or copied between processes, and the driver's reading, parsing and wr
 itself ``fastokens`` also spreads each batch over every core with threads of its own, which beside a thread per core
 only add hand-offs and spinning (on 2 cores: 0.13 s more CPU and 0.05 s more wall time for the shared corpus's cold
 build); so the pool gives each of its threads ``cores // threads`` of them (``FASTOKENS_BPE_THREADS``, which
-``fastokens`` reads at its first encoding in a process: set unless the user set it, and only for a pool of threads).
+``fastokens`` reads at its first encoding in a process: set by a pool of workers unless the user set it;
+``num_workers: 0``, which encodes in the calling thread, leaves ``fastokens`` its own).
 ``tokenizers`` holds the GIL for much of its work, so its chunks go to worker processes, those of the execution floor's
 pool (``tokenmix.execution.process_pool``: spawned, and gone when the driver dies).
 
