@@ -4,7 +4,8 @@
 The pool starts its workers with ``spawn``, not ``fork``: a driver runs tensorstore (and in training, JAX) threads,
 whose locks a forked child would inherit held. Every worker first watches its parent (``tokenmix._parent_death``), so a
 driver killed without cleanup (SIGKILL, the OOM killer) leaves no worker behind, even one in the middle of a task, and
-the ``multiprocessing`` resource tracker exits once the last of them has.
+the ``multiprocessing`` resource tracker exits once the last of them has. Ctrl-C, which reaches every process of the
+command's group, ends a worker as the signal ends any process (no traceback of its own); the driver reports it.
 
 A spawned worker imports the main script again, so a pool started from a script's top level outside ``if __name__ ==
 "__main__":`` (``main_guard.py``) would run the script again in every worker. There a pool whose driver runs no such
@@ -18,6 +19,7 @@ import concurrent.futures
 import logging
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +51,9 @@ def worker_process_pool(workers: int, initializer: Callable[..., None] | None = 
 
 
 def _start_worker(parent_pid: int, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+    # Ctrl-C reaches every process of the command's group: a worker ends as the signal ends a process, without the
+    # KeyboardInterrupt traceback Python would print; the driver says in one line what to do
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     exit_when_parent_dies(parent_pid)
     if initializer is not None:
         initializer(*initargs)
