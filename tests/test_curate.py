@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import io
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -173,6 +175,36 @@ def test_bad_records_raise_naming_file_and_line_or_are_counted(tmp_path):
     assert stats["sources"]["s"]["read"] == 5 and stats["sources"]["s"]["bad"] == {"malformed_json": 1, "missing_text": 1, "not_an_object": 1}
     assert stats["accounted"] and stats["output"]["records"] == 2
 
+
+
+def test_json_lines_with_nan_or_infinity_are_read_as_nemo_reads_them_and_integers_beyond_64_bits_are_named(tmp_path):
+    """Python's json.dumps writes NaN, Infinity and -Infinity; NeMo Curator reads JSON lines with pandas, which takes
+    them (and writes them back as null), as Arrow's JSON reader and the cache builder do. Before, curation counted such
+    records malformed_json (orjson refuses them) and dropped them. An integer beyond 64 bits fits no record field
+    (pandas refuses it: "Value is too big"): it stays malformed, and the error says why."""
+    import pandas as pd
+
+    records = [{"text": "a NaN score", "score": float("nan")}, {"text": "an infinite score", "score": float("inf")},
+               {"text": "a negative infinite one", "score": float("-inf"), "meta": {"w": float("nan")}},
+               {"text": "a finite score", "score": 0.5}]
+    lines = [json.dumps(r) for r in records]
+    (tmp_path / "s.jsonl").write_text("\n".join(lines[:2] + ['{"text": "a huge id", "id": 123456789012345678901234567890}'] + lines[2:]) + "\n")
+    source = CurationSource("s", [str(tmp_path / "s.jsonl")])
+    with pytest.raises(CurationInputError, match=r"s\.jsonl, line 3: malformed json \(the integer 123456789012345678901234567890 is beyond 64 bits"):
+        run_curation(CurationConfig(sources=[source], output=CurationOutput(str(tmp_path / "o1")), num_workers=0))
+    stats = run_curation(CurationConfig(sources=[source], output=CurationOutput(str(tmp_path / "jsonl"), "jsonl"), on_error="skip", num_workers=0))
+    assert stats["sources"]["s"]["read"] == 5 and stats["sources"]["s"]["bad"] == {"malformed_json": 1}
+    assert stats["output"]["records"] == 4
+    got = [r for path in sorted((tmp_path / "jsonl").rglob("*.jsonl")) for r in _read(path)]
+    assert got == [{"text": "a NaN score", "score": None}, {"text": "an infinite score", "score": None},
+                   {"text": "a negative infinite one", "score": None, "meta": {"w": None}}, {"text": "a finite score", "score": 0.5}]
+    nemo = pd.read_json(io.StringIO("\n".join(lines)), lines=True)
+    written = [json.loads(line) for line in nemo.to_json(orient="records", lines=True).splitlines()]
+    assert [(r["text"], r["score"]) for r in written] == [(r["text"], r["score"]) for r in got]
+    run_curation(CurationConfig(sources=[source], output=CurationOutput(str(tmp_path / "parquet"), "parquet"), on_error="skip", num_workers=0))
+    kept = [r for path in sorted((tmp_path / "parquet").rglob("*.parquet")) for r in _read(path)]
+    scores = [r["score"] for r in kept]
+    assert math.isnan(scores[0]) and scores[1:] == [float("inf"), float("-inf"), 0.5]
 
 @pytest.mark.parametrize("kind", ["jsonl", "parquet"])
 def test_text_that_is_not_utf8_is_a_bad_record_named_by_file_and_record_or_counted(tmp_path, kind):

@@ -42,6 +42,7 @@ from tokenmix.curate.records import (
     user_table,
 )
 from tokenmix.execution.retrying import TaskInputError
+from tokenmix.sources.json_lines import JsonLineError, parse_json_line
 from tokenmix.sources.shards import FileShard, PlainText, ShardReadError
 
 OutputFormat = Literal["jsonl", "jsonl.gz", "jsonl.zst", "parquet"]
@@ -113,14 +114,14 @@ def _record_batches(shard: FileShard, text_field: str, on_error: str, found: Sha
         records: list[dict[str, Any]] = []
         positions: list[int] = []
         for position, raw in enumerate(chunk.records, chunk.start):
-            record, reason = _parse(raw, text_field)
+            record, reason, detail = _parse(raw, text_field)
             if record is None and reason is None:
                 continue
             found.read += 1
             if reason is not None:
                 if on_error == "raise":
                     raise CurationInputError(
-                        f"{shard.position_label(position)}: {reason.replace('_', ' ')}; fix the record, set text_field to the field "
+                        f"{shard.position_label(position)}: {reason.replace('_', ' ')}{detail}; fix the record, set text_field to the field "
                         "that holds the text, or set on_error: skip to count such records and go on")
                 found.bad[reason] += 1
                 continue
@@ -130,25 +131,26 @@ def _record_batches(shard: FileShard, text_field: str, on_error: str, found: Sha
             yield records_table(records, positions)
 
 
-def _parse(raw: Any, text_field: str) -> tuple[dict[str, Any] | None, str | None]:
-    """A record from what the shard reader gave, or the reason it is bad; ``(None, None)`` for a blank line."""
+def _parse(raw: Any, text_field: str) -> tuple[dict[str, Any] | None, str | None, str]:
+    """A record from what the shard reader gave, or the reason it is bad and what was wrong where the reason does not
+    say it (``" (...)"`` or empty); ``(None, None, "")`` for a blank line."""
     if isinstance(raw, PlainText):
         try:
-            return {text_field: raw.decode("utf-8")}, None
+            return {text_field: raw.decode("utf-8")}, None, ""
         except UnicodeDecodeError:
-            return None, "invalid_utf8"
+            return None, "invalid_utf8", ""
     if isinstance(raw, bytes):
         if not raw.strip():
-            return None, None
+            return None, None, ""
         try:
-            raw = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return None, "malformed_json" if _is_utf8(raw) else "invalid_utf8"
+            raw = parse_json_line(raw, parse_int=_int64)
+        except JsonLineError as e:
+            return None, e.reason, f" ({e.detail})" if e.reason == "malformed_json" else ""
     if not isinstance(raw, dict):
-        return None, "not_an_object"
+        return None, "not_an_object", ""
     if not isinstance(raw.get(text_field), str):
-        return None, "missing_text" if raw.get(text_field) is None else "text_not_a_string"
-    return raw, None
+        return None, "missing_text" if raw.get(text_field) is None else "text_not_a_string", ""
+    return raw, None, ""
 
 
 def row_groups(url: str) -> Iterator[pa.Table]:
@@ -223,6 +225,15 @@ def _drop_invalid_utf8(table: pa.Table, shard: FileShard, text_field: str, on_er
                                  "on_error: skip")
     found.bad["invalid_utf8"] += len(valid) - (pa.compute.sum(valid).as_py() or 0)
     return table.filter(valid)
+
+
+def _int64(digits: str) -> int:
+    """An integer of a JSON line orjson refused, where a record field can hold it: Arrow's and pandas' (NeMo Curator's)
+    integers are 64 bits, and pandas refuses a larger one ("Value is too big")."""
+    value = int(digits)
+    if not -(2**63) <= value < 2**64:
+        raise ValueError(f"the integer {digits[:40]} is beyond 64 bits, which a record field cannot hold")
+    return value
 
 
 def _is_utf8(raw: bytes) -> bool:

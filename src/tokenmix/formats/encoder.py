@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import orjson
 
 from tokenmix.formats.backends import FAST, char_offsets, fast_ids, load_fast, load_reference
 from tokenmix.formats.base import BadRecordError, Rendered, token_ids
 from tokenmix.formats.encoder_spec import PRETOKENIZED_KEY, EncoderSpec, format_context
 from tokenmix.formats.long_docs import split_text
 from tokenmix.formats.tokenizer_facts import tokenizer_facts
+from tokenmix.sources.json_lines import JsonLineError, parse_json_line
 from tokenmix.sources.shards import PlainText, RawChunk
 
 LONG_DOC_BATCH_CHARS = 4_000_000
@@ -117,7 +116,10 @@ class DocumentEncoder:
         if isinstance(raw, bytes):
             if not raw or raw.isspace():
                 return None
-            raw = _parse_json_line(raw)
+            try:
+                raw = parse_json_line(raw)
+            except JsonLineError as e:
+                raise BadRecordError(e.reason, e.detail) from None
         if not isinstance(raw, dict):
             raise BadRecordError("wrong_type", f"record is a JSON {type(raw).__name__}, not an object")
         if PRETOKENIZED_KEY in raw and not self.spec.format.reads_token_ids:
@@ -344,22 +346,3 @@ def _token_spans(bounds: np.ndarray, char_spans: list[tuple[int, int]]) -> list[
         else:
             out.append((first, last))
     return out
-
-
-def _parse_json_line(line: bytes) -> Any:
-    """One JSON line as Python's ``json`` reads it (as Levanter does): orjson first, and where it refuses, ``json.loads``,
-    which also takes Python's ``NaN``, ``Infinity`` and integers of any size; a value holding a string no tokenizer can
-    take (a lone surrogate escape) stays malformed."""
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError as e:
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as u:
-            raise BadRecordError("invalid_utf8", f"byte {u.start} of the line is not valid UTF-8") from None
-        try:
-            value = json.loads(text)
-            json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError for a lone surrogate
-            return value
-        except ValueError:  # json.JSONDecodeError, UnicodeEncodeError
-            raise BadRecordError("malformed_json", str(e)) from None
