@@ -2,7 +2,7 @@
 datatrove running the same filters, all in one run.
 
     python scripts/bench_curate.py [--corpus ../shared/corpus] [--workers N] [--repeats 3] [--copies 1]
-                                   [--pipelines bare,heuristics,scored,gopher] [--compare LABEL=SRC ...]
+                                   [--marginal] [--pipelines bare,heuristics,scored,gopher] [--compare LABEL=SRC ...]
                                    [--datatrove_python /path/to/venv/bin/python]
 
 Five pipelines over the train shards of every source under --corpus, each writing every input shard back out as
@@ -13,7 +13,7 @@ zstd JSON lines, with --workers processes:
   ``score_filter`` stages, NeMo's default thresholds, each score written to a field);
 - tokenmix scored: the same 19 scores written by ``score`` stages, which remove nothing, so that every
   document is written as in the bare run (plus its 19 scores);
-- tokenmix gopher: the same with the Gopher quality and repetition heuristics (19 ``score_filter`` stages with
+- tokenmix gopher: the same with the Gopher quality and repetition heuristics (20 ``score_filter`` stages with
   datatrove's default thresholds: word count, mean word length, symbol ratio, bullets, ellipsis, alphabetic words,
   stop words; duplicate lines and paragraphs by count and by characters; top 2/3/4-grams; duplicate 5..10-grams);
 - datatrove bare and datatrove gopher (``JsonlReader`` -> [``GopherRepetitionFilter``, ``GopherQualityFilter``] ->
@@ -197,6 +197,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--copies", type=int, default=1)
+    parser.add_argument("--marginal", action="store_true",
+                        help="with --copies N > 1: run every pipeline on 1 copy too, and give the ratios per added document")
     parser.add_argument("--pipelines", default=",".join(PIPELINES), help=f"tokenmix's pipelines to run, of {','.join(PIPELINES)}")
     parser.add_argument("--compare", action="append", default=[], metavar="LABEL=SRC")
     parser.add_argument("--datatrove_python", default=None)
@@ -213,7 +215,11 @@ def main() -> None:
     os.environ.setdefault("TQDM_DISABLE", "1")
     scratch = Path(tempfile.mkdtemp(prefix="bench-curate-"))
     try:
+        if args.marginal and args.copies < 2:
+            parser.error("--marginal: with --copies 2 or more")
         sources, shards, docs = _inputs(args.corpus, args.copies, scratch / "in")
+        if args.marginal:
+            _, one_shards, one_docs = _inputs(args.corpus, 1, scratch / "in-1")
         machine = platform.processor() or platform.machine()
         print(f"{docs:,} documents in {shards} shards of {len(sources)} sources; {args.workers} workers; {machine}, {os.cpu_count()} cores")
         for label, src in trees.items():
@@ -223,6 +229,8 @@ def main() -> None:
             print(f"start-up{label}: {cpu:.2f} s CPU ({wall:.2f} s) to import the filters and score a first text; "
                   f"{cold_cpu:.2f} s CPU ({cold_wall:.2f} s) with an empty numba cache")
         names = [(f"tokenmix {name}{label}", name, src) for name in chosen for label, src in trees.items()]
+        if args.marginal:
+            names += [(f"{name}, 1 copy", kind, src) for name, kind, src in names]
         names += [(f"datatrove {kind}", kind, None) for kind in ("bare", "gopher") if args.datatrove_python]
         best: dict[str, float] = {}
         best_cpu: dict[str, float] = {}
@@ -231,10 +239,11 @@ def main() -> None:
             for name, kind, src in names:
                 out = scratch / f"{name.replace(' ', '-').replace('(', '').replace(')', '')}-{repeat}"
                 cpu = None
+                inputs = scratch / ("in-1" if name.endswith(", 1 copy") else "in")
                 if src is None:
-                    seconds = _datatrove(args.datatrove_python, scratch / "in", out, args.workers, kind, shards)
+                    seconds = _datatrove(args.datatrove_python, inputs, out, args.workers, kind, shards)
                 else:
-                    seconds, kept[name], cpu = _tokenmix_from(src, scratch / "in", sources, out, args.workers, PIPELINES[kind], kind == "scored")
+                    seconds, kept[name], cpu = _tokenmix_from(src, inputs, sources, out, args.workers, PIPELINES[kind], kind == "scored")
                     best_cpu[name] = min(best_cpu.get(name, float("inf")), cpu)
                 best[name] = min(best.get(name, float("inf")), seconds)
                 print(f"  {name:<32} {seconds:7.2f} s" + (f", {cpu:6.2f} s CPU" if cpu is not None else ""))
@@ -243,15 +252,26 @@ def main() -> None:
         print("| pipeline | seconds (best) | docs/s per core | kept | vs tokenmix bare | CPU seconds (best) | vs bare, CPU |")
         print("|---|---|---|---|---|---|---|")
         for name, seconds in best.items():
+            if name.endswith(", 1 copy"):
+                continue
             cpu_columns = f"{best_cpu[name]:.2f} | {best_cpu['tokenmix bare'] / best_cpu[name]:.2f}x" if name in best_cpu else " | "
             print(f"| {name} | {seconds:.2f} | {docs / seconds / args.workers:,.0f} | {kept.get(name, '')} | "
                   f"{best['tokenmix bare'] / seconds:.2f}x | {cpu_columns} |")
         if "datatrove gopher" in best and "tokenmix gopher" in best:
             print(f"\ntokenmix gopher is {best['datatrove gopher'] / best['tokenmix gopher']:.2f}x as fast as datatrove gopher")
         for name in best_cpu:
-            if name != "tokenmix bare":
+            if name != "tokenmix bare" and not name.endswith(", 1 copy"):
                 print(f"{name} runs at {best['tokenmix bare'] / best[name]:.2f}x of tokenmix bare (goal >= 0.8x); "
                       f"{best_cpu['tokenmix bare'] / best_cpu[name]:.2f}x in CPU seconds")
+        if args.marginal:
+            print(f"\nPer added document (the {docs - one_docs:,} documents of copies 2 to {args.copies}: each pipeline's best on "
+                  f"{args.copies} copies less its best on 1, which takes the costs that do not grow with the corpus out):")
+            added = {name: (best[name] - best[f"{name}, 1 copy"], best_cpu[name] - best_cpu[f"{name}, 1 copy"])
+                     for name in best_cpu if not name.endswith(", 1 copy")}
+            bare_seconds, bare_cpu = added["tokenmix bare"]
+            for name, (seconds, cpu) in added.items():
+                print(f"  {name:<32} {seconds:6.2f} s, {cpu:6.2f} s CPU: {bare_seconds / seconds:.2f}x of tokenmix bare, "
+                      f"{bare_cpu / cpu:.2f}x in CPU seconds; {(docs - one_docs) / seconds / args.workers:,.0f} docs/s per core")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
