@@ -281,6 +281,43 @@ def test_levanter_export_into_a_tokenmix_cache_is_refused_and_leaves_it_whole(tm
     assert all(np.array_equal(a, b) for a, b in zip(rows_of(kept), rows_of(bos_cache)))
 
 
+def test_a_second_levanter_export_to_a_location_being_written_is_refused_and_the_first_finishes_whole(tmp_path, bos_cache,
+                                                                                                        monkeypatch):
+    """Two exports to one location interleaved their arrays: each erased the ledger, wrote its objects, and the last to
+    finish wrote a finished ledger over arrays that could hold the other's rows. The export now holds the location's
+    build lock; the second writer is refused while the first runs, naming the location."""
+    import tokenmix.export.levanter as levanter_export
+    from tokenmix.cache.lock import CacheLockedError
+
+    started, go_on = threading.Event(), threading.Event()
+    streamed = levanter_export.row_batches
+
+    def held_after_the_first_batch(*args, **kwargs):
+        for i, batch in enumerate(streamed(*args, **kwargs)):
+            yield batch
+            if i == 0 and threading.current_thread() is not threading.main_thread():  # the first export, in its thread
+                started.set()
+                assert go_on.wait(60)
+
+    monkeypatch.setattr(levanter_export, "row_batches", held_after_the_first_batch)
+    target = tmp_path / "lev" / "train"
+    results: list = []
+    first = threading.Thread(target=lambda: results.append(export_levanter(bos_cache, str(target), tokenizer=TOKENIZER, progress=False)))
+    first.start()
+    try:
+        assert started.wait(60)
+        with pytest.raises(CacheLockedError, match=f"{re.escape(str(target))} is being written by .* export to another location"):
+            export_levanter(bos_cache, str(target), tokenizer=TOKENIZER, progress=False)
+    finally:
+        go_on.set()
+        first.join()
+    assert results and results[0]["documents"] == bos_cache.num_rows()
+    source = {"train_urls": demo_urls("webster"), "cache_dir": str(tmp_path / "lev")}
+    opened = tokenmix.open_cache(mixture(tmp_path, {"lev": source}, enforce_bos=True), "lev")
+    assert all(np.array_equal(a, b) for a, b in zip(rows_of(opened), rows_of(bos_cache), strict=True))
+    assert not (target / "build.lock").exists()
+
+
 def test_levanter_export_refuses_a_cache_that_masks_the_loss(tmp_path, supervised_cache):
     with pytest.raises(ValueError, match="Levanter's token caches hold ids only"):
         export_levanter(supervised_cache, str(tmp_path / "lev"), tokenizer=TOKENIZER, progress=False)

@@ -15,6 +15,9 @@ exemplar's dtype, stored objects of 2^27 elements holding blosc-compressed chunk
 the export writes a copy in that layout, row after row, and ``shard_ledger.json`` last: until the ledger says the
 cache is finished Levanter will not load it, so an interrupted export is never taken for a cache. Memory: one stored
 object per array (1 GiB of int64) at most, since an object is compressed once, when it is complete.
+
+The export holds the location's build lock while it writes, so a second export there (or a build) is refused rather
+than interleaving its arrays with this one's under one ledger.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import tensorstore as ts
 
 from tokenmix.cache.ledger import LEDGER_FILE
 from tokenmix.cache.levanter import LEVANTER_LEDGER
+from tokenmix.cache.lock import BuildLock, CacheLockedError, build_lock
 from tokenmix.cache.store import TOKENS_ARRAY, JsonDocuments, kvstore_spec, open_kvstore
 from tokenmix.export.streaming import TokenSource, refuse_loss_spans, row_batches
 from tokenmix.formats.tokenizer import describe_tokenizer, load_tokenizer
@@ -140,6 +144,20 @@ def export_levanter(cache: TokenSource, location: str, tokenizer: str, progress:
     refuse_loss_spans(cache, "Levanter's token caches")
     layout = levanter_layout(tokenizer, enforce_eos=cache.identity.get("eos_id", 0) is not None)
     _check_rows(cache, tokenizer, layout)
+    lock = build_lock(location, timeout=0)
+    try:
+        lock.acquire()
+    except CacheLockedError:
+        holder = lock.holder.describe() if lock.holder else "another process"
+        raise CacheLockedError(f"{location} is being written by {holder} (another export there, or a build): two writers would "
+                               "interleave their arrays under one ledger. Wait for it to finish, or export to another location") from None
+    try:
+        return _export_levanter(cache, location, layout, progress, lock)
+    finally:
+        lock.release()
+
+
+def _export_levanter(cache: TokenSource, location: str, layout: LevanterLayout, progress: bool, lock: BuildLock) -> dict[str, Any]:
     store = open_kvstore(location)
     if store.read(LEDGER_FILE).result().state == "value":  # its arrays would be replaced, its ledger left to misdescribe them
         raise ValueError(f"{location} holds a tokenmix cache ({LEDGER_FILE}), whose arrays a Levanter export there would "
@@ -168,5 +186,6 @@ def export_levanter(cache: TokenSource, location: str, tokenizer: str, progress:
         "field_counts": {},
         "metadata": {"preprocessor_metadata": layout.metadata},
     }
+    lock.check()
     JsonDocuments(location).write(LEVANTER_LEDGER, ledger)
     return {"format": "levanter", "path": location, "documents": rows, "tokens": total, "dtype": LEVANTER_DTYPE}
