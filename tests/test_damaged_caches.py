@@ -19,6 +19,7 @@ import tokenmix
 from tokenmix import CacheDamagedError, TokenCache, TokenSeqDataset
 from tokenmix.cache import store
 from tokenmix.cache.chunk_cache import ChunkCache
+from tokenmix.cache.damage import DamagedChunk
 from tokenmix.export import export_cache
 
 SEQ_LEN = 300
@@ -514,6 +515,10 @@ def test_row_ends_replaced_by_other_valid_ones_are_repaired_by_the_fix_the_read_
         cache.get_rows(range(cache.num_rows())) if array == "input_ids" else cache.loss_spans(0, cache.num_rows())
     fix = re.search(r"Run `tokenmix (verify \S+ --repair)`", str(damaged.value))
     assert fix and fix.group(1) == f"verify {location} --repair", str(damaged.value)
+    listed = json.loads(tokenmix_cli("verify", str(location), "--json", "--no_inputs").stdout)[0]
+    assert not listed["ok"] and listed["other_values"], listed  # they were only words in "problems"
+    assert {v["array"] for v in listed["other_values"]} == {f"{array}/offsets"} and all(
+        v["problem"] in listed["problems"] and v["stop"] > v["start"] for v in listed["other_values"])
     repaired = tokenmix_cli(*fix.group(1).split())
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
     assert f"repaired: {array}/offsets c/{replaced}:" in repaired.stdout and f"{array}/offsets c/{by}:" not in repaired.stdout
@@ -559,3 +564,9 @@ def test_an_empty_ledger_is_named_damaged_not_a_missing_cache(tmp_path, built):
                                                found.stderr), found.stdout + found.stderr
     repaired = tokenmix_cli("verify", str(location), "--repair")  # no repair mends a ledger, so none is offered
     assert repaired.returncode == 1 and "--repair" not in repaired.stderr and "Delete the cache" in repaired.stderr, repaired.stderr
+
+
+def test_one_element_is_named_as_one_not_as_a_range_of_it_to_itself():
+    """A repair of one row end said "elements 64-64"."""
+    assert DamagedChunk("input_ids/offsets", 64, 65, "checksum mismatch").describe() == "input_ids/offsets element 64: checksum mismatch"
+    assert DamagedChunk("input_ids/data", 4096, 8192, "missing", "c/1").describe() == "input_ids/data elements 4,096-8,191 (c/1): missing"

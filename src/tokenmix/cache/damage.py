@@ -17,6 +17,11 @@ MAX_NAMED = 5
 """Damaged chunks named one by one in a message; more are counted."""
 
 
+def element_range(start: int, stop: int) -> str:
+    """The elements ``[start, stop)`` in words: ``element 64`` or ``elements 64-127``."""
+    return f"element {start:,}" if stop == start + 1 else f"elements {start:,}-{stop - 1:,}"
+
+
 @dataclass(frozen=True)
 class DamagedChunk:
     """One stored chunk whose bytes cannot be trusted."""
@@ -32,7 +37,7 @@ class DamagedChunk:
     """The stored object (relative to the array, e.g. ``c/3``) and the chunk's place in it, when known."""
 
     def describe(self) -> str:
-        elements = f" elements {self.start:,}-{self.stop - 1:,}" if self.stop > self.start else ""  # none: a document
+        elements = f" {element_range(self.start, self.stop)}" if self.stop > self.start else ""  # none: a document
         where = f" ({self.stored})" if self.stored else ""
         return f"{self.array}{elements}{where}: {self.problem}"
 

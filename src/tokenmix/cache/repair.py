@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from tokenmix.cache.damage import CacheDamagedError, DamagedChunk
+from tokenmix.cache.damage import CacheDamagedError, DamagedChunk, element_range
 from tokenmix.cache.ledger import CacheLedger, Run
 from tokenmix.cache.lock import build_lock
 from tokenmix.cache.open_object import OPEN_FILE, forget_open_object, write_open_object
@@ -89,7 +89,7 @@ def repair(location: str, report: CacheReport, shards: Sequence[Shard], spec: En
             key = f"c/{begin // write_unit(array)}"
             open_kvstore(join_location(location, name, which)).write(key, None).result()
             array[begin:end].write(values).result()
-            report.repaired.append(f"{name}/{which} {key}: elements {begin:,}-{end - 1:,} rewritten from {inputs} input shard(s)")
+            report.repaired.append(f"{name}/{which} {key}: {element_range(begin, end)} rewritten from {inputs} input shard(s)")
             logger.info("%s: %s", location, report.repaired[-1])
         if writes or _open_object_problems(report):
             forget_open_object(location)
@@ -234,6 +234,6 @@ def _check_intact(location: str, jagged: JaggedArray, which: str, begin: int, va
         else:
             expected = values[start - begin : stop - begin]
         if not np.array_equal(stored, expected):
-            raise RepairError(f"cannot repair {location}: {name} elements {start:,}-{stop - 1:,} are intact but differ "
-                              "from what reading their inputs again gives: the inputs or the tokenizer are not what built the cache. "
+            raise RepairError(f"cannot repair {location}: {name} {element_range(start, stop)}, intact, hold other values than "
+                              "reading their inputs again gives: the inputs or the tokenizer are not what built the cache. "
                               "Delete the cache and build it again.")

@@ -88,9 +88,13 @@ class CacheReport:
     def to_json(self) -> dict[str, Any]:
         return {"location": self.location, "ok": self.ok, "rows": self.rows, "tokens": self.tokens, "finished": self.finished,
                 "checksummed": self.checksummed, "chunks": self.chunks,
-                "damaged": [{"array": c.array, "start": c.start, "stop": c.stop, "problem": c.problem, "stored": c.stored}
-                            for c in self.damaged],
-                "problems": self.problems, "inputs": [vars(i) for i in self.inputs], "repaired": self.repaired}
+                "damaged": [_chunk_json(c) for c in self.damaged], "problems": self.problems,
+                "other_values": [_chunk_json(c) for c in self.other_values], "inputs": [vars(i) for i in self.inputs],
+                "repaired": self.repaired}
+
+
+def _chunk_json(chunk: DamagedChunk) -> dict[str, Any]:
+    return {"array": chunk.array, "start": chunk.start, "stop": chunk.stop, "problem": chunk.problem, "stored": chunk.stored}
 
 
 def scrub(location: str, shards: Sequence[Shard] | None = None, inputs: bool = True, progress: bool = True,
