@@ -228,8 +228,9 @@ def _drop_invalid_utf8(table: pa.Table, shard: FileShard, text_field: str, on_er
 
 
 def _int64(digits: str) -> int:
-    """An integer of a JSON line orjson refused, where a record field can hold it: Arrow's and pandas' (NeMo Curator's)
-    integers are 64 bits, and pandas refuses a larger one ("Value is too big")."""
+    """An integer of a JSON line read again by ``json.loads`` (orjson refused the line, or may have read an integer as a
+    float), where a record field can hold it: Arrow's and pandas' (NeMo Curator's) integers are 64 bits, and pandas
+    refuses a larger one ("Value is too big")."""
     value = int(digits)
     if not -(2**63) <= value < 2**64:
         raise ValueError(f"the integer {digits[:40]} is beyond 64 bits, which a record field cannot hold")
