@@ -90,6 +90,7 @@ Errors
     CacheMismatchError          An existing cache was made with a different tokenizer, format or options.
     ShardListMismatchError      The configured shard list is not an extension of the one the cache was built from.
     ShardChangedError           An input shard is not what the cache was built from: its size, modification time or ETag changed.
+    EncodingChangedError        A build would add rows to a cache encoded otherwise than its rows (a library or tokenmix upgraded since).
     CacheLockedError            Another builder holds the cache's build lock; the message names it (host, pid, start time).
     LockLostError               This builder's lease on the cache was taken over by another builder; it stopped before its next commit.
     CurationError               A pipeline that cannot run as configured; the message names the field and what to change.
@@ -114,6 +115,7 @@ if TYPE_CHECKING:
     from tokenmix.cache.appending import BadInputError
     from tokenmix.cache.cluster_build import ShardTaskError
     from tokenmix.cache.damage import CacheDamagedError
+    from tokenmix.cache.encoding_continuity import EncodingChangedError
     from tokenmix.cache.ledger import CacheMismatchError, ShardChangedError, ShardListMismatchError
     from tokenmix.cache.lock import CacheLockedError, LockLostError
     from tokenmix.cache.options import BuildOptions
@@ -182,6 +184,7 @@ __all__ = [
     "Dataset",
     "DoReMiUpdater",
     "DocumentDataset",
+    "EncodingChangedError",
     "FimLmDatasetFormat",
     "Hdf5ExportOptions",
     "LMDatasetConfig",

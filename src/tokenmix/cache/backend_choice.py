@@ -12,18 +12,15 @@ it, and neither loads ``tokenizers`` nor encodes the sample.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-import tokenmix.formats
 from tokenmix.cache.ledger import CacheLedger
 from tokenmix.formats.backends import FAST, REFERENCE, BackendChoice, TokenizerBackend, choose_backend
 from tokenmix.formats.encoder import DocumentEncoder, chunk_difference
-from tokenmix.formats.encoder_spec import EncoderSpec
+from tokenmix.formats.encoder_spec import TEXT_LIBRARIES, EncoderSpec, encoding_modules
 from tokenmix.formats.probe_verdicts import ProbeVerdict, recall_verdict, remember_verdict, verdict_key
 from tokenmix.formats.tokenizer_facts import tokenizer_facts
 from tokenmix.sources.shards import RawChunk, Shard, ShardReadError, approx_size
@@ -33,12 +30,6 @@ logger = logging.getLogger(__name__)
 BACKEND_SAMPLE_BYTES = 64 << 10
 """Input bytes of the first shard left to read that both tokenizer backends encode before a build chooses between them."""
 
-_TEXT_LIBRARIES = ("numpy", "orjson", "ftfy", "jinja2", "transformers")
-"""Libraries that make what both backends encode, or assemble what the cache holds: ``orjson`` parses the records,
-``ftfy`` repairs their text (``use_ftfy``), ``jinja2`` and ``transformers`` render a chat template, ``numpy`` assembles
-the ids; each installation is part of a remembered verdict's key."""
-_ENCODING_CODE = (*sorted(glob.glob(os.path.join(os.path.dirname(tokenmix.formats.__file__), "*.py"))), __file__)
-"""The modules whose code decides what a sample encodes to, by either backend: part of a remembered verdict's key."""
 
 
 def sample_verdict_key(spec: EncoderSpec, sample: RawChunk) -> str | None:
@@ -49,7 +40,7 @@ def sample_verdict_key(spec: EncoderSpec, sample: RawChunk) -> str | None:
         return None
     described = repr(dataclasses.replace(spec, tokenizer_json="", backend=REFERENCE))
     checked = [described, str(sample.start), *(part for r in sample.records for part in (type(r).__name__, r))]
-    return verdict_key(spec.tokenizer_json, checked, _ENCODING_CODE, libraries=_TEXT_LIBRARIES)
+    return verdict_key(spec.tokenizer_json, checked, (*encoding_modules(), __file__), libraries=TEXT_LIBRARIES)
 
 
 class ChoosingBackend:

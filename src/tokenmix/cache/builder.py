@@ -34,7 +34,8 @@ from tokenmix.cache.backend_choice import BackendChoices, ChoosingBackend
 from tokenmix.cache.cluster_build import build_on_cluster
 from tokenmix.cache.commits import CacheCommits
 from tokenmix.cache.encoding import EncoderPool, open_build_executor
-from tokenmix.cache.ledger import LEDGER_FILE, CacheLedger, ShardProgress
+from tokenmix.cache.encoding_continuity import check_encoding, encoding_state
+from tokenmix.cache.ledger import ENCODING_KEY, LEDGER_FILE, CacheLedger, ShardProgress
 from tokenmix.cache.local_build import PoolBuild, build_on_pool
 from tokenmix.cache.lock import LOCK_FILE, BuildLock, build_lock
 from tokenmix.cache.open_object import forget_open_object, write_open_object
@@ -129,6 +130,10 @@ class CacheBuilder:
                     make_durable(self.location)
                 logger.info("%s: finished already, nothing to build", self.location)
                 return {**stats, ALREADY_BUILT: True}
+        encoding = encoding_state()
+        if ledger.rows:
+            check_encoding(self.location, ledger, self.shards, self.spec, encoding, self.options.chunk_bytes)
+        ledger.info[ENCODING_KEY] = encoding
         if self.options.tokenizer_backend != REFERENCE:
             preload_fast(self.spec.tokenizer_json)  # while the arrays are opened and the first chunks read
         if not ledger.finished:  # being extended, or resumed: readers open it from its parts until it finishes again

@@ -101,6 +101,10 @@ class Run:
     """None for the last run: where the loss-span values end is not in the ledger."""
 
 
+ENCODING_KEY = "encoding"
+"""The ledger ``info`` entry naming the libraries and code that encoded the cache's rows (``encoding_continuity.py``)."""
+
+
 @dataclass
 class CacheLedger:
     """The commit record of one cache (one source, one split)."""
@@ -111,7 +115,8 @@ class CacheLedger:
     tokens: int = 0
     finished: bool = False
     info: dict[str, Any] = field(default_factory=dict)
-    """What made the cache, for people (tokenizer path, source, split); not compared on open."""
+    """What made the cache, for people (tokenizer path, source, split), and under ``ENCODING_KEY`` the libraries and code
+    that encoded its rows, which a build adding rows checks (``encoding_continuity.py``); not compared on open."""
     version: int = LEDGER_VERSION
     runs: list[list[int]] | None = None
     """Where the rows came from, in row order: ``[shard, position, row, token, span]`` for each run of consecutive rows

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from tokenmix import TokenizerLoadError
 from tokenmix.cache import stored_plans
+from tokenmix.cache.ledger import ENCODING_KEY
 from tokenmix.cache.packs import open_cache_at
 from tokenmix.cli.console import make_console
 from tokenmix.cli.parser import CommandParser, at_least
@@ -36,7 +37,10 @@ def run(argv: list[str]) -> int:
     rows = cache.num_rows()
     console.print(f"[bold]{args.cache_dir}[/bold]  fingerprint {ledger.fingerprint}  "
                   f"{'finished' if ledger.finished else 'BUILDING'}  {rows:,} documents  {cache.num_tokens():,} tokens")
-    console.print(f"made by: {json.dumps(ledger.info)}")
+    console.print(f"made by: {json.dumps({k: v for k, v in ledger.info.items() if k != ENCODING_KEY})}")
+    encoding = ledger.info.get(ENCODING_KEY)
+    if isinstance(encoding, dict):
+        console.print("encoded with: " + ", ".join(f"{name} {state.split()[0]}" for name, state in encoding.items() if state != "absent"))
     console.print(f"identity: {json.dumps(ledger.identity)}")
     shards = Table(title="shards")
     for col in ("shard", "position", "records", "documents", "tokens", "skipped", "state"):

@@ -3,6 +3,9 @@ encoding itself (``encoder.py``): a config makes the spec when it is read, witho
 
 from __future__ import annotations
 
+import functools
+import glob
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +14,18 @@ from tokenmix.formats.base import FormatContext, LmDatasetFormatBase
 
 PRETOKENIZED_KEY = "input_ids"
 DEFAULT_LONG_DOC_CHARS = 100_000
+BACKEND_PACKAGES = ("fastokens", "tokenizers")
+"""The libraries that encode text into ids (``backends.py``)."""
+TEXT_LIBRARIES = ("numpy", "orjson", "ftfy", "jinja2", "transformers")
+"""Libraries that make the text the backends encode, or assemble what a cache holds: ``orjson`` parses the records,
+``ftfy`` repairs their text (``use_ftfy``), ``jinja2`` and ``transformers`` render a chat template, ``numpy`` assembles
+the ids."""
+
+
+@functools.cache
+def encoding_modules() -> tuple[str, ...]:
+    """The files of ``tokenmix.formats``: the code that decides what a record encodes to, with either backend."""
+    return tuple(sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "*.py"))))
 
 
 @dataclass(frozen=True)
