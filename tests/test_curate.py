@@ -206,6 +206,23 @@ def test_json_lines_with_nan_or_infinity_are_read_as_nemo_reads_them_and_integer
     scores = [r["score"] for r in kept]
     assert math.isnan(scores[0]) and scores[1:] == [float("inf"), float("-inf"), 0.5]
 
+def test_a_deeply_nested_json_line_is_read_or_counted_malformed_never_a_crash(tmp_path):
+    """orjson reads 1,024 levels of nesting but writes 254: a record nested deeper crashed the curation where it was
+    written (or carried as JSON text beside other types), past on_error: skip ("Recursion limit reached"); and looking
+    a line's values over for integers orjson read as floats recursed, which Python's stack took only to about 500
+    levels. A record nested deeper than can be written is malformed_json, named; one within is carried whole."""
+    lines = [f'{{"text": "{text}", "a": {"[" * levels}{"]" * levels}}}' for text, levels in (("deep", 253), ("deeper", 900), ("deepest", 5000))]
+    lines.append('{"text": "flat", "a": 1}')
+    (tmp_path / "s.jsonl").write_text("\n".join(lines) + "\n")
+    source = CurationSource("s", [str(tmp_path / "s.jsonl")])
+    with pytest.raises(CurationInputError, match=r"s\.jsonl, line 2: malformed json \(nested 901 levels deep, over the 254 a record may have\)"):
+        run_curation(CurationConfig(sources=[source], output=CurationOutput(str(tmp_path / "o1"), "jsonl"), num_workers=0))
+    stats = run_curation(CurationConfig(sources=[source], output=CurationOutput(str(tmp_path / "o"), "jsonl"), on_error="skip", num_workers=0))
+    assert stats["sources"]["s"]["bad"] == {"malformed_json": 2} and stats["output"]["records"] == 2
+    got = [r for path in sorted((tmp_path / "o").rglob("*.jsonl")) for r in _read(path)]
+    assert got == [json.loads(lines[0]), json.loads(lines[3])]
+
+
 @pytest.mark.parametrize("kind", ["jsonl", "parquet"])
 def test_text_that_is_not_utf8_is_a_bad_record_named_by_file_and_record_or_counted(tmp_path, kind):
     texts = [b"good one", b"bad \xff\xfe bytes", b"good two", b"GOOD  one"]

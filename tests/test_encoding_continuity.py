@@ -11,10 +11,11 @@ from pathlib import Path
 import ftfy
 import numpy as np
 import pytest
-from helpers import build, demo_urls
+from helpers import build, demo_urls, write_jsonl
 
 import tokenmix.cache.builder as builder_module
-from tokenmix import EncodingChangedError, TextLmDatasetFormat, TokenCache
+import tokenmix.cache.encoding_continuity as continuity
+from tokenmix import EncodingChangedError, SupervisedLmDatasetFormat, TextLmDatasetFormat, TokenCache
 from tokenmix.cache.encoding_continuity import encoding_state
 from tokenmix.cache.ledger import ENCODING_KEY
 
@@ -83,3 +84,39 @@ def test_a_cache_built_before_the_record_is_checked_once_then_recorded(tmp_path,
     monkeypatch.setattr(ftfy, "fix_text", fix_text)
     build(location, both, FTFY)
     assert json.loads(ledger_path.read_text())["info"][ENCODING_KEY] == encoding_state()
+
+
+def test_a_sample_that_now_encodes_to_no_rows_is_a_difference_not_a_pass(tmp_path, monkeypatch):
+    """A change that drops the sample's records (every text now repaired to nothing) left no row to compare, and the
+    check passed on nothing."""
+    first, both = demo_urls("webster")[:1], demo_urls("webster")
+    location = str(tmp_path / "cache")
+    build(location, first, FTFY)
+    _upgraded(monkeypatch, repairs_otherwise=False)
+    monkeypatch.setattr(ftfy, "fix_text", lambda text, config=None: " ")
+    with pytest.raises(EncodingChangedError, match=r"ftfy changed since its rows were encoded, and they now encode otherwise \(the first "):
+        build(location, both, FTFY)
+
+
+def test_the_loss_spans_of_the_sample_are_compared_too(tmp_path, monkeypatch):
+    """Ids that stay the same while the loss masks move (a template or offsets change) are an encoding change too."""
+    records = [{"prompt": f"Question {i}: what is {i} + {i}?", "response": f" It is {2 * i}." * (1 + i % 3)} for i in range(40)]
+    first, second = write_jsonl(tmp_path / "a.jsonl", records[:20]), write_jsonl(tmp_path / "b.jsonl", records[20:])
+    location = str(tmp_path / "cache")
+    build(location, [first], SupervisedLmDatasetFormat())
+    _upgraded(monkeypatch, repairs_otherwise=False)
+    build(str(tmp_path / "same"), [first], SupervisedLmDatasetFormat())  # the spans compared equal: no refusal below
+    encode = continuity.DocumentEncoder.encode
+
+    def spans_moved(self, chunk):
+        encoded = encode(self, chunk)
+        encoded.spans = encoded.spans + 1
+        return encoded
+
+    monkeypatch.setattr(continuity.DocumentEncoder, "encode", spans_moved)
+    with pytest.raises(EncodingChangedError, match="they now encode otherwise"):
+        build(location, [first, second], SupervisedLmDatasetFormat())
+    monkeypatch.undo()
+    _upgraded(monkeypatch, repairs_otherwise=False)
+    build(location, [first, second], SupervisedLmDatasetFormat())
+    assert TokenCache(location).num_rows() == 40

@@ -318,6 +318,22 @@ def test_a_second_levanter_export_to_a_location_being_written_is_refused_and_the
     assert not (target / "build.lock").exists()
 
 
+def test_a_levanter_export_to_a_filesystem_without_flock_takes_a_lease_instead(tmp_path, bos_cache, monkeypatch):
+    """On a network filesystem that takes no flock locks, the build lock's flock fails: the export takes the lease lock a
+    build there is told to use (build.lock: lease) rather than refusing to export where it exported before."""
+    import errno
+
+    import tokenmix.cache.lock as lock_module
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(lock_module.fcntl, "flock", no_flock)
+    target = tmp_path / "lev" / "train"
+    assert export_levanter(bos_cache, str(target), tokenizer=TOKENIZER, progress=False)["documents"] == bos_cache.num_rows()
+    assert json.loads((target / "shard_ledger.json").read_text())["is_finished"]
+
+
 def test_levanter_export_refuses_a_cache_that_masks_the_loss(tmp_path, supervised_cache):
     with pytest.raises(ValueError, match="Levanter's token caches hold ids only"):
         export_levanter(supervised_cache, str(tmp_path / "lev"), tokenizer=TOKENIZER, progress=False)

@@ -47,7 +47,7 @@ from tokenmix.cache.stats import ALREADY_BUILT, STATS_FILE, compute_stats
 from tokenmix.cache.store import CacheWriteError, JsonDocuments, make_durable, remove_interrupted_writes, unwritable
 from tokenmix.execution.configs import LocalExecutorConfig
 from tokenmix.execution.task_executor import TaskExecutor
-from tokenmix.formats.backends import REFERENCE, preload_fast
+from tokenmix.formats.backends import FAST, REFERENCE, preload_fast
 from tokenmix.formats.encoder_spec import EncoderSpec
 from tokenmix.sources.shards import Shard
 
@@ -131,9 +131,10 @@ class CacheBuilder:
                 logger.info("%s: finished already, nothing to build", self.location)
                 return {**stats, ALREADY_BUILT: True}
         encoding = encoding_state()
-        if ledger.rows:
-            check_encoding(self.location, ledger, self.shards, self.spec, encoding, self.options.chunk_bytes)
-        ledger.info[ENCODING_KEY] = encoding
+        if not ledger.rows or not ledger.finished and check_encoding(  # rows to add to: encoded as they were?
+                self.location, ledger, self.shards, self.spec, encoding, self.options.chunk_bytes,
+                FAST if self.options.tokenizer_backend == FAST else REFERENCE):
+            ledger.info[ENCODING_KEY] = encoding
         if self.options.tokenizer_backend != REFERENCE:
             preload_fast(self.spec.tokenizer_json)  # while the arrays are opened and the first chunks read
         if not ledger.finished:  # being extended, or resumed: readers open it from its parts until it finishes again

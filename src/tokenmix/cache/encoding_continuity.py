@@ -13,9 +13,10 @@ Instead each build records in the ledger's ``info`` which installations and code
 module, by path, size and modification time, which an upgrade, a reinstall or an edit changes; all read without
 importing them). A build that adds rows to a cache whose record differs (or that has
 none: a cache built before the record) first encodes again the first records of the cache's first run, as much as
-the backend check samples, and compares them with the rows the cache holds: the same ids and lengths, and it goes on
-and records its own state; others, and it stops before adding a row (``EncodingChangedError``), naming what changed
-and the fixes. The sample is a sample: a change that only shows on other text goes unseen, as with the backend check.
+the backend check samples, with the backend its rows were encoded with, and compares them with the rows the cache
+holds: the same ids, lengths and loss spans, and it goes on and records its own state; others (or none where the cache
+holds rows), and it stops before adding a row (``EncodingChangedError``), naming what changed and the fixes. The
+sample is a sample: a change that only shows on other text goes unseen, as with the backend check.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tokenmix.cache.ledger import ENCODING_KEY, CacheLedger
-from tokenmix.cache.store import TOKENS_ARRAY, JaggedArray
+from tokenmix.cache.store import LOSS_SPANS_ARRAY, TOKENS_ARRAY, JaggedArray
 from tokenmix.formats.backends import REFERENCE
 from tokenmix.formats.encoder import DocumentEncoder
 from tokenmix.formats.encoder_spec import BACKEND_PACKAGES, TEXT_LIBRARIES, EncoderSpec, encoding_modules
@@ -83,38 +84,51 @@ def _digest(text: str) -> str:
 
 
 def check_encoding(location: str, ledger: CacheLedger, shards: Sequence[Shard], spec: EncoderSpec, state: dict[str, str],
-                   chunk_bytes: int) -> None:
+                   chunk_bytes: int, backend: str = REFERENCE) -> bool:
     """Before a build adds rows to the cache at ``location`` (``ledger``: it holds rows), refuse if the rows in it were
-    encoded with other libraries or code (``state``: this build's) and a sample of them now encodes otherwise."""
+    encoded with other libraries or code (``state``: this build's; ``backend``: the one its rows are encoded with) and a
+    sample of them now encodes otherwise. Returns whether ``state`` may be recorded: False where the sample could not be
+    read (the next build checks again)."""
     recorded = ledger.info.get(ENCODING_KEY)
-    if recorded == state or not ledger.runs:
-        return
+    if recorded == state:
+        return True
     changed = _changed(recorded, state)
+    if not ledger.runs:
+        logger.warning("%s: %s since the cache's rows were encoded, and its ledger does not say which records they came from "
+                       "(a cache built before it did): going on unchecked", location, changed)
+        return True
     first = ledger.run_extents()[0]
     shard = shards[first.shard]
     try:
         sample = next(iter(shard.read(first.position, min(SAMPLE_BYTES, chunk_bytes))), None)
     except ShardReadError as e:
         logger.warning("%s: %s since the cache's rows were encoded, and its first input cannot be read to check that they "
-                       "encode the same (%s): going on", location, changed, e)
-        return
-    if sample is None:
-        return
-    encoded = DocumentEncoder(dataclasses.replace(spec, backend=REFERENCE)).encode(RawChunk(sample.start, sample.records))
+                       "encode the same (%s): going on unchecked", location, changed, e)
+        return False
+    if sample is None or first.stop_row == first.row:
+        return True
+    encoded = DocumentEncoder(dataclasses.replace(spec, backend=backend)).encode(RawChunk(sample.start, sample.records))
     rows = min(len(encoded.lengths), first.stop_row - first.row)
-    stored = JaggedArray.open(location, TOKENS_ARRAY, spec.dtype)
-    bounds = stored.row_bounds(first.row, first.row + rows)
-    lengths = np.diff(bounds)
-    tokens = stored.read_tokens(int(bounds[0]), int(bounds[-1])) if rows else np.empty(0, spec.dtype)
-    same = np.array_equal(lengths, encoded.lengths[:rows]) and np.array_equal(tokens, encoded.tokens[: int(lengths.sum())])
+    same = rows > 0 and _same_rows(JaggedArray.open(location, TOKENS_ARRAY, spec.dtype), first.row, rows, encoded.lengths, encoded.tokens)
+    if same and ledger.identity.get("loss_spans"):
+        same = _same_rows(JaggedArray.open(location, LOSS_SPANS_ARRAY, "int64"), first.row, rows, encoded.span_counts, encoded.spans)
     if not same:
         raise EncodingChangedError(
             f"cache at {location}: {changed} since its rows were encoded, and they now encode otherwise (the first "
-            f"{rows:,} rows of {shard.name}, from record {first.position:,}, differ from what the cache holds): the rows this "
-            "build would add would not be encoded as those already in it. Install what built the cache again (the ledger's "
-            f"info.{ENCODING_KEY} says which installations those were), or delete the cache (or use another cache_dir) to "
-            "build it again with what is installed now.")
+            f"{first.stop_row - first.row if rows == 0 else rows:,} rows of {shard.name}, from record {first.position:,}, differ "
+            "from what the cache holds): the rows this build would add would not be encoded as those already in it. Install what "
+            f"built the cache again (the ledger's info.{ENCODING_KEY} says which versions those were), or delete the cache (or "
+            "use another cache_dir) to build it again with what is installed now.")
     logger.info("%s: %s since the cache's rows were encoded; its first %d rows encode the same, going on", location, changed, rows)
+    return True
+
+
+def _same_rows(array: JaggedArray, first: int, rows: int, lengths: np.ndarray, values: np.ndarray) -> bool:
+    """Whether rows ``first`` to ``first + rows - 1`` of ``array`` hold the first ``rows`` of ``lengths`` and ``values``."""
+    bounds = array.row_bounds(first, first + rows)
+    stored = np.diff(bounds)
+    return np.array_equal(stored, lengths[:rows]) and np.array_equal(
+        array.read_tokens(int(bounds[0]), int(bounds[-1])), values[: int(stored.sum())])
 
 
 def _changed(recorded: dict[str, str] | None, state: dict[str, str]) -> str:

@@ -47,6 +47,10 @@ class CacheLockedError(RuntimeError):
     """Another builder holds the cache's build lock; the message names it (host, pid, start time)."""
 
 
+class FlockUnsupportedError(CacheLockedError):
+    """The cache's filesystem takes no ``flock`` locks (a network filesystem): a lease lock is needed there."""
+
+
 class LockLostError(RuntimeError):
     """This builder's lease on the cache was taken over by another builder; it stopped before its next commit."""
 
@@ -156,8 +160,8 @@ class FlockBuildLock(BuildLock):
             return False
         except OSError as e:  # a filesystem without flock on directories (NFS and the like)
             os.close(dir_fd)
-            raise CacheLockedError(f"cannot lock the cache directory {directory} ({e.strerror or e}): its filesystem does not "
-                                   "take flock locks (a network filesystem?); set build.lock: lease") from None
+            raise FlockUnsupportedError(f"cannot lock the cache directory {directory} ({e.strerror or e}): its filesystem does not "
+                                        "take flock locks (a network filesystem?); set build.lock: lease") from None
         try:
             fd = open_lock_file(self.path, "build lock")
         except UnsafeFileError:

@@ -46,6 +46,9 @@ from tokenmix.sources.json_lines import JsonLineError, parse_json_line
 from tokenmix.sources.shards import FileShard, PlainText, ShardReadError
 
 OutputFormat = Literal["jsonl", "jsonl.gz", "jsonl.zst", "parquet"]
+MAX_RECORD_DEPTH = 254
+"""Levels of nesting a record may have (its own object is level 1): the most orjson writes back (past it, "Recursion
+limit reached"), where the output is JSON lines and where a field of mixed types is carried as JSON text."""
 OUTPUT_FORMATS: tuple[str, ...] = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet")
 BATCH_BYTES = 4 << 20
 """Input bytes per batch of records. Each stage costs a fixed few hundred microseconds a batch (numpy and Arrow calls,
@@ -143,7 +146,7 @@ def _parse(raw: Any, text_field: str) -> tuple[dict[str, Any] | None, str | None
         if not raw.strip():
             return None, None, ""
         try:
-            raw = parse_json_line(raw, parse_int=_int64)
+            raw = parse_json_line(raw, parse_int=_int64, max_depth=MAX_RECORD_DEPTH)
         except JsonLineError as e:
             return None, e.reason, f" ({e.detail})" if e.reason == "malformed_json" else ""
     if not isinstance(raw, dict):

@@ -31,7 +31,7 @@ import tensorstore as ts
 
 from tokenmix.cache.ledger import LEDGER_FILE
 from tokenmix.cache.levanter import LEVANTER_LEDGER
-from tokenmix.cache.lock import BuildLock, CacheLockedError, build_lock
+from tokenmix.cache.lock import BuildLock, CacheLockedError, FlockUnsupportedError, build_lock
 from tokenmix.cache.store import TOKENS_ARRAY, JsonDocuments, kvstore_spec, open_kvstore
 from tokenmix.export.streaming import TokenSource, refuse_loss_spans, row_batches
 from tokenmix.formats.tokenizer import describe_tokenizer, load_tokenizer
@@ -146,7 +146,11 @@ def export_levanter(cache: TokenSource, location: str, tokenizer: str, progress:
     _check_rows(cache, tokenizer, layout)
     lock = build_lock(location, timeout=0)
     try:
-        lock.acquire()
+        try:
+            lock.acquire()
+        except FlockUnsupportedError:  # a network filesystem: the lease a build there is told to use
+            lock = build_lock(location, "lease", timeout=0)
+            lock.acquire()
     except CacheLockedError:
         holder = lock.holder.describe() if lock.holder else "another process"
         raise CacheLockedError(f"{location} is being written by {holder} (another export there, or a build): two writers would "
