@@ -270,6 +270,9 @@ def main() -> None:
                      for name in best_cpu if not name.endswith(", 1 copy")}
             bare_seconds, bare_cpu = added["tokenmix bare"]
             for name, (seconds, cpu) in added.items():
+                if min(seconds, cpu, bare_seconds, bare_cpu) <= 0:
+                    print(f"  {name:<32} no added time measured ({seconds:.2f} s, {cpu:.2f} s CPU): more copies, or more repeats")
+                    continue
                 print(f"  {name:<32} {seconds:6.2f} s, {cpu:6.2f} s CPU: {bare_seconds / seconds:.2f}x of tokenmix bare, "
                       f"{bare_cpu / cpu:.2f}x in CPU seconds; {(docs - one_docs) / seconds / args.workers:,.0f} docs/s per core")
     finally:
