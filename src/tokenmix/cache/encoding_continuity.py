@@ -54,9 +54,15 @@ class EncodingChangedError(RuntimeError):
 def encoding_state() -> dict[str, str]:
     """Which installations of the libraries that decide a cache's ids, and which version of tokenmix's encoding code,
     this process encodes with: each package's version and a digest of its files' paths, sizes and modification times
-    (``absent`` where it is not installed), and a digest of the encoding modules'."""
-    state = {package: _installation(package) for package in (*BACKEND_PACKAGES, *TEXT_LIBRARIES)}
-    return {**state, CODE_KEY: _digest("\0".join(code_version(path) for path in encoding_modules()))}
+    (``absent`` where it is not installed), and a digest of the encoding modules'. Read once a process (what it loaded
+    is what it encodes with), so that a run of a thousand builds pays for it once."""
+    return dict(_encoding_state())
+
+
+@functools.cache
+def _encoding_state() -> tuple[tuple[str, str], ...]:
+    state = [(package, _installation(package)) for package in (*BACKEND_PACKAGES, *TEXT_LIBRARIES)]
+    return (*state, (CODE_KEY, _digest("\0".join(code_version(path) for path in encoding_modules()))))
 
 
 def _installation(package: str) -> str:
