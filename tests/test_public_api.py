@@ -80,8 +80,13 @@ import os, sys, time
 import numpy
 time.sleep(0.3)  # OpenBLAS's threads, started by numpy's import, spin for 2**28 cycles (about 0.1 s) unless told less
 main = str(os.getpid())
-ticks = sum(sum(int(v) for v in open(f"/proc/self/task/{{t}}/stat").read().rsplit(")", 1)[1].split()[11:13])
-            for t in os.listdir("/proc/self/task") if t != main)
+def cpu_ticks(task):
+    try:
+        with open(f"/proc/self/task/{{task}}/stat") as f:
+            return sum(int(v) for v in f.read().rsplit(")", 1)[1].split()[11:13])
+    except FileNotFoundError:  # a thread that ended after the listing
+        return 0
+ticks = sum(cpu_ticks(t) for t in os.listdir("/proc/self/task") if t != main)
 print(os.environ.get("OPENBLAS_THREAD_TIMEOUT"), ticks)
 """
 

@@ -290,7 +290,13 @@ FAST_THREADS_AFTER_A_BUILD = """
 import json, os, sys, tokenmix
 config = tokenmix.load_data_config(json.loads(sys.argv[1]))
 stats = tokenmix.build_caches(config, progress=False)
-names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+def name(task):
+    try:
+        with open(f"/proc/self/task/{task}/comm") as f:
+            return f.read().strip()
+    except FileNotFoundError:  # a thread that ended after the listing (the build's own, winding down)
+        return ""
+names = [name(t) for t in os.listdir("/proc/self/task")]
 print(json.dumps({"backend": stats["s", "train"]["build"]["tokenizer_backend"]["name"], "cores": os.cpu_count(),
                   "setting": os.environ.get("FASTOKENS_BPE_THREADS"), "own": sum(name.startswith("fastokens") for name in names)}))
 """
