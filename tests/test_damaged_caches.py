@@ -247,6 +247,11 @@ def test_verify_names_changed_inputs_and_repair_refuses_to_use_them(tmp_path):
     write_jsonl(shard, [{"text": f"document {i} " * 50 if i != 150 else "edited"} for i in range(300)])
     report = tokenmix.verify_cache(str(location), config=config, progress=False)
     assert not report.ok and [(i.shard, i.state) for i in report.inputs] == [(str(shard), "changed")]
+    untouched = cache_bytes(str(location))
+    repaired = tokenmix_cli("verify", "--config_path", str(config_path), "--repair", "--json")  # nothing damaged to repair
+    found = json.loads(repaired.stdout)[0]
+    assert repaired.returncode == 1 and not found["ok"] and [(i["shard"], i["state"]) for i in found["inputs"]] == [(str(shard), "changed")]
+    assert cache_bytes(str(location)) == untouched and not found["repaired"]  # it said OK, and forgot the changed input
     tokens = location / "input_ids" / "data" / "c" / "0"
     flip(tokens, tokens.stat().st_size - 10)
     before = cache_bytes(str(location))

@@ -96,9 +96,9 @@ def repair(location: str, report: CacheReport, shards: Sequence[Shard], spec: En
             write_open_object(location, ledger, arrays[TOKENS_ARRAY])
             report.repaired.append(f"{OPEN_FILE}: written again from the ledger and the arrays")
             logger.info("%s: %s", location, report.repaired[-1])
-    repaired = report.repaired
+    repaired, inputs = report.repaired, report.inputs
     report = scrub(location, shards, inputs=False, progress=progress, chunk_bytes=chunk_bytes)
-    report.repaired = repaired
+    report.repaired, report.inputs = repaired, inputs  # the inputs as found: a repair does not make a changed one the same
     return report
 
 
