@@ -334,6 +334,29 @@ def test_a_levanter_export_to_a_filesystem_without_flock_takes_a_lease_instead(t
     assert json.loads((target / "shard_ledger.json").read_text())["is_finished"]
 
 
+@pytest.mark.parametrize("export", [export_megatron, export_datatrove, export_nanoset])
+def test_a_file_export_to_a_directory_is_refused_before_writing_anything(tmp_path, text_cache, export):
+    """An export whose files are named from its path, given a directory: Megatron's wrote ``DIR/.bin`` and ``DIR/.idx``
+    (hidden, and reported as written), datatrove's and Nanoset's exported everything, then failed at the rename with a
+    message about permissions."""
+    existing = tmp_path / "exports"
+    existing.mkdir()
+    for output in (str(existing), str(existing) + "/", str(tmp_path / "new") + "/"):
+        with pytest.raises(ValueError, match=f"{re.escape(output)}: a .* export is written as files named from this path, and it "
+                                             "names a directory; give a file path"):
+            export(text_cache, output, progress=False)
+    assert not list(existing.iterdir()) and not (tmp_path / "new").exists()
+
+
+def test_a_levanter_export_to_a_file_is_refused_naming_it(tmp_path, bos_cache):
+    """It said "File exists. Choose a cache_dir this user can write to (and check the bucket's credentials ...)"."""
+    target = tmp_path / "a.ds"
+    target.write_bytes(b"not a directory")
+    with pytest.raises(ValueError, match=f"{re.escape(str(target))} is a file; a Levanter cache is a directory"):
+        export_levanter(bos_cache, str(target), tokenizer=TOKENIZER, progress=False)
+    assert target.read_bytes() == b"not a directory"
+
+
 def test_levanter_export_refuses_a_cache_that_masks_the_loss(tmp_path, supervised_cache):
     with pytest.raises(ValueError, match="Levanter's token caches hold ids only"):
         export_levanter(supervised_cache, str(tmp_path / "lev"), tokenizer=TOKENIZER, progress=False)

@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from tokenmix.export.streaming import TokenSource, atomic_files, local_output, row_batches
+from tokenmix.export.streaming import TokenSource, atomic_files, local_file_output, row_batches
 from tokenmix.sources.datatrove_tokens import TOKEN_SIZES
 
 
 def export_datatrove(cache: TokenSource, path: str, tokenizer: str | None = None, progress: bool = True) -> dict[str, Any]:
     """Write ``path`` (a ``.ds`` file) with its ``.index``, ``.metadata`` and, for a cache that masks the loss, ``.loss``."""
-    path = local_output(path, "datatrove")
+    path = local_file_output(path, "datatrove")
     size = 2 if cache.identity["vocab_size"] <= 1 << 16 else 4
     dtype = np.dtype(TOKEN_SIZES[size]).newbyteorder("<")
     names = [path, path + ".index"] + ([path + ".loss"] if cache.has_loss_spans else [])

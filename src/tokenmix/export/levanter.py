@@ -23,6 +23,7 @@ than interleaving its arrays with this one's under one ledger.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ from tokenmix.cache.lock import BuildLock, CacheLockedError, FlockUnsupportedErr
 from tokenmix.cache.store import TOKENS_ARRAY, JsonDocuments, kvstore_spec, open_kvstore
 from tokenmix.export.streaming import TokenSource, refuse_loss_spans, row_batches
 from tokenmix.formats.tokenizer import describe_tokenizer, load_tokenizer
-from tokenmix.sources.urls import join_location
+from tokenmix.sources.urls import join_location, local_path
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +145,10 @@ def export_levanter(cache: TokenSource, location: str, tokenizer: str, progress:
     refuse_loss_spans(cache, "Levanter's token caches")
     layout = levanter_layout(tokenizer, enforce_eos=cache.identity.get("eos_id", 0) is not None)
     _check_rows(cache, tokenizer, layout)
+    path = local_path(location)
+    if path is not None and os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{location} is a file; a Levanter cache is a directory: give a directory path (a new one, or one "
+                         "holding an earlier Levanter export to replace)")
     lock = build_lock(location, timeout=0)
     try:
         try:

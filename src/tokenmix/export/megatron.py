@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmix.export.streaming import TokenSource, atomic_files, local_output, refuse_loss_spans, row_batches
+from tokenmix.export.streaming import TokenSource, atomic_files, local_file_output, refuse_loss_spans, row_batches
 from tokenmix.sources.megatron import HEADER, MAGIC, VERSION, dtype_code
 
 
@@ -25,7 +25,7 @@ def megatron_dtype(vocab_size: int) -> np.dtype:
 def export_megatron(cache: TokenSource, prefix: str, progress: bool = True) -> dict[str, Any]:
     """Write ``prefix.bin`` and ``prefix.idx``: one Megatron sequence (and document) per row of the cache. A cache that
     masks the loss is refused (the files hold ids only)."""
-    prefix = local_output(prefix, "Megatron")
+    prefix = local_file_output(prefix, "Megatron")
     refuse_loss_spans(cache, "Megatron's indexed datasets")
     dtype = megatron_dtype(cache.identity["vocab_size"])
     lengths: list[np.ndarray] = []

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmix.export.streaming import TokenSource, atomic_files, local_output, refuse_loss_spans, row_batches
+from tokenmix.export.streaming import TokenSource, atomic_files, local_file_output, refuse_loss_spans, row_batches
 from tokenmix.sources.nanoset import nanoset_dtype
 
 
@@ -20,7 +20,7 @@ def export_nanoset(cache: TokenSource, path: str, progress: bool = True) -> dict
     """Write the cache's token stream to ``path`` as Nanotron's original Nanoset did: a headerless dump (uint16 for
     vocabularies of up to 65,536 tokens, else int32) without document boundaries (each document keeps its EOS). A cache
     that masks the loss is refused (the file holds ids only)."""
-    path = local_output(path, "Nanoset")
+    path = local_file_output(path, "Nanoset")
     refuse_loss_spans(cache, "Nanoset token files")
     dtype = np.dtype(nanoset_dtype(cache.identity["vocab_size"]))
     total = 0

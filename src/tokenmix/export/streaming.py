@@ -100,6 +100,17 @@ def local_output(output: str, target: str) -> str:
     return path
 
 
+def local_file_output(output: str, target: str) -> str:
+    """``local_output`` for an export whose files are named from ``output`` (a file or a prefix), refused where it names
+    a directory (a trailing separator, or one that exists): its files would have been hidden ones inside it (``.bin``),
+    or written in full and then refused at their rename."""
+    path = local_output(output, target)
+    if path.endswith(os.sep) or os.path.isdir(path):
+        raise ValueError(f"{output}: a {target} export is written as files named from this path, and it names a directory; give "
+                         f"a file path (for example {os.path.join(path, 'train')})")
+    return path
+
+
 def span_mask(begins: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
     """A boolean mask of ``size`` positions, true inside the disjoint ranges ``[begins[i], ends[i])``."""
     change = np.zeros(size + 1, np.int64)
