@@ -226,7 +226,8 @@ def _report(output_dir: str, options: Hdf5ExportOptions, cutter: SampleCutter, f
         "windows or examples shorter than min_sequence_len skipped": counts["too_short"],
         "examples longer than max_seq_length skipped": counts["too_long"],
         "tokens cut off by short_seq_prob (short_seq_carry keeps them)": counts["short_seq_tokens_dropped"],
-        "tokens of the stream's final partial window not written (keep_last_window writes it)": counts["last_window_tokens_dropped"],
+        "tokens of the stream's final partial window not written (its first is also the window before's last label, so one "
+        "fewer are missing from the export; keep_last_window writes it)": counts["last_window_tokens_dropped"],
         "samples of the last, partial file not written (write_remainder)": files.remainder_dropped,
     }
     for what, n in lost.items():
