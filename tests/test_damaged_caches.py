@@ -258,6 +258,10 @@ def test_verify_names_changed_inputs_and_repair_refuses_to_use_them(tmp_path):
     with pytest.raises(tokenmix.RepairError, match=rf"changed, gone or unchecked: {shard}"):
         tokenmix.verify_cache(str(location), repair=True, config=config, progress=False)
     assert cache_bytes(str(location)) == before
+    refused = tokenmix_cli("verify", "--config_path", str(config_path), "--repair", "--json")  # it printed [], as for no cache
+    [listed] = json.loads(refused.stdout)
+    assert refused.returncode == 1 and listed["location"] == str(location) and not listed["ok"], listed
+    assert f"changed, gone or unchecked: {shard}" in listed["error"] and cache_bytes(str(location)) == before
     result = tokenmix_cli("verify", "--config_path", str(config_path))
     assert result.returncode == 1 and "input changed" in result.stdout
     moved = tmp_path / "moved"

@@ -69,21 +69,26 @@ def run(argv: list[str]) -> int:
     given = [t.location for t in cache_targets(config, args.source)] if config else list(args.caches)
     stored = {location: stored_cache_of(location) for location in given}
     locations = list(dict.fromkeys(stored.values()))  # a pack once for its sources
-    reports, failed = [], 0
+    reports: list[CacheReport] = []
+    listed: list[dict] = []  # for --json: each report, or the error that stopped its cache's check or repair
     for location in locations:
+        error: Exception | None = None
         try:
             with logging_redirect_tqdm():
                 reports.append(verify_cache(location, repair=args.repair, inputs=not args.no_inputs,
                                             config=config if location in given else None))  # a pack: from its ledger
+            listed.append(reports[-1].to_json())
         except CacheNotFoundError as e:
             member = next((source for source, at in stored.items() if at == location and source != location), None)
-            logger.error("%s", e if member is None else PackNotFoundError(member, location))
-            failed += 1
+            error = e if member is None else PackNotFoundError(member, location)
         except (CacheDamagedError, DocumentDamagedError, RepairError, CacheLockedError, TokenizerLoadError, UnsafeFileError) as e:
-            logger.error("%s", e)
-            failed += 1
+            error = e
+        if error is not None:
+            logger.error("%s", error)
+            listed.append({"location": location, "ok": False, "error": str(error)})
+    failed = len(listed) - len(reports)
     if args.json:
-        print(json.dumps([r.to_json() for r in reports], indent=1))
+        print(json.dumps(listed, indent=1))
     else:
         console = make_console()
         for report in reports:
