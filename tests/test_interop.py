@@ -22,7 +22,7 @@ import tokenmix
 from tokenmix import SupervisedLmDatasetFormat, TokenCache, UnsafeFileError
 from tokenmix.cache import CacheMismatchError
 from tokenmix.datasets.splits import parse_split, split_bounds
-from tokenmix.export import export_datatrove, export_levanter, export_megatron, export_nanoset
+from tokenmix.export import export_cache, export_datatrove, export_levanter, export_megatron, export_nanoset
 from tokenmix.export.streaming import partial_name
 from tokenmix.sources.token_file_base import TokenFileError
 
@@ -346,6 +346,17 @@ def test_a_file_export_to_a_directory_is_refused_before_writing_anything(tmp_pat
                                              "names a directory; give a file path"):
             export(text_cache, output, progress=False)
     assert not list(existing.iterdir()) and not (tmp_path / "new").exists()
+
+
+def test_exporting_an_interrupted_build_says_to_finish_it_not_to_wait(tmp_path, text_cache):
+    """An export of a cache whose build was killed said it was "still building": with nothing running, a user waited."""
+    location = tmp_path / "cache"
+    shutil.copytree(text_cache.location, location)
+    ledger = json.loads((location / "ledger.json").read_text())
+    (location / "ledger.json").write_text(json.dumps({**ledger, "finished": False}))
+    (location / "open.bin").unlink()
+    with pytest.raises(ValueError, match=r"build has not finished: it is still running, or it was interrupted \(run build-cache again"):
+        export_cache(TokenCache(str(location)), "megatron", str(tmp_path / "out" / "train"), progress=False)
 
 
 def test_a_levanter_export_to_a_file_is_refused_naming_it(tmp_path, bos_cache):

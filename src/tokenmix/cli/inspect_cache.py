@@ -36,7 +36,7 @@ def run(argv: list[str]) -> int:
     console = make_console()
     rows = cache.num_rows()
     console.print(f"[bold]{args.cache_dir}[/bold]  fingerprint {ledger.fingerprint}  "
-                  f"{'finished' if ledger.finished else 'BUILDING'}  {rows:,} documents  {cache.num_tokens():,} tokens")
+                  f"{'finished' if ledger.finished else 'UNFINISHED (building, or interrupted: build-cache finishes it)'}  {rows:,} documents  {cache.num_tokens():,} tokens")
     console.print(f"made by: {json.dumps({k: v for k, v in ledger.info.items() if k != ENCODING_KEY})}")
     encoding = ledger.info.get(ENCODING_KEY)
     if isinstance(encoding, dict):

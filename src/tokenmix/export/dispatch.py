@@ -25,7 +25,8 @@ def export_cache(cache: TokenSource, to: str, output: str, tokenizer: str | None
     was written (documents, tokens, dtype; HDF5: its statistics).
     """
     if not cache.is_finished():
-        raise ValueError(f"{cache.location}: the cache is still building; export it once its build has finished")
+        raise ValueError(f"{cache.location}: the cache's build has not finished: it is still running, or it was interrupted (run "
+                         "build-cache again to finish it); export it once its build has finished")
     if to == "megatron":
         from tokenmix.export.megatron import export_megatron
 
