@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 from curate_kill import curate_until, finished_tasks
-from helpers import DEMO_CORPUS, REPO, read_jsonl_zst
+from helpers import DEMO_CORPUS, REPO, build, read_jsonl_zst
 
 from tokenmix.curate import (
     AddId,
@@ -277,7 +277,10 @@ def test_exact_dedup_across_sources_keeps_the_highest_ranked_copy(tmp_path):
     sources = _planted_sources(tmp_path)
     stats = run_curation(CurationConfig(sources=sources, stages=[AddId(), ExactDedup()], num_workers=0,
                                         output=CurationOutput(str(tmp_path / "out"), "jsonl", write_to_filename=True)))
-    kept = {name: [r["text"] for shard in ("s0", "s1") for r in _read(tmp_path / "out" / name / f"{shard}.jsonl")] for name in ("high", "mid", "low")}
+    files = {name: [tmp_path / "out" / name / f"{shard}.jsonl" for shard in ("s0", "s1")] for name in ("high", "mid", "low")}
+    # a shard whose records were all duplicates gets no output file, as NeMo Curator writes none for a file whose rows are gone
+    assert [str(f.relative_to(tmp_path / "out")) for fs in files.values() for f in fs if not f.exists()] == ["low/s0.jsonl"]
+    kept = {name: [r["text"] for f in fs if f.exists() for r in _read(f)] for name, fs in files.items()}
     assert kept["high"] == ["dup-A the same text", "unique high 1", "dup-B shared   by two", "unique high 2", "dup-C internal"]
     assert kept["mid"] == ["unique mid", "dup-D mid and low"]
     assert kept["low"] == ["unique low"]
@@ -287,6 +290,21 @@ def test_exact_dedup_across_sources_keeps_the_highest_ranked_copy(tmp_path):
     ids = [r["id"] for r in _read(tmp_path / "out" / "mid" / "s1.jsonl")]
     assert ids == ["mid-00001-000000000"]
     assert stats["accounted"]
+
+
+def test_a_shard_whose_records_are_all_removed_writes_no_output_so_its_cache_builds(tmp_path):
+    """A shard every record of which a stage removed was written as an empty file, which build-cache then refused
+    (empty_shard) under its default on_error: raise; NeMo Curator writes no file for an input whose rows are gone. A
+    rerun that finds the pipeline finished writes nothing either."""
+    sources = _planted_sources(tmp_path)
+    config = CurationConfig(sources=sources, stages=[ExactDedup()], num_workers=0,
+                            output=CurationOutput(str(tmp_path / "out"), "jsonl.zst", write_to_filename=True))
+    run_curation(config)
+    low = sorted(str(p) for p in (tmp_path / "out" / "low").glob("*.jsonl.zst"))
+    assert [os.path.basename(p) for p in low] == ["s1.jsonl.zst"]
+    assert build(str(tmp_path / "cache"), low)["documents"] == 1
+    before = _outputs(tmp_path / "out")
+    assert run_curation(config)["output"]["records"] == 5 + 2 + 1 and _outputs(tmp_path / "out") == before  # finished: nothing written
 
 
 def test_exact_dedup_decides_in_passes_when_memory_is_short_and_refuses_a_range_that_cannot_fit(tmp_path):

@@ -134,7 +134,12 @@ def run_map_task(task: MapTask) -> dict[str, Any]:
     except BaseException:
         writer.abort()
         raise
-    output = writer.close()
+    if written or task.keep_hidden:
+        files = {task.output_url: writer.close()}
+    else:  # a final output with no record left is not written, as NeMo Curator writes none for a file whose rows are gone
+        writer.abort()
+        writer.remove_earlier()
+        files = {}
     if isinstance(task.barrier, ExactDedup) and task.artifact_url is not None:
         all_hashes = np.concatenate(artifacts) if artifacts else np.empty((0, 2), dtype=np.uint64)
         exact_dedup.write_hashes(task.artifact_url, all_hashes, np.arange(written, dtype=np.int64))
@@ -146,7 +151,7 @@ def run_map_task(task: MapTask) -> dict[str, Any]:
     result = {"read": found.read, "bad": dict(found.bad), "failed": found.failed,
               "stages": [{**s, "removed": dict(s["removed"])} for s in stage_stats],
               "first_stage": task.first_stage - (1 if task.removal_reason else 0), "written": written, "bytes": nbytes,
-              "files": {task.output_url: output}}
+              "files": files}
     write_json(task.stats_url, result)
     return result
 

@@ -319,6 +319,11 @@ class ShardWriter:
         self._file.publish(self.path)
         return self._file.record()
 
+    def remove_earlier(self) -> None:
+        """Remove the output shard an earlier run of this pipeline wrote at this name, where this run writes none."""
+        if self.fs.exists(self.path):
+            self.fs.rm_file(self.path)
+
     def abort(self) -> None:
         """Give up on the shard: its temporary file is removed, no output shard appears."""
         for close in (self._parquet.close if self._parquet is not None else None,
