@@ -341,7 +341,10 @@ def test_a_file_export_to_a_directory_is_refused_before_writing_anything(tmp_pat
     message about permissions."""
     existing = tmp_path / "exports"
     existing.mkdir()
-    for output in (str(existing), str(existing) + "/", str(tmp_path / "new") + "/"):
+    refused = [str(existing) + "/", str(tmp_path / "new") + "/"]
+    if export is not export_megatron:  # a prefix may name a directory: DIR.bin and DIR.idx lie beside it
+        refused.append(str(existing))
+    for output in refused:
         with pytest.raises(ValueError, match=f"{re.escape(output)}: a .* export is written as files named from this path, and it "
                                              "names a directory; give a file path"):
             export(text_cache, output, progress=False)

@@ -35,8 +35,9 @@ def run(argv: list[str]) -> int:
         return 0
     console = make_console()
     rows = cache.num_rows()
-    console.print(f"[bold]{args.cache_dir}[/bold]  fingerprint {ledger.fingerprint}  "
-                  f"{'finished' if ledger.finished else 'UNFINISHED (building, or interrupted: build-cache finishes it)'}  {rows:,} documents  {cache.num_tokens():,} tokens")
+    state = "finished" if ledger.finished else "UNFINISHED (building, or interrupted: build-cache finishes it)"
+    console.print(f"[bold]{args.cache_dir}[/bold]  fingerprint {ledger.fingerprint}  {state}  {rows:,} documents  "
+                  f"{cache.num_tokens():,} tokens")
     console.print(f"made by: {json.dumps({k: v for k, v in ledger.info.items() if k != ENCODING_KEY})}")
     encoding = ledger.info.get(ENCODING_KEY)
     if isinstance(encoding, dict):

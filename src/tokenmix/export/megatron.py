@@ -25,7 +25,7 @@ def megatron_dtype(vocab_size: int) -> np.dtype:
 def export_megatron(cache: TokenSource, prefix: str, progress: bool = True) -> dict[str, Any]:
     """Write ``prefix.bin`` and ``prefix.idx``: one Megatron sequence (and document) per row of the cache. A cache that
     masks the loss is refused (the files hold ids only)."""
-    prefix = local_file_output(prefix, "Megatron")
+    prefix = local_file_output(prefix, "Megatron", prefix=True)
     refuse_loss_spans(cache, "Megatron's indexed datasets")
     dtype = megatron_dtype(cache.identity["vocab_size"])
     lengths: list[np.ndarray] = []

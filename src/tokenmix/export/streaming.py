@@ -100,12 +100,13 @@ def local_output(output: str, target: str) -> str:
     return path
 
 
-def local_file_output(output: str, target: str) -> str:
-    """``local_output`` for an export whose files are named from ``output`` (a file or a prefix), refused where it names
-    a directory (a trailing separator, or one that exists): its files would have been hidden ones inside it (``.bin``),
-    or written in full and then refused at their rename."""
+def local_file_output(output: str, target: str, prefix: bool = False) -> str:
+    """``local_output`` for an export whose files are named from ``output``: a file, refused where it names a directory
+    (a trailing separator, or one that exists: it was written in full, then refused at its rename); or a ``prefix`` of
+    names (``prefix.bin`` beside a directory ``prefix`` is fine), refused with a trailing separator, which made hidden
+    files inside the directory (``DIR/.bin``)."""
     path = local_output(output, target)
-    if path.endswith(os.sep) or os.path.isdir(path):
+    if path.endswith(os.sep) or (not prefix and os.path.isdir(path)):
         raise ValueError(f"{output}: a {target} export is written as files named from this path, and it names a directory; give "
                          f"a file path (for example {os.path.join(path, 'train')})")
     return path
