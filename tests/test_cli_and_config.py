@@ -498,6 +498,9 @@ if __name__ == "__main__":
         running.result(timeout=120)
     except BrokenProcessPool:
         print("worker ended")
+    # joined before exit: CPython 3.11's exit hook could otherwise wake the broken pool's manager thread through the pipe
+    # that thread was closing ("Exception ignored ... Bad file descriptor", a race of its own, not the worker's words)
+    pool.shutdown(wait=True)
 """
 
 
