@@ -753,7 +753,7 @@ def test_plain_weights_read_in_numpy_are_the_decimals_they_print_as(weights, man
     assert BlockAllocator(weights, block).weights == decimal_ratios(weights)
 
 
-@SETTINGS
+@settings(SETTINGS, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])  # most draws are small sources
 @given(weights=st.lists(st.one_of(st.just(1e-3), st.integers(0, 10**4).map(lambda u: u / 10**4), st.integers(0, 5)), min_size=NUMPY_FROM,
                         max_size=80),
        block=st.sampled_from([100, 2048, 10**4]), ks=st.lists(st.integers(0, 10**6), min_size=1, max_size=5))
